@@ -1,0 +1,35 @@
+# `make demo` and `make test` set everything up on a fresh machine: they create .venv,
+# install the project with what it needs, then run.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-test
+
+.PHONY: demo test install proto bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/tradeoff demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+# Regenerate the protobuf code from the project's .proto files.
+proto: $(STAMP)
+	$(PY) -m pip install --quiet 'grpcio-tools==1.75.1'
+	cd src/tradeoff/repository && ../../../$(PY) -m grpc_tools.protoc -I. \
+		--python_out=. --pyi_out=. model_config.proto
+
+bench: $(STAMP)
+	$(PY) benchmarks/serve_batching.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,30 @@
+"""tradeoff: serve, benchmark and tune AI inference for the latency/throughput trade-off."""
+
+from tradeoff.errors import (
+    ConfigError,
+    InferenceFailed,
+    InvalidInput,
+    ModelLoadError,
+    NotFound,
+    PayloadTooLarge,
+    RequestError,
+    RequestTimeout,
+    TradeoffError,
+    Unavailable,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigError",
+    "InferenceFailed",
+    "InvalidInput",
+    "ModelLoadError",
+    "NotFound",
+    "PayloadTooLarge",
+    "RequestError",
+    "RequestTimeout",
+    "TradeoffError",
+    "Unavailable",
+    "__version__",
+]

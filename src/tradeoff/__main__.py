@@ -1,0 +1,3 @@
+from tradeoff.cli import main
+
+main()

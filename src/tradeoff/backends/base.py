@@ -1,0 +1,30 @@
+"""The small interface every runtime implements, so scheduling never depends on one."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """What a runtime says about one of its tensors; ``None`` or -1 dims are variable."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+
+class Backend(ABC):
+    """One model instance. ``run`` is called from a worker thread, one batch at a time."""
+
+    @abstractmethod
+    def run(self, inputs: Mapping[str, np.ndarray],
+            output_names: Sequence[str]) -> dict[str, np.ndarray]:
+        """Execute one batch; returns every requested output."""
+
+    def close(self) -> None:
+        """Release the runtime's resources."""

@@ -1,0 +1,1 @@
+"""Load generation and measurement against inference endpoints."""

@@ -1,0 +1,99 @@
+"""``tradeoff demo``: dynamic batching on vs off on the built-in ``mlp``, side by side."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+from rich.console import Console
+from rich.table import Table
+
+from tradeoff.bench.closed_loop import run_closed_loop
+from tradeoff.bench.http_client import build_request
+from tradeoff.models import build_repository
+from tradeoff.server.process import ServerProcess
+
+DEMO_MODELS = ("mlp", "mlp_nobatch")
+
+
+def binary_infer_request(host: str, model: str, input_name: str, array: np.ndarray,
+                         datatype: str) -> bytes:
+    """An infer request with a binary input tensor and binary outputs."""
+    header = orjson.dumps({
+        "inputs": [{"name": input_name, "datatype": datatype, "shape": list(array.shape),
+                    "parameters": {"binary_data_size": array.nbytes}}],
+        "parameters": {"binary_data_output": True},
+    })
+    return build_request("POST", host, f"/v2/models/{model}/infer", header + array.tobytes(),
+                         {"Inference-Header-Content-Length": str(len(header)),
+                          "Content-Type": "application/octet-stream"})
+
+
+def _stats(url: str, model: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"{url}/v2/models/{model}/stats", timeout=10) as response:
+        return json.loads(response.read())["model_stats"][0]
+
+
+def _pinning() -> tuple[str | None, set[int] | None]:
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if len(cores) >= 2:
+        return str(cores[0]), set(cores[1:])
+    return None, None
+
+
+def run_demo(output: Path, duration: float, levels: tuple[int, ...]) -> list[dict[str, Any]]:
+    console = Console()
+    repository = output / "models"
+    build_repository(repository)
+    server_cpus, client_cpus = _pinning()
+    rows: list[dict[str, Any]] = []
+    with ServerProcess(repository, cpus=server_cpus) as server:
+        if client_cpus:
+            os.sched_setaffinity(0, client_cpus)
+        console.print(f"server {server.url} (metrics {server.metrics_url})"
+                      + (f", pinned to CPU {server_cpus}, client on {sorted(client_cpus)}"
+                         if client_cpus else ""))
+        sample = np.random.default_rng(0).standard_normal((1, 256)).astype(np.float32)
+        with console.status("measuring") as status:
+            for model in DEMO_MODELS:
+                raw = binary_infer_request(server.host, model, "INPUT0", sample, "FP32")
+                for concurrency in levels:
+                    status.update(f"{model} at concurrency {concurrency} for {duration:g}s")
+                    before = _stats(server.url, model)
+                    result = asyncio.run(run_closed_loop(
+                        server.host, server.http_port, raw, concurrency=concurrency,
+                        duration_s=duration, warmup_s=min(1.0, duration / 3)))
+                    after = _stats(server.url, model)
+                    requests = (after["inference_stats"]["success"]["count"]
+                                - before["inference_stats"]["success"]["count"])
+                    executions = after["execution_count"] - before["execution_count"]
+                    rows.append({
+                        "model": model, "concurrency": concurrency,
+                        "throughput_rps": result.throughput,
+                        "p50_ms": result.percentile_ms(50), "p99_ms": result.percentile_ms(99),
+                        "executions_per_request": executions / requests if requests else None,
+                        "errors": sum(result.errors.values()),
+                    })
+        exit_code = server.stop()
+    table = Table(title="Dynamic batching on (mlp) vs off (mlp_nobatch)")
+    for column in ("model", "concurrency", "infer/s", "p50 ms", "p99 ms", "executions/request",
+                   "errors"):
+        table.add_column(column, justify="left" if column == "model" else "right")
+    for row in rows:
+        epr = row["executions_per_request"]
+        table.add_row(row["model"], str(row["concurrency"]), f"{row['throughput_rps']:,.0f}",
+                      f"{row['p50_ms']:.2f}", f"{row['p99_ms']:.2f}",
+                      "-" if epr is None else f"{epr:.3f}", str(row["errors"]))
+    console.print(table)
+    results = output / "results.json"
+    results.write_text(json.dumps({"schema": "tradeoff.demo/1", "rows": rows}, indent=2))
+    console.print(f"executions/request below 1 means requests shared model executions "
+                  f"(dynamic batching).\nserver exited with {exit_code} after SIGTERM; "
+                  f"models in {repository}, results in {results}")
+    return rows

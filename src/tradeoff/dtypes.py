@@ -1,0 +1,116 @@
+"""Tensor data types: Open Inference Protocol names, Triton config names, numpy and ONNX.
+
+The protocol name (``FP32``) is the canonical one inside tradeoff. BYTES tensors are numpy
+object arrays of ``bytes``. BF16 travels as its raw 16-bit pattern in a ``uint16`` array,
+because numpy has no bfloat16 of its own.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto
+
+# protocol name -> numpy dtype (BF16 is carried as its bit pattern)
+_NUMPY = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype(np.uint8),
+    "UINT16": np.dtype(np.uint16),
+    "UINT32": np.dtype(np.uint32),
+    "UINT64": np.dtype(np.uint64),
+    "INT8": np.dtype(np.int8),
+    "INT16": np.dtype(np.int16),
+    "INT32": np.dtype(np.int32),
+    "INT64": np.dtype(np.int64),
+    "FP16": np.dtype(np.float16),
+    "FP32": np.dtype(np.float32),
+    "FP64": np.dtype(np.float64),
+    "BF16": np.dtype(np.uint16),
+    "BYTES": np.dtype(object),
+}
+
+_ONNX = {
+    TensorProto.BOOL: "BOOL",
+    TensorProto.UINT8: "UINT8",
+    TensorProto.UINT16: "UINT16",
+    TensorProto.UINT32: "UINT32",
+    TensorProto.UINT64: "UINT64",
+    TensorProto.INT8: "INT8",
+    TensorProto.INT16: "INT16",
+    TensorProto.INT32: "INT32",
+    TensorProto.INT64: "INT64",
+    TensorProto.FLOAT16: "FP16",
+    TensorProto.FLOAT: "FP32",
+    TensorProto.DOUBLE: "FP64",
+    TensorProto.BFLOAT16: "BF16",
+    TensorProto.STRING: "BYTES",
+}
+_ONNX_BY_NAME = {name: code for code, name in _ONNX.items()}
+
+# ONNX Runtime's type strings, as InferenceSession.get_inputs() reports them
+_ORT = {f"tensor({s})": n for s, n in [
+    ("bool", "BOOL"), ("uint8", "UINT8"), ("uint16", "UINT16"), ("uint32", "UINT32"),
+    ("uint64", "UINT64"), ("int8", "INT8"), ("int16", "INT16"), ("int32", "INT32"),
+    ("int64", "INT64"), ("float16", "FP16"), ("float", "FP32"), ("double", "FP64"),
+    ("bfloat16", "BF16"), ("string", "BYTES"),
+]}
+
+_NUMPY_TO_NAME = {dt: name for name, dt in _NUMPY.items() if name != "BF16"}
+
+DATATYPES = tuple(_NUMPY)
+
+
+def numpy_dtype(datatype: str) -> np.dtype:
+    """numpy dtype that holds tensors of protocol ``datatype`` (``"FP32"`` -> float32)."""
+    try:
+        return _NUMPY[datatype]
+    except KeyError:
+        raise ValueError(
+            f"unknown datatype {datatype!r}; expected one of {', '.join(DATATYPES)}"
+        ) from None
+
+
+def element_size(datatype: str) -> int:
+    """Bytes per element in the binary encoding; 0 for BYTES (variable length)."""
+    return 0 if datatype == "BYTES" else numpy_dtype(datatype).itemsize
+
+
+def datatype_of(array: np.ndarray) -> str:
+    """Protocol name of a numpy array's dtype; str/bytes/object arrays are BYTES."""
+    if array.dtype.kind in "OSU":
+        return "BYTES"
+    try:
+        return _NUMPY_TO_NAME[array.dtype]
+    except KeyError:
+        raise ValueError(f"numpy dtype {array.dtype} has no protocol datatype") from None
+
+
+def from_config_type(config_type: str) -> str:
+    """Triton config name -> protocol name (``TYPE_STRING`` -> ``BYTES``)."""
+    name = config_type.removeprefix("TYPE_")
+    return "BYTES" if name == "STRING" else name
+
+
+def to_config_type(datatype: str) -> str:
+    """Protocol name -> Triton config name (``BYTES`` -> ``TYPE_STRING``)."""
+    return "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
+
+
+def from_onnx(elem_type: int) -> str:
+    """ONNX TensorProto element type -> protocol name."""
+    try:
+        return _ONNX[elem_type]
+    except KeyError:
+        raise ValueError(f"ONNX element type {elem_type} is not supported") from None
+
+
+def to_onnx(datatype: str) -> int:
+    """Protocol name -> ONNX TensorProto element type."""
+    return _ONNX_BY_NAME[datatype]
+
+
+def from_ort(type_string: str) -> str:
+    """ONNX Runtime type string (``tensor(float)``) -> protocol name."""
+    try:
+        return _ORT[type_string]
+    except KeyError:
+        raise ValueError(f"ONNX Runtime type {type_string} is not supported") from None

@@ -1,0 +1,70 @@
+"""The one error tree of tradeoff.
+
+    TradeoffError
+    ├── ConfigError              a model configuration is invalid (names file and field)
+    ├── ModelLoadError           a model could not be loaded
+    └── RequestError             something a client caused or must be told; has .status
+        ├── InvalidInput         400: malformed body, wrong dtype/shape, missing input
+        ├── NotFound             404: unknown model, version or route
+        ├── PayloadTooLarge      413: body over the configured limit
+        ├── Unavailable          503: model not ready, queue full, shutting down
+        ├── RequestTimeout       504: the request timed out in the queue
+        └── InferenceFailed      500: the backend raised while running a batch
+
+Transports (HTTP, gRPC) map these to status codes; nothing here imports a web framework.
+"""
+
+from __future__ import annotations
+
+
+class TradeoffError(Exception):
+    """Base of every error tradeoff raises on purpose."""
+
+
+class ConfigError(TradeoffError):
+    """A model configuration is invalid.
+
+    The message names the file, the field and what is wrong, e.g.
+    ``models/mlp/config.pbtxt: max_batch_size: must be >= 0, got -1``.
+    """
+
+    def __init__(self, source: str, field: str, problem: str) -> None:
+        self.source = source
+        self.field = field
+        self.problem = problem
+        where = f"{source}: {field}: " if field else f"{source}: "
+        super().__init__(where + problem)
+
+
+class ModelLoadError(TradeoffError):
+    """A model could not be loaded (missing file, runtime refused the model, ...)."""
+
+
+class RequestError(TradeoffError):
+    """An error answered to a client; ``status`` is the HTTP status code."""
+
+    status = 500
+
+
+class InvalidInput(RequestError):
+    status = 400
+
+
+class NotFound(RequestError):
+    status = 404
+
+
+class PayloadTooLarge(RequestError):
+    status = 413
+
+
+class Unavailable(RequestError):
+    status = 503
+
+
+class RequestTimeout(RequestError):
+    status = 504
+
+
+class InferenceFailed(RequestError):
+    status = 500

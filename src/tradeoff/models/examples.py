@@ -1,0 +1,117 @@
+"""Small ONNX models made with ``onnx.helper`` and fixed seeds, with Triton configs.
+
+* ``tiny``: FP32 ``[-1, 16]`` elementwise (``y = 2x + 1``); all the cost is request handling.
+* ``mlp``: FP32 ``[-1, 256]`` -> 1024 -> 1024 -> 10 with ReLU, random weights (seed 0),
+  dynamic batching on.
+* ``mlp_nobatch``: the same file, dynamic batching off, to show what batching buys.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17
+IR_VERSION = 8  # readable by every onnxruntime release tradeoff supports
+
+
+def _model(graph: onnx.GraphProto) -> onnx.ModelProto:
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                              producer_name="tradeoff")
+    model.ir_version = IR_VERSION
+    onnx.checker.check_model(model)
+    return model
+
+
+def tiny_model() -> onnx.ModelProto:
+    """``OUTPUT0 = 2 * INPUT0 + 1`` on FP32 ``[-1, 16]``."""
+    nodes = [helper.make_node("Mul", ["INPUT0", "two"], ["doubled"]),
+             helper.make_node("Add", ["doubled", "one"], ["OUTPUT0"])]
+    graph = helper.make_graph(
+        nodes, "tiny",
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", 16])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", 16])],
+        initializer=[numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+                     numpy_helper.from_array(np.array(1.0, np.float32), "one")])
+    return _model(graph)
+
+
+def mlp_model(seed: int = 0, sizes: tuple[int, ...] = (256, 1024, 1024, 10)) -> onnx.ModelProto:
+    """A ReLU MLP with random (He-scaled) weights from a fixed seed."""
+    rng = np.random.default_rng(seed)
+    nodes, initializers = [], []
+    previous = "INPUT0"
+    layers = len(sizes) - 1
+    for i in range(layers):
+        fan_in, fan_out = sizes[i], sizes[i + 1]
+        weight = (rng.standard_normal((fan_in, fan_out)) * np.sqrt(2.0 / fan_in)).astype(np.float32)
+        bias = (rng.standard_normal(fan_out) * 0.01).astype(np.float32)
+        initializers += [numpy_helper.from_array(weight, f"W{i}"),
+                         numpy_helper.from_array(bias, f"B{i}")]
+        out = "OUTPUT0" if i == layers - 1 else f"H{i}"
+        gemm_out = out if i == layers - 1 else f"G{i}"
+        nodes.append(helper.make_node("Gemm", [previous, f"W{i}", f"B{i}"], [gemm_out]))
+        if i < layers - 1:
+            nodes.append(helper.make_node("Relu", [gemm_out], [out]))
+        previous = out
+    graph = helper.make_graph(
+        nodes, "mlp",
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", sizes[0]])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", sizes[-1]])],
+        initializer=initializers)
+    return _model(graph)
+
+
+TINY_CONFIG = """\
+name: "tiny"
+platform: "onnxruntime_onnx"
+max_batch_size: 64
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] } ]
+dynamic_batching { }
+instance_group [ { count: 1 kind: KIND_CPU } ]
+"""
+
+MLP_CONFIG = """\
+name: "{name}"
+platform: "onnxruntime_onnx"
+max_batch_size: 64
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 256 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 10 ] }} ]
+{batching}instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+"""
+
+EXAMPLE_MODELS = ("tiny", "mlp", "mlp_nobatch")
+
+
+def _write(root: Path, name: str, model: onnx.ModelProto, config: str) -> Path:
+    directory = root / name
+    (directory / "1").mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(directory / "1" / "model.onnx"))
+    (directory / "config.pbtxt").write_text(config)
+    return directory
+
+
+def build_repository(root: Path, names: tuple[str, ...] = EXAMPLE_MODELS) -> list[Path]:
+    """Write the example models into a Triton-style repository at ``root``."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    written = []
+    unknown = set(names) - set(EXAMPLE_MODELS)
+    if unknown:
+        raise ValueError(f"unknown example models {sorted(unknown)}; "
+                         f"choose from {', '.join(EXAMPLE_MODELS)}")
+    if "tiny" in names:
+        written.append(_write(root, "tiny", tiny_model(), TINY_CONFIG))
+    if "mlp" in names or "mlp_nobatch" in names:
+        mlp = mlp_model()
+        if "mlp" in names:
+            written.append(_write(root, "mlp", mlp, MLP_CONFIG.format(
+                name="mlp", batching="dynamic_batching { }\n")))
+        if "mlp_nobatch" in names:
+            written.append(_write(root, "mlp_nobatch", mlp, MLP_CONFIG.format(
+                name="mlp_nobatch", batching="")))
+    return written

@@ -1,0 +1,1 @@
+"""Wire formats: the Open Inference Protocol v2 (JSON and binary tensor extension)."""

@@ -1,0 +1,297 @@
+"""Open Inference Protocol v2 request and response bodies, JSON and binary tensors.
+
+Tensor data goes straight into numpy: binary tensors with ``np.frombuffer`` (no copy),
+JSON ``data`` with one ``np.asarray`` call. Only BYTES elements, whose lengths vary,
+are walked one by one.
+
+    request = decode_request(body, header_length=None)
+    body, json_length = encode_response("mlp", "1", request.id, outputs)
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+
+from tradeoff import dtypes
+from tradeoff.errors import InvalidInput
+
+_LITTLE_ENDIAN = sys.byteorder == "little"
+_U32 = struct.Struct("<I")
+
+
+@dataclass(slots=True)
+class TensorInput:
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    array: np.ndarray
+
+
+@dataclass(slots=True)
+class RequestedOutput:
+    name: str
+    binary: bool | None = None  # None: use the request's binary_data_output
+
+
+@dataclass(slots=True)
+class V2Request:
+    id: str | None
+    inputs: list[TensorInput]
+    outputs: list[RequestedOutput] | None
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def binary_output(self) -> bool:
+        return bool(self.parameters.get("binary_data_output", False))
+
+
+@dataclass(slots=True)
+class TensorOutput:
+    name: str
+    array: np.ndarray
+    datatype: str
+    binary: bool = False
+
+
+def _shape(value: Any, where: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value):
+        raise InvalidInput(f"{where}: 'shape' must be a list of non-negative integers, "
+                           f"got {value!r}")
+    return tuple(value)
+
+
+def _element_count(shape: tuple[int, ...]) -> int:
+    count = 1
+    for d in shape:
+        count *= d
+    return count
+
+
+def decode_bytes_elements(raw: memoryview, count: int, where: str) -> np.ndarray:
+    """BYTES binary layout: each element is a little-endian u32 length, then the bytes."""
+    out = np.empty(count, dtype=object)
+    offset = 0
+    size = len(raw)
+    for i in range(count):
+        if offset + 4 > size:
+            raise InvalidInput(f"{where}: BYTES data ends inside the length of element {i}")
+        (length,) = _U32.unpack_from(raw, offset)
+        offset += 4
+        if offset + length > size:
+            raise InvalidInput(f"{where}: BYTES element {i} claims {length} bytes but only "
+                               f"{size - offset} remain")
+        out[i] = bytes(raw[offset:offset + length])
+        offset += length
+    if offset != size:
+        raise InvalidInput(f"{where}: {size - offset} bytes left over after {count} BYTES "
+                           "elements")
+    return out
+
+
+def encode_bytes_elements(array: np.ndarray) -> bytes:
+    """The BYTES binary layout of an array of bytes/str elements."""
+    parts = []
+    for element in array.reshape(-1):
+        data = element.encode() if isinstance(element, str) else bytes(element)
+        parts.append(_U32.pack(len(data)))
+        parts.append(data)
+    return b"".join(parts)
+
+
+def _decode_binary(raw: memoryview, datatype: str, shape: tuple[int, ...],
+                   where: str) -> np.ndarray:
+    count = _element_count(shape)
+    if datatype == "BYTES":
+        return decode_bytes_elements(raw, count, where).reshape(shape)
+    dtype = dtypes.numpy_dtype(datatype)
+    expected = count * dtype.itemsize
+    if len(raw) != expected:
+        raise InvalidInput(f"{where}: binary_data_size is {len(raw)} bytes but shape "
+                           f"{list(shape)} of {datatype} needs {expected}")
+    array = np.frombuffer(raw, dtype=dtype if _LITTLE_ENDIAN else dtype.newbyteorder("<"))
+    return array.reshape(shape)
+
+
+def _bf16_from_floats(values: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns, rounding to nearest even."""
+    bits = values.astype(np.float32).view(np.uint32)
+    rounding = ((bits >> 16) & 1) + np.uint32(0x7FFF)
+    return ((bits + rounding) >> 16).astype(np.uint16)
+
+
+def bf16_to_float32(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def _decode_json_data(data: Any, datatype: str, shape: tuple[int, ...],
+                      where: str) -> np.ndarray:
+    count = _element_count(shape)
+    try:
+        if datatype == "BYTES":
+            flat = np.asarray(data, dtype=object).reshape(-1)
+            if flat.size and not all(isinstance(e, str) for e in flat):
+                raise InvalidInput(f"{where}: BYTES data must be strings")
+            array = flat
+        elif datatype == "BF16":
+            array = _bf16_from_floats(np.asarray(data, dtype=np.float32).reshape(-1))
+        elif datatype == "BOOL":
+            array = np.asarray(data)
+            if array.size and array.dtype != np.bool_:
+                raise InvalidInput(f"{where}: BOOL data must be true/false, got {array.dtype}")
+            array = array.astype(np.bool_).reshape(-1)
+        else:
+            dtype = dtypes.numpy_dtype(datatype)
+            raw = np.asarray(data)
+            if raw.size and (raw.dtype.kind not in "biuf"
+                             or (dtype.kind in "iu" and raw.dtype.kind == "f")):
+                raise InvalidInput(f"{where}: data does not hold {datatype} values "
+                                   f"(found {raw.dtype.name})")
+            array = raw.astype(dtype).reshape(-1)
+            if dtype.kind in "iu" and raw.size and not np.array_equal(raw.reshape(-1), array):
+                raise InvalidInput(f"{where}: values out of range for {datatype}")
+    except InvalidInput:
+        raise
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise InvalidInput(f"{where}: 'data' cannot be read as {datatype} with shape "
+                           f"{list(shape)}: {exc}") from None
+    if array.size != count:
+        raise InvalidInput(f"{where}: 'data' has {array.size} elements but shape "
+                           f"{list(shape)} needs {count}")
+    if datatype == "BYTES":
+        array = np.array([s.encode() for s in array], dtype=object) if count else array
+    return array.reshape(shape)
+
+
+def decode_request(body: bytes, header_length: int | None = None) -> V2Request:
+    """Parse an infer request; ``header_length`` is ``Inference-Header-Content-Length``."""
+    view = memoryview(body)
+    if header_length is not None:
+        if header_length < 0 or header_length > len(body):
+            raise InvalidInput(f"Inference-Header-Content-Length is {header_length} but the "
+                               f"body has {len(body)} bytes")
+        header, binary = view[:header_length], view[header_length:]
+    else:
+        header, binary = view, view[len(view):]
+    try:
+        doc = orjson.loads(header)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise InvalidInput("request body must be a JSON object with 'inputs'")
+    request_id = doc.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise InvalidInput("'id' must be a string")
+    parameters = doc.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise InvalidInput("'parameters' must be a JSON object")
+    raw_inputs = doc.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise InvalidInput("'inputs' must be a non-empty list of tensors")
+
+    inputs: list[TensorInput] = []
+    offset = 0
+    for index, item in enumerate(raw_inputs):
+        if not isinstance(item, dict):
+            raise InvalidInput(f"inputs[{index}] must be a JSON object")
+        name = item.get("name")
+        if not isinstance(name, str) or not name:
+            raise InvalidInput(f"inputs[{index}]: 'name' must be a non-empty string")
+        where = f"input {name!r}"
+        datatype = item.get("datatype")
+        if datatype not in dtypes.DATATYPES:
+            raise InvalidInput(f"{where}: unknown datatype {datatype!r}; expected one of "
+                               f"{', '.join(dtypes.DATATYPES)}")
+        shape = _shape(item.get("shape"), where)
+        params = item.get("parameters") or {}
+        if not isinstance(params, dict):
+            raise InvalidInput(f"{where}: 'parameters' must be a JSON object")
+        size = params.get("binary_data_size")
+        if size is not None:
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+                raise InvalidInput(f"{where}: binary_data_size must be a non-negative integer")
+            if header_length is None:
+                raise InvalidInput(f"{where}: binary_data_size given but the request has no "
+                                   "Inference-Header-Content-Length header")
+            if offset + size > len(binary):
+                raise InvalidInput(f"{where}: binary_data_size {size} runs past the end of the"
+                                   f" body ({len(binary) - offset} bytes left)")
+            array = _decode_binary(binary[offset:offset + size], datatype, shape, where)
+            offset += size
+        elif "data" in item:
+            array = _decode_json_data(item["data"], datatype, shape, where)
+        else:
+            raise InvalidInput(f"{where}: has neither 'data' nor a binary_data_size parameter")
+        inputs.append(TensorInput(name, datatype, shape, array))
+    if offset != len(binary):
+        raise InvalidInput(f"the body has {len(binary) - offset} bytes of binary data that no "
+                           "input claims (check binary_data_size)")
+
+    outputs = None
+    raw_outputs = doc.get("outputs")
+    if raw_outputs is not None:
+        if not isinstance(raw_outputs, list):
+            raise InvalidInput("'outputs' must be a list")
+        outputs = []
+        for index, item in enumerate(raw_outputs):
+            if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+                raise InvalidInput(f"outputs[{index}] must be an object with a 'name'")
+            params = item.get("parameters") or {}
+            if not isinstance(params, dict):
+                raise InvalidInput(f"outputs[{index}]: 'parameters' must be a JSON object")
+            if "classification" in params:
+                raise InvalidInput(f"output {item['name']!r}: the classification extension "
+                                   "is not supported")
+            binary_flag = params.get("binary_data")
+            outputs.append(RequestedOutput(item["name"],
+                                           None if binary_flag is None else bool(binary_flag)))
+    return V2Request(request_id, inputs, outputs, parameters)
+
+
+def _json_data(array: np.ndarray, datatype: str) -> Any:
+    flat = np.ascontiguousarray(array).reshape(-1)
+    if datatype == "BYTES":
+        return [e.decode("utf-8", "replace") if isinstance(e, bytes) else str(e) for e in flat]
+    if datatype == "BF16":
+        return bf16_to_float32(flat)
+    return flat
+
+
+def encode_response(model_name: str, model_version: str, request_id: str | None,
+                    outputs: list[TensorOutput],
+                    parameters: dict[str, Any] | None = None) -> tuple[bytes, int | None]:
+    """Response body, and the JSON header length when any output is binary."""
+    entries = []
+    blobs: list[bytes | memoryview] = []
+    for out in outputs:
+        entry: dict[str, Any] = {"name": out.name, "datatype": out.datatype,
+                                 "shape": list(out.array.shape)}
+        if out.binary:
+            if out.datatype == "BYTES":
+                blob: bytes | memoryview = encode_bytes_elements(out.array)
+            else:
+                array = np.ascontiguousarray(out.array)
+                if not _LITTLE_ENDIAN:
+                    array = array.astype(array.dtype.newbyteorder("<"))
+                blob = memoryview(array).cast("B")
+            entry["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        else:
+            entry["data"] = _json_data(out.array, out.datatype)
+        entries.append(entry)
+    doc: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
+    if request_id is not None:
+        doc["id"] = request_id
+    if parameters:
+        doc["parameters"] = parameters
+    doc["outputs"] = entries
+    header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+    if not blobs:
+        return header, None
+    return b"".join([header, *blobs]), len(header)

@@ -1,0 +1,1 @@
+"""Model repository: discovery, configuration (pbtxt/YAML), auto-complete, versions."""

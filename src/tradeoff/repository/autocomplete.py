@@ -1,0 +1,87 @@
+"""Fill in what a config leaves out from the model file itself, as Triton does.
+
+* No inputs/outputs in the config: take them from the model.
+* No ``max_batch_size``: if every input and output has a variable first dimension the
+  model can batch, so ``max_batch_size`` becomes the server's default (4) and, when that
+  is above 1 and no scheduler is configured, ``dynamic_batching {}`` is turned on.
+* Inputs/outputs the config does give are checked against the model: names, datatypes
+  and fixed dimensions must agree.
+"""
+
+from __future__ import annotations
+
+from tradeoff.backends.base import TensorSpec
+from tradeoff.errors import ConfigError
+from tradeoff.repository.config import DynamicBatching, ModelConfig, TensorConfig
+
+
+def _can_batch(specs: list[TensorSpec]) -> bool:
+    return bool(specs) and all(len(s.shape) >= 1 and s.shape[0] == -1 for s in specs)
+
+
+def _check(declared: TensorConfig, spec: TensorSpec, batch_dim: bool, source: str,
+           where: str) -> None:
+    if declared.datatype != spec.datatype:
+        raise ConfigError(source, f"{where}.data_type",
+                          f"{declared.datatype} does not match the model's {spec.datatype}")
+    model_dims = spec.shape[1:] if batch_dim else spec.shape
+    dims = declared.reshape if declared.reshape is not None else declared.dims
+    if len(dims) != len(model_dims):
+        return_field = "reshape.shape" if declared.reshape is not None else "dims"
+        raise ConfigError(source, f"{where}.{return_field}",
+                          f"{list(dims)} has rank {len(dims)} but the model's tensor "
+                          f"{spec.name!r} is {list(model_dims)} (batch dim excluded)"
+                          if batch_dim else
+                          f"{list(dims)} has rank {len(dims)} but the model's tensor "
+                          f"{spec.name!r} is {list(model_dims)}")
+    for i, (d, m) in enumerate(zip(dims, model_dims)):
+        if m != -1 and d != -1 and d != m:
+            raise ConfigError(source, f"{where}.dims[{i}]",
+                              f"{d} does not match the model's fixed size {m}")
+
+
+def autocomplete(config: ModelConfig, inputs: list[TensorSpec], outputs: list[TensorSpec],
+                 *, source: str, default_max_batch_size: int = 4) -> ModelConfig:
+    """The effective config: ``config`` completed and checked against the model's tensors."""
+    can_batch = _can_batch(inputs + outputs)
+    max_batch = config.max_batch_size
+    enable_batcher = False
+    if not config.max_batch_size_given:
+        max_batch = default_max_batch_size if can_batch else 0
+        enable_batcher = max_batch > 1 and config.dynamic_batching is None
+    elif max_batch > 0 and not can_batch:
+        fixed = [s.name for s in inputs + outputs if not s.shape or s.shape[0] != -1]
+        raise ConfigError(source, "max_batch_size",
+                          f"is {max_batch} but the model's tensors {fixed} have no variable "
+                          "first (batch) dimension; set max_batch_size: 0")
+    batch_dim = max_batch > 0
+
+    def complete(declared: tuple[TensorConfig, ...], specs: list[TensorSpec],
+                 kind: str) -> tuple[TensorConfig, ...]:
+        by_name = {s.name: s for s in specs}
+        if not declared:
+            return tuple(TensorConfig(s.name, s.datatype,
+                                      tuple(s.shape[1:] if batch_dim else s.shape))
+                         for s in specs)
+        for i, t in enumerate(declared):
+            spec = by_name.get(t.name)
+            if spec is None:
+                raise ConfigError(source, f"{kind}[{i}].name",
+                                  f"{t.name!r} is not a {kind} of the model "
+                                  f"(it has: {', '.join(sorted(by_name))})")
+            _check(t, spec, batch_dim, source, f"{kind}[{i}]")
+        return declared
+
+    new_inputs = complete(config.inputs, inputs, "input")
+    new_outputs = complete(config.outputs, outputs, "output")
+    declared_names = {t.name for t in new_inputs}
+    missing = [s.name for s in inputs if s.name not in declared_names]
+    if missing:
+        raise ConfigError(source, "input", f"the model needs inputs {missing} that the config "
+                          "does not declare")
+    return config.with_changes(
+        max_batch_size=max_batch,
+        inputs=new_inputs,
+        outputs=new_outputs,
+        dynamic_batching=DynamicBatching() if enable_batcher else config.dynamic_batching,
+    )

@@ -1,0 +1,185 @@
+"""Triton's dynamic batching rules as a pure data structure (no threads, no event loop).
+
+The caller passes the time in, which keeps every rule testable with a fake clock.
+
+Rules (see docs/batching.md):
+
+* Requests wait in one FIFO per priority level (level 1 is the highest); a request whose
+  queue-policy timeout expired with ``timeout_action: DELAY`` moves to its level's
+  delayed FIFO, served after the level's other requests; with ``REJECT`` it leaves the
+  queue with a timeout error.
+* A batch is taken from the head, in order, while the rows fit in ``max_batch_size`` and
+  the non-batch dims equal those of the first request. It never skips a request.
+* If a prefix of that batch has a ``preferred_batch_size``, the largest such prefix goes
+  at once. Otherwise the batch goes at once when it cannot grow (full, or the next request
+  does not fit), or when the oldest request has waited ``max_queue_delay_microseconds``;
+  until then the batcher waits for more requests.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+
+from tradeoff.errors import InvalidInput, Unavailable
+from tradeoff.repository.config import DynamicBatching, QueuePolicy
+from tradeoff.scheduling.request import InferenceRequest
+
+
+class BatchQueue:
+    """Pending requests of one model, and the decision of what to run next."""
+
+    def __init__(self, model: str, max_batch_size: int, batching: DynamicBatching | None) -> None:
+        self.model = model
+        self.batching = batching is not None and max_batch_size > 0
+        self.max_rows = max(max_batch_size, 1)
+        cfg = batching or DynamicBatching()
+        self.delay_ns = cfg.max_queue_delay_us * 1000
+        self.preferred = tuple(sorted(cfg.preferred_batch_sizes))
+        self.levels = max(cfg.priority_levels, 1)
+        self.default_level = cfg.default_priority_level or 1
+        self.policies: list[QueuePolicy] = [cfg.policy_for(level)
+                                            for level in range(1, self.levels + 1)]
+        self._queues: list[deque[InferenceRequest]] = [deque() for _ in range(self.levels)]
+        self._delayed: list[deque[InferenceRequest]] = [deque() for _ in range(self.levels)]
+        self._with_deadline = 0
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def level_of(self, priority: int) -> int:
+        """0-based queue index of a request ``priority`` (0 means the default level)."""
+        level = priority or self.default_level
+        if not 1 <= level <= self.levels:
+            raise InvalidInput(f"priority {priority} is out of range for model {self.model!r}"
+                               f" (priority_levels: {self.levels})")
+        return level - 1
+
+    def push(self, request: InferenceRequest, now_ns: int) -> None:
+        """Queue a request, or raise :class:`Unavailable` when its level is full."""
+        index = self.level_of(request.priority)
+        policy = self.policies[index]
+        waiting = len(self._queues[index]) + len(self._delayed[index])
+        if policy.max_queue_size and waiting >= policy.max_queue_size:
+            raise Unavailable(f"model {self.model!r} queue is full ({policy.max_queue_size} "
+                              "requests waiting, max_queue_size); retry later")
+        timeout_us = policy.default_timeout_us
+        if request.timeout_us is not None:
+            if not policy.allow_timeout_override:
+                raise InvalidInput(f"model {self.model!r} does not allow a per-request timeout"
+                                   " (allow_timeout_override is false)")
+            timeout_us = request.timeout_us
+        request.enqueue_ns = now_ns
+        if timeout_us:
+            request.deadline_ns = now_ns + timeout_us * 1000
+            self._with_deadline += 1
+        request.priority = index + 1
+        self._queues[index].append(request)
+        self._size += 1
+
+    def _pending(self) -> Iterator[InferenceRequest]:
+        for normal, delayed in zip(self._queues, self._delayed):
+            yield from normal
+            yield from delayed
+
+    def expire(self, now_ns: int) -> list[InferenceRequest]:
+        """Apply queue-policy timeouts; returns the requests rejected (REJECT action)."""
+        if not self._with_deadline:
+            return []
+        rejected: list[InferenceRequest] = []
+        for index, queue in enumerate(self._queues):
+            if not any(r.deadline_ns is not None and r.deadline_ns <= now_ns for r in queue):
+                continue
+            keep: deque[InferenceRequest] = deque()
+            for request in queue:
+                if request.deadline_ns is None or request.deadline_ns > now_ns:
+                    keep.append(request)
+                    continue
+                request.deadline_ns = None
+                self._with_deadline -= 1
+                if self.policies[index].timeout_action == "DELAY":
+                    self._delayed[index].append(request)
+                else:
+                    rejected.append(request)
+                    self._size -= 1
+            self._queues[index] = keep
+        return rejected
+
+    def next_deadline(self) -> int | None:
+        """Earliest queue-policy deadline still pending, if any."""
+        if not self._with_deadline:
+            return None
+        return min(r.deadline_ns for q in self._queues for r in q if r.deadline_ns is not None)
+
+    def drop_cancelled(self) -> list[InferenceRequest]:
+        """Remove requests whose client went away; returns them."""
+        removed: list[InferenceRequest] = []
+        for queues in (self._queues, self._delayed):
+            for index, queue in enumerate(queues):
+                if any(r.cancelled for r in queue):
+                    gone = [r for r in queue if r.cancelled]
+                    queues[index] = deque(r for r in queue if not r.cancelled)
+                    self._with_deadline -= sum(r.deadline_ns is not None for r in gone)
+                    removed.extend(gone)
+        self._size -= len(removed)
+        return removed
+
+    def next_batch(self, now_ns: int) -> tuple[list[InferenceRequest] | None, int | None]:
+        """``(batch, None)`` to run now, or ``(None, wake_at_ns)`` to wait (None: empty)."""
+        if not self._size:
+            return None, None
+        if not self.batching:
+            return self._take(1), None
+
+        count = rows = 0
+        blocked = False
+        best_preferred = 0
+        first_key = None
+        oldest = None
+        for request in self._pending():
+            if first_key is None:
+                first_key = request.shape_key
+            if request.shape_key != first_key or rows + request.rows > self.max_rows:
+                blocked = True
+                break
+            count += 1
+            rows += request.rows
+            if oldest is None or request.enqueue_ns < oldest:
+                oldest = request.enqueue_ns
+            if rows in self.preferred:
+                best_preferred = count
+            if rows == self.max_rows:
+                break
+        if best_preferred:
+            return self._take(best_preferred), None
+        if blocked or rows >= self.max_rows:
+            return self._take(count), None
+        assert oldest is not None
+        wake_at = oldest + self.delay_ns
+        if now_ns >= wake_at:
+            return self._take(count), None
+        return None, wake_at
+
+    def _take(self, count: int) -> list[InferenceRequest]:
+        batch: list[InferenceRequest] = []
+        for normal, delayed in zip(self._queues, self._delayed):
+            for queue in (normal, delayed):
+                while queue and len(batch) < count:
+                    request = queue.popleft()
+                    if request.deadline_ns is not None:
+                        self._with_deadline -= 1
+                    batch.append(request)
+            if len(batch) == count:
+                break
+        self._size -= len(batch)
+        return batch
+
+    def drain(self) -> list[InferenceRequest]:
+        """Remove and return everything still queued."""
+        batch = list(self._pending())
+        for queue in (*self._queues, *self._delayed):
+            queue.clear()
+        self._size = 0
+        self._with_deadline = 0
+        return batch

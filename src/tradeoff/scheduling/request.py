@@ -1,0 +1,49 @@
+"""One inference request as the scheduler sees it, and the timings recorded for it."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(slots=True)
+class Timings:
+    """Nanosecond durations of one request, recorded once where they happen."""
+
+    queue_ns: int = 0
+    compute_input_ns: int = 0
+    compute_infer_ns: int = 0
+    compute_output_ns: int = 0
+    batch_size: int = 0
+
+    def server_timing(self) -> str:
+        """The value of a standard ``Server-Timing`` header (durations in ms)."""
+        return (f"queue;dur={self.queue_ns / 1e6:.3f}, "
+                f"compute_input;dur={self.compute_input_ns / 1e6:.3f}, "
+                f"compute_infer;dur={self.compute_infer_ns / 1e6:.3f}, "
+                f"compute_output;dur={self.compute_output_ns / 1e6:.3f}, "
+                f'batch;desc="{self.batch_size}"')
+
+
+@dataclass(slots=True, eq=False)
+class InferenceRequest:
+    """Inputs already decoded to numpy, validated against the model's config.
+
+    ``rows`` is the request's own batch size (1 for models that do not batch);
+    ``shape_key`` holds the non-batch dims of every input, so only requests with equal
+    keys are batched together.
+    """
+
+    inputs: dict[str, np.ndarray]
+    rows: int = 1
+    shape_key: tuple = ()
+    priority: int = 0
+    timeout_us: int | None = None
+    enqueue_ns: int = 0
+    deadline_ns: int | None = None
+    sequence: int = 0
+    timings: Timings = field(default_factory=Timings)
+    future: asyncio.Future | None = None
+    cancelled: bool = False

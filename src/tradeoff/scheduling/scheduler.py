@@ -1,0 +1,275 @@
+"""The model scheduler: a :class:`BatchQueue` feeding a pool of backend instances.
+
+The event loop owns the queue; each batch runs on a worker thread (one per instance), so
+blocking inference never runs on the loop. Results come back to the loop in one callback
+per batch, which answers every request of the batch.
+
+    scheduler = Scheduler(config, [backend], stats)
+    await scheduler.start()
+    timings, outputs = await scheduler.infer(request)
+    await scheduler.stop()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import enum
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from tradeoff.backends.base import Backend
+from tradeoff.errors import InferenceFailed, RequestTimeout, TradeoffError, Unavailable
+from tradeoff.repository.config import ModelConfig
+from tradeoff.scheduling.batch_queue import BatchQueue
+from tradeoff.scheduling.request import InferenceRequest, Timings
+from tradeoff.server.stats import ModelStats
+
+log = logging.getLogger(__name__)
+
+Outputs = dict[str, np.ndarray]
+
+
+class SchedulerState(enum.Enum):
+    CREATED = "created"
+    RUNNING = "running"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+
+
+def run_batch(backend: Backend, config: ModelConfig, batch: Sequence[InferenceRequest],
+              output_names: Sequence[str]) -> tuple[list[Outputs], Timings]:
+    """Concatenate a batch, run it, split the outputs. Runs on a worker thread."""
+    clock = time.perf_counter_ns
+    t0 = clock()
+    if len(batch) == 1:
+        inputs = batch[0].inputs
+    else:
+        inputs = {name: np.concatenate([r.inputs[name] for r in batch])
+                  for name in batch[0].inputs}
+    rows = sum(r.rows for r in batch)
+    inputs = _reshape_inputs(config, inputs, rows)
+    t1 = clock()
+    try:
+        outputs = backend.run(inputs, output_names)
+    except TradeoffError:
+        raise
+    except Exception as exc:  # the runtime's own error types vary; name the cause
+        raise InferenceFailed(f"model {config.name!r} failed on a batch of {rows}: "
+                              f"{type(exc).__name__}: {exc}") from exc
+    t2 = clock()
+    per_request = _split_outputs(config, batch, outputs, rows)
+    t3 = clock()
+    return per_request, Timings(0, t1 - t0, t2 - t1, t3 - t2, rows)
+
+
+def _reshape_inputs(config: ModelConfig, inputs: dict[str, np.ndarray],
+                    rows: int) -> dict[str, np.ndarray]:
+    reshaped = None
+    for tensor in config.inputs:
+        if tensor.reshape is not None and tensor.name in inputs:
+            reshaped = reshaped or dict(inputs)
+            lead = (rows,) if config.max_batch_size > 0 else ()
+            reshaped[tensor.name] = inputs[tensor.name].reshape(lead + tensor.reshape)
+    return reshaped or inputs
+
+
+def _split_outputs(config: ModelConfig, batch: Sequence[InferenceRequest],
+                   outputs: Outputs, rows: int) -> list[Outputs]:
+    for tensor in config.outputs:
+        if tensor.reshape is not None and tensor.name in outputs:
+            lead = (rows,) if config.max_batch_size > 0 else ()
+            outputs[tensor.name] = outputs[tensor.name].reshape(
+                lead + tuple(d if d != -1 else -1 for d in tensor.dims))
+    if len(batch) == 1:
+        return [outputs]
+    for name, array in outputs.items():
+        if array.ndim == 0 or array.shape[0] != rows:
+            raise InferenceFailed(f"model {config.name!r} output {name!r} has shape "
+                                  f"{list(array.shape)}; expected {rows} rows for the batch")
+    offsets = np.cumsum([0] + [r.rows for r in batch]).tolist()
+    return [{name: array[offsets[i]:offsets[i + 1]] for name, array in outputs.items()}
+            for i in range(len(batch))]
+
+
+class Scheduler:
+    """Queue, batcher and instance pool of one model version."""
+
+    def __init__(self, config: ModelConfig, instances: Sequence[Backend], stats: ModelStats,
+                 *, clock: Callable[[], int] = time.perf_counter_ns) -> None:
+        if not instances:
+            raise ValueError("a scheduler needs at least one backend instance")
+        self.config = config
+        self.stats = stats
+        self.queue = BatchQueue(config.name, config.max_batch_size, config.dynamic_batching)
+        self.output_names = [t.name for t in config.outputs]
+        self.state = SchedulerState.CREATED
+        self.in_flight = 0  # requests accepted and not yet answered
+        self._clock = clock
+        self._instances = list(instances)
+        self._free = list(instances)
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=len(instances), thread_name_prefix=f"infer-{config.name}")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: int | None = None
+        self._scheduled = False
+        self._cancelled = False
+        self._running = 0
+        self._idle: asyncio.Event | None = None
+        preserve = config.dynamic_batching is not None and config.dynamic_batching.preserve_ordering
+        self._preserve_ordering = preserve
+        self._last_release: asyncio.Future | None = None
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self.queue)
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.state = SchedulerState.RUNNING
+
+    async def stop(self, drain: bool = True) -> None:
+        """Stop taking requests; answer the queued ones (or fail them) and wait for them."""
+        if self.state is SchedulerState.STOPPED:
+            return
+        self.state = SchedulerState.DRAINING
+        if not drain:
+            for request in self.queue.drain():
+                self._fail(request, Unavailable(f"model {self.config.name!r} is unloading"))
+        self._wake()
+        assert self._idle is not None
+        await self._idle.wait()
+        if self._timer:
+            self._timer.cancel()
+        self._executor.shutdown(wait=True)
+        for backend in self._instances:
+            backend.close()
+        self.state = SchedulerState.STOPPED
+
+    async def infer(self, request: InferenceRequest) -> tuple[Timings, Outputs]:
+        """Queue a request and wait for its outputs."""
+        if self.state is not SchedulerState.RUNNING:
+            raise Unavailable(f"model {self.config.name!r} is not accepting requests "
+                              f"({self.state.value})")
+        assert self._loop is not None and self._idle is not None
+        request.future = self._loop.create_future()
+        self.queue.push(request, self._clock())  # raises when the queue is full
+        self.in_flight += 1
+        self._idle.clear()
+        release = previous = None
+        if self._preserve_ordering:
+            previous = self._last_release
+            release = self._last_release = self._loop.create_future()
+        self._wake()
+        try:
+            return await request.future
+        except asyncio.CancelledError:
+            request.cancelled = True  # the batcher drops it if it is still queued
+            self._cancelled = True
+            self._wake()
+            raise
+        finally:
+            if release is not None:
+                if previous is not None and not previous.done():
+                    await asyncio.shield(previous)
+                release.set_result(None)
+
+    # ---------------------------------------------------------------- batching
+
+    def _wake(self) -> None:
+        if not self._scheduled and self._loop is not None:
+            self._scheduled = True
+            self._loop.call_soon(self._dispatch)
+
+    def _dispatch(self) -> None:
+        self._scheduled = False
+        now = self._clock()
+        for request in self.queue.expire(now):
+            self._fail(request, RequestTimeout(
+                f"request to model {self.config.name!r} timed out in the queue"))
+        if self._cancelled:
+            self._cancelled = False
+            self.in_flight -= len(self.queue.drop_cancelled())
+        wake_at = None
+        while self._free and len(self.queue):
+            # While draining there is nothing to wait for: run what is queued.
+            decide_at = now if self.state is SchedulerState.RUNNING else now + 10**18
+            batch, wake_at = self.queue.next_batch(decide_at)
+            if batch is None:
+                break
+            backend = self._free.pop()
+            for request in batch:
+                request.timings.queue_ns = now - request.enqueue_ns
+            self._running += 1
+            assert self._loop is not None
+            future = self._loop.run_in_executor(
+                self._executor, run_batch, backend, self.config, batch, self.output_names)
+            future.add_done_callback(
+                lambda f, b=batch, be=backend: self._finish(f, b, be))
+        self._arm_timer(wake_at, self.queue.next_deadline())
+        self._check_idle()
+
+    def _arm_timer(self, *candidates: int | None) -> None:
+        times = [t for t in candidates if t is not None]
+        if not times:
+            return
+        at = min(times)
+        if self._timer is not None and self._timer_at is not None and self._timer_at <= at:
+            if not self._timer.cancelled() and self._timer_at > self._clock():
+                return
+        if self._timer is not None:
+            self._timer.cancel()
+        assert self._loop is not None
+        delay = max(at - self._clock(), 0) / 1e9
+        self._timer_at = at
+        self._timer = self._loop.call_later(delay, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_at = None
+        self._dispatch()
+
+    def _finish(self, future: asyncio.Future, batch: list[InferenceRequest],
+                backend: Backend) -> None:
+        self._running -= 1
+        self._free.append(backend)
+        end = self._clock()
+        exc = future.exception()
+        if exc is not None:
+            error = exc if isinstance(exc, TradeoffError) else InferenceFailed(
+                f"model {self.config.name!r}: {type(exc).__name__}: {exc}")
+            if not isinstance(exc, TradeoffError):
+                log.error("model %s: batch failed", self.config.name, exc_info=exc)
+            for request in batch:
+                self._fail(request, error, end)
+        else:
+            results, timings = future.result()
+            self.stats.record_execution(timings.batch_size, timings)
+            for request, outputs in zip(batch, results):
+                t = request.timings
+                t.compute_input_ns = timings.compute_input_ns
+                t.compute_infer_ns = timings.compute_infer_ns
+                t.compute_output_ns = timings.compute_output_ns
+                t.batch_size = timings.batch_size
+                self.stats.record_success(request.rows, t, end - request.enqueue_ns)
+                self.in_flight -= 1
+                if request.future is not None and not request.future.done():
+                    request.future.set_result((t, outputs))
+        self._dispatch()
+
+    def _fail(self, request: InferenceRequest, error: Exception, end: int | None = None) -> None:
+        end = end if end is not None else self._clock()
+        self.stats.record_failure(end - request.enqueue_ns)
+        self.in_flight -= 1
+        if request.future is not None and not request.future.done():
+            request.future.set_exception(error)
+
+    def _check_idle(self) -> None:
+        if self._idle is not None and not self._running and not len(self.queue):
+            self._idle.set()

@@ -1,0 +1,1 @@
+"""The HTTP server: ASGI app, data plane, statistics and Prometheus metrics."""

@@ -1,0 +1,181 @@
+"""The one data plane behind every transport: metadata, readiness, inference, statistics.
+
+Transports (HTTP now, gRPC later) only translate wire formats and call these methods.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from tradeoff import __version__, dtypes
+from tradeoff.errors import InvalidInput, NotFound
+from tradeoff.protocol.v2 import TensorOutput, V2Request
+from tradeoff.repository.config import ModelConfig
+from tradeoff.scheduling.request import InferenceRequest, Timings
+from tradeoff.server.models import ModelManager, ModelVersion
+
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository", "parameters",
+              "schedule_policy", "statistics"]
+
+
+class DataPlane:
+    """What the server can do, independent of the wire protocol."""
+
+    def __init__(self, manager: ModelManager) -> None:
+        self.manager = manager
+        self.started = False
+        self.shutting_down = False
+        self.strict_readiness = False
+
+    # ------------------------------------------------------------ health, metadata
+
+    def live(self) -> bool:
+        return not self.shutting_down
+
+    def ready(self) -> bool:
+        if not self.started or self.shutting_down:
+            return False
+        if self.strict_readiness:
+            return all(e.latest is not None for e in self.manager.models.values())
+        return True
+
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": "tradeoff", "version": __version__, "extensions": EXTENSIONS}
+
+    def model_ready(self, name: str, version: str | None) -> bool:
+        try:
+            self.manager.get(name, version)
+        except (NotFound, Exception):
+            return False
+        return True
+
+    def model_metadata(self, name: str, version: str | None) -> dict[str, Any]:
+        served = self.manager.get(name, version)
+        config = served.config
+        entry = self.manager.models[name]
+
+        def tensor(t: Any) -> dict[str, Any]:
+            return {"name": t.name, "datatype": t.datatype, "shape": config.full_shape(t)}
+
+        return {
+            "name": name,
+            "versions": [str(v) for v in sorted(entry.versions)],
+            "platform": config.platform,
+            "inputs": [tensor(t) for t in config.inputs],
+            "outputs": [tensor(t) for t in config.outputs],
+        }
+
+    def model_config(self, name: str, version: str | None) -> dict[str, Any]:
+        return self.manager.get(name, version).config.to_dict()
+
+    def statistics(self, name: str | None, version: str | None) -> dict[str, Any]:
+        if name is None:
+            entries = [v.stats.to_dict() for v in self.manager.served_versions()]
+        elif version:
+            entries = [self.manager.get(name, version).stats.to_dict()]
+        else:
+            self.manager.get(name)  # NotFound / Unavailable
+            entries = [v.stats.to_dict() for _, v in sorted(self.manager.models[name].versions.items())]
+        return {"model_stats": entries}
+
+    # ------------------------------------------------------------ inference
+
+    def prepare(self, name: str, version: str | None,
+                request: V2Request) -> tuple[ModelVersion, InferenceRequest]:
+        """Validate a decoded request against the model's config."""
+        served = self.manager.get(name, version)
+        config = served.config
+        inputs = {}
+        rows = None
+        for tensor in request.inputs:
+            spec = config.input(tensor.name)
+            if spec is None:
+                raise InvalidInput(f"unexpected input {tensor.name!r} for model {name!r}; it "
+                                   f"takes {[t.name for t in config.inputs]}")
+            if tensor.name in inputs:
+                raise InvalidInput(f"input {tensor.name!r} is given twice")
+            if tensor.datatype != spec.datatype:
+                raise InvalidInput(f"input {tensor.name!r}: datatype {tensor.datatype} does not "
+                                   f"match the model's {spec.datatype}")
+            tensor_rows = _check_shape(config, spec.name, spec.dims, tensor.shape)
+            if rows is None:
+                rows = tensor_rows
+            elif tensor_rows != rows:
+                raise InvalidInput(f"input {tensor.name!r} has batch size {tensor_rows} but "
+                                   f"other inputs have {rows}")
+            inputs[tensor.name] = tensor.array
+        missing = [t.name for t in config.inputs if t.name not in inputs and not t.optional]
+        if missing:
+            raise InvalidInput(f"model {name!r} needs inputs {missing}")
+        if request.outputs is not None:
+            for out in request.outputs:
+                if config.output(out.name) is None:
+                    raise InvalidInput(f"unknown output {out.name!r} for model {name!r}; it "
+                                       f"has {[t.name for t in config.outputs]}")
+        params = request.parameters
+        priority = params.get("priority", 0)
+        if not isinstance(priority, int) or isinstance(priority, bool) or priority < 0:
+            raise InvalidInput("parameter 'priority' must be a non-negative integer")
+        timeout = params.get("timeout")
+        if timeout is not None and (not isinstance(timeout, int) or isinstance(timeout, bool)
+                                    or timeout < 0):
+            raise InvalidInput("parameter 'timeout' must be a non-negative integer "
+                               "(microseconds)")
+        shape_key = tuple(a.shape[1:] if config.max_batch_size > 0 else a.shape
+                          for a in inputs.values())
+        return served, InferenceRequest(inputs=inputs, rows=rows or 1, shape_key=shape_key,
+                                        priority=priority, timeout_us=timeout or None)
+
+    async def infer(self, name: str, version: str | None,
+                    request: V2Request) -> tuple[ModelVersion, Timings, list[TensorOutput]]:
+        """Run one request through the model's scheduler."""
+        served, internal = self.prepare(name, version, request)
+        timings, outputs = await served.scheduler.infer(internal)
+        return served, timings, select_outputs(served.config, request, outputs)
+
+
+def _check_shape(config: ModelConfig, name: str, dims: tuple[int, ...],
+                 shape: tuple[int, ...]) -> int:
+    """Validate a client shape against config dims; returns the request's batch rows."""
+    expected = config.full_shape(config.input(name))  # type: ignore[arg-type]
+    if len(shape) != len(expected):
+        raise InvalidInput(f"input {name!r}: shape {list(shape)} does not match the model's "
+                           f"{expected}")
+    for got, want in zip(shape, expected):
+        if want != -1 and got != want:
+            raise InvalidInput(f"input {name!r}: shape {list(shape)} does not match the "
+                               f"model's {expected}")
+    if config.max_batch_size > 0:
+        rows = shape[0]
+        if not 1 <= rows <= config.max_batch_size:
+            raise InvalidInput(f"input {name!r}: batch size {rows} is outside 1.."
+                               f"{config.max_batch_size} (max_batch_size)")
+        return rows
+    return 1
+
+
+def select_outputs(config: ModelConfig, request: V2Request,
+                   outputs: dict[str, Any]) -> list[TensorOutput]:
+    """The outputs the client asked for, each marked binary or JSON."""
+    default_binary = request.binary_output
+    if request.outputs is None:
+        wanted = [(t.name, default_binary) for t in config.outputs]
+    else:
+        wanted = [(o.name, default_binary if o.binary is None else o.binary)
+                  for o in request.outputs]
+    result = []
+    for name, binary in wanted:
+        array = outputs[name]
+        datatype = config.output(name).datatype  # type: ignore[union-attr]
+        if datatype == "BYTES" and array.dtype.kind == "U":
+            array = array.astype(object)
+        result.append(TensorOutput(name, array, datatype, binary))
+    return result
+
+
+def now_ns() -> int:
+    return time.perf_counter_ns()
+
+
+__all__ = ["DataPlane", "dtypes"]

@@ -1,0 +1,127 @@
+"""Prometheus metrics, read from :class:`ModelStats` at scrape time.
+
+Nothing is counted twice: the hot path updates ``ModelStats`` only, and this collector
+turns it into metric families when ``/metrics`` is scraped. Names follow Triton's
+(``nv_inference_*``) with the ``tradeoff_`` prefix; docs/metrics.md has the mapping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+from tradeoff.server.models import ModelManager
+from tradeoff.server.stats import LATENCY_BUCKETS_S
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _histogram(name: str, doc: str, bucket_counts: list[int], bounds: tuple[float, ...],
+               total: float, labels: list[str], family: HistogramMetricFamily | None
+               ) -> HistogramMetricFamily:
+    family = family or HistogramMetricFamily(name, doc, labels=["model", "version"])
+    cumulative = []
+    running = 0
+    for bound, count in zip(bounds, bucket_counts):
+        running += count
+        cumulative.append((repr(float(bound)), running))
+    running += bucket_counts[-1]
+    cumulative.append(("+Inf", running))
+    family.add_metric(labels, cumulative, sum_value=total)
+    return family
+
+
+class ServerCollector(Collector):
+    """Collects every served model version's counters."""
+
+    def __init__(self, manager: ModelManager) -> None:
+        self.manager = manager
+
+    def collect(self) -> Iterator:
+        labels = ["model", "version"]
+        success = CounterMetricFamily("tradeoff_inference_request_success",
+                                      "Successful inference requests", labels=labels)
+        failure = CounterMetricFamily("tradeoff_inference_request_failure",
+                                      "Failed inference requests", labels=labels)
+        count = CounterMetricFamily("tradeoff_inference_count",
+                                    "Inferences performed (batch rows of successful requests)",
+                                    labels=labels)
+        executions = CounterMetricFamily("tradeoff_inference_exec_count",
+                                         "Model executions (batches run); inference_count / "
+                                         "exec_count is the mean batch size", labels=labels)
+        durations = {
+            part: CounterMetricFamily(f"tradeoff_inference_{part}_duration_us",
+                                      f"Cumulative {part.replace('_', ' ')} time of successful "
+                                      "requests, microseconds", labels=labels)
+            for part in ("request", "queue", "compute_input", "compute_infer", "compute_output")
+        }
+        queue_depth = GaugeMetricFamily("tradeoff_inference_queue_depth",
+                                        "Requests waiting in the model's queue", labels=labels)
+        in_flight = GaugeMetricFamily("tradeoff_inference_in_flight",
+                                      "Requests accepted and not yet answered", labels=labels)
+        ready = GaugeMetricFamily("tradeoff_model_ready", "1 when the model version serves",
+                                  labels=labels)
+        request_hist = queue_hist = batch_hist = None
+        for served in self.manager.served_versions():
+            stats = served.stats
+            lv = [served.name, str(served.version)]
+            success.add_metric(lv, stats.success[0])
+            failure.add_metric(lv, stats.fail[0])
+            count.add_metric(lv, stats.inference_count)
+            executions.add_metric(lv, stats.execution_count)
+            for part, pair in (("request", stats.success), ("queue", stats.queue),
+                               ("compute_input", stats.compute_input),
+                               ("compute_infer", stats.compute_infer),
+                               ("compute_output", stats.compute_output)):
+                durations[part].add_metric(lv, pair[1] / 1000)
+            queue_depth.add_metric(lv, served.scheduler.queue_depth)
+            in_flight.add_metric(lv, served.scheduler.in_flight)
+            ready.add_metric(lv, 1)
+            request_hist = _histogram(
+                "tradeoff_inference_request_duration_seconds",
+                "Server-side latency of successful requests (queue + compute)",
+                stats.request_buckets, LATENCY_BUCKETS_S, stats.success[1] / 1e9, lv,
+                request_hist)
+            queue_hist = _histogram(
+                "tradeoff_inference_queue_duration_seconds",
+                "Time successful requests waited in the queue",
+                stats.queue_buckets, LATENCY_BUCKETS_S, stats.queue[1] / 1e9, lv, queue_hist)
+            bounds = _batch_bounds(max(served.config.max_batch_size, 1))
+            sizes = [0] * (len(bounds) + 1)
+            rows_total = 0
+            for size, entry in stats.batches.items():
+                index = next((i for i, b in enumerate(bounds) if size <= b), len(bounds))
+                sizes[index] += entry[0]
+                rows_total += size * entry[0]
+            batch_hist = _histogram(
+                "tradeoff_batch_size",
+                "Rows per model execution: is dynamic batching working?",
+                sizes, bounds, rows_total, lv, batch_hist)
+        yield from (success, failure, count, executions, *durations.values(), queue_depth,
+                    in_flight, ready)
+        yield from (h for h in (request_hist, queue_hist, batch_hist) if h is not None)
+
+
+def _batch_bounds(max_batch: int) -> tuple[float, ...]:
+    bounds = []
+    size = 1
+    while size < max_batch:
+        bounds.append(float(size))
+        size *= 2
+    bounds.append(float(max_batch))
+    return tuple(bounds)
+
+
+def make_registry(manager: ModelManager) -> CollectorRegistry:
+    """A registry of the server's own (not the process-global one)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ServerCollector(manager))
+    ProcessCollector(registry=registry)
+    return registry
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)

@@ -1,0 +1,117 @@
+"""Start the server: bind the ports, load the repository, serve until SIGTERM/SIGINT.
+
+On SIGTERM or SIGINT the server stops accepting connections, answers every request it
+has accepted (queued or running), unloads the models and exits 0, within
+``shutdown_timeout`` seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import uvicorn
+
+from tradeoff.repository.repository import ModelRepository
+from tradeoff.server.dataplane import DataPlane
+from tradeoff.server.http import DEFAULT_MAX_REQUEST_BYTES, HttpApp
+from tradeoff.server.metrics import make_registry
+from tradeoff.server.models import ModelManager
+
+log = logging.getLogger("tradeoff.server")
+
+
+@dataclass
+class ServeOptions:
+    """Everything ``tradeoff serve`` takes; ports of 0 pick free ones."""
+
+    model_repository: Path
+    host: str = "127.0.0.1"
+    http_port: int = 8000
+    metrics_port: int | None = 8002
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    shutdown_timeout: float = 30.0
+    default_max_batch_size: int = 4
+    intra_op_threads: int = 1
+    strict_readiness: bool = False
+
+
+class _GracefulServer(uvicorn.Server):
+    """uvicorn re-raises SIGTERM after a graceful shutdown; a clean stop should exit 0."""
+
+    def handle_exit(self, sig: int, frame: object) -> None:
+        if self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True  # a second Ctrl-C: stop waiting
+        else:
+            log.info("signal %s: no new connections, finishing accepted requests",
+                     signal.Signals(sig).name)
+            self.should_exit = True
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror}; is another server "
+                      "running there? Pick another port.") from exc
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(options: ServeOptions) -> None:
+    """Run the server in this process until it is told to stop."""
+    repository = ModelRepository(options.model_repository, options.default_max_batch_size)
+    manager = ModelManager(repository, default_intra_op_threads=options.intra_op_threads)
+    dataplane = DataPlane(manager)
+    dataplane.strict_readiness = options.strict_readiness
+    sockets = [_bind(options.host, options.http_port)]
+    http_port = sockets[0].getsockname()[1]
+    metrics_port = None
+    if options.metrics_port is not None:
+        sockets.append(_bind(options.host, options.metrics_port))
+        metrics_port = sockets[1].getsockname()[1]
+
+    async def startup() -> None:
+        await manager.load_all()
+        dataplane.started = True
+        log.info("HTTP (Open Inference Protocol v2) on http://%s:%d", options.host, http_port)
+        if metrics_port is not None:
+            log.info("Prometheus metrics on http://%s:%d/metrics", options.host, metrics_port)
+        log.info("ready")
+
+    async def shutdown() -> None:
+        dataplane.shutting_down = True
+        await manager.close()
+        log.info("stopped")
+
+    app = HttpApp(dataplane, make_registry(manager), metrics_port=metrics_port,
+                  max_request_bytes=options.max_request_bytes,
+                  on_startup=startup, on_shutdown=shutdown)
+    config = uvicorn.Config(
+        app,
+        loop="uvloop",
+        http="httptools",
+        lifespan="on",
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=max(int(options.shutdown_timeout), 1),
+        # a request body larger than this is refused by our own check, not uvicorn's
+        h11_max_incomplete_event_size=None,
+        limit_concurrency=None,
+        backlog=2048,
+    )
+    server = _GracefulServer(config)
+    try:
+        server.run(sockets=sockets)
+    finally:
+        for sock in sockets:
+            sock.close()
+    if server.started is False:
+        raise SystemExit(1)

@@ -1,0 +1,102 @@
+"""Per model-version statistics in Triton's statistics-extension shape.
+
+Updated only on the event loop thread, so no locks; ``/v2/models/{m}/stats`` and
+``/metrics`` both read from here, so every timing is recorded exactly once.
+"""
+
+from __future__ import annotations
+
+import time
+from bisect import bisect_left
+from typing import Any
+
+from tradeoff.scheduling.request import Timings
+
+# Upper bounds (seconds) of the latency histogram buckets in /metrics.
+LATENCY_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                     0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_BUCKETS_NS = tuple(int(b * 1e9) for b in LATENCY_BUCKETS_S)
+
+
+def _duration(count: int, ns: int) -> dict[str, int]:
+    return {"count": count, "ns": ns}
+
+
+class ModelStats:
+    """Counters of one model version."""
+
+    def __init__(self, name: str, version: int) -> None:
+        self.name = name
+        self.version = version
+        self.success = [0, 0]
+        self.fail = [0, 0]
+        self.queue = [0, 0]
+        self.compute_input = [0, 0]
+        self.compute_infer = [0, 0]
+        self.compute_output = [0, 0]
+        self.inference_count = 0
+        self.execution_count = 0
+        self.last_inference_ms = 0
+        # batch size (rows) -> [executions, input ns, infer ns, output ns]
+        self.batches: dict[int, list[int]] = {}
+        self.request_buckets = [0] * (len(_BUCKETS_NS) + 1)
+        self.queue_buckets = [0] * (len(_BUCKETS_NS) + 1)
+
+    def record_execution(self, rows: int, timings: Timings) -> None:
+        entry = self.batches.get(rows)
+        if entry is None:
+            entry = self.batches[rows] = [0, 0, 0, 0]
+        entry[0] += 1
+        entry[1] += timings.compute_input_ns
+        entry[2] += timings.compute_infer_ns
+        entry[3] += timings.compute_output_ns
+        self.execution_count += 1
+
+    def record_success(self, rows: int, timings: Timings, total_ns: int) -> None:
+        self.success[0] += 1
+        self.success[1] += total_ns
+        self.queue[0] += 1
+        self.queue[1] += timings.queue_ns
+        self.compute_input[0] += 1
+        self.compute_input[1] += timings.compute_input_ns
+        self.compute_infer[0] += 1
+        self.compute_infer[1] += timings.compute_infer_ns
+        self.compute_output[0] += 1
+        self.compute_output[1] += timings.compute_output_ns
+        self.inference_count += rows
+        self.last_inference_ms = int(time.time() * 1000)  # wall clock: Triton reports epoch ms
+        self.request_buckets[bisect_left(_BUCKETS_NS, total_ns)] += 1
+        self.queue_buckets[bisect_left(_BUCKETS_NS, timings.queue_ns)] += 1
+
+    def record_failure(self, total_ns: int) -> None:
+        self.fail[0] += 1
+        self.fail[1] += total_ns
+        self.last_inference_ms = int(time.time() * 1000)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Triton's ``model_stats`` entry."""
+        zero = _duration(0, 0)
+        return {
+            "name": self.name,
+            "version": str(self.version),
+            "last_inference": self.last_inference_ms,
+            "inference_count": self.inference_count,
+            "execution_count": self.execution_count,
+            "inference_stats": {
+                "success": _duration(*self.success),
+                "fail": _duration(*self.fail),
+                "queue": _duration(*self.queue),
+                "compute_input": _duration(*self.compute_input),
+                "compute_infer": _duration(*self.compute_infer),
+                "compute_output": _duration(*self.compute_output),
+                "cache_hit": zero,
+                "cache_miss": zero,
+            },
+            "batch_stats": [
+                {"batch_size": size,
+                 "compute_input": _duration(e[0], e[1]),
+                 "compute_infer": _duration(e[0], e[2]),
+                 "compute_output": _duration(e[0], e[3])}
+                for size, e in sorted(self.batches.items())
+            ],
+        }
