@@ -91,7 +91,7 @@ def models() -> None:
 @models.command("build")
 @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--model", "names", multiple=True,
-              help="Only these models (repeatable): tiny, mlp, mlp_nobatch.")
+              help="Only these models (repeatable): tiny, tiny_nobatch, mlp, mlp_nobatch.")
 def models_build(directory: Path, names: tuple[str, ...]) -> None:
     """Write example models into DIRECTORY as a Triton-style repository.
 

@@ -13,7 +13,7 @@ import onnxruntime as ort
 
 from tradeoff import dtypes
 from tradeoff.backends.base import Backend, TensorSpec
-from tradeoff.errors import ConfigError, ModelLoadError
+from tradeoff.errors import ConfigError, InvalidInput, ModelLoadError
 from tradeoff.repository.config import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -121,8 +121,7 @@ class OnnxRuntimeBackend(Backend):
                 feed[name] = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
                     np.ascontiguousarray(array), onnx.TensorProto.BFLOAT16)
             elif name in self._strings:
-                # ONNX Runtime takes str elements; bytes that are not UTF-8 are refused.
-                feed[name] = array.astype(str) if array.dtype == object else array
+                feed[name] = utf8_strings(name, array)
             else:
                 feed[name] = array
         names = list(output_names)
@@ -139,6 +138,27 @@ class OnnxRuntimeBackend(Backend):
 
     def close(self) -> None:
         del self.session
+
+
+def utf8_strings(name: str, array: np.ndarray) -> np.ndarray:
+    """BYTES elements (``bytes``) as the ``str`` elements ONNX string tensors hold.
+
+    Decoded as UTF-8 explicitly: ``astype(str)`` on an object array decodes as ASCII.
+    """
+    if array.dtype != object:
+        return array
+    flat = array.reshape(-1)
+    out = np.empty(flat.shape, dtype=object)
+    for i, element in enumerate(flat):
+        if isinstance(element, bytes):
+            try:
+                element = element.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InvalidInput(f"input {name!r}: BYTES element {i} is not UTF-8 text "
+                                   f"({exc.reason} at byte {exc.start}); ONNX string "
+                                   "tensors hold UTF-8 only") from None
+        out[i] = element
+    return out.reshape(array.shape)
 
 
 def _bf16_bits(value: ort.OrtValue) -> np.ndarray:

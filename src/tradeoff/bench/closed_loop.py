@@ -65,7 +65,7 @@ async def run_closed_loop(host: str, port: int, raw_request: bytes, *, concurren
                 sent = clock()
                 try:
                     response = await connection.request(raw_request)
-                except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError) as exc:
+                except (OSError, asyncio.TimeoutError) as exc:
                     kind = type(exc).__name__
                     errors[kind] = errors.get(kind, 0) + 1
                     continue

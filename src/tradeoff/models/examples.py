@@ -3,7 +3,8 @@
 * ``tiny``: FP32 ``[-1, 16]`` elementwise (``y = 2x + 1``); all the cost is request handling.
 * ``mlp``: FP32 ``[-1, 256]`` -> 1024 -> 1024 -> 10 with ReLU, random weights (seed 0),
   dynamic batching on.
-* ``mlp_nobatch``: the same file, dynamic batching off, to show what batching buys.
+* ``tiny_nobatch``, ``mlp_nobatch``: the same files with dynamic batching off, to show
+  what batching buys.
 """
 
 from __future__ import annotations
@@ -66,13 +67,12 @@ def mlp_model(seed: int = 0, sizes: tuple[int, ...] = (256, 1024, 1024, 10)) -> 
 
 
 TINY_CONFIG = """\
-name: "tiny"
+name: "{name}"
 platform: "onnxruntime_onnx"
 max_batch_size: 64
-input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] } ]
-dynamic_batching { }
-instance_group [ { count: 1 kind: KIND_CPU } ]
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] }} ]
+{batching}instance_group [ {{ count: 1 kind: KIND_CPU }} ]
 """
 
 MLP_CONFIG = """\
@@ -84,7 +84,8 @@ output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 10 ] }} ]
 {batching}instance_group [ {{ count: 1 kind: KIND_CPU }} ]
 """
 
-EXAMPLE_MODELS = ("tiny", "mlp", "mlp_nobatch")
+EXAMPLE_MODELS = ("tiny", "tiny_nobatch", "mlp", "mlp_nobatch")
+_BATCHING = "dynamic_batching { }\n"
 
 
 def _write(root: Path, name: str, model: onnx.ModelProto, config: str) -> Path:
@@ -104,14 +105,14 @@ def build_repository(root: Path, names: tuple[str, ...] = EXAMPLE_MODELS) -> lis
     if unknown:
         raise ValueError(f"unknown example models {sorted(unknown)}; "
                          f"choose from {', '.join(EXAMPLE_MODELS)}")
-    if "tiny" in names:
-        written.append(_write(root, "tiny", tiny_model(), TINY_CONFIG))
-    if "mlp" in names or "mlp_nobatch" in names:
-        mlp = mlp_model()
-        if "mlp" in names:
-            written.append(_write(root, "mlp", mlp, MLP_CONFIG.format(
-                name="mlp", batching="dynamic_batching { }\n")))
-        if "mlp_nobatch" in names:
-            written.append(_write(root, "mlp_nobatch", mlp, MLP_CONFIG.format(
-                name="mlp_nobatch", batching="")))
+    builders = {"tiny": (tiny_model, TINY_CONFIG), "mlp": (mlp_model, MLP_CONFIG)}
+    for base, (make, template) in builders.items():
+        wanted = [n for n in (base, f"{base}_nobatch") if n in names]
+        if not wanted:
+            continue
+        model = make()
+        for name in wanted:
+            batching = "" if name.endswith("_nobatch") else _BATCHING
+            written.append(_write(root, name, model, template.format(name=name,
+                                                                     batching=batching)))
     return written

@@ -74,11 +74,21 @@ def _element_count(shape: tuple[int, ...]) -> int:
     return count
 
 
+def _reshape(array: np.ndarray, shape: tuple[int, ...], where: str) -> np.ndarray:
+    try:
+        return array.reshape(shape)
+    except ValueError as exc:  # e.g. [0, 2**62, 2**62]: no elements, but too big for numpy
+        raise InvalidInput(f"{where}: shape {list(shape)} is too large: {exc}") from None
+
+
 def decode_bytes_elements(raw: memoryview, count: int, where: str) -> np.ndarray:
     """BYTES binary layout: each element is a little-endian u32 length, then the bytes."""
+    size = len(raw)
+    if 4 * count > size:  # check before allocating: a huge shape must not allocate
+        raise InvalidInput(f"{where}: {count} BYTES elements need at least {4 * count} bytes"
+                           f" of lengths, got {size}")
     out = np.empty(count, dtype=object)
     offset = 0
-    size = len(raw)
     for i in range(count):
         if offset + 4 > size:
             raise InvalidInput(f"{where}: BYTES data ends inside the length of element {i}")
@@ -109,14 +119,14 @@ def _decode_binary(raw: memoryview, datatype: str, shape: tuple[int, ...],
                    where: str) -> np.ndarray:
     count = _element_count(shape)
     if datatype == "BYTES":
-        return decode_bytes_elements(raw, count, where).reshape(shape)
+        return _reshape(decode_bytes_elements(raw, count, where), shape, where)
     dtype = dtypes.numpy_dtype(datatype)
     expected = count * dtype.itemsize
     if len(raw) != expected:
         raise InvalidInput(f"{where}: binary_data_size is {len(raw)} bytes but shape "
                            f"{list(shape)} of {datatype} needs {expected}")
     array = np.frombuffer(raw, dtype=dtype if _LITTLE_ENDIAN else dtype.newbyteorder("<"))
-    return array.reshape(shape)
+    return _reshape(array, shape, where)
 
 
 def _bf16_from_floats(values: np.ndarray) -> np.ndarray:
@@ -140,7 +150,12 @@ def _decode_json_data(data: Any, datatype: str, shape: tuple[int, ...],
                 raise InvalidInput(f"{where}: BYTES data must be strings")
             array = flat
         elif datatype == "BF16":
-            array = _bf16_from_floats(np.asarray(data, dtype=np.float32).reshape(-1))
+            raw = np.asarray(data)  # not dtype=float32: that would read null as NaN, "1" as 1
+            if raw.size and raw.dtype.kind not in "biuf":
+                raise InvalidInput(f"{where}: data does not hold BF16 values "
+                                   f"(found {raw.dtype.name})")
+            with np.errstate(over="raise"):
+                array = _bf16_from_floats(raw.astype(np.float32).reshape(-1))
         elif datatype == "BOOL":
             array = np.asarray(data)
             if array.size and array.dtype != np.bool_:
@@ -153,11 +168,14 @@ def _decode_json_data(data: Any, datatype: str, shape: tuple[int, ...],
                              or (dtype.kind in "iu" and raw.dtype.kind == "f")):
                 raise InvalidInput(f"{where}: data does not hold {datatype} values "
                                    f"(found {raw.dtype.name})")
-            array = raw.astype(dtype).reshape(-1)
+            with np.errstate(over="raise"):  # 1e300 as FP32 is an error, not inf
+                array = raw.astype(dtype).reshape(-1)
             if dtype.kind in "iu" and raw.size and not np.array_equal(raw.reshape(-1), array):
                 raise InvalidInput(f"{where}: values out of range for {datatype}")
     except InvalidInput:
         raise
+    except FloatingPointError:
+        raise InvalidInput(f"{where}: values out of range for {datatype}") from None
     except (ValueError, TypeError, OverflowError) as exc:
         raise InvalidInput(f"{where}: 'data' cannot be read as {datatype} with shape "
                            f"{list(shape)}: {exc}") from None
@@ -166,7 +184,7 @@ def _decode_json_data(data: Any, datatype: str, shape: tuple[int, ...],
                            f"{list(shape)} needs {count}")
     if datatype == "BYTES":
         array = np.array([s.encode() for s in array], dtype=object) if count else array
-    return array.reshape(shape)
+    return _reshape(array, shape, where)
 
 
 def decode_request(body: bytes, header_length: int | None = None) -> V2Request:

@@ -26,9 +26,9 @@ def _check(declared: TensorConfig, spec: TensorSpec, batch_dim: bool, source: st
                           f"{declared.datatype} does not match the model's {spec.datatype}")
     model_dims = spec.shape[1:] if batch_dim else spec.shape
     dims = declared.reshape if declared.reshape is not None else declared.dims
+    dims_field = "reshape.shape" if declared.reshape is not None else "dims"
     if len(dims) != len(model_dims):
-        return_field = "reshape.shape" if declared.reshape is not None else "dims"
-        raise ConfigError(source, f"{where}.{return_field}",
+        raise ConfigError(source, f"{where}.{dims_field}",
                           f"{list(dims)} has rank {len(dims)} but the model's tensor "
                           f"{spec.name!r} is {list(model_dims)} (batch dim excluded)"
                           if batch_dim else
@@ -36,7 +36,7 @@ def _check(declared: TensorConfig, spec: TensorSpec, batch_dim: bool, source: st
                           f"{spec.name!r} is {list(model_dims)}")
     for i, (d, m) in enumerate(zip(dims, model_dims)):
         if m != -1 and d != -1 and d != m:
-            raise ConfigError(source, f"{where}.dims[{i}]",
+            raise ConfigError(source, f"{where}.{dims_field}[{i}]",
                               f"{d} does not match the model's fixed size {m}")
 
 

@@ -195,7 +195,9 @@ class ModelConfig:
                                 "gpus": list(g.gpus)} for i, g in enumerate(self.instance_groups)],
             "default_model_filename": self.default_model_filename,
             "parameters": {k: {"string_value": v} for k, v in self.parameters.items()},
-            "optimization": {"graph": {"level": self.graph_optimization_level}},
+            "optimization": {"graph": {"level": self.graph_optimization_level},
+                             "execution_accelerators": {"gpu_execution_accelerator": [
+                                 {"name": a} for a in self.gpu_accelerators]}},
             "response_cache": {"enable": self.response_cache},
         }
         if self.dynamic_batching is not None:
@@ -214,7 +216,7 @@ class ModelConfig:
             out["model_warmup"] = [
                 {"name": w.name, "batch_size": w.batch_size, "count": w.count,
                  "inputs": {n: {"data_type": dtypes.to_config_type(i.datatype),
-                                "dims": list(i.dims), f"{i.source}_data": i.file or True}
+                                "dims": list(i.dims), _WARMUP_FIELDS[i.source]: i.file or True}
                             for n, i in w.inputs.items()}}
                 for w in self.warmup
             ]
@@ -243,6 +245,18 @@ def _unknown_field_name(message: str) -> str | None:
     return next(g for g in match.groups() if g)
 
 
+# ``field [ {...} ]`` without a colon is valid text format, but protobuf's skipper for
+# unknown fields only handles ``field: [ {...} ]``; Triton's own configs (sequence_batching
+# control_input, ensemble steps) use the colon-less form. Strings and comments are kept.
+_LIST_WITHOUT_COLON = re.compile(r'("(?:[^"\\\n]|\\.)*"|\'(?:[^\'\\\n]|\\.)*\'|#[^\n]*)'
+                                 r'|\b([A-Za-z_][A-Za-z0-9_]*)(\s*)\[')
+
+
+def _colon_before_lists(text: str) -> str:
+    return _LIST_WITHOUT_COLON.sub(
+        lambda m: m.group(1) or f"{m.group(2)}:{m.group(3)}[", text)
+
+
 def parse_config_text(text: str, *, source: str, default_name: str) -> ModelConfig:
     """Parse ``config.pbtxt`` text (protobuf text format) into a validated config."""
     message = pb.ModelConfig()
@@ -255,7 +269,7 @@ def parse_config_text(text: str, *, source: str, default_name: str) -> ModelConf
             raise ConfigError(source, "", f"not valid protobuf text format: {exc}") from exc
         message = pb.ModelConfig()
         try:
-            text_format.Parse(text, message, allow_unknown_field=True)
+            text_format.Parse(_colon_before_lists(text), message, allow_unknown_field=True)
         except text_format.ParseError as exc2:
             raise ConfigError(source, "", f"not valid protobuf text format: {exc2}") from exc2
         warnings.append(f"ignored fields tradeoff does not support, starting with {unknown!r}")
@@ -333,6 +347,11 @@ def _queue_policy(p: Any) -> QueuePolicy:
         allow_timeout_override=bool(p.allow_timeout_override),
         max_queue_size=int(p.max_queue_size),
     )
+
+
+# ModelWarmup.Input's oneof choice -> WarmupInput.source, and back (Triton's field names)
+_WARMUP_SOURCES = {"zero_data": "zero", "random_data": "random", "input_data_file": "file"}
+_WARMUP_FIELDS = {v: k for k, v in _WARMUP_SOURCES.items()}
 
 
 def _from_message(m: Any, *, source: str, default_name: str, warnings: list[str]) -> ModelConfig:
@@ -420,12 +439,8 @@ def _from_message(m: Any, *, source: str, default_name: str, warnings: list[str]
     for i, w in enumerate(m.model_warmup):
         where = f"model_warmup[{i}]"
         batch_size = w.batch_size or 1
-        if max_batch and batch_size > max_batch:
-            raise ConfigError(source, f"{where}.batch_size",
-                              f"{batch_size} exceeds max_batch_size {max_batch}")
-        if not max_batch and batch_size != 1:
-            raise ConfigError(source, f"{where}.batch_size",
-                              "must be 1 for a model that does not batch")
+        if m.HasField("max_batch_size"):  # else auto-complete decides; see validate_against_model
+            _check_warmup_batch(batch_size, max_batch, source, where)
         winputs = {}
         for input_name, wi in w.inputs.items():
             choice = wi.WhichOneof("input_data_type") or "zero_data"
@@ -433,7 +448,7 @@ def _from_message(m: Any, *, source: str, default_name: str, warnings: list[str]
                 datatype=dtypes.from_config_type(_enum_name(pb.DataType, wi.data_type))
                 if wi.data_type else "",
                 dims=tuple(wi.dims),
-                source=choice.removesuffix("_data").replace("input", "file"),
+                source=_WARMUP_SOURCES[choice],
                 file=wi.input_data_file,
             )
         warmups.append(Warmup(name=w.name or f"warmup_{i}", batch_size=batch_size,
@@ -461,10 +476,27 @@ def _from_message(m: Any, *, source: str, default_name: str, warnings: list[str]
     )
 
 
+def _check_warmup_batch(batch_size: int, max_batch: int, source: str, where: str) -> None:
+    if max_batch and batch_size > max_batch:
+        raise ConfigError(source, f"{where}.batch_size",
+                          f"{batch_size} exceeds max_batch_size {max_batch}")
+    if not max_batch and batch_size != 1:
+        raise ConfigError(source, f"{where}.batch_size",
+                          "must be 1 for a model that does not batch")
+
+
 def validate_against_model(cfg: ModelConfig, source: str) -> None:
     """Checks that need the whole (auto-completed) config: warmup inputs exist, etc."""
     names = {t.name for t in cfg.inputs}
+    # max_batch_size may come from auto-complete, after parsing could check these
+    if cfg.dynamic_batching is not None and cfg.max_batch_size > 0:
+        for i, size in enumerate(cfg.dynamic_batching.preferred_batch_sizes):
+            if size > cfg.max_batch_size:
+                raise ConfigError(source, f"dynamic_batching.preferred_batch_size[{i}]",
+                                  f"must be between 1 and max_batch_size "
+                                  f"({cfg.max_batch_size}), got {size}")
     for i, w in enumerate(cfg.warmup):
+        _check_warmup_batch(w.batch_size, cfg.max_batch_size, source, f"model_warmup[{i}]")
         for input_name in w.inputs:
             if input_name not in names:
                 raise ConfigError(source, f"model_warmup[{i}].inputs",

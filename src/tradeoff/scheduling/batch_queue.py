@@ -59,6 +59,9 @@ class BatchQueue:
     def push(self, request: InferenceRequest, now_ns: int) -> None:
         """Queue a request, or raise :class:`Unavailable` when its level is full."""
         index = self.level_of(request.priority)
+        if request.rows > self.max_rows:  # could never be taken: next_batch would return []
+            raise InvalidInput(f"model {self.model!r}: a request of {request.rows} rows exceeds"
+                               f" max_batch_size {self.max_rows}")
         policy = self.policies[index]
         waiting = len(self._queues[index]) + len(self._delayed[index])
         if policy.max_queue_size and waiting >= policy.max_queue_size:

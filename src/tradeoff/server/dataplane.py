@@ -98,6 +98,10 @@ class DataPlane:
             if tensor.datatype != spec.datatype:
                 raise InvalidInput(f"input {tensor.name!r}: datatype {tensor.datatype} does not "
                                    f"match the model's {spec.datatype}")
+            if tensor.datatype == "BYTES" and config.backend == "onnxruntime":
+                # Checked per request: in the backend, one client's bad bytes would fail
+                # every request batched with it.
+                _check_utf8(tensor.name, tensor.array)
             tensor_rows = _check_shape(config, spec.name, spec.dims, tensor.shape)
             if rows is None:
                 rows = tensor_rows
@@ -153,6 +157,18 @@ def _check_shape(config: ModelConfig, name: str, dims: tuple[int, ...],
                                f"{config.max_batch_size} (max_batch_size)")
         return rows
     return 1
+
+
+def _check_utf8(name: str, array: Any) -> None:
+    """ONNX Runtime string tensors hold UTF-8 text; refuse other BYTES with a 400."""
+    for i, element in enumerate(array.reshape(-1)):
+        if isinstance(element, bytes):
+            try:
+                element.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InvalidInput(f"input {name!r}: BYTES element {i} is not UTF-8 text "
+                                   f"({exc.reason} at byte {exc.start}); ONNX string "
+                                   "tensors hold UTF-8 only") from None
 
 
 def select_outputs(config: ModelConfig, request: V2Request,

@@ -47,11 +47,13 @@ async def _error(send: Send, status: int, message: str,
                 JSON_HEADERS + (extra_headers or []))
 
 
-def _header(scope: Scope, name: bytes) -> bytes | None:
-    for key, value in scope["headers"]:
-        if key == name:
-            return value
-    return None
+_WANTED_HEADERS = frozenset((b"content-length", b"content-encoding", b"accept-encoding",
+                             b"inference-header-content-length"))
+
+
+def _headers(scope: Scope) -> dict[bytes, bytes]:
+    """The request headers this app reads, in one pass (names arrive lower-cased)."""
+    return {k: v for k, v in scope["headers"] if k in _WANTED_HEADERS}
 
 
 class HttpApp:
@@ -103,8 +105,10 @@ class HttpApp:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
-    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
-        declared = _header(scope, b"content-length")
+    async def _read_body(self, scope: Scope, receive: Receive,
+                         headers: dict[bytes, bytes] | None = None) -> bytes:
+        headers = headers if headers is not None else _headers(scope)
+        declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_request_bytes:
             raise PayloadTooLarge(f"request body of {int(declared)} bytes is over the limit of "
                                   f"{self.max_request_bytes} (--max-request-bytes)")
@@ -123,7 +127,7 @@ class HttpApp:
             if not message.get("more_body", False):
                 break
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        encoding = _header(scope, b"content-encoding")
+        encoding = headers.get(b"content-encoding")
         if encoding and encoding not in (b"identity",):
             body = self._decompress(body, encoding)
         return body
@@ -236,8 +240,9 @@ class HttpApp:
 
     async def _infer(self, scope: Scope, receive: Receive, send: Send, name: str,
                      version: str | None) -> None:
-        body = await self._read_body(scope, receive)
-        header_length = _header(scope, b"inference-header-content-length")
+        headers = _headers(scope)
+        body = await self._read_body(scope, receive, headers)
+        header_length = headers.get(b"inference-header-content-length")
         length = None
         if header_length is not None:
             if not header_length.isdigit():
@@ -247,15 +252,15 @@ class HttpApp:
         request = decode_request(body, length)
         served, timings, outputs = await self.dataplane.infer(name, version, request)
         payload, json_length = encode_response(name, str(served.version), request.id, outputs)
-        headers = [(b"content-type", b"application/json" if json_length is None
-                    else b"application/octet-stream"),
-                   (b"server-timing", timings.server_timing().encode())]
+        reply = [(b"content-type", b"application/json" if json_length is None
+                  else b"application/octet-stream"),
+                 (b"server-timing", timings.server_timing().encode())]
         if json_length is not None:
-            headers.append((b"inference-header-content-length", str(json_length).encode()))
-        accept = _header(scope, b"accept-encoding")
+            reply.append((b"inference-header-content-length", str(json_length).encode()))
+        accept = headers.get(b"accept-encoding")
         if accept:
-            payload = _compress(payload, accept, headers)
-        await _send(send, 200, payload, headers)
+            payload = _compress(payload, accept, reply)
+        await _send(send, 200, payload, reply)
 
 
 def _compress(payload: bytes, accept: bytes, headers: list[tuple[bytes, bytes]]) -> bytes:

@@ -101,6 +101,9 @@ def serve(options: ServeOptions) -> None:
         lifespan="on",
         log_config=None,
         access_log=False,
+        proxy_headers=False,
+        server_header=False,
+        date_header=False,
         timeout_graceful_shutdown=max(int(options.shutdown_timeout), 1),
         # a request body larger than this is refused by our own check, not uvicorn's
         h11_max_incomplete_event_size=None,

@@ -1,0 +1,110 @@
+"""Small HTTP helpers for the integration tests: raw requests, metrics, ONNX references."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+import onnxruntime as ort
+from prometheus_client.parser import text_string_to_metric_families
+
+from tradeoff.server.process import ServerProcess
+
+TIMEOUT_S = 60.0
+
+
+@dataclass
+class Response:
+    status: int
+    headers: http.client.HTTPMessage
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    def header(self, name: str) -> str | None:
+        return self.headers.get(name)
+
+
+def request(url: str, method: str, path: str, body: bytes | Any = None,
+            headers: dict[str, str] | None = None, *, chunked: bool = False) -> Response:
+    """One request on a fresh connection; ``body`` may be bytes or an iterable of chunks."""
+    parts = urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=TIMEOUT_S)
+    try:
+        connection.request(method, path, body=body, headers=headers or {},
+                           encode_chunked=chunked)
+        response = connection.getresponse()
+        return Response(response.status, response.headers, response.read())
+    finally:
+        connection.close()
+
+
+def post_json(url: str, path: str, doc: Any, headers: dict[str, str] | None = None) -> Response:
+    all_headers = {"Content-Type": "application/json", **(headers or {})}
+    return request(url, "POST", path, json.dumps(doc).encode(), all_headers)
+
+
+def infer_json(url: str, model: str, inputs: list[dict[str, Any]], *,
+               version: str | None = None, **extra: Any) -> Response:
+    path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/infer"
+    return post_json(url, path, {"inputs": inputs, **extra})
+
+
+def get_text(url: str) -> str:
+    parts = urlsplit(url)
+    response = request(f"{parts.scheme}://{parts.netloc}", "GET", parts.path)
+    assert response.status == 200, response.body
+    return response.body.decode()
+
+
+def metric_samples(server: ServerProcess) -> dict[tuple[str, frozenset], float]:
+    """Every sample of ``/metrics``: ``(name, frozenset(labels.items())) -> value``."""
+    families = text_string_to_metric_families(get_text(server.metrics_url))
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in families for s in family.samples}
+
+
+def model_metric(server: ServerProcess, name: str, model: str, version: str = "1") -> float:
+    samples = metric_samples(server)
+    key = (name, frozenset({"model": model, "version": version}.items()))
+    assert key in samples, f"{name} for {model}/{version} missing from /metrics"
+    return samples[key]
+
+
+def wait_for(condition: Any, what: str, timeout: float = 30.0) -> None:
+    """Poll ``condition()`` until true; fails the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+class References:
+    """In-process ONNX Runtime sessions on the repository's model files."""
+
+    def __init__(self, repository: Path) -> None:
+        self.repository = repository
+        self._sessions: dict[tuple[str, int], ort.InferenceSession] = {}
+
+    def session(self, model: str, version: int = 1) -> ort.InferenceSession:
+        key = (model, version)
+        if key not in self._sessions:
+            path = self.repository / model / str(version) / "model.onnx"
+            self._sessions[key] = ort.InferenceSession(str(path),
+                                                       providers=["CPUExecutionProvider"])
+        return self._sessions[key]
+
+    def run(self, model: str, inputs: dict[str, np.ndarray], version: int = 1
+            ) -> dict[str, np.ndarray]:
+        session = self.session(model, version)
+        names = [o.name for o in session.get_outputs()]
+        return dict(zip(names, session.run(names, inputs)))
