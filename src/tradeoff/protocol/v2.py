@@ -140,6 +140,18 @@ def bf16_to_float32(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
+def _exact_ints(data: Any, raw: np.ndarray, where: str, datatype: str) -> np.ndarray:
+    """numpy reads ``[1, 2**64 - 1]`` as float64 (int64 and uint64 promote to it), which
+    loses the value; when every element is an integer, read them again exactly."""
+    exact = np.asarray(data, dtype=object)
+    if exact.shape != raw.shape or not all(type(e) is int for e in exact.flat):
+        return raw  # real floats: the caller rejects them for an integer datatype
+    try:
+        return exact.astype(np.uint64 if exact.min() >= 0 else np.int64)
+    except OverflowError:
+        raise InvalidInput(f"{where}: values out of range for {datatype}") from None
+
+
 def _decode_json_data(data: Any, datatype: str, shape: tuple[int, ...],
                       where: str) -> np.ndarray:
     count = _element_count(shape)
@@ -164,6 +176,8 @@ def _decode_json_data(data: Any, datatype: str, shape: tuple[int, ...],
         else:
             dtype = dtypes.numpy_dtype(datatype)
             raw = np.asarray(data)
+            if raw.size and raw.dtype.kind == "f" and dtype.kind in "iu":
+                raw = _exact_ints(data, raw, where, datatype)
             if raw.size and (raw.dtype.kind not in "biuf"
                              or (dtype.kind in "iu" and raw.dtype.kind == "f")):
                 raise InvalidInput(f"{where}: data does not hold {datatype} values "
@@ -297,7 +311,8 @@ def encode_response(model_name: str, model_version: str, request_id: str | None,
                 array = np.ascontiguousarray(out.array)
                 if not _LITTLE_ENDIAN:
                     array = array.astype(array.dtype.newbyteorder("<"))
-                blob = memoryview(array).cast("B")
+                # a flat uint8 view, not memoryview.cast: cast refuses empty arrays
+                blob = memoryview(array.reshape(-1).view(np.uint8))
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:

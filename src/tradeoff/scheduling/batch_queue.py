@@ -49,11 +49,11 @@ class BatchQueue:
         return self._size
 
     def level_of(self, priority: int) -> int:
-        """0-based queue index of a request ``priority`` (0 means the default level)."""
-        level = priority or self.default_level
-        if not 1 <= level <= self.levels:
-            raise InvalidInput(f"priority {priority} is out of range for model {self.model!r}"
-                               f" (priority_levels: {self.levels})")
+        """0-based queue index of a request ``priority``.
+
+        As in Triton, 0 and levels beyond ``priority_levels`` mean the default level.
+        """
+        level = priority if 1 <= priority <= self.levels else self.default_level
         return level - 1
 
     def push(self, request: InferenceRequest, now_ns: int) -> None:
@@ -68,11 +68,8 @@ class BatchQueue:
             raise Unavailable(f"model {self.model!r} queue is full ({policy.max_queue_size} "
                               "requests waiting, max_queue_size); retry later")
         timeout_us = policy.default_timeout_us
-        if request.timeout_us is not None:
-            if not policy.allow_timeout_override:
-                raise InvalidInput(f"model {self.model!r} does not allow a per-request timeout"
-                                   " (allow_timeout_override is false)")
-            timeout_us = request.timeout_us
+        if request.timeout_us is not None and policy.allow_timeout_override:
+            timeout_us = request.timeout_us  # as in Triton, ignored unless allowed
         request.enqueue_ns = now_ns
         if timeout_us:
             request.deadline_ns = now_ns + timeout_us * 1000

@@ -1,0 +1,198 @@
+"""The scheduler with a Python backend: batching, failures, ordering, draining."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+from tradeoff.backends.base import Backend
+from tradeoff.errors import InferenceFailed, Unavailable
+from tradeoff.repository.config import (DynamicBatching, InstanceGroup, ModelConfig,
+                                        QueuePolicy, TensorConfig)
+from tradeoff.scheduling.request import InferenceRequest
+from tradeoff.scheduling.scheduler import Scheduler
+from tradeoff.server.stats import ModelStats
+
+
+class Doubler(Backend):
+    """y = 2x; can be told to block until released, or to fail on a marker value."""
+
+    def __init__(self) -> None:
+        self.batches: list[int] = []
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def run(self, inputs, output_names):
+        self.gate.wait(5)
+        x = inputs["x"]
+        if (x == -1).any():
+            raise RuntimeError("poisoned input")
+        self.batches.append(x.shape[0])
+        return {"y": x * 2}
+
+
+def config(batching: DynamicBatching | None = DynamicBatching(), max_batch: int = 8,
+           instances: int = 1) -> ModelConfig:
+    return ModelConfig(name="double", max_batch_size=max_batch,
+                       inputs=(TensorConfig("x", "FP32", (2,)),),
+                       outputs=(TensorConfig("y", "FP32", (2,)),),
+                       instance_groups=(InstanceGroup(count=instances),),
+                       dynamic_batching=batching)
+
+
+def request(value: float, rows: int = 1) -> InferenceRequest:
+    return InferenceRequest(inputs={"x": np.full((rows, 2), value, np.float32)}, rows=rows,
+                            shape_key=((2,),))
+
+
+async def _start(cfg: ModelConfig, backends: list[Backend]) -> Scheduler:
+    scheduler = Scheduler(cfg, backends, ModelStats(cfg.name, 1))
+    await scheduler.start()
+    return scheduler
+
+
+def test_requests_queued_behind_a_busy_instance_run_as_one_batch() -> None:
+    async def scenario() -> None:
+        backend = Doubler()
+        scheduler = await _start(config(), [backend])
+        backend.gate.clear()
+        first = asyncio.ensure_future(scheduler.infer(request(0)))
+        await asyncio.sleep(0.05)  # the first batch is now blocked on the instance
+        rest = [asyncio.ensure_future(scheduler.infer(request(i))) for i in range(1, 6)]
+        await asyncio.sleep(0.05)
+        backend.gate.set()
+        results = await asyncio.gather(first, *rest)
+        for i, (timings, outputs) in enumerate(results):
+            np.testing.assert_array_equal(outputs["y"], np.full((1, 2), 2 * i, np.float32))
+        assert backend.batches == [1, 5]
+        assert results[-1][0].batch_size == 5
+        stats = scheduler.stats.to_dict()
+        assert stats["inference_count"] == 6 and stats["execution_count"] == 2
+        assert {b["batch_size"] for b in stats["batch_stats"]} == {1, 5}
+        await scheduler.stop()
+
+    asyncio.run(scenario())
+
+
+def test_without_dynamic_batching_every_request_runs_alone() -> None:
+    async def scenario() -> None:
+        backend = Doubler()
+        scheduler = await _start(config(batching=None), [backend])
+        backend.gate.clear()
+        tasks = [asyncio.ensure_future(scheduler.infer(request(i, rows=2))) for i in range(4)]
+        await asyncio.sleep(0.05)
+        backend.gate.set()
+        await asyncio.gather(*tasks)
+        assert backend.batches == [2, 2, 2, 2]
+        await scheduler.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_failing_batch_fails_each_of_its_requests_and_the_next_batch_runs() -> None:
+    async def scenario() -> None:
+        backend = Doubler()
+        scheduler = await _start(config(), [backend])
+        backend.gate.clear()
+        blocker = asyncio.ensure_future(scheduler.infer(request(1)))
+        await asyncio.sleep(0.05)
+        doomed = [asyncio.ensure_future(scheduler.infer(request(v))) for v in (-1, 3)]
+        await asyncio.sleep(0.05)
+        backend.gate.set()
+        await blocker
+        for task in doomed:
+            with pytest.raises(InferenceFailed, match="poisoned input"):
+                await task
+        _, outputs = await scheduler.infer(request(4))
+        np.testing.assert_array_equal(outputs["y"], np.full((1, 2), 8, np.float32))
+        assert scheduler.stats.fail[0] == 2
+        assert scheduler.in_flight == 0
+        await scheduler.stop()
+
+    asyncio.run(scenario())
+
+
+def test_queue_full_is_refused_at_once() -> None:
+    async def scenario() -> None:
+        backend = Doubler()
+        batching = DynamicBatching(default_queue_policy=QueuePolicy(max_queue_size=2))
+        scheduler = await _start(config(batching=batching, max_batch=1), [backend])
+        backend.gate.clear()
+        running = asyncio.ensure_future(scheduler.infer(request(0)))
+        await asyncio.sleep(0.05)
+        queued = [asyncio.ensure_future(scheduler.infer(request(i))) for i in (1, 2)]
+        await asyncio.sleep(0)
+        with pytest.raises(Unavailable, match="queue is full"):
+            await scheduler.infer(request(3))
+        backend.gate.set()
+        await asyncio.gather(running, *queued)
+        await scheduler.stop()
+
+    asyncio.run(scenario())
+
+
+def test_preserve_ordering_answers_in_arrival_order_across_instances() -> None:
+    class Slow(Backend):
+        def run(self, inputs, output_names):
+            # the first request is the slowest, so without ordering it would finish last
+            value = float(inputs["x"][0, 0])
+            threading.Event().wait(0.2 if value == 0 else 0.01)
+            return {"y": inputs["x"]}
+
+    async def scenario() -> None:
+        batching = DynamicBatching(preserve_ordering=True)
+        scheduler = await _start(config(batching=batching, max_batch=1, instances=3),
+                                 [Slow(), Slow(), Slow()])
+        finished: list[int] = []
+
+        async def one(i: int) -> None:
+            await scheduler.infer(request(i))
+            finished.append(i)
+
+        await asyncio.gather(*(one(i) for i in range(3)))
+        assert finished == [0, 1, 2]
+        await scheduler.stop()
+
+    asyncio.run(scenario())
+
+
+def test_stop_answers_queued_requests_then_refuses_new_ones() -> None:
+    async def scenario() -> None:
+        backend = Doubler()
+        scheduler = await _start(config(batching=DynamicBatching(max_queue_delay_us=10_000_000)),
+                                 [backend])
+        # a 10 s delay would hold this request; stopping must run it at once
+        pending = asyncio.ensure_future(scheduler.infer(request(7)))
+        await asyncio.sleep(0.05)
+        assert not pending.done()
+        await asyncio.wait_for(scheduler.stop(), 5)
+        _, outputs = await pending
+        np.testing.assert_array_equal(outputs["y"], np.full((1, 2), 14, np.float32))
+        with pytest.raises(Unavailable):
+            await scheduler.infer(request(1))
+
+    asyncio.run(scenario())
+
+
+def test_cancelled_request_is_dropped_before_it_runs() -> None:
+    async def scenario() -> None:
+        backend = Doubler()
+        scheduler = await _start(config(max_batch=1), [backend])
+        backend.gate.clear()
+        running = asyncio.ensure_future(scheduler.infer(request(1)))
+        await asyncio.sleep(0.05)
+        abandoned = asyncio.ensure_future(scheduler.infer(request(2)))
+        await asyncio.sleep(0)
+        abandoned.cancel()
+        await asyncio.sleep(0.01)
+        backend.gate.set()
+        await running
+        await asyncio.sleep(0.05)
+        assert backend.batches == [1]  # request 2 never reached the backend
+        assert scheduler.in_flight == 0 and scheduler.queue_depth == 0
+        await scheduler.stop()
+
+    asyncio.run(scenario())
