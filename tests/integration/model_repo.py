@@ -3,17 +3,20 @@
 ONNX files come from ``onnx.helper``; every ``config.pbtxt`` is written by hand (no
 generator), so the server reads the same text a Triton repository holds.
 
-* the example models (``tiny``, ``mlp``, ``mlp_nobatch``) from :func:`build_repository`;
-* ``identity_<type>``: ``OUTPUT0 = INPUT0`` for every Open Inference Protocol datatype
-  but BF16, ``[-1, -1]`` with ``max_batch_size: 8``;
+* the example models (``tiny``, ``mlp``, ...) from :func:`build_repository`;
+* ``identity_<type>``: ``OUTPUT0 = INPUT0`` for every Open Inference Protocol datatype,
+  ``[-1, -1]`` with ``max_batch_size: 8`` (BF16 apart: numpy has no bfloat16);
 * ``add_sub``: Triton's classic "simple" model, two INT32 ``[16]`` inputs, sum and difference;
 * ``versioned``: versions 1 and 2 (``OUTPUT0 = INPUT0 + version``), ``version_policy: all``;
 * ``versioned_latest``: versions 1, 2 and 3 on disk, ``latest { num_versions: 2 }``;
 * ``autocomplete``: no config file at all;
-* ``broken``: a config whose ``instance_group[0].count`` is 0, which must not load;
-* ``slow_queue``: a model whose cost the client picks (one n x n MatMul per request)
-  behind ``max_queue_size: 2``, for the queue-full test (``slow``, the same without a
-  queue limit, is in :func:`build_slow_repository` for the shutdown test);
+* ``broken``: a config whose ``instance_group[0].count`` is 0, and ``broken_syntax``, one
+  with a misspelt ``data_type``: neither may load, and both must say why;
+* ``queue_limited``: ``OUTPUT0 = INPUT0 + 1`` behind ``max_queue_size: 2`` and a long
+  ``max_queue_delay_microseconds``, so requests wait in its queue until a batch of 4
+  fills or the delay passes: the queue-full test needs no race against compute time;
+* ``held``: like ``queue_limited`` without the limit, so requests stay in its queue for
+  2 s (also in :func:`build_shutdown_repository`, for the shutdown test);
 * ``reloadable``: ``OUTPUT0 = INPUT0 + 10``, for unload/load tests that change it.
 """
 
@@ -48,9 +51,13 @@ IDENTITY_TYPES: dict[str, tuple[int, type | np.dtype, str]] = {
     "BYTES": (TensorProto.STRING, np.object_, "TYPE_STRING"),
 }
 
-SLOW_MAX_QUEUE = 2
+QUEUE_LIMIT = 2
+QUEUE_DELAY_US = 2_000_000
+HELD_DELAY_US = 2_000_000
 
-BROKEN_FIELD = "instance_group[0].count"
+# model -> what its load failure must name besides the config file
+BROKEN_MODELS = {"broken": ("instance_group[0].count",),
+                 "broken_syntax": ("data_type", "TYPE_FLOAT32")}
 
 
 def identity_name(datatype: str) -> str:
@@ -94,27 +101,6 @@ def add_constant_model(constant: float) -> onnx.ModelProto:
     return _model(graph)
 
 
-def slow_model() -> onnx.ModelProto:
-    """``OUTPUT0 = SIZE[0] * INPUT0**2`` on FP32 ``[1, 1]``, the long way round.
-
-    The input is broadcast to a ``SIZE[0] x SIZE[1]`` matrix (``SIZE`` is INT64 ``[1, 2]``,
-    square please) and multiplied by itself, so a request costs ``2 * n**3`` flops that
-    the client chooses; the work depends on the inputs, so ONNX Runtime cannot fold it
-    away at load time.
-    """
-    nodes = [helper.make_node("Reshape", ["SIZE", "flat"], ["shape"]),
-             helper.make_node("Expand", ["INPUT0", "shape"], ["big"]),
-             helper.make_node("MatMul", ["big", "big"], ["product"]),
-             helper.make_node("ReduceMean", ["product"], ["OUTPUT0"], keepdims=1)]
-    graph = helper.make_graph(
-        nodes, "slow",
-        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", 1]),
-         helper.make_tensor_value_info("SIZE", TensorProto.INT64, ["batch", 2])],
-        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", 1])],
-        initializer=[numpy_helper.from_array(np.array([-1], np.int64), "flat")])
-    return _model(graph)
-
-
 def autocomplete_model() -> onnx.ModelProto:
     """``OUTPUT0 = -INPUT0`` on FP32 ``[batch, 4]``, served without a config file."""
     graph = helper.make_graph(
@@ -127,7 +113,7 @@ def autocomplete_model() -> onnx.ModelProto:
 # ------------------------------------------------------------------ configs, by hand
 
 def identity_config(datatype: str) -> str:
-    config_type = IDENTITY_TYPES[datatype][2]
+    config_type = f"TYPE_{datatype}" if datatype == "BF16" else IDENTITY_TYPES[datatype][2]
     return f"""\
 name: "{identity_name(datatype)}"
 platform: "onnxruntime_onnx"
@@ -201,17 +187,28 @@ version_policy: {policy}
 instance_group [ {{ count: 1 kind: KIND_CPU }} ]
 """
 
-SLOW_CONFIG = """\
-name: "{name}"
+HELD_CONFIG = f"""\
+name: "held"
 platform: "onnxruntime_onnx"
-max_batch_size: 1
-input [
-  {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] }},
-  {{ name: "SIZE" data_type: TYPE_INT64 dims: [ 2 ] }}
-]
-output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+max_batch_size: 16
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+dynamic_batching {{ max_queue_delay_microseconds: {HELD_DELAY_US} }}
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+"""
+
+QUEUE_LIMITED_CONFIG = f"""\
+name: "queue_limited"
+platform: "onnxruntime_onnx"
+max_batch_size: 4
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
 dynamic_batching {{
-{queue_policy}}}
+  max_queue_delay_microseconds: {QUEUE_DELAY_US}
+  default_queue_policy {{
+    max_queue_size: {QUEUE_LIMIT}
+  }}
+}}
 instance_group [ {{ count: 1 kind: KIND_CPU }} ]
 """
 
@@ -225,13 +222,6 @@ dynamic_batching { max_queue_delay_microseconds: 500 }
 instance_group [ { count: 1 kind: KIND_CPU } ]
 """
 
-
-def slow_config(name: str, max_queue_size: int | None) -> str:
-    policy = ("" if max_queue_size is None else
-              f"  default_queue_policy {{ max_queue_size: {max_queue_size} }}\n")
-    return SLOW_CONFIG.format(name=name, queue_policy=policy)
-
-
 BROKEN_CONFIG = """\
 name: "broken"
 platform: "onnxruntime_onnx"
@@ -239,6 +229,19 @@ max_batch_size: 8
 input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] } ]
 output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] } ]
 instance_group [ { count: 0 kind: KIND_CPU } ]
+"""
+
+BROKEN_SYNTAX_CONFIG = """\
+name: "broken_syntax"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [
+  {
+    name: "INPUT0"
+    data_type: TYPE_FLOAT32
+    dims: [ 16 ]
+  }
+]
 """
 
 
@@ -260,6 +263,8 @@ def build_test_repository(root: Path) -> Path:
     for datatype, (elem_type, _, _) in IDENTITY_TYPES.items():
         _write(root, identity_name(datatype), {1: identity_model(elem_type)},
                identity_config(datatype))
+    _write(root, identity_name("BF16"), {1: identity_model(TensorProto.BFLOAT16)},
+           identity_config("BF16"))
     _write(root, "add_sub", {1: add_sub_model()}, ADD_SUB_CONFIG)
     _write(root, "versioned", {1: add_constant_model(1.0), 2: add_constant_model(2.0)},
            VERSIONED_CONFIG.format(name="versioned", policy="{ all: { } }"))
@@ -269,14 +274,16 @@ def build_test_repository(root: Path) -> Path:
                                    policy="{ latest: { num_versions: 2 } }"))
     _write(root, "autocomplete", {1: autocomplete_model()}, None)
     _write(root, "broken", {1: tiny_model()}, BROKEN_CONFIG)
-    _write(root, "slow_queue", {1: slow_model()}, slow_config("slow_queue", SLOW_MAX_QUEUE))
+    _write(root, "broken_syntax", {1: tiny_model()}, BROKEN_SYNTAX_CONFIG)
+    _write(root, "queue_limited", {1: add_constant_model(1.0)}, QUEUE_LIMITED_CONFIG)
     _write(root, "reloadable", {1: add_constant_model(10.0)}, RELOADABLE_CONFIG)
+    _write(root, "held", {1: add_constant_model(1.0)}, HELD_CONFIG)
     return root
 
 
-def build_slow_repository(root: Path) -> Path:
-    """Only ``slow`` and ``mlp``: a small repository for servers a test stops itself."""
+def build_shutdown_repository(root: Path) -> Path:
+    """Only ``mlp`` and ``held``: a small repository for a server a test stops itself."""
     root = Path(root)
     build_repository(root, ("mlp",))
-    _write(root, "slow", {1: slow_model()}, slow_config("slow", None))
+    _write(root, "held", {1: add_constant_model(1.0)}, HELD_CONFIG)
     return root

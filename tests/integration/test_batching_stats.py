@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 import numpy as np
 import pytest
@@ -16,6 +18,7 @@ from .helpers import References, infer_json, metric_samples, model_metric, reque
 pytestmark = pytest.mark.integration
 
 CONCURRENCY = 64
+T = TypeVar("T")
 
 DURATIONS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output",
              "cache_hit", "cache_miss")
@@ -26,27 +29,38 @@ def stats_of(client: triton.InferenceServerClient, model: str, version: str = ""
     return entry
 
 
-def test_concurrent_requests_are_batched_and_match_unbatched_results(
-        server: ServerProcess, references: References) -> None:
-    # tritonclient's async_infer sleeps 10 ms after sending each request, which spaces
-    # them out too far to ever share a batch on a fast model; threads, each with its own
-    # client and an open connection, released together by a barrier, send at once.
-    inputs = np.random.default_rng(123).standard_normal((CONCURRENCY, 1, 256)).astype(np.float32)
-    before = _stats(server, "mlp")
-    barrier = threading.Barrier(CONCURRENCY)
+def together(server: ServerProcess, count: int,
+             work: Callable[[triton.InferenceServerClient, int], T]) -> list[T]:
+    """Run ``work(client, i)`` for ``i < count`` on threads released at once.
 
-    def send(i: int) -> triton.InferResult:
+    tritonclient's async_infer sleeps 10 ms after sending each request, which spaces them
+    out too far to ever share a batch on a fast model; threads, each with its own client
+    and an open connection, released together by a barrier, send at once.
+    """
+    barrier = threading.Barrier(count)
+
+    def run(i: int) -> T:
         with triton.InferenceServerClient(server.url.removeprefix("http://"),
                                           network_timeout=60.0) as own:
             assert own.is_server_live()  # opens the connection before the barrier
-            tensor = triton.InferInput("INPUT0", [1, 256], "FP32")
-            tensor.set_data_from_numpy(inputs[i])
             barrier.wait(timeout=60)
-            return own.infer("mlp", [tensor], request_id=str(i))
+            return work(own, i)
 
-    with ThreadPoolExecutor(CONCURRENCY) as pool:
-        results = list(pool.map(send, range(CONCURRENCY), timeout=120))
+    with ThreadPoolExecutor(count) as pool:
+        return list(pool.map(run, range(count), timeout=120))
 
+
+def test_concurrent_requests_are_batched_and_match_unbatched_results(
+        server: ServerProcess, references: References) -> None:
+    inputs = np.random.default_rng(123).standard_normal((CONCURRENCY, 1, 256)).astype(np.float32)
+    before = _stats(server, "mlp")
+
+    def send(own: triton.InferenceServerClient, i: int) -> triton.InferResult:
+        tensor = triton.InferInput("INPUT0", [1, 256], "FP32")
+        tensor.set_data_from_numpy(inputs[i])
+        return own.infer("mlp", [tensor], request_id=str(i))
+
+    results = together(server, CONCURRENCY, send)
     for i, (data, result) in enumerate(zip(inputs, results)):
         assert result.get_response()["id"] == str(i)
         alone = references.run("mlp", {"INPUT0": data})["OUTPUT0"]  # one row, unbatched
@@ -59,6 +73,25 @@ def test_concurrent_requests_are_batched_and_match_unbatched_results(
     assert inferences == CONCURRENCY
     assert 1 <= executions < inferences, "64 concurrent requests never shared a batch"
     assert any(b["batch_size"] > 1 for b in after["batch_stats"])
+
+
+def test_concurrent_requests_of_different_shapes_keep_their_own_data(
+        server: ServerProcess) -> None:
+    """Only requests with equal non-batch dims share a batch; each gets its own rows back."""
+    shapes = [(rows, width) for rows in (1, 2, 3) for width in (1, 2, 5, 7)] * 2
+    before = _stats(server, "identity_int64")
+
+    def send(own: triton.InferenceServerClient, i: int) -> tuple[np.ndarray, np.ndarray]:
+        rows, width = shapes[i]
+        data = (np.arange(rows * width, dtype=np.int64) + 1000 * i).reshape(rows, width)
+        tensor = triton.InferInput("INPUT0", [rows, width], "INT64")
+        tensor.set_data_from_numpy(data)
+        return data, own.infer("identity_int64", [tensor]).as_numpy("OUTPUT0")
+
+    for data, got in together(server, len(shapes), send):
+        np.testing.assert_array_equal(got, data)
+    after = _stats(server, "identity_int64")
+    assert after["inference_count"] - before["inference_count"] == sum(r for r, _ in shapes)
 
 
 def _stats(server: ServerProcess, model: str) -> dict:

@@ -9,12 +9,13 @@ from tradeoff.models import EXAMPLE_MODELS
 from tradeoff.server.process import ServerProcess
 
 from .helpers import request
-from .model_repo import BROKEN_FIELD, IDENTITY_TYPES, identity_name
+from .model_repo import (BROKEN_MODELS, IDENTITY_TYPES, QUEUE_DELAY_US, QUEUE_LIMIT,
+                         identity_name)
 
 pytestmark = pytest.mark.integration
 
-SERVED = [*EXAMPLE_MODELS, *(identity_name(t) for t in IDENTITY_TYPES), "add_sub",
-          "versioned", "versioned_latest", "autocomplete", "slow_queue", "reloadable"]
+SERVED = [*EXAMPLE_MODELS, *(identity_name(t) for t in [*IDENTITY_TYPES, "BF16"]), "add_sub",
+          "versioned", "versioned_latest", "autocomplete", "queue_limited", "reloadable", "held"]
 
 
 def test_server_live_and_ready(client: triton.InferenceServerClient) -> None:
@@ -55,7 +56,7 @@ def test_model_metadata(client: triton.InferenceServerClient) -> None:
         {"name": "OUTPUT1", "datatype": "INT32", "shape": [-1, 16]}]
 
 
-@pytest.mark.parametrize("datatype", list(IDENTITY_TYPES))
+@pytest.mark.parametrize("datatype", [*IDENTITY_TYPES, "BF16"])
 def test_identity_metadata_names_the_datatype(client: triton.InferenceServerClient,
                                               datatype: str) -> None:
     metadata = client.get_model_metadata(identity_name(datatype))
@@ -80,10 +81,11 @@ def test_model_config_from_hand_written_pbtxt(client: triton.InferenceServerClie
 
 
 def test_model_config_of_queue_policy(client: triton.InferenceServerClient) -> None:
-    config = client.get_model_config("slow_queue")
-    policy = config["dynamic_batching"]["default_queue_policy"]
-    assert policy["max_queue_size"] == 2
-    assert policy["timeout_action"] == "REJECT"
+    config = client.get_model_config("queue_limited")
+    batching = config["dynamic_batching"]
+    assert batching["max_queue_delay_microseconds"] == QUEUE_DELAY_US
+    assert batching["default_queue_policy"]["max_queue_size"] == QUEUE_LIMIT
+    assert batching["default_queue_policy"]["timeout_action"] == "REJECT"
 
 
 def test_model_config_version_policies(client: triton.InferenceServerClient) -> None:
@@ -112,7 +114,7 @@ def test_model_without_config_is_auto_completed(client: triton.InferenceServerCl
 def test_repository_index_lists_every_model(client: triton.InferenceServerClient) -> None:
     index = client.get_model_repository_index()
     names = {row["name"] for row in index}
-    assert set(SERVED) | {"broken"} <= names
+    assert set(SERVED) | set(BROKEN_MODELS) <= names
     for row in index:
         if row["name"] in SERVED:
             assert row["state"] == "READY", row
@@ -122,20 +124,23 @@ def test_repository_index_lists_every_model(client: triton.InferenceServerClient
     assert versions == ["2", "3"]
 
 
+@pytest.mark.parametrize("model", list(BROKEN_MODELS))
 def test_broken_config_fails_alone_with_a_reason(server: ServerProcess,
-                                                 client: triton.InferenceServerClient) -> None:
-    rows = [row for row in client.get_model_repository_index() if row["name"] == "broken"]
+                                                 client: triton.InferenceServerClient,
+                                                 model: str) -> None:
+    rows = [row for row in client.get_model_repository_index() if row["name"] == model]
     assert len(rows) == 1
     row = rows[0]
     assert row["state"] == "UNAVAILABLE"
-    assert "config.pbtxt" in row["reason"]
-    assert BROKEN_FIELD in row["reason"]
-    assert not client.is_model_ready("broken")
+    assert f"{model}/config.pbtxt" in row["reason"]
+    for fragment in BROKEN_MODELS[model]:
+        assert fragment in row["reason"], row["reason"]
+    assert not client.is_model_ready(model)
+    response = request(server.url, "GET", f"/v2/models/{model}/ready")
+    assert response.status != 200
     # the rest of the server is unaffected
     assert client.is_server_ready()
     assert client.is_model_ready("tiny")
-    response = request(server.url, "GET", "/v2/models/broken/ready")
-    assert response.status != 200
 
 
 def test_ready_only_index(server: ServerProcess) -> None:
@@ -143,4 +148,4 @@ def test_ready_only_index(server: ServerProcess) -> None:
     assert response.status == 200
     rows = response.json()
     assert rows and all(row["state"] == "READY" for row in rows)
-    assert "broken" not in {row["name"] for row in rows}
+    assert not set(BROKEN_MODELS) & {row["name"] for row in rows}

@@ -196,3 +196,22 @@ def test_cancelled_request_is_dropped_before_it_runs() -> None:
         await scheduler.stop()
 
     asyncio.run(scenario())
+
+
+def test_drain_flushes_delayed_requests_and_refuses_new_ones() -> None:
+    async def scenario() -> None:
+        backend = Doubler()
+        scheduler = await _start(config(batching=DynamicBatching(max_queue_delay_us=10_000_000)),
+                                 [backend])
+        pending = [asyncio.ensure_future(scheduler.infer(request(i))) for i in (1, 2)]
+        await asyncio.sleep(0.05)
+        assert not any(p.done() for p in pending)  # held by the 10 s delay
+        scheduler.drain()
+        with pytest.raises(Unavailable):
+            await scheduler.infer(request(3))
+        results = await asyncio.wait_for(asyncio.gather(*pending), 5)
+        assert [float(out["y"][0, 0]) for _, out in results] == [2.0, 4.0]
+        assert backend.batches == [2]
+        await scheduler.stop()
+
+    asyncio.run(scenario())

@@ -134,6 +134,12 @@ class Scheduler:
         self._idle.set()
         self.state = SchedulerState.RUNNING
 
+    def drain(self) -> None:
+        """Refuse new requests and run every queued one now, without waiting for delays."""
+        if self.state is SchedulerState.RUNNING:
+            self.state = SchedulerState.DRAINING
+            self._wake()
+
     async def stop(self, drain: bool = True) -> None:
         """Stop taking requests; answer the queued ones (or fail them) and wait for them."""
         if self.state is SchedulerState.STOPPED:

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from tradeoff import __version__, dtypes
-from tradeoff.errors import InvalidInput, NotFound
+from tradeoff.errors import InvalidInput, NotFound, Unavailable
 from tradeoff.protocol.v2 import TensorOutput, V2Request
 from tradeoff.repository.config import ModelConfig
 from tradeoff.scheduling.request import InferenceRequest, Timings
@@ -29,6 +29,12 @@ class DataPlane:
         self.strict_readiness = False
 
     # ------------------------------------------------------------ health, metadata
+
+    def begin_shutdown(self) -> None:
+        """Refuse new work and flush every queue; accepted requests are still answered."""
+        self.shutting_down = True
+        for served in self.manager.served_versions():
+            served.scheduler.drain()
 
     def live(self) -> bool:
         return not self.shutting_down
@@ -134,6 +140,8 @@ class DataPlane:
     async def infer(self, name: str, version: str | None,
                     request: V2Request) -> tuple[ModelVersion, Timings, list[TensorOutput]]:
         """Run one request through the model's scheduler."""
+        if self.shutting_down:
+            raise Unavailable("the server is shutting down and takes no new requests")
         served, internal = self.prepare(name, version, request)
         timings, outputs = await served.scheduler.infer(internal)
         return served, timings, select_outputs(served.config, request, outputs)

@@ -7,9 +7,11 @@ has accepted (queued or running), unloads the models and exits 0, within
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,15 +42,20 @@ class ServeOptions:
 
 
 class _GracefulServer(uvicorn.Server):
-    """uvicorn re-raises SIGTERM after a graceful shutdown; a clean stop should exit 0."""
+    """Stops like Triton: on the first signal, refuse new work and flush the queues at
+    once; exit 0 after a clean stop (uvicorn would re-raise the signal)."""
+
+    on_signal: Callable[[], None] | None = None
 
     def handle_exit(self, sig: int, frame: object) -> None:
         if self.should_exit and sig == signal.SIGINT:
             self.force_exit = True  # a second Ctrl-C: stop waiting
-        else:
-            log.info("signal %s: no new connections, finishing accepted requests",
-                     signal.Signals(sig).name)
-            self.should_exit = True
+            return
+        log.info("signal %s: no new connections, finishing accepted requests",
+                 signal.Signals(sig).name)
+        self.should_exit = True
+        if self.on_signal is not None:
+            self.on_signal()
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -78,7 +85,10 @@ def serve(options: ServeOptions) -> None:
         sockets.append(_bind(options.host, options.metrics_port))
         metrics_port = sockets[1].getsockname()[1]
 
+    loop_box: list[asyncio.AbstractEventLoop] = []
+
     async def startup() -> None:
+        loop_box.append(asyncio.get_running_loop())
         await manager.load_all()
         dataplane.started = True
         log.info("HTTP (Open Inference Protocol v2) on http://%s:%d", options.host, http_port)
@@ -111,6 +121,9 @@ def serve(options: ServeOptions) -> None:
         backlog=2048,
     )
     server = _GracefulServer(config)
+    # runs inside a signal handler: hand the work to the event loop
+    server.on_signal = lambda: loop_box and loop_box[0].call_soon_threadsafe(
+        dataplane.begin_shutdown)
     try:
         server.run(sockets=sockets)
     finally:
