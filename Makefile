@@ -20,6 +20,8 @@ demo: $(STAMP)
 	$(VENV)/bin/tradeoff demo
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/mypy src
 	$(PY) -m pytest -q
 
 # Regenerate the protobuf code from the project's .proto files.

@@ -28,7 +28,7 @@ _NUMPY = {
     "BYTES": np.dtype(object),
 }
 
-_ONNX = {
+_ONNX: dict[int, str] = {
     TensorProto.BOOL: "BOOL",
     TensorProto.UINT8: "UINT8",
     TensorProto.UINT16: "UINT16",

@@ -9,8 +9,7 @@ from tradeoff.models import EXAMPLE_MODELS
 from tradeoff.server.process import ServerProcess
 
 from .helpers import request
-from .model_repo import (BROKEN_MODELS, IDENTITY_TYPES, QUEUE_DELAY_US, QUEUE_LIMIT,
-                         identity_name)
+from .model_repo import BROKEN_MODELS, IDENTITY_TYPES, QUEUE_DELAY_US, QUEUE_LIMIT, identity_name
 
 pytestmark = pytest.mark.integration
 

@@ -1,8 +1,8 @@
 """``tradeoff.__all__`` is the public API: it must list exactly what the package exposes."""
 
 from __future__ import annotations
-
 import __future__
+
 import importlib.metadata
 import inspect
 import types

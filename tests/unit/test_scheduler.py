@@ -10,8 +10,13 @@ import pytest
 
 from tradeoff.backends.base import Backend
 from tradeoff.errors import InferenceFailed, Unavailable
-from tradeoff.repository.config import (DynamicBatching, InstanceGroup, ModelConfig,
-                                        QueuePolicy, TensorConfig)
+from tradeoff.repository.config import (
+    DynamicBatching,
+    InstanceGroup,
+    ModelConfig,
+    QueuePolicy,
+    TensorConfig,
+)
 from tradeoff.scheduling.request import InferenceRequest
 from tradeoff.scheduling.scheduler import Scheduler
 from tradeoff.server.stats import ModelStats

@@ -102,10 +102,10 @@ class OnnxRuntimeBackend(Backend):
                 sess_options=session_options(config, default_intra_op_threads),
                 providers=execution_providers(config),
             )
-        except (ort.capi.onnxruntime_pybind11_state.Fail,  # type: ignore[attr-defined]
-                ort.capi.onnxruntime_pybind11_state.InvalidGraph,  # type: ignore[attr-defined]
-                ort.capi.onnxruntime_pybind11_state.InvalidProtobuf,  # type: ignore[attr-defined]
-                ort.capi.onnxruntime_pybind11_state.NoSuchFile,  # type: ignore[attr-defined]
+        except (ort.capi.onnxruntime_pybind11_state.Fail,
+                ort.capi.onnxruntime_pybind11_state.InvalidGraph,
+                ort.capi.onnxruntime_pybind11_state.InvalidProtobuf,
+                ort.capi.onnxruntime_pybind11_state.NoSuchFile,
                 RuntimeError) as exc:
             raise ModelLoadError(f"{model_path}: ONNX Runtime cannot load it: {exc}") from exc
         self._bf16 = {i.name for i in self.session.get_inputs() if i.type == "tensor(bfloat16)"}
@@ -126,7 +126,7 @@ class OnnxRuntimeBackend(Backend):
                 feed[name] = array
         names = list(output_names)
         if self._bf16_out.intersection(names):
-            values = self.session.run_with_ort_values(names, feed)  # type: ignore[arg-type]
+            values = self.session.run_with_ort_values(names, feed)
             return {n: self._from_ort_value(n, v) for n, v in zip(names, values)}
         results = self.session.run(names, feed)
         return dict(zip(names, results))

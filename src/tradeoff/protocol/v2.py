@@ -312,7 +312,7 @@ def encode_response(model_name: str, model_version: str, request_id: str | None,
                 if not _LITTLE_ENDIAN:
                     array = array.astype(array.dtype.newbyteorder("<"))
                 # a flat uint8 view, not memoryview.cast: cast refuses empty arrays
-                blob = memoryview(array.reshape(-1).view(np.uint8))
+                blob = array.reshape(-1).view(np.uint8).data
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:

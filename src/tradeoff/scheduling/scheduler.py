@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import enum
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -216,8 +217,8 @@ class Scheduler:
             assert self._loop is not None
             future = self._loop.run_in_executor(
                 self._executor, run_batch, backend, self.config, batch, self.output_names)
-            future.add_done_callback(
-                lambda f, b=batch, be=backend: self._finish(f, b, be))
+            future.add_done_callback(functools.partial(self._finish, batch=batch,
+                                                       backend=backend))
         self._arm_timer(wake_at, self.queue.next_deadline())
         self._check_idle()
 
@@ -241,7 +242,7 @@ class Scheduler:
         self._timer_at = None
         self._dispatch()
 
-    def _finish(self, future: asyncio.Future, batch: list[InferenceRequest],
+    def _finish(self, future: asyncio.Future, *, batch: list[InferenceRequest],
                 backend: Backend) -> None:
         self._running -= 1
         self._free.append(backend)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tradeoff import dtypes
 from tradeoff.backends.base import Backend
 from tradeoff.backends.onnxruntime import OnnxRuntimeBackend
 from tradeoff.errors import ModelLoadError, NotFound, TradeoffError, Unavailable
@@ -23,7 +24,6 @@ from tradeoff.repository.repository import ModelRepository
 from tradeoff.scheduling.request import InferenceRequest
 from tradeoff.scheduling.scheduler import Scheduler, run_batch
 from tradeoff.server.stats import ModelStats
-from tradeoff import dtypes
 
 log = logging.getLogger("tradeoff.server")
 

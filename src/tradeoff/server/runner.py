@@ -121,9 +121,13 @@ def serve(options: ServeOptions) -> None:
         backlog=2048,
     )
     server = _GracefulServer(config)
-    # runs inside a signal handler: hand the work to the event loop
-    server.on_signal = lambda: loop_box and loop_box[0].call_soon_threadsafe(
-        dataplane.begin_shutdown)
+
+    def on_signal() -> None:
+        # runs inside a signal handler: hand the work to the event loop
+        if loop_box:
+            loop_box[0].call_soon_threadsafe(dataplane.begin_shutdown)
+
+    server.on_signal = on_signal
     try:
         server.run(sockets=sockets)
     finally:
