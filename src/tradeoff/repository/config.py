@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -136,11 +137,24 @@ class ModelConfig:
     def instance_count(self) -> int:
         return sum(g.count for g in self.instance_groups)
 
+    @cached_property
+    def _inputs_by_name(self) -> dict[str, TensorConfig]:
+        return {t.name: t for t in self.inputs}
+
+    @cached_property
+    def _outputs_by_name(self) -> dict[str, TensorConfig]:
+        return {t.name: t for t in self.outputs}
+
+    @cached_property
+    def input_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Input name -> shape as the client sends it (-1: any size, batch dim included)."""
+        return {t.name: tuple(self.full_shape(t)) for t in self.inputs}
+
     def input(self, name: str) -> TensorConfig | None:
-        return next((t for t in self.inputs if t.name == name), None)
+        return self._inputs_by_name.get(name)
 
     def output(self, name: str) -> TensorConfig | None:
-        return next((t for t in self.outputs if t.name == name), None)
+        return self._outputs_by_name.get(name)
 
     def full_shape(self, tensor: TensorConfig) -> list[int]:
         """Shape as the client sees it, with -1 for the batch dim when batching."""

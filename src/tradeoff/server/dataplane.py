@@ -92,6 +92,8 @@ class DataPlane:
         """Validate a decoded request against the model's config."""
         served = self.manager.get(name, version)
         config = served.config
+        expected_shapes = config.input_shapes
+        batching = config.max_batch_size > 0
         inputs = {}
         rows = None
         for tensor in request.inputs:
@@ -108,16 +110,26 @@ class DataPlane:
                 # Checked per request: in the backend, one client's bad bytes would fail
                 # every request batched with it.
                 _check_utf8(tensor.name, tensor.array)
-            tensor_rows = _check_shape(config, spec.name, spec.dims, tensor.shape)
+            shape = tensor.shape
+            expected = expected_shapes[tensor.name]
+            if len(shape) != len(expected) or any(
+                    want != -1 and got != want for got, want in zip(shape, expected)):
+                raise InvalidInput(f"input {tensor.name!r}: shape {list(shape)} does not match "
+                                   f"the model's {list(expected)}")
+            tensor_rows = shape[0] if batching else 1
+            if batching and not 1 <= tensor_rows <= config.max_batch_size:
+                raise InvalidInput(f"input {tensor.name!r}: batch size {tensor_rows} is outside"
+                                   f" 1..{config.max_batch_size} (max_batch_size)")
             if rows is None:
                 rows = tensor_rows
             elif tensor_rows != rows:
                 raise InvalidInput(f"input {tensor.name!r} has batch size {tensor_rows} but "
                                    f"other inputs have {rows}")
             inputs[tensor.name] = tensor.array
-        missing = [t.name for t in config.inputs if t.name not in inputs and not t.optional]
-        if missing:
-            raise InvalidInput(f"model {name!r} needs inputs {missing}")
+        if len(inputs) != len(expected_shapes):
+            missing = [t.name for t in config.inputs if t.name not in inputs and not t.optional]
+            if missing:
+                raise InvalidInput(f"model {name!r} needs inputs {missing}")
         if request.outputs is not None:
             for out in request.outputs:
                 if config.output(out.name) is None:
@@ -132,8 +144,10 @@ class DataPlane:
                                     or timeout < 0):
             raise InvalidInput("parameter 'timeout' must be a non-negative integer "
                                "(microseconds)")
-        shape_key = tuple(a.shape[1:] if config.max_batch_size > 0 else a.shape
-                          for a in inputs.values())
+        # Which inputs, in config order, with their non-batch dims: only requests with
+        # equal keys can be concatenated into one batch.
+        shape_key = tuple((n, inputs[n].shape[1:] if batching else inputs[n].shape)
+                          for n in expected_shapes if n in inputs)
         return served, InferenceRequest(inputs=inputs, rows=rows or 1, shape_key=shape_key,
                                         priority=priority, timeout_us=timeout or None)
 
@@ -145,26 +159,6 @@ class DataPlane:
         served, internal = self.prepare(name, version, request)
         timings, outputs = await served.scheduler.infer(internal)
         return served, timings, select_outputs(served.config, request, outputs)
-
-
-def _check_shape(config: ModelConfig, name: str, dims: tuple[int, ...],
-                 shape: tuple[int, ...]) -> int:
-    """Validate a client shape against config dims; returns the request's batch rows."""
-    expected = config.full_shape(config.input(name))  # type: ignore[arg-type]
-    if len(shape) != len(expected):
-        raise InvalidInput(f"input {name!r}: shape {list(shape)} does not match the model's "
-                           f"{expected}")
-    for got, want in zip(shape, expected):
-        if want != -1 and got != want:
-            raise InvalidInput(f"input {name!r}: shape {list(shape)} does not match the "
-                               f"model's {expected}")
-    if config.max_batch_size > 0:
-        rows = shape[0]
-        if not 1 <= rows <= config.max_batch_size:
-            raise InvalidInput(f"input {name!r}: batch size {rows} is outside 1.."
-                               f"{config.max_batch_size} (max_batch_size)")
-        return rows
-    return 1
 
 
 def _check_utf8(name: str, array: Any) -> None:
