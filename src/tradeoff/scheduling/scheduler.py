@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import enum
-import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -173,6 +172,7 @@ class Scheduler:
         if self._preserve_ordering:
             previous = self._last_release
             release = self._last_release = self._loop.create_future()
+        # Dispatch on the next loop turn, so requests that arrive together batch together.
         self._wake()
         try:
             return await request.future
@@ -214,11 +214,7 @@ class Scheduler:
             for request in batch:
                 request.timings.queue_ns = now - request.enqueue_ns
             self._running += 1
-            assert self._loop is not None
-            future = self._loop.run_in_executor(
-                self._executor, run_batch, backend, self.config, batch, self.output_names)
-            future.add_done_callback(functools.partial(self._finish, batch=batch,
-                                                       backend=backend))
+            self._executor.submit(self._execute, backend, batch)
         self._arm_timer(wake_at, self.queue.next_deadline())
         self._check_idle()
 
@@ -242,13 +238,23 @@ class Scheduler:
         self._timer_at = None
         self._dispatch()
 
-    def _finish(self, future: asyncio.Future, *, batch: list[InferenceRequest],
-                backend: Backend) -> None:
+    def _execute(self, backend: Backend, batch: list[InferenceRequest]) -> None:
+        """Worker thread: run one batch, then hand the result to the event loop."""
+        try:
+            result = run_batch(backend, self.config, batch, self.output_names)
+            error = None
+        except BaseException as exc:  # every request of the batch must be answered
+            result, error = None, exc
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._finish, batch, backend, result, error)
+
+    def _finish(self, batch: list[InferenceRequest], backend: Backend,
+                result: tuple[list[Outputs], Timings] | None,
+                exc: BaseException | None) -> None:
         self._running -= 1
         self._free.append(backend)
         end = self._clock()
-        exc = future.exception()
-        if exc is not None:
+        if exc is not None or result is None:
             error = exc if isinstance(exc, TradeoffError) else InferenceFailed(
                 f"model {self.config.name!r}: {type(exc).__name__}: {exc}")
             if not isinstance(exc, TradeoffError):
@@ -256,7 +262,7 @@ class Scheduler:
             for request in batch:
                 self._fail(request, error, end)
         else:
-            results, timings = future.result()
+            results, timings = result
             self.stats.record_execution(timings.batch_size, timings)
             for request, outputs in zip(batch, results):
                 t = request.timings
