@@ -29,7 +29,7 @@ import uvloop
 
 from tradeoff.bench.closed_loop import run_closed_loop
 from tradeoff.bench.http_client import build_request
-from tradeoff.demo import binary_infer_request
+from tradeoff.bench.v2 import binary_infer_request
 from tradeoff.models import build_repository
 from tradeoff.protocol.v2 import TensorOutput, decode_request, encode_response
 from tradeoff.repository.repository import ModelRepository

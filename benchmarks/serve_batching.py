@@ -19,14 +19,13 @@ import statistics
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
 from tradeoff.bench.closed_loop import run_closed_loop
-from tradeoff.demo import binary_infer_request
+from tradeoff.bench.v2 import binary_infer_request, model_stats, stats_delta
 from tradeoff.models import build_repository
 from tradeoff.server.process import ServerProcess
 
@@ -59,22 +58,15 @@ def ceiling(model_path: Path, width: int, cpu: int, seconds: float = 1.0) -> tup
         os.sched_setaffinity(0, previous)
 
 
-def stats(url: str, model: str) -> dict:
-    with urllib.request.urlopen(f"{url}/v2/models/{model}/stats", timeout=10) as response:
-        return json.loads(response.read())["model_stats"][0]
-
-
 def measure(server: ServerProcess, model: str, concurrency: int, duration: float) -> dict:
     width = INPUT_WIDTH[model.removesuffix("_nobatch")]
     sample = np.random.default_rng(1).standard_normal((1, width)).astype(np.float32)
     raw = binary_infer_request(server.host, model, "INPUT0", sample, "FP32")
-    before = stats(server.url, model)
+    before = model_stats(server.url, model)
     result = asyncio.run(run_closed_loop(server.host, server.http_port, raw,
                                          concurrency=concurrency, duration_s=duration,
                                          warmup_s=1.0))
-    after = stats(server.url, model)
-    requests = after["inference_stats"]["success"]["count"] - before["inference_stats"]["success"]["count"]
-    executions = after["execution_count"] - before["execution_count"]
+    requests, executions = stats_delta(before, model_stats(server.url, model))
     return {"throughput": result.throughput, "p50_ms": result.percentile_ms(50),
             "p99_ms": result.percentile_ms(99), "errors": sum(result.errors.values()),
             "mean_batch": requests / executions if executions else 0.0}

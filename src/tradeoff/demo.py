@@ -5,39 +5,19 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
 from rich.console import Console
 from rich.table import Table
 
 from tradeoff.bench.closed_loop import run_closed_loop
-from tradeoff.bench.http_client import build_request
+from tradeoff.bench.v2 import binary_infer_request, model_stats, stats_delta
 from tradeoff.models import build_repository
 from tradeoff.server.process import ServerProcess
 
 DEMO_MODELS = ("mlp", "mlp_nobatch")
-
-
-def binary_infer_request(host: str, model: str, input_name: str, array: np.ndarray,
-                         datatype: str) -> bytes:
-    """An infer request with a binary input tensor and binary outputs."""
-    header = orjson.dumps({
-        "inputs": [{"name": input_name, "datatype": datatype, "shape": list(array.shape),
-                    "parameters": {"binary_data_size": array.nbytes}}],
-        "parameters": {"binary_data_output": True},
-    })
-    return build_request("POST", host, f"/v2/models/{model}/infer", header + array.tobytes(),
-                         {"Inference-Header-Content-Length": str(len(header)),
-                          "Content-Type": "application/octet-stream"})
-
-
-def _stats(url: str, model: str) -> dict[str, Any]:
-    with urllib.request.urlopen(f"{url}/v2/models/{model}/stats", timeout=10) as response:
-        return json.loads(response.read())["model_stats"][0]
 
 
 def _pinning() -> tuple[str | None, set[int] | None]:
@@ -65,14 +45,11 @@ def run_demo(output: Path, duration: float, levels: tuple[int, ...]) -> list[dic
                 raw = binary_infer_request(server.host, model, "INPUT0", sample, "FP32")
                 for concurrency in levels:
                     status.update(f"{model} at concurrency {concurrency} for {duration:g}s")
-                    before = _stats(server.url, model)
+                    before = model_stats(server.url, model)
                     result = asyncio.run(run_closed_loop(
                         server.host, server.http_port, raw, concurrency=concurrency,
                         duration_s=duration, warmup_s=min(1.0, duration / 3)))
-                    after = _stats(server.url, model)
-                    requests = (after["inference_stats"]["success"]["count"]
-                                - before["inference_stats"]["success"]["count"])
-                    executions = after["execution_count"] - before["execution_count"]
+                    requests, executions = stats_delta(before, model_stats(server.url, model))
                     rows.append({
                         "model": model, "concurrency": concurrency,
                         "throughput_rps": result.throughput,

@@ -5,10 +5,9 @@ Transports (HTTP now, gRPC later) only translate wire formats and call these met
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-from tradeoff import __version__, dtypes
+from tradeoff import __version__
 from tradeoff.errors import InvalidInput, NotFound, Unavailable
 from tradeoff.protocol.v2 import TensorOutput, V2Request
 from tradeoff.repository.config import ModelConfig
@@ -190,10 +189,3 @@ def select_outputs(config: ModelConfig, request: V2Request,
             array = array.astype(object)
         result.append(TensorOutput(name, array, datatype, binary))
     return result
-
-
-def now_ns() -> int:
-    return time.perf_counter_ns()
-
-
-__all__ = ["DataPlane", "dtypes"]
