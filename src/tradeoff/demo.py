@@ -59,8 +59,7 @@ def run_demo(output: Path, duration: float, levels: tuple[int, ...]) -> list[dic
                     })
         exit_code = server.stop()
     table = Table(title="Dynamic batching on (mlp) vs off (mlp_nobatch)")
-    for column in ("model", "concurrency", "infer/s", "p50 ms", "p99 ms", "executions/request",
-                   "errors"):
+    for column in ("model", "conc", "infer/s", "p50 ms", "p99 ms", "exec/req", "errors"):
         table.add_column(column, justify="left" if column == "model" else "right")
     for row in rows:
         epr = row["executions_per_request"]
@@ -70,7 +69,15 @@ def run_demo(output: Path, duration: float, levels: tuple[int, ...]) -> list[dic
     console.print(table)
     results = output / "results.json"
     results.write_text(json.dumps({"schema": "tradeoff.demo/1", "rows": rows}, indent=2))
-    console.print(f"executions/request below 1 means requests shared model executions "
-                  f"(dynamic batching).\nserver exited with {exit_code} after SIGTERM; "
-                  f"models in {repository}, results in {results}")
+    console.print("exec/req: model executions per request; below 1, requests shared "
+                  "executions (dynamic batching).")
+    top = max(levels)
+    on = next(r for r in rows if r["model"] == "mlp" and r["concurrency"] == top)
+    off = next(r for r in rows if r["model"] == "mlp_nobatch" and r["concurrency"] == top)
+    if off["throughput_rps"] and off["p50_ms"]:
+        console.print(f"At concurrency {top}, dynamic batching gave "
+                      f"{on['throughput_rps'] / off['throughput_rps']:.2f}x the throughput at "
+                      f"{on['p50_ms'] / off['p50_ms']:.2f}x the p50 latency.")
+    console.print(f"server exited with {exit_code} after SIGTERM; models in {repository}, "
+                  f"results in {results}")
     return rows
