@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -181,3 +182,28 @@ def test_json_infer_on_a_version_path(server: ServerProcess) -> None:
     assert doc["model_version"] == "1"
     assert doc["id"] == "v1"
     assert doc["outputs"][0]["data"] == [2.0, 3.0, 4.0, 5.0]
+
+
+def test_load_with_a_config_override(client: triton.InferenceServerClient) -> None:
+    """Triton's ``load`` with a ``config`` parameter replaces config.pbtxt for that load."""
+    override = {"max_batch_size": 2,
+                "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
+                "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
+                "instance_group": [{"count": 2, "kind": "KIND_CPU"}]}
+    try:
+        client.load_model("reloadable", config=json.dumps(override))
+        config = client.get_model_config("reloadable")
+        assert config["max_batch_size"] == 2
+        assert config["instance_group"][0]["count"] == 2
+        assert "dynamic_batching" not in config
+        tensor, data = fp32_input()
+        np.testing.assert_array_equal(
+            client.infer("reloadable", [tensor]).as_numpy("OUTPUT0"), data + 10.0)
+        with pytest.raises(InferenceServerException) as info:
+            client.load_model("reloadable", config=json.dumps({"max_batch_size": -3}))
+        assert info.value.status() == "400"
+        assert "max_batch_size: must be >= 0" in info.value.message()
+        assert client.is_model_ready("reloadable")  # the failed reload left it serving
+    finally:
+        client.load_model("reloadable")
+    assert client.get_model_config("reloadable")["max_batch_size"] == 4

@@ -11,11 +11,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tradeoff.backends import onnxruntime as ort_backend
 from tradeoff.errors import ConfigError, ModelLoadError, NotFound
 from tradeoff.repository.autocomplete import autocomplete
-from tradeoff.repository.config import ModelConfig, load_config_file, validate_against_model
+from tradeoff.repository.config import (
+    ModelConfig,
+    load_config_file,
+    parse_config_mapping,
+    validate_against_model,
+)
 
 CONFIG_FILES = ("config.pbtxt", "config.yaml", "config.yml")
 
@@ -48,16 +54,22 @@ class ModelRepository:
             raise NotFound(f"model {name!r} is not in the model repository")
         return self.root / name
 
-    def read(self, name: str) -> ModelSource:
+    def read(self, name: str, config_override: dict[str, Any] | None = None) -> ModelSource:
         """Config (auto-completed) and version files of one model.
 
-        Raises ConfigError or ModelLoadError naming the file and what is wrong.
+        ``config_override`` (Triton's JSON config, as the repository extension's ``load``
+        may send) replaces the model's config file. Raises ConfigError or ModelLoadError
+        naming the file and what is wrong.
         """
         directory = self.model_dir(name)
         config_path = next((directory / f for f in CONFIG_FILES if (directory / f).is_file()),
                            None)
         source = str(config_path or directory)
-        if config_path is not None:
+        if config_override is not None:
+            source = f"load request config for {name!r}"
+            config = parse_config_mapping(config_override, source=source, default_name=name)
+            config_path = None
+        elif config_path is not None:
             config = load_config_file(config_path, default_name=name)
         else:
             config = ModelConfig(name=name, max_batch_size_given=False)

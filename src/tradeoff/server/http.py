@@ -190,10 +190,11 @@ class HttpApp:
                 return await _json(send, 200, self.dataplane.manager.index(ready_only))
             if n == 5 and parts[2] == "models" and parts[4] in ("load", "unload"):
                 self._method(method, "POST", scope)
-                await self._read_body(scope, receive)
+                document = self._json_body(await self._read_body(scope, receive))
                 if parts[4] == "load":
+                    override = _load_config_override(document)
                     try:
-                        await self.dataplane.manager.load(parts[3])
+                        await self.dataplane.manager.load(parts[3], override)
                     except NotFound:
                         raise
                     except Exception as exc:
@@ -261,6 +262,30 @@ class HttpApp:
         if accept:
             payload = _compress(payload, accept, reply)
         await _send(send, 200, payload, reply)
+
+
+def _load_config_override(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``config`` parameter of a repository load request (a JSON string), if any."""
+    parameters = body.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise InvalidInput("'parameters' must be a JSON object")
+    unsupported = sorted(k for k in parameters if k.startswith("file:"))
+    if unsupported:
+        raise InvalidInput(f"load parameters {unsupported} (model files in the request) are "
+                           "not supported; put the files in the model repository")
+    config = parameters.get("config")
+    if config is None:
+        return None
+    if not isinstance(config, str):
+        raise InvalidInput("load parameter 'config' must be a string holding the model "
+                           "config as JSON")
+    try:
+        parsed = orjson.loads(config)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"load parameter 'config' is not valid JSON: {exc}") from None
+    if not isinstance(parsed, dict):
+        raise InvalidInput("load parameter 'config' must be a JSON object")
+    return parsed
 
 
 def _compress(payload: bytes, accept: bytes, headers: list[tuple[bytes, bytes]]) -> bytes:

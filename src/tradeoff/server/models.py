@@ -12,6 +12,7 @@ import enum
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -119,9 +120,10 @@ class ModelManager:
         self.models: dict[str, ModelEntry] = {}
         self._locks: dict[str, asyncio.Lock] = {}
 
-    def _build(self, name: str) -> tuple[ModelConfig, dict[int, tuple[list[Backend], Path]]]:
+    def _build(self, name: str, config_override: dict[str, Any] | None
+               ) -> tuple[ModelConfig, dict[int, tuple[list[Backend], Path]]]:
         """Blocking part of a load: read config, create sessions, warm up."""
-        source = self.repository.read(name)
+        source = self.repository.read(name, config_override)
         config = source.config
         built: dict[int, tuple[list[Backend], Path]] = {}
         try:
@@ -139,8 +141,11 @@ class ModelManager:
             raise
         return config, built
 
-    async def load(self, name: str) -> ModelEntry:
-        """Load (or reload) a model; raises ConfigError/ModelLoadError/NotFound."""
+    async def load(self, name: str, config_override: dict[str, Any] | None = None) -> ModelEntry:
+        """Load (or reload) a model; raises ConfigError/ModelLoadError/NotFound.
+
+        ``config_override`` replaces the config file for this load (Triton's JSON form).
+        """
         self.repository.model_dir(name)  # NotFound before any state changes
         lock = self._locks.setdefault(name, asyncio.Lock())
         async with lock:
@@ -149,7 +154,7 @@ class ModelManager:
             if entry.state is not ModelState.READY:
                 entry.state = ModelState.LOADING
             try:
-                config, built = await asyncio.to_thread(self._build, name)
+                config, built = await asyncio.to_thread(self._build, name, config_override)
             except TradeoffError as exc:
                 entry.reason = str(exc)
                 if previous_state is not ModelState.READY:
