@@ -137,13 +137,33 @@ def test_preferred_size_counts_rows(clock: Clock) -> None:
     assert names(q.next_batch(clock.now)[0]) == ["a", "b"]
 
 
-def test_preferred_size_jumped_over_waits_for_delay(clock: Clock) -> None:
+def test_request_past_the_largest_preferred_size_sends_the_batch_before_it(
+        clock: Clock) -> None:
     q = BatchQueue("m", 8, DynamicBatching(preferred_batch_sizes=(4,),
                                            max_queue_delay_us=500))
+    push_all(q, clock, make("a", rows=3), make("b", rows=3))  # 3, then 6 > 4
+    batch, wake = q.next_batch(clock.now)
+    assert names(batch) == ["a"] and wake is None  # Triton's rule: no waiting
     start = clock.now
-    push_all(q, clock, make("a", rows=3), make("b", rows=3))  # 3, 6: never 4
-    assert q.next_batch(clock.now) == (None, start + 500 * US)
-    assert names(q.next_batch(start + 500 * US)[0]) == ["a", "b"]
+    assert q.next_batch(clock.now) == (None, start + 500 * US)  # b alone waits
+
+
+def test_after_the_delay_everything_goes_even_past_preferred(clock: Clock) -> None:
+    q = BatchQueue("m", 8, DynamicBatching(preferred_batch_sizes=(2,),
+                                           max_queue_delay_us=500))
+    start = clock.now
+    push_all(q, clock, make("a"), make("b"), make("c"))
+    batch, _ = q.next_batch(start + 500 * US)
+    assert names(batch) == ["a", "b", "c"]
+
+
+def test_reaching_the_largest_preferred_size_sends_at_once(clock: Clock) -> None:
+    q = BatchQueue("m", 8, DynamicBatching(preferred_batch_sizes=(2, 4),
+                                           max_queue_delay_us=1_000_000))
+    push_all(q, clock, make("a", rows=3))
+    assert q.next_batch(clock.now)[0] is None  # 3 rows: below every stop, waits
+    q.push(make("b", rows=2), clock.now)  # 5 > 4: "a" alone is the batch to send
+    assert names(q.next_batch(clock.now)[0]) == ["a"]
 
 
 # ----------------------------------------------------------------------- delay
@@ -344,6 +364,14 @@ def test_per_request_timeout_when_override_allowed(clock: Clock) -> None:
     assert short.deadline_ns == clock.now + 10 * US
     assert default.deadline_ns == clock.now + 1_000 * US
     assert names(q.expire(clock.now + 10 * US)) == ["short"]
+
+
+def test_per_request_timeout_cannot_lengthen_the_default(clock: Clock) -> None:
+    q = BatchQueue("m", 8, DynamicBatching(default_queue_policy=QueuePolicy(
+        default_timeout_us=1_000, allow_timeout_override=True)))
+    request = make("long", timeout_us=10_000_000)
+    q.push(request, clock.now)
+    assert request.deadline_ns == clock.now + 1_000 * US
 
 
 def test_per_request_timeout_without_default(clock: Clock) -> None:

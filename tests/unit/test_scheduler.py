@@ -114,6 +114,7 @@ def test_a_failing_batch_fails_each_of_its_requests_and_the_next_batch_runs() ->
         _, outputs = await scheduler.infer(request(4))
         np.testing.assert_array_equal(outputs["y"], np.full((1, 2), 8, np.float32))
         assert scheduler.stats.fail[0] == 2
+        assert scheduler.stats.fail_reasons == {"BACKEND": 2}
         assert scheduler.in_flight == 0
         await scheduler.stop()
 
@@ -132,6 +133,7 @@ def test_queue_full_is_refused_at_once() -> None:
         await asyncio.sleep(0)
         with pytest.raises(Unavailable, match="queue is full"):
             await scheduler.infer(request(3))
+        assert scheduler.stats.fail_reasons == {"REJECTED": 1}
         backend.gate.set()
         await asyncio.gather(running, *queued)
         await scheduler.stop()
@@ -197,6 +199,7 @@ def test_cancelled_request_is_dropped_before_it_runs() -> None:
         await running
         await asyncio.sleep(0.05)
         assert backend.batches == [1]  # request 2 never reached the backend
+        assert scheduler.stats.fail_reasons == {"CANCELED": 1}
         assert scheduler.in_flight == 0 and scheduler.queue_depth == 0
         await scheduler.stop()
 
@@ -217,6 +220,35 @@ def test_drain_flushes_delayed_requests_and_refuses_new_ones() -> None:
         results = await asyncio.wait_for(asyncio.gather(*pending), 5)
         assert [float(out["y"][0, 0]) for _, out in results] == [2.0, 4.0]
         assert backend.batches == [2]
+        await scheduler.stop()
+
+    asyncio.run(scenario())
+
+
+def test_preserve_ordering_holds_a_failure_behind_earlier_answers() -> None:
+    class FailSecond(Backend):
+        def run(self, inputs, output_names):
+            value = float(inputs["x"][0, 0])
+            threading.Event().wait(0.2 if value == 0 else 0.01)
+            if value == 1:
+                raise RuntimeError("second one fails")
+            return {"y": inputs["x"]}
+
+    async def scenario() -> None:
+        batching = DynamicBatching(preserve_ordering=True)
+        scheduler = await _start(config(batching=batching, max_batch=1, instances=2),
+                                 [FailSecond(), FailSecond()])
+        finished: list[str] = []
+
+        async def one(i: int) -> None:
+            try:
+                await scheduler.infer(request(i))
+                finished.append(f"ok{i}")
+            except InferenceFailed:
+                finished.append(f"failed{i}")
+
+        await asyncio.gather(one(0), one(1))
+        assert finished == ["ok0", "failed1"]
         await scheduler.stop()
 
     asyncio.run(scenario())

@@ -10,10 +10,12 @@ Rules (see docs/batching.md):
   queue with a timeout error.
 * A batch is taken from the head, in order, while the rows fit in ``max_batch_size`` and
   the non-batch dims equal those of the first request. It never skips a request.
-* If a prefix of that batch has a ``preferred_batch_size``, the largest such prefix goes
-  at once. Otherwise the batch goes at once when it cannot grow (full, or the next request
-  does not fit), or when the oldest request has waited ``max_queue_delay_microseconds``;
-  until then the batcher waits for more requests.
+* Until the oldest request has waited ``max_queue_delay_microseconds``: the largest prefix
+  whose rows are a ``preferred_batch_size`` goes at once; so does the prefix before the
+  request that would take the batch past the largest preferred size. Otherwise the batch
+  goes at once when it cannot grow (full, the next request does not fit, or it reached
+  the largest preferred size), or when the delay is 0; else the batcher waits.
+* Once the delay has passed, everything taken goes, up to ``max_batch_size``.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class BatchQueue:
         cfg = batching or DynamicBatching()
         self.delay_ns = cfg.max_queue_delay_us * 1000
         self.preferred = tuple(sorted(cfg.preferred_batch_sizes))
+        self.max_preferred = self.preferred[-1] if self.preferred else self.max_rows
         self.levels = max(cfg.priority_levels, 1)
         self.default_level = cfg.default_priority_level or 1
         self.policies: list[QueuePolicy] = [cfg.policy_for(level)
@@ -68,8 +71,11 @@ class BatchQueue:
             raise Unavailable(f"model {self.model!r} queue is full ({policy.max_queue_size} "
                               "requests waiting, max_queue_size); retry later")
         timeout_us = policy.default_timeout_us
-        if request.timeout_us is not None and policy.allow_timeout_override:
-            timeout_us = request.timeout_us  # as in Triton, ignored unless allowed
+        if request.timeout_us and policy.allow_timeout_override:
+            # As in Triton: a request may shorten the model's timeout, never lengthen it,
+            # and the parameter is ignored unless the policy allows it.
+            timeout_us = (min(request.timeout_us, timeout_us) if timeout_us
+                          else request.timeout_us)
         request.enqueue_ns = now_ns
         if timeout_us:
             request.deadline_ns = now_ns + timeout_us * 1000
@@ -133,33 +139,33 @@ class BatchQueue:
             return self._take(1), None
 
         count = rows = 0
-        blocked = False
-        best_preferred = 0
+        can_grow = True
+        best_preferred = 0  # requests in the batch to send when a preferred size is met
         first_key = None
         oldest = None
         for request in self._pending():
             if first_key is None:
                 first_key = request.shape_key
-            if request.shape_key != first_key or rows + request.rows > self.max_rows:
-                blocked = True
-                break
+            else:
+                if rows + request.rows > self.max_preferred and not best_preferred:
+                    # Past the largest preferred size: the batch so far is the one to send.
+                    best_preferred = count
+                if rows + request.rows > self.max_rows or request.shape_key != first_key:
+                    can_grow = False
+                    break
             count += 1
             rows += request.rows
             if oldest is None or request.enqueue_ns < oldest:
                 oldest = request.enqueue_ns
             if rows in self.preferred:
                 best_preferred = count
-            if rows == self.max_rows:
-                break
-        if best_preferred:
-            return self._take(best_preferred), None
-        if blocked or rows >= self.max_rows:
-            return self._take(count), None
         assert oldest is not None
-        wake_at = oldest + self.delay_ns
-        if now_ns >= wake_at:
+        delay_exceeded = self.delay_ns > 0 and now_ns - oldest >= self.delay_ns
+        if best_preferred and not delay_exceeded:
+            return self._take(best_preferred), None
+        if not can_grow or rows >= self.max_preferred or delay_exceeded or not self.delay_ns:
             return self._take(count), None
-        return None, wake_at
+        return None, oldest + self.delay_ns
 
     def _take(self, count: int) -> list[InferenceRequest]:
         batch: list[InferenceRequest] = []

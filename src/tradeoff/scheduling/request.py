@@ -43,7 +43,7 @@ class InferenceRequest:
     timeout_us: int | None = None
     enqueue_ns: int = 0
     deadline_ns: int | None = None
-    sequence: int = 0
     timings: Timings = field(default_factory=Timings)
     future: asyncio.Future | None = None
     cancelled: bool = False
+    result: tuple | BaseException | None = None  # answer held back for ordering

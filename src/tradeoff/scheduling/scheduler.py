@@ -17,6 +17,7 @@ import concurrent.futures
 import enum
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -122,7 +123,7 @@ class Scheduler:
         self._idle: asyncio.Event | None = None
         preserve = config.dynamic_batching is not None and config.dynamic_batching.preserve_ordering
         self._preserve_ordering = preserve
-        self._last_release: asyncio.Future | None = None
+        self._order: deque[InferenceRequest] = deque()
 
     @property
     def queue_depth(self) -> int:
@@ -140,14 +141,11 @@ class Scheduler:
             self.state = SchedulerState.DRAINING
             self._wake()
 
-    async def stop(self, drain: bool = True) -> None:
-        """Stop taking requests; answer the queued ones (or fail them) and wait for them."""
+    async def stop(self) -> None:
+        """Stop taking requests; answer the queued and running ones, then release."""
         if self.state is SchedulerState.STOPPED:
             return
         self.state = SchedulerState.DRAINING
-        if not drain:
-            for request in self.queue.drain():
-                self._fail(request, Unavailable(f"model {self.config.name!r} is unloading"))
         self._wake()
         assert self._idle is not None
         await self._idle.wait()
@@ -165,13 +163,13 @@ class Scheduler:
                               f"({self.state.value})")
         assert self._loop is not None and self._idle is not None
         request.future = self._loop.create_future()
-        self.queue.push(request, self._clock())  # raises when the queue is full
+        try:
+            self.queue.push(request, self._clock())
+        except Unavailable:
+            self.stats.record_failure(0, "REJECTED")  # queue full
+            raise
         self.in_flight += 1
         self._idle.clear()
-        release = previous = None
-        if self._preserve_ordering:
-            previous = self._last_release
-            release = self._last_release = self._loop.create_future()
         # Dispatch on the next loop turn, so requests that arrive together batch together.
         self._wake()
         try:
@@ -181,11 +179,6 @@ class Scheduler:
             self._cancelled = True
             self._wake()
             raise
-        finally:
-            if release is not None:
-                if previous is not None and not previous.done():
-                    await asyncio.shield(previous)
-                release.set_result(None)
 
     # ---------------------------------------------------------------- batching
 
@@ -202,7 +195,9 @@ class Scheduler:
                 f"request to model {self.config.name!r} timed out in the queue"))
         if self._cancelled:
             self._cancelled = False
-            self.in_flight -= len(self.queue.drop_cancelled())
+            for request in self.queue.drop_cancelled():
+                self.in_flight -= 1
+                self.stats.record_failure(now - request.enqueue_ns, "CANCELED")
         wake_at = None
         while self._free and len(self.queue):
             # While draining there is nothing to wait for: run what is queued.
@@ -213,6 +208,8 @@ class Scheduler:
             backend = self._free.pop()
             for request in batch:
                 request.timings.queue_ns = now - request.enqueue_ns
+            if self._preserve_ordering:
+                self._order.extend(batch)  # responses leave in the order batches formed
             self._running += 1
             self._executor.submit(self._execute, backend, batch)
         self._arm_timer(wake_at, self.queue.next_deadline())
@@ -260,7 +257,7 @@ class Scheduler:
             if not isinstance(exc, TradeoffError):
                 log.error("model %s: batch failed", self.config.name, exc_info=exc)
             for request in batch:
-                self._fail(request, error, end)
+                self._fail(request, error, end, "BACKEND")
         else:
             results, timings = result
             self.stats.record_execution(timings.batch_size, timings)
@@ -272,16 +269,32 @@ class Scheduler:
                 t.batch_size = timings.batch_size
                 self.stats.record_success(request.rows, t, end - request.enqueue_ns)
                 self.in_flight -= 1
-                if request.future is not None and not request.future.done():
-                    request.future.set_result((t, outputs))
+                request.result = (t, outputs)
+                if not self._preserve_ordering:
+                    self._answer(request)
+        if self._preserve_ordering:
+            while self._order and self._order[0].result is not None:
+                self._answer(self._order.popleft())
         self._dispatch()
 
-    def _fail(self, request: InferenceRequest, error: Exception, end: int | None = None) -> None:
+    @staticmethod
+    def _answer(request: InferenceRequest) -> None:
+        future, result = request.future, request.result
+        request.result = None
+        if future is not None and not future.done():
+            if isinstance(result, BaseException):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
+
+    def _fail(self, request: InferenceRequest, error: Exception, end: int | None = None,
+              reason: str = "REJECTED") -> None:
         end = end if end is not None else self._clock()
-        self.stats.record_failure(end - request.enqueue_ns)
+        self.stats.record_failure(end - request.enqueue_ns, reason)
         self.in_flight -= 1
-        if request.future is not None and not request.future.done():
-            request.future.set_exception(error)
+        request.result = error
+        if not (self._preserve_ordering and request in self._order):
+            self._answer(request)
 
     def _check_idle(self) -> None:
         if self._idle is not None and not self._running and not len(self.queue):

@@ -45,7 +45,9 @@ class ServerCollector(Collector):
         success = CounterMetricFamily("tradeoff_inference_request_success",
                                       "Successful inference requests", labels=labels)
         failure = CounterMetricFamily("tradeoff_inference_request_failure",
-                                      "Failed inference requests", labels=labels)
+                                      "Failed inference requests, by reason (REJECTED: "
+                                      "queue full or timed out; CANCELED; BACKEND)",
+                                      labels=[*labels, "reason"])
         count = CounterMetricFamily("tradeoff_inference_count",
                                     "Inferences performed (batch rows of successful requests)",
                                     labels=labels)
@@ -69,7 +71,8 @@ class ServerCollector(Collector):
             stats = served.stats
             lv = [served.name, str(served.version)]
             success.add_metric(lv, stats.success[0])
-            failure.add_metric(lv, stats.fail[0])
+            for reason in ("REJECTED", "CANCELED", "BACKEND"):
+                failure.add_metric([*lv, reason], stats.fail_reasons.get(reason, 0))
             count.add_metric(lv, stats.inference_count)
             executions.add_metric(lv, stats.execution_count)
             for part, pair in (("request", stats.success), ("queue", stats.queue),

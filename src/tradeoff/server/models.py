@@ -177,7 +177,7 @@ class ModelManager:
                 log.warning("model %s: %s", name, warning)
             log.info("model %s versions=%s %s", name, sorted(versions), config.summary())
             for old_version in old.values():
-                await old_version.scheduler.stop(drain=True)
+                await old_version.scheduler.stop()
             return entry
 
     async def unload(self, name: str) -> None:
@@ -194,7 +194,7 @@ class ModelManager:
             entry.state = ModelState.UNLOADING
             versions, entry.versions, entry.latest = entry.versions, {}, None
             for version in versions.values():
-                await version.scheduler.stop(drain=True)
+                await version.scheduler.stop()
             entry.state = ModelState.UNAVAILABLE
             entry.reason = "unloaded"
             log.info("model %s unloaded", name)

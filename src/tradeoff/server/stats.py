@@ -34,6 +34,7 @@ class ModelStats:
         self.compute_input = [0, 0]
         self.compute_infer = [0, 0]
         self.compute_output = [0, 0]
+        self.fail_reasons: dict[str, int] = {}  # REJECTED, CANCELED, BACKEND
         self.inference_count = 0
         self.execution_count = 0
         self.last_inference_ms = 0
@@ -68,9 +69,12 @@ class ModelStats:
         self.request_buckets[bisect_left(_BUCKETS_NS, total_ns)] += 1
         self.queue_buckets[bisect_left(_BUCKETS_NS, timings.queue_ns)] += 1
 
-    def record_failure(self, total_ns: int) -> None:
+    def record_failure(self, total_ns: int, reason: str) -> None:
+        """A request answered with an error: REJECTED (queue full or timed out in the
+        queue), CANCELED (client gone) or BACKEND (the batch failed)."""
         self.fail[0] += 1
         self.fail[1] += total_ns
+        self.fail_reasons[reason] = self.fail_reasons.get(reason, 0) + 1
         self.last_inference_ms = int(time.time() * 1000)
 
     def to_dict(self) -> dict[str, Any]:
