@@ -8,7 +8,7 @@
         ├── NotFound             404: unknown model, version or route
         ├── PayloadTooLarge      413: body over the configured limit
         ├── Unavailable          503: model not ready, queue full, shutting down
-        ├── RequestTimeout       504: the request timed out in the queue
+        │   └── RequestTimeout   503: timed out in the queue (Triton's UNAVAILABLE)
         └── InferenceFailed      500: the backend raised while running a batch
 
 Transports (HTTP, gRPC) map these to status codes; nothing here imports a web framework.
@@ -62,8 +62,8 @@ class Unavailable(RequestError):
     status = 503
 
 
-class RequestTimeout(RequestError):
-    status = 504
+class RequestTimeout(Unavailable):
+    """Timed out in the queue; 503 like Triton's UNAVAILABLE, with its own message."""
 
 
 class InferenceFailed(RequestError):

@@ -68,3 +68,20 @@ def test_session_options_from_parameters() -> None:
         session_options(ModelConfig(name="m", parameters={"graph_optimization_level": "max"}), 1)
     with pytest.raises(ConfigError, match="intra_op_thread_count"):
         session_options(ModelConfig(name="m", parameters={"intra_op_thread_count": "x"}), 1)
+
+
+def test_gpu_groups_place_count_instances_on_each_listed_gpu() -> None:
+    from tradeoff.backends.onnxruntime import execution_providers
+    from tradeoff.repository.config import InstanceGroup
+
+    cfg = ModelConfig(name="m", instance_groups=(InstanceGroup(2, "KIND_GPU", (0, 1)),
+                                                 InstanceGroup(1, "KIND_CPU")))
+    assert cfg.instance_count == 5
+    providers = execution_providers(cfg, "KIND_GPU", 1)
+    assert providers[-1] == "CPUExecutionProvider"
+    import onnxruntime as ort
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        assert ("CUDAExecutionProvider", {"device_id": 1}) in providers
+    else:
+        assert providers == ["CPUExecutionProvider"]
+    assert execution_providers(cfg, "KIND_CPU") == ["CPUExecutionProvider"]

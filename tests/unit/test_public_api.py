@@ -62,5 +62,5 @@ def test_request_errors_carry_http_status() -> None:
         tradeoff.InvalidInput, tradeoff.NotFound, tradeoff.PayloadTooLarge,
         tradeoff.Unavailable, tradeoff.RequestTimeout, tradeoff.InferenceFailed)}
     assert statuses == {"InvalidInput": 400, "NotFound": 404, "PayloadTooLarge": 413,
-                        "Unavailable": 503, "RequestTimeout": 504, "InferenceFailed": 500}
+                        "Unavailable": 503, "RequestTimeout": 503, "InferenceFailed": 500}
     assert all(issubclass(getattr(tradeoff, n), tradeoff.RequestError) for n in statuses)

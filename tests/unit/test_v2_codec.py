@@ -622,3 +622,40 @@ def test_orjson_and_json_agree_on_request_documents() -> None:
     # orjson. Check they agree on what a request is, so the tests test the codec.
     body = json_request({"t": ("FP64", sample("FP64"))})
     assert orjson.loads(body) == json.loads(body)
+
+
+# ------------------------------------------------------------ strictness, as Triton
+
+
+def _tiny(**extra: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2],
+                                       "data": [1.0, 2.0]}]}
+    doc.update(extra)
+    return doc
+
+
+def test_empty_outputs_list_means_every_output() -> None:
+    assert decode_request(orjson.dumps(_tiny(outputs=[]))).outputs is None
+
+
+@pytest.mark.parametrize(("doc", "message"), [
+    (_tiny(outputs=[{"name": "y"}, {"name": "y"}]), "requested twice"),
+    (_tiny(outputs=[{"name": "y", "parameters": {"binary_data": "false"}}]),
+     "binary_data must be true or false"),
+    (_tiny(parameters={"binary_data_output": 1}), "binary_data_output"),
+    ({"inputs": [{"name": "x", "datatype": "FP32", "shape": [2], "data": [True, False]}]},
+     "does not hold FP32"),
+    ({"inputs": [{"name": "x", "datatype": "INT32", "shape": [1], "data": [True]}]},
+     "does not hold INT32"),
+])
+def test_loose_types_are_refused(doc: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidInput, match=message):
+        decode_request(orjson.dumps(doc))
+
+
+def test_data_and_binary_size_together_are_refused() -> None:
+    header = orjson.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1],
+                                       "data": [1.0],
+                                       "parameters": {"binary_data_size": 4}}]})
+    with pytest.raises(InvalidInput, match="both 'data' and binary_data_size"):
+        decode_request(header + np.float32(1).tobytes(), len(header))

@@ -69,16 +69,18 @@ def session_options(config: ModelConfig, default_intra_op_threads: int) -> ort.S
     return options
 
 
-def execution_providers(config: ModelConfig) -> list[str]:
-    """Providers for the model: CUDA/TensorRT for KIND_GPU when present, else CPU."""
+def execution_providers(config: ModelConfig, kind: str = "KIND_CPU",
+                        device_id: int | None = None) -> list[str | tuple[str, dict]]:
+    """Providers for one instance: CUDA (and TensorRT when the config names it) for
+    KIND_GPU when ONNX Runtime has them, on ``device_id``; the CPU otherwise."""
     available = ort.get_available_providers()
-    wants_gpu = any(g.kind == "KIND_GPU" for g in config.instance_groups)
-    providers = []
-    if wants_gpu:
+    providers: list[str | tuple[str, dict]] = []
+    if kind == "KIND_GPU":
+        options = {"device_id": device_id or 0}
         if "tensorrt" in config.gpu_accelerators and "TensorrtExecutionProvider" in available:
-            providers.append("TensorrtExecutionProvider")
+            providers.append(("TensorrtExecutionProvider", options))
         if "CUDAExecutionProvider" in available:
-            providers.append("CUDAExecutionProvider")
+            providers.append(("CUDAExecutionProvider", options))
         else:
             log.warning("model %r asks for KIND_GPU but ONNX Runtime has no CUDA provider "
                         "here; running on CPU", config.name)
@@ -94,13 +96,14 @@ class OnnxRuntimeBackend(Backend):
     """
 
     def __init__(self, model_path: Path, config: ModelConfig,
-                 default_intra_op_threads: int = 1) -> None:
+                 default_intra_op_threads: int = 1, kind: str = "KIND_CPU",
+                 device_id: int | None = None) -> None:
         self.path = model_path
         try:
             self.session = ort.InferenceSession(
                 str(model_path),
                 sess_options=session_options(config, default_intra_op_threads),
-                providers=execution_providers(config),
+                providers=execution_providers(config, kind, device_id),
             )
         except (ort.capi.onnxruntime_pybind11_state.Fail,
                 ort.capi.onnxruntime_pybind11_state.InvalidGraph,

@@ -163,7 +163,7 @@ def _decode_json_data(data: Any, datatype: str, shape: tuple[int, ...],
             array = flat
         elif datatype == "BF16":
             raw = np.asarray(data)  # not dtype=float32: that would read null as NaN, "1" as 1
-            if raw.size and raw.dtype.kind not in "biuf":
+            if raw.size and raw.dtype.kind not in "iuf":
                 raise InvalidInput(f"{where}: data does not hold BF16 values "
                                    f"(found {raw.dtype.name})")
             with np.errstate(over="raise"):
@@ -178,7 +178,7 @@ def _decode_json_data(data: Any, datatype: str, shape: tuple[int, ...],
             raw = np.asarray(data)
             if raw.size and raw.dtype.kind == "f" and dtype.kind in "iu":
                 raw = _exact_ints(data, raw, where, datatype)
-            if raw.size and (raw.dtype.kind not in "biuf"
+            if raw.size and (raw.dtype.kind not in "iuf"
                              or (dtype.kind in "iu" and raw.dtype.kind == "f")):
                 raise InvalidInput(f"{where}: data does not hold {datatype} values "
                                    f"(found {raw.dtype.name})")
@@ -251,6 +251,8 @@ def decode_request(body: bytes, header_length: int | None = None) -> V2Request:
             if header_length is None:
                 raise InvalidInput(f"{where}: binary_data_size given but the request has no "
                                    "Inference-Header-Content-Length header")
+            if "data" in item:
+                raise InvalidInput(f"{where}: has both 'data' and binary_data_size; give one")
             if offset + size > len(binary):
                 raise InvalidInput(f"{where}: binary_data_size {size} runs past the end of the"
                                    f" body ({len(binary) - offset} bytes left)")
@@ -265,12 +267,15 @@ def decode_request(body: bytes, header_length: int | None = None) -> V2Request:
         raise InvalidInput(f"the body has {len(binary) - offset} bytes of binary data that no "
                            "input claims (check binary_data_size)")
 
+    if not isinstance(parameters.get("binary_data_output", False), bool):
+        raise InvalidInput("parameter 'binary_data_output' must be true or false")
     outputs = None
     raw_outputs = doc.get("outputs")
-    if raw_outputs is not None:
+    if raw_outputs:  # absent or empty: every output, as in Triton
         if not isinstance(raw_outputs, list):
             raise InvalidInput("'outputs' must be a list")
         outputs = []
+        seen: set[str] = set()
         for index, item in enumerate(raw_outputs):
             if not isinstance(item, dict) or not isinstance(item.get("name"), str):
                 raise InvalidInput(f"outputs[{index}] must be an object with a 'name'")
@@ -281,8 +286,12 @@ def decode_request(body: bytes, header_length: int | None = None) -> V2Request:
                 raise InvalidInput(f"output {item['name']!r}: the classification extension "
                                    "is not supported")
             binary_flag = params.get("binary_data")
-            outputs.append(RequestedOutput(item["name"],
-                                           None if binary_flag is None else bool(binary_flag)))
+            if binary_flag is not None and not isinstance(binary_flag, bool):
+                raise InvalidInput(f"output {item['name']!r}: binary_data must be true or false")
+            if item["name"] in seen:
+                raise InvalidInput(f"output {item['name']!r} is requested twice")
+            seen.add(item["name"])
+            outputs.append(RequestedOutput(item["name"], binary_flag))
     return V2Request(request_id, inputs, outputs, parameters)
 
 

@@ -13,6 +13,7 @@ Every problem raises :class:`~tradeoff.errors.ConfigError` naming the file and t
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -70,6 +71,12 @@ class InstanceGroup:
     count: int = 1
     kind: str = "KIND_CPU"
     gpus: tuple[int, ...] = ()
+
+    def devices(self) -> tuple[int | None, ...]:
+        """GPU ids to place ``count`` instances on each of (None: the CPU or GPU 0)."""
+        if self.kind == "KIND_GPU" and self.gpus:
+            return self.gpus
+        return (None,)
 
 
 @dataclass(frozen=True)
@@ -135,7 +142,8 @@ class ModelConfig:
 
     @property
     def instance_count(self) -> int:
-        return sum(g.count for g in self.instance_groups)
+        """Instances in all groups; a KIND_GPU group has ``count`` per listed GPU."""
+        return sum(len(g.devices()) * g.count for g in self.instance_groups)
 
     @cached_property
     def _inputs_by_name(self) -> dict[str, TensorConfig]:
@@ -271,6 +279,90 @@ def _colon_before_lists(text: str) -> str:
         lambda m: m.group(1) or f"{m.group(2)}:{m.group(3)}[", text)
 
 
+# Triton fields tradeoff cannot honour: a model that needs them would be served wrongly.
+UNSUPPORTED_FIELDS = {
+    "sequence_batching": "stateful (sequence) models are not supported",
+    "ensemble_scheduling": "ensembles are not supported",
+    "batch_input": "ragged batch inputs are not supported",
+    "batch_output": "ragged batch outputs are not supported",
+}
+# Triton fields that only tune Triton itself (GPU memory, CUDA graphs, rate limits, agents,
+# metrics tags): a repository that has them still loads, with a warning.
+IGNORED_FIELDS = frozenset({
+    "model_transaction_policy", "decoupled", "cuda", "graphs", "busy_wait_events",
+    "graph_spec", "output_copy_stream", "input_pinned_memory", "output_pinned_memory",
+    "gather_kernel_buffer_threshold", "eager_batching", "priority", "metric_tags",
+    "model_metrics", "metric_control", "metric_identifier", "family", "histogram_options",
+    "buckets", "model_operations", "model_repository_agents", "agents",
+    "cc_model_filenames", "runtime", "host_policy", "profile", "passive", "rate_limiter",
+    "resources", "global", "secondary_devices", "device_id", "is_non_linear_format_io",
+    "lower_bound", "input_tensors_to_be_saved",
+})
+
+
+def _known_field_names() -> frozenset[str]:
+    names: set[str] = set()
+
+    def walk(descriptor: Any) -> None:
+        for f in descriptor.fields:
+            names.add(f.name)
+            if f.message_type is not None and f.message_type.full_name not in seen:
+                seen.add(f.message_type.full_name)
+                walk(f.message_type)
+
+    seen: set[str] = set()
+    walk(pb.ModelConfig.DESCRIPTOR)
+    return frozenset(names)
+
+
+_KNOWN_FIELDS = _known_field_names()
+_STRINGS_AND_COMMENTS = re.compile(r'"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\\\n]|\\.)*\'|#[^\n]*')
+_TOKEN = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*)\s*(?=[:{\[<])|([{\[<])|([}\]>])")
+
+
+def _text_field_names(text: str) -> list[str]:
+    """Field names used in pbtxt text, not looking inside blocks of ignored fields."""
+    names: list[str] = []
+    depth = 0
+    ignored_from: int | None = None  # depth at which an ignored block started
+    pending_ignored = False
+    for match in _TOKEN.finditer(_STRINGS_AND_COMMENTS.sub('""', text)):
+        name, opening, closing = match.groups()
+        if opening:
+            depth += 1
+            if pending_ignored and ignored_from is None:
+                ignored_from = depth
+            pending_ignored = False
+        elif closing:
+            if ignored_from is not None and depth == ignored_from:
+                ignored_from = None
+            depth -= 1
+        elif ignored_from is None:
+            names.append(name)
+            pending_ignored = name in IGNORED_FIELDS and name not in _KNOWN_FIELDS
+    return names
+
+
+def _check_field_names(names: list[str], source: str, warnings: list[str],
+                       decoupled: bool = False) -> None:
+    """Unsupported Triton features fail the load; unknown names (typos) fail it; fields
+    that only tune Triton itself are ignored with one warning."""
+    for name in names:
+        if name in UNSUPPORTED_FIELDS:
+            raise ConfigError(source, name, UNSUPPORTED_FIELDS[name] + " by tradeoff")
+    if decoupled:
+        raise ConfigError(source, "model_transaction_policy.decoupled",
+                          "decoupled (streaming) models are not supported by tradeoff")
+    unknown = [n for n in names if n not in _KNOWN_FIELDS and n not in IGNORED_FIELDS]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], sorted(_KNOWN_FIELDS), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(source, unknown[0], f"unknown field{hint}")
+    ignored = sorted({n for n in names if n not in _KNOWN_FIELDS})
+    if ignored:
+        warnings.append(f"ignored Triton fields that do not apply here: {', '.join(ignored)}")
+
+
 def parse_config_text(text: str, *, source: str, default_name: str) -> ModelConfig:
     """Parse ``config.pbtxt`` text (protobuf text format) into a validated config."""
     message = pb.ModelConfig()
@@ -278,16 +370,36 @@ def parse_config_text(text: str, *, source: str, default_name: str) -> ModelConf
     try:
         text_format.Parse(text, message)
     except text_format.ParseError as exc:
-        unknown = _unknown_field_name(str(exc))
-        if unknown is None:
+        if _unknown_field_name(str(exc)) is None:
             raise ConfigError(source, "", f"not valid protobuf text format: {exc}") from exc
+        bare = _STRINGS_AND_COMMENTS.sub('""', text)
+        _check_field_names(_text_field_names(text), source, warnings,
+                           decoupled=bool(re.search(r"\bdecoupled\s*:\s*true\b", bare)))
         message = pb.ModelConfig()
         try:
             text_format.Parse(_colon_before_lists(text), message, allow_unknown_field=True)
         except text_format.ParseError as exc2:
             raise ConfigError(source, "", f"not valid protobuf text format: {exc2}") from exc2
-        warnings.append(f"ignored fields tradeoff does not support, starting with {unknown!r}")
     return _from_message(message, source=source, default_name=default_name, warnings=warnings)
+
+
+def _mapping_field_names(data: Any, descriptor: Any, out: list[str]) -> None:
+    """Every field name used in a config mapping (map keys are values, not names)."""
+    if not isinstance(data, dict):
+        return
+    for key, value in data.items():
+        out.append(str(key))
+        field_descriptor = descriptor.fields_by_name.get(key) if descriptor else None
+        if field_descriptor is None and key in IGNORED_FIELDS:
+            continue  # not ours to check inside
+        child = field_descriptor.message_type if field_descriptor is not None else None
+        if child is not None and child.GetOptions().map_entry:
+            value_type = child.fields_by_name["value"].message_type
+            for item in (value.values() if isinstance(value, dict) else []):
+                _mapping_field_names(item, value_type, out)
+            continue
+        for item in value if isinstance(value, list) else [value]:
+            _mapping_field_names(item, child, out)
 
 
 def parse_config_mapping(data: Any, *, source: str, default_name: str) -> ModelConfig:
@@ -301,15 +413,18 @@ def parse_config_mapping(data: Any, *, source: str, default_name: str) -> ModelC
     try:
         json_format.ParseDict(data, message)
     except json_format.ParseError as exc:
-        unknown = _unknown_field_name(str(exc))
-        if unknown is None:
+        if _unknown_field_name(str(exc)) is None:
             raise ConfigError(source, "", str(exc)) from exc
+        names: list[str] = []
+        _mapping_field_names(data, pb.ModelConfig.DESCRIPTOR, names)
+        policy = data.get("model_transaction_policy")
+        _check_field_names(names, source, warnings,
+                           decoupled=isinstance(policy, dict) and policy.get("decoupled") is True)
         message = pb.ModelConfig()
         try:
             json_format.ParseDict(data, message, ignore_unknown_fields=True)
         except json_format.ParseError as exc2:
             raise ConfigError(source, "", str(exc2)) from exc2
-        warnings.append(f"ignored fields tradeoff does not support, starting with {unknown!r}")
     return _from_message(message, source=source, default_name=default_name, warnings=warnings)
 
 
@@ -468,6 +583,9 @@ def _from_message(m: Any, *, source: str, default_name: str, warnings: list[str]
         warmups.append(Warmup(name=w.name or f"warmup_{i}", batch_size=batch_size,
                               inputs=winputs, count=w.count or 1))
 
+    if m.response_cache.enable:
+        warnings.append("response_cache is enabled but tradeoff has no response cache yet; "
+                        "every request is computed")
     gpu_accels = tuple(a.name for a in m.optimization.execution_accelerators.gpu_execution_accelerator)
     return ModelConfig(
         name=name,

@@ -31,7 +31,7 @@ DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
 
 async def _send(send: Send, status: int, body: bytes,
                 headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    headers = list(headers if headers is not None else JSON_HEADERS)
+    headers = list(headers if headers is not None else JSON_HEADERS if body else [])
     headers.append((b"content-length", str(len(body)).encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

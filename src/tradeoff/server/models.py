@@ -130,9 +130,12 @@ class ModelManager:
             for version, path in source.versions.items():
                 backends: list[Backend] = []
                 built[version] = (backends, path)
-                for _ in range(config.instance_count):
-                    backends.append(OnnxRuntimeBackend(path, config,
-                                                       self.default_intra_op_threads))
+                for group in config.instance_groups:
+                    for device in group.devices():
+                        for _ in range(group.count):
+                            backends.append(OnnxRuntimeBackend(
+                                path, config, self.default_intra_op_threads,
+                                kind=group.kind, device_id=device))
                 _run_warmup(config, backends, path.parent.parent)
         except BaseException:
             for backends, _ in built.values():
