@@ -27,6 +27,7 @@ def main() -> None:
       tradeoff models build ./models          # example ONNX models + Triton configs
       tradeoff serve --model-repository ./models
       tradeoff demo                           # batching on vs off, side by side
+      tradeoff bench http://127.0.0.1:8000 --model mlp --concurrency 16 --duration 10
     """
 
 
@@ -137,3 +138,136 @@ def demo(duration: float, levels: tuple[int, ...], output: Path) -> None:
         run_demo(output, duration, levels or (1, 64))
     except (OSError, TradeoffError, RuntimeError) as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def _parse_shapes(values: tuple[str, ...]) -> dict[str, list[int]]:
+    shapes = {}
+    for value in values:
+        name, sep, dims = value.partition(":")
+        try:
+            if not sep or not name:
+                raise ValueError
+            shapes[name] = [int(d) for d in dims.split(",") if d.strip()]
+        except ValueError:
+            raise click.BadParameter(f"{value!r}; use NAME:d1,d2 (for example INPUT0:3,224)",
+                                     param_hint="--shape") from None
+    return shapes
+
+
+def _parse_headers(values: tuple[str, ...]) -> dict[str, str]:
+    headers = {}
+    for value in values:
+        key, sep, header_value = value.partition(":")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"{value!r}; use KEY:VALUE", param_hint="--header")
+        headers[key.strip()] = header_value.strip()
+    return headers
+
+
+@main.command()
+@click.argument("url")
+@click.option("--protocol", type=click.Choice(["v2", "http"]), default="v2", show_default=True,
+              help="v2: Open Inference Protocol over HTTP; http: any JSON-over-HTTP endpoint.")
+@click.option("--model", "-m", help="Model name (v2).")
+@click.option("--model-version", default="", help="Model version (v2; default: the server's).")
+@click.option("--concurrency", type=click.IntRange(1), help="Closed loop: requests in flight.")
+@click.option("--rate", type=click.FloatRange(min=0, min_open=True),
+              help="Open loop: requests per second, latency from the scheduled send time.")
+@click.option("--arrival", type=click.Choice(["constant", "poisson"]), default="constant",
+              show_default=True, help="Open-loop arrival process.")
+@click.option("--intervals", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Replay a trace: one gap per line in microseconds ('# offsets' as the first "
+                   "line: offsets from the start).")
+@click.option("--duration", type=click.FloatRange(min=0, min_open=True),
+              help="Seconds to measure (default: until stable).")
+@click.option("--requests", "request_count", type=click.IntRange(1),
+              help="Requests to measure instead of a duration.")
+@click.option("--warmup", type=click.FloatRange(0), default=0.0, show_default=True,
+              help="Seconds of load before measuring, reported apart.")
+@click.option("--window", type=click.FloatRange(min=0, min_open=True),
+              help="Measurement window in seconds (stability mode default: 5).")
+@click.option("--stability-percent", type=float, default=10.0, show_default=True,
+              help="The last 3 windows must agree within this on throughput and p99.")
+@click.option("--max-windows", type=click.IntRange(3), default=10, show_default=True)
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=30.0,
+              show_default=True, help="Connect and read timeout per request, seconds.")
+@click.option("--max-connections", type=click.IntRange(1), default=1024, show_default=True,
+              help="Open loop: most connections to hold at once.")
+@click.option("--json-tensors", is_flag=True, help="v2: JSON tensors instead of binary.")
+@click.option("--shape", "shapes", multiple=True,
+              help="v2: NAME:d1,d2 for variable dimensions (batch dimension excluded).")
+@click.option("--batch-size", type=click.IntRange(1), default=1, show_default=True,
+              help="v2: rows per request.")
+@click.option("--input-data", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="v2: inputs in perf_analyzer's JSON format instead of random data.")
+@click.option("--method", default="POST", show_default=True, help="http: request method.")
+@click.option("--header", "headers", multiple=True, help="http: KEY:VALUE (repeatable).")
+@click.option("--body", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="http: a request body, or a .jsonl file of bodies used round-robin.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed for random inputs and Poisson arrivals.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the result (schema tradeoff.bench/1) here.")
+@click.option("--records", "records_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write every request's record here (.csv, or .parquet with pyarrow).")
+def bench(url: str, protocol: str, model: str | None, model_version: str,
+          concurrency: int | None, rate: float | None, arrival: str, intervals: Path | None,
+          duration: float | None, request_count: int | None, warmup: float,
+          window: float | None, stability_percent: float, max_windows: int, timeout: float,
+          max_connections: int, json_tensors: bool, shapes: tuple[str, ...], batch_size: int,
+          input_data: Path | None, method: str, headers: tuple[str, ...], body: Path | None,
+          seed: int, json_path: Path | None, records_path: Path | None) -> None:
+    """Measure an inference endpoint: latency percentiles, throughput, errors, and where
+    the time goes on the server.
+
+    \b
+    Examples:
+      tradeoff bench http://127.0.0.1:8000 --model mlp --concurrency 16 --duration 10
+      tradeoff bench http://127.0.0.1:8000 --model mlp --rate 500 --arrival poisson \\
+          --duration 30 --warmup 5 --json mlp.json --records mlp.csv
+      tradeoff bench http://127.0.0.1:8000 --model mlp --concurrency 8   # until stable
+      tradeoff bench http://127.0.0.1:9000/predict --protocol http --body req.json \\
+          --header "Authorization:Bearer $TOKEN" --rate 100 --duration 20
+    """
+    import json as json_module
+
+    from rich.console import Console
+
+    from tradeoff.bench.adapters import BenchSetupError, HttpJsonAdapter, V2Adapter
+    from tradeoff.bench.load import LoadSpec, read_intervals
+    from tradeoff.bench.session import run_benchmark
+    from tradeoff.report.terminal import print_bench_result
+
+    console = Console(stderr=False)
+    try:
+        if concurrency is None and rate is None and intervals is None:
+            concurrency = 1
+        spec = LoadSpec(concurrency=concurrency, rate=rate, arrival=arrival,
+                        intervals=read_intervals(intervals) if intervals else None,
+                        duration_s=duration, requests=request_count, warmup_s=warmup,
+                        window_s=window, stability_percent=stability_percent,
+                        max_windows=max_windows, timeout_s=timeout,
+                        max_connections=max_connections, seed=seed)
+        if protocol == "v2":
+            if not model:
+                raise click.UsageError("--protocol v2 needs --model NAME")
+            adapter: HttpJsonAdapter | V2Adapter = V2Adapter(
+                url, model, version=model_version, json_tensors=json_tensors,
+                shapes=_parse_shapes(shapes), batch_size=batch_size, input_data=input_data,
+                seed=seed, timeout_s=timeout)
+        else:
+            adapter = HttpJsonAdapter(url, method=method, headers=_parse_headers(headers),
+                                      body=body, timeout_s=timeout)
+        result, records, start_ns = run_benchmark(adapter, spec, console)
+    except (ValueError, BenchSetupError) as exc:
+        raise click.ClickException(str(exc)) from None
+    print_bench_result(result, console)
+    if json_path:
+        json_path.write_text(json_module.dumps(result, indent=2))
+        console.print(f"result: {json_path}")
+    if records_path:
+        try:
+            records.write(records_path, start_ns)
+        except (OSError, RuntimeError) as exc:
+            raise click.ClickException(f"--records {records_path}: {exc}") from None
+        console.print(f"records: {records_path}")

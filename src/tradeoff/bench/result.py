@@ -1,0 +1,154 @@
+"""The versioned result of a benchmark run (``"schema": "tradeoff.bench/1"``).
+
+Every figure comes from the raw records: percentiles are exact (numpy over every sample),
+throughput counts the successful requests that ended inside the measurement, and latency
+counts from each request's scheduled send time. See docs/bench.md for each definition.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import sys
+from typing import Any
+
+import numpy as np
+
+from tradeoff import __version__
+from tradeoff.bench.adapters import Adapter
+from tradeoff.bench.load import LoadSpec
+from tradeoff.bench.records import OK, OUTCOME_NAMES, SERVER_PARTS, Records
+from tradeoff.bench.runner import RunOutcome
+
+SCHEMA = "tradeoff.bench/1"
+SEND_LAG_LIMIT_MS = 1.0
+CPU_LIMIT_PERCENT = 90.0
+PERCENTILES = {"p50": 50, "p90": 90, "p95": 95, "p99": 99, "p999": 99.9}
+
+
+def distribution(values: np.ndarray) -> dict[str, float] | None:
+    """min, mean, stddev, p50 ... p99.9, max of raw samples (None when there are none)."""
+    values = values[np.isfinite(values)]
+    if not values.size:
+        return None
+    out = {"min": float(values.min()), "mean": float(values.mean()),
+           "stddev": float(values.std())}
+    for name, q in PERCENTILES.items():
+        out[name] = float(np.percentile(values, q))
+    out["max"] = float(values.max())
+    return out
+
+
+def environment() -> dict[str, Any]:
+    """The machine the client ran on."""
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            cpu = next((line.split(":", 1)[1].strip() for line in handle
+                        if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"client_host": socket.gethostname(), "cpu": cpu, "cores_available": cores,
+            "cores_total": os.cpu_count(), "platform": platform.platform(),
+            "python": sys.version.split()[0], "tradeoff": __version__,
+            "numpy": np.__version__}
+
+
+def _server_breakdown(measured: Records, ok: np.ndarray, outcome: RunOutcome
+                      ) -> dict[str, Any] | None:
+    """Per request from Server-Timing when every answer had it; else the statistics
+    extension's counters before and after the measurement, as means."""
+    latency = measured.latency_ms[ok]
+    server = measured.server_ms[ok]
+    if latency.size and np.isfinite(server).all():
+        total = server.sum(axis=1)
+        per_request = {p: distribution(server[:, i]) for i, p in enumerate(SERVER_PARTS)}
+        return {"source": "server-timing", **per_request,
+                "server_total": distribution(total), "overhead": distribution(latency - total)}
+    before, after = outcome.server_before, outcome.server_after
+    if not before or not after:
+        return None
+    try:
+        stats_before, stats_after = before["inference_stats"], after["inference_stats"]
+        count = stats_after["success"]["count"] - stats_before["success"]["count"]
+        if count <= 0:
+            return None
+        parts = {p: {"mean": (stats_after[p]["ns"] - stats_before[p]["ns"]) / count / 1e6}
+                 for p in SERVER_PARTS}
+        executions = after["execution_count"] - before["execution_count"]
+    except (KeyError, TypeError):
+        return None
+    total = sum(v["mean"] for v in parts.values())
+    return {"source": "statistics extension", **parts, "server_total": {"mean": total},
+            "overhead": {"mean": float(latency.mean()) - total if latency.size else None},
+            "server_requests": count, "server_executions": executions}
+
+
+def build_result(adapter: Adapter, spec: LoadSpec, outcome: RunOutcome) -> dict[str, Any]:
+    """The JSON-ready result document."""
+    records = outcome.records
+    measured_mask = records.scheduled_ns >= outcome.measure_start_ns
+    measured = records.select(measured_mask)
+    warmup = records.select(~measured_mask)
+    ok = measured.outcome == OK
+    seconds = (outcome.measure_end_ns - outcome.measure_start_ns) / 1e9
+    in_window = ok & (measured.end_ns >= outcome.measure_start_ns) & \
+        (measured.end_ns <= outcome.measure_end_ns)
+    throughput = float(in_window.sum() / seconds) if seconds > 0 else 0.0
+    rows = float(measured.rows[ok].mean()) if ok.any() else float(adapter.rows_per_request)
+    errors: dict[str, int] = {}
+    for code, name in OUTCOME_NAMES.items():
+        if code == OK:
+            continue
+        count = int((measured.outcome == code).sum())
+        if count:
+            errors[name] = count
+    for status in np.unique(measured.status[measured.outcome != OK]):
+        if status:
+            errors[f"http_{int(status)}"] = int((measured.status == status).sum())
+
+    send_lag = distribution(measured.send_lag_ms) if spec.mode != "closed" else None
+    reasons = []
+    if send_lag and send_lag["p99"] > SEND_LAG_LIMIT_MS:
+        reasons.append(f"send lag p99 {send_lag['p99']:.2f} ms > {SEND_LAG_LIMIT_MS} ms")
+    if outcome.client_cpu_percent > CPU_LIMIT_PERCENT:
+        reasons.append(f"client CPU {outcome.client_cpu_percent:.0f}% > {CPU_LIMIT_PERCENT:.0f}%")
+    asked = spec.rate if spec.rate is not None else (
+        len(spec.intervals) / (spec.intervals[-1] or 1) if spec.intervals else None)
+    achieved = float(len(measured) / seconds) if seconds > 0 else 0.0
+
+    cold_ms = outcome.cold_start.latency_ms
+    summary = {
+        "requests": len(measured),
+        "successes": int(ok.sum()),
+        "errors": int((~ok).sum()),
+        "errors_by_class": errors,
+        "throughput_rps": throughput,
+        "inferences_per_s": throughput * rows,
+        "latency_ms": distribution(measured.latency_ms[ok]),
+        "server_ms": _server_breakdown(measured, ok, outcome),
+        "bytes_sent": int(measured.bytes_sent.sum()),
+        "bytes_received": int(measured.bytes_received.sum()),
+        "asked_rate_rps": asked,
+        "achieved_rate_rps": achieved if spec.mode != "closed" else None,
+        "duration_s": seconds,
+    }
+    return {
+        "schema": SCHEMA,
+        "endpoint": adapter.describe(),
+        "load": spec.to_dict(),
+        "environment": environment(),
+        "cold_start_ms": float(cold_ms[0]) if cold_ms.size else None,
+        "cold_start_ok": bool(outcome.cold_start.outcome[0] == OK) if cold_ms.size else None,
+        "warmup": {"requests": len(warmup),
+                   "latency_ms": distribution(warmup.latency_ms[warmup.outcome == OK])},
+        "total_requests_sent": len(records) + len(outcome.cold_start),
+        "windows": [w.to_dict() for w in outcome.windows],
+        "stable": outcome.stable,
+        "stop_reason": outcome.stop_reason,
+        "client": {"cpu_percent": outcome.client_cpu_percent, "send_lag_ms": send_lag,
+                   "client_bound": bool(reasons), "reasons": reasons},
+        "summary": summary,
+    }

@@ -1,0 +1,311 @@
+"""The measurement engine: offers the load, records every request, watches itself.
+
+    outcome = asyncio.run(Runner(adapter, requests, spec).run())
+
+Closed loop keeps ``concurrency`` requests outstanding, one keep-alive connection each.
+Open loop sends at scheduled times on as many connections as it needs (up to
+``max_connections``) and measures latency from the scheduled time, so a server that stalls
+is charged for every request that should have been sent meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tradeoff.bench.adapters import Adapter
+from tradeoff.bench.http_client import Connection
+from tradeoff.bench.load import LoadSpec, arrival_offsets_ns
+from tradeoff.bench.records import HTTP_ERROR, OK, RecordBuffer, Records, classify
+
+DEFAULT_WINDOW_S = 5.0
+
+
+@dataclass
+class WindowReport:
+    """What one measurement window saw (requests that ended in it)."""
+
+    index: int
+    start_ns: int
+    end_ns: int
+    completed: int
+    errors: int
+    throughput_rps: float
+    p50_ms: float
+    p99_ms: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "duration_s": (self.end_ns - self.start_ns) / 1e9,
+                "completed": self.completed, "errors": self.errors,
+                "throughput_rps": self.throughput_rps, "p50_ms": self.p50_ms,
+                "p99_ms": self.p99_ms}
+
+
+@dataclass
+class RunOutcome:
+    """Raw material of a result: every record, the phases, and the runner's own health."""
+
+    records: Records
+    cold_start: Records
+    start_ns: int
+    measure_start_ns: int
+    measure_end_ns: int
+    windows: list[WindowReport]
+    stable: bool | None
+    stop_reason: str
+    client_cpu_percent: float
+    server_before: dict[str, Any] | None = None
+    server_after: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def window_report(index: int, start_ns: int, end_ns: int, end: np.ndarray, ok: np.ndarray,
+                  latency_ms: np.ndarray) -> WindowReport:
+    """Statistics of the requests that ended in ``[start_ns, end_ns)``."""
+    inside = (end >= start_ns) & (end < end_ns)
+    good = inside & ok
+    lat = latency_ms[good]
+    seconds = (end_ns - start_ns) / 1e9
+    return WindowReport(index, start_ns, end_ns, int(inside.sum()), int((inside & ~ok).sum()),
+                        float(good.sum() / seconds) if seconds > 0 else 0.0,
+                        float(np.percentile(lat, 50)) if lat.size else float("nan"),
+                        float(np.percentile(lat, 99)) if lat.size else float("nan"))
+
+
+def is_stable(windows: list[WindowReport], percent: float) -> bool:
+    """The last three windows agree within ``percent`` of their mean, on throughput and p99."""
+    if len(windows) < 3:
+        return False
+    last = windows[-3:]
+    for values in ([w.throughput_rps for w in last], [w.p99_ms for w in last]):
+        mean = float(np.mean(values))
+        if not np.isfinite(mean) or mean == 0:
+            return False
+        if max(abs(v - mean) for v in values) > mean * percent / 100:
+            return False
+    return True
+
+
+class Runner:
+    """Offers one LoadSpec to one endpoint."""
+
+    def __init__(self, adapter: Adapter, requests: list[bytes], spec: LoadSpec,
+                 on_window: Callable[[WindowReport], None] | None = None) -> None:
+        if not requests:
+            raise ValueError("no requests to send")
+        self.adapter = adapter
+        self.requests = requests
+        self.spec = spec
+        self.on_window = on_window
+        self.buffer = RecordBuffer()
+        self.clock = time.perf_counter_ns
+        self._stop_at: int | None = None  # no new sends at or after this time
+        self._stopping = False
+        self._next_request = 0
+        self._budget: int | None = None
+        self._measure_start = 0
+        self._in_flight = 0
+        self._idle: list[Connection] = []
+        self._open_connections = 0
+        self._connection_freed: asyncio.Event | None = None
+
+    def _request_bytes(self) -> bytes:
+        raw = self.requests[self._next_request % len(self.requests)]
+        self._next_request += 1
+        return raw
+
+    async def _send(self, connection: Connection, scheduled: int) -> None:
+        raw = self._request_bytes()
+        sent = self.clock()
+        rows = self.adapter.rows_per_request
+        try:
+            response = await connection.request(raw)
+        except (OSError, EOFError, asyncio.IncompleteReadError) as exc:
+            self.buffer.add(scheduled, sent, self.clock(), classify(exc), 0, len(raw), 0, rows,
+                            None)
+            return
+        end = self.clock()
+        ok = 200 <= response.status < 300
+        self.buffer.add(scheduled, sent, end, OK if ok else HTTP_ERROR, response.status,
+                        len(raw), len(response.body), rows,
+                        self.adapter.server_timing(response) if ok else None)
+
+    # -------------------------------------------------------------- closed loop
+
+    async def _closed_worker(self) -> None:
+        connection = Connection(self.adapter.host, self.adapter.port, self.spec.timeout_s)
+        try:
+            while not self._stopping:
+                now = self.clock()
+                if self._stop_at is not None and now >= self._stop_at:
+                    return
+                if self._budget is not None and now >= self._measure_start:
+                    if self._budget <= 0:
+                        return
+                    self._budget -= 1
+                await self._send(connection, now)
+        finally:
+            connection.close()
+
+    # ---------------------------------------------------------------- open loop
+
+    async def _connection(self) -> Connection:
+        while not self._idle and self._open_connections >= self.spec.max_connections:
+            assert self._connection_freed is not None
+            self._connection_freed.clear()
+            await self._connection_freed.wait()
+        if self._idle:
+            return self._idle.pop()
+        self._open_connections += 1
+        return Connection(self.adapter.host, self.adapter.port, self.spec.timeout_s)
+
+    async def _open_request(self, scheduled: int) -> None:
+        try:
+            connection = await self._connection()
+            await self._send(connection, scheduled)
+            self._idle.append(connection)
+            assert self._connection_freed is not None
+            self._connection_freed.set()
+        finally:
+            self._in_flight -= 1
+
+    async def _open_dispatcher(self, start: int) -> None:
+        tasks: set[asyncio.Task] = set()
+        for offset in arrival_offsets_ns(self.spec):
+            scheduled = start + offset
+            if self._stopping or (self._stop_at is not None and scheduled >= self._stop_at):
+                break
+            if self._budget is not None and scheduled >= self._measure_start:
+                if self._budget <= 0:
+                    break
+                self._budget -= 1
+            delay = scheduled - self.clock()
+            if delay > 0:
+                await asyncio.sleep(delay / 1e9)
+            self._in_flight += 1
+            task = asyncio.ensure_future(self._open_request(scheduled))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.gather(*tasks)
+        for connection in self._idle:
+            connection.close()
+
+    # ------------------------------------------------------------------- phases
+
+    async def _cold_start(self) -> Records:
+        connection = Connection(self.adapter.host, self.adapter.port, self.spec.timeout_s)
+        try:
+            await self._send(connection, self.clock())
+        finally:
+            connection.close()
+        cold = self.buffer.freeze()
+        self.buffer = RecordBuffer()
+        return cold
+
+    async def _watch_windows(self, windows: list[WindowReport]) -> str:
+        """Stability mode: measure windows until the last three agree, or give up."""
+        window_ns = int((self.spec.window_s or DEFAULT_WINDOW_S) * 1e9)
+        start = self._measure_start
+        for index in range(self.spec.max_windows):
+            end = start + window_ns
+            await asyncio.sleep(max(end - self.clock(), 0) / 1e9)
+            report = self._live_window(index, start, end)
+            windows.append(report)
+            if self.on_window:
+                self.on_window(report)
+            if is_stable(windows, self.spec.stability_percent):
+                return f"stable after {index + 1} windows"
+            start = end
+        return f"not stable after {self.spec.max_windows} windows"
+
+    def _live_window(self, index: int, start: int, end: int) -> WindowReport:
+        b = self.buffer
+        n = len(b.end_ns)
+        first = max(n - 200_000, 0)  # recent records are enough to cover one window
+        end_ns = np.asarray(b.end_ns[first:n], np.int64)
+        ok = np.asarray(b.outcome[first:n]) == OK
+        latency = (end_ns - np.asarray(b.scheduled_ns[first:n], np.int64)) / 1e6
+        return window_report(index, start, end, end_ns, ok, latency)
+
+    async def run(self) -> RunOutcome:
+        """Cold start, warmup, measurement; returns raw records and the run's facts."""
+        spec = self.spec
+        cold = await self._cold_start()
+        self._connection_freed = asyncio.Event()
+        start = self.clock()
+        self._measure_start = start + int(spec.warmup_s * 1e9)
+        if spec.duration_s is not None:
+            self._stop_at = self._measure_start + int(spec.duration_s * 1e9)
+        if spec.requests is not None:
+            self._budget = spec.requests
+        server_before = None
+        cpu_start = time.process_time()
+
+        load_future: asyncio.Future[Any]
+        if spec.mode == "closed":
+            assert spec.concurrency is not None
+            load_future = asyncio.gather(*(self._closed_worker()
+                                           for _ in range(spec.concurrency)))
+        else:
+            load_future = asyncio.ensure_future(self._open_dispatcher(start))
+        if spec.warmup_s:
+            await asyncio.sleep(spec.warmup_s)
+        server_before = await asyncio.to_thread(self.adapter.server_stats)
+
+        windows: list[WindowReport] = []
+        stable = None
+        if spec.fixed_length:
+            await load_future
+            reason = ("--requests reached" if spec.requests is not None else
+                      "--duration reached" if spec.duration_s is not None else "trace replayed")
+        else:
+            reason = await self._watch_windows(windows)
+            stable = reason.startswith("stable")
+            self._stop_at = self.clock()
+            self._stopping = True
+            await load_future
+        measure_end = self._stop_at if self._stop_at is not None else self.clock()
+        wall = (self.clock() - start) / 1e9
+        cpu = (time.process_time() - cpu_start) / wall * 100 if wall > 0 else 0.0
+        server_after = await asyncio.to_thread(self.adapter.server_stats)
+        records = self.buffer.freeze()
+        if spec.fixed_length:
+            measure_end = self._fixed_end(records, measure_end)
+            windows = self._fixed_windows(records, measure_end)
+            if len(windows) >= 3:
+                stable = is_stable(windows, spec.stability_percent)
+        return RunOutcome(records, cold, start, self._measure_start, measure_end, windows,
+                          stable, reason, cpu, server_before, server_after)
+
+    def _fixed_end(self, records: Records, stop_at: int) -> int:
+        """Where a fixed-length measurement ends: the stop time, or the last scheduled send
+        plus its latency for --requests and traces."""
+        if self.spec.duration_s is not None:
+            return stop_at
+        measured = records.scheduled_ns >= self._measure_start
+        if not measured.any():
+            return self._measure_start
+        return int(records.end_ns[measured].max())
+
+    def _fixed_windows(self, records: Records, measure_end: int) -> list[WindowReport]:
+        window_ns = int((self.spec.window_s or 0) * 1e9) or (measure_end - self._measure_start)
+        if window_ns <= 0:
+            return []
+        ok = records.outcome == OK
+        latency = records.latency_ms
+        windows: list[WindowReport] = []
+        start = self._measure_start
+        index = 0
+        while start < measure_end:
+            end = min(start + window_ns, measure_end)
+            if end - start < window_ns / 2 and windows:
+                break  # a short tail window would only add noise
+            windows.append(window_report(index, start, end, records.end_ns, ok, latency))
+            start, index = end, index + 1
+        return windows

@@ -1,0 +1,82 @@
+"""One benchmark from start to finish: prepare the endpoint, run, build the result.
+
+    result, records = run_benchmark(V2Adapter("http://127.0.0.1:8000", "mlp"),
+                                    LoadSpec(concurrency=8, duration_s=10))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+
+from tradeoff.bench.adapters import Adapter, BenchSetupError
+from tradeoff.bench.load import LoadSpec
+from tradeoff.bench.records import OK, REFUSED, Records
+from tradeoff.bench.result import build_result
+from tradeoff.bench.runner import Runner, WindowReport
+
+try:  # uvloop: a faster client loop where it exists
+    import uvloop
+
+    def _run(coro: Any) -> Any:
+        return uvloop.run(coro)
+except ImportError:  # pragma: no cover - Windows
+    def _run(coro: Any) -> Any:
+        return asyncio.run(coro)
+
+
+async def _progress(runner: Runner, console: Console, spec: LoadSpec) -> None:
+    """Once a second: elapsed, achieved rate, p50/p99 and errors over the last second."""
+    with console.status("starting") as status:
+        started = time.monotonic()
+        while True:
+            await asyncio.sleep(1.0)
+            b = runner.buffer
+            now = runner.clock()
+            n = len(b.end_ns)
+            first = max(n - 100_000, 0)
+            end = np.asarray(b.end_ns[first:n], np.int64)
+            recent = end >= now - 1_000_000_000
+            ok = (np.asarray(b.outcome[first:n]) == OK) & recent
+            latency = (end - np.asarray(b.scheduled_ns[first:n], np.int64))[ok] / 1e6
+            phase = "warmup" if now < runner._measure_start else "measuring"
+            text = (f"{phase} {time.monotonic() - started:4.0f}s  {ok.sum():,} req/s  "
+                    f"errors {int((recent & ~ok).sum())}")
+            if latency.size:
+                text += (f"  p50 {np.percentile(latency, 50):.2f} ms"
+                         f"  p99 {np.percentile(latency, 99):.2f} ms")
+            status.update(text)
+
+
+def run_benchmark(adapter: Adapter, spec: LoadSpec, console: Console | None = None
+                  ) -> tuple[dict[str, Any], Records, int]:
+    """Run the load; returns (result document, raw records, clock origin of the run)."""
+    requests = adapter.prepare()
+    runner = Runner(adapter, requests, spec,
+                    on_window=_window_printer(console) if console else None)
+
+    async def main() -> Any:
+        ticker = asyncio.ensure_future(_progress(runner, console, spec)) if console else None
+        try:
+            return await runner.run()
+        finally:
+            if ticker:
+                ticker.cancel()
+
+    outcome = _run(main())
+    cold = outcome.cold_start
+    if len(cold) and cold.outcome[0] == REFUSED:
+        raise BenchSetupError(f"{adapter.url}: connection refused; is the server running?")
+    return build_result(adapter, spec, outcome), outcome.records, outcome.start_ns
+
+
+def _window_printer(console: Console) -> Any:
+    def show(window: WindowReport) -> None:
+        console.print(f"window {window.index + 1}: {window.throughput_rps:,.1f} req/s, "
+                      f"p50 {window.p50_ms:.2f} ms, p99 {window.p99_ms:.2f} ms, "
+                      f"errors {window.errors}")
+    return show

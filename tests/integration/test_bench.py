@@ -1,0 +1,143 @@
+"""`tradeoff bench` against real servers on 127.0.0.1: its numbers must be right."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tradeoff.server.process import ServerProcess, free_port
+
+from .control_server import ControlServer
+
+pytestmark = pytest.mark.integration
+
+
+def bench(tmp_path: Path, *args: str, check: bool = True) -> tuple[int, dict[str, Any], str]:
+    out = tmp_path / "result.json"
+    run = subprocess.run([sys.executable, "-m", "tradeoff", "bench", *args, "--json", str(out)],
+                         capture_output=True, text=True, timeout=120)
+    if check:
+        assert run.returncode == 0, run.stdout + run.stderr
+    result = json.loads(out.read_text()) if out.exists() else {}
+    return run.returncode, result, run.stdout + run.stderr
+
+
+def test_request_count_equals_the_server_count(tmp_path: Path) -> None:
+    with ControlServer() as server:
+        _, result, _ = bench(tmp_path, f"{server.url}/fixed?ms=1", "--protocol", "http",
+                             "--method", "GET", "--concurrency", "4", "--requests", "200",
+                             "--warmup", "0.2")
+        assert result["summary"]["requests"] == 200
+        assert result["total_requests_sent"] == server.count
+        assert result["total_requests_sent"] == 200 + result["warmup"]["requests"] + 1
+
+
+def test_fixed_20ms_server_measures_20ms(tmp_path: Path) -> None:
+    with ControlServer() as server:
+        _, result, _ = bench(tmp_path, f"{server.url}/fixed?ms=20", "--protocol", "http",
+                             "--concurrency", "2", "--duration", "2")
+    p50 = result["summary"]["latency_ms"]["p50"]
+    assert 20.0 <= p50 <= 22.0, p50
+
+
+def test_open_loop_holds_the_asked_rate(tmp_path: Path) -> None:
+    with ControlServer() as server:
+        _, result, _ = bench(tmp_path, f"{server.url}/fixed?ms=1", "--protocol", "http",
+                             "--rate", "500", "--duration", "3")
+    summary = result["summary"]
+    assert summary["asked_rate_rps"] == 500
+    assert abs(summary["achieved_rate_rps"] - 500) <= 10, summary["achieved_rate_rps"]
+    assert abs(summary["throughput_rps"] - 500) <= 10, summary["throughput_rps"]
+    assert result["client"]["send_lag_ms"] is not None
+
+
+def test_a_frozen_server_is_charged_from_the_scheduled_time(tmp_path: Path) -> None:
+    """100 req/s, the server freezes for 1 s: about 50 requests wait 0.5 s or more."""
+    records = tmp_path / "records.csv"
+    with ControlServer() as server:
+        bench(tmp_path, f"{server.url}/freeze?after=150&s=1", "--protocol", "http",
+              "--rate", "100", "--duration", "4", "--records", str(records))
+    with records.open() as handle:
+        latencies = [float(row["latency_ms"]) for row in csv.DictReader(handle)]
+    slow = sum(latency >= 500 for latency in latencies)
+    assert 40 <= slow <= 60, slow
+
+
+def test_errors_are_counted_by_class(tmp_path: Path) -> None:
+    with ControlServer() as server:
+        _, unavailable, _ = bench(tmp_path, f"{server.url}/status?code=503", "--protocol",
+                                  "http", "--concurrency", "2", "--requests", "20")
+        _, reset, _ = bench(tmp_path, f"{server.url}/close", "--protocol", "http",
+                            "--concurrency", "2", "--requests", "20")
+        _, slow, _ = bench(tmp_path, f"{server.url}/fixed?ms=2000", "--protocol", "http",
+                           "--concurrency", "2", "--requests", "4", "--timeout", "0.2")
+    assert unavailable["summary"]["errors_by_class"] == {"http": 20, "http_503": 20}
+    assert unavailable["summary"]["successes"] == 0
+    assert reset["summary"]["errors_by_class"] == {"reset": 20}
+    assert slow["summary"]["errors_by_class"] == {"timeout": 4}
+
+
+def test_unreachable_endpoint_is_a_failed_run(tmp_path: Path) -> None:
+    port = free_port()
+    code, _, output = bench(tmp_path, f"http://127.0.0.1:{port}/", "--protocol", "http",
+                            "--requests", "5", check=False)
+    assert code == 1
+    assert "connection refused" in output
+    assert "Traceback" not in output
+
+
+def test_trace_replay_sends_every_interval(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.txt"
+    trace.write_text("\n".join(["0"] + ["10000"] * 49))  # 50 requests, 10 ms apart
+    with ControlServer() as server:
+        _, result, _ = bench(tmp_path, f"{server.url}/fixed?ms=1", "--protocol", "http",
+                             "--intervals", str(trace))
+        assert server.count == 51  # and the cold-start request
+    assert result["summary"]["requests"] == 50
+    assert result["load"]["mode"] == "trace"
+
+
+def test_until_stable_reports_its_windows(tmp_path: Path) -> None:
+    with ControlServer() as server:
+        _, result, _ = bench(tmp_path, f"{server.url}/fixed?ms=2", "--protocol", "http",
+                             "--concurrency", "2", "--window", "0.4", "--max-windows", "4")
+    assert 3 <= len(result["windows"]) <= 4
+    assert isinstance(result["stable"], bool)
+    assert result["stop_reason"].startswith(("stable", "not stable"))
+
+
+def test_v2_against_tradeoff_serve_has_a_server_breakdown(server: ServerProcess,
+                                                          tmp_path: Path) -> None:
+    _, result, output = bench(tmp_path, server.url, "--model", "tiny", "--concurrency", "4",
+                              "--duration", "1.5", "--batch-size", "2")
+    summary = result["summary"]
+    breakdown = summary["server_ms"]
+    assert breakdown["source"] == "server-timing"
+    assert breakdown["overhead"]["min"] >= 0  # server time never exceeds client latency
+    assert breakdown["server_total"]["p99"] <= summary["latency_ms"]["max"]
+    assert summary["inferences_per_s"] == pytest.approx(2 * summary["throughput_rps"])
+    assert result["endpoint"]["max_batch_size"] == 64
+    assert "server queue ms" in output
+
+
+def test_v2_json_tensors(server: ServerProcess,
+                                                       tmp_path: Path) -> None:
+    _, result, _ = bench(tmp_path, server.url, "--model", "mlp", "--json-tensors",
+                         "--concurrency", "2", "--requests", "50")
+    assert result["summary"]["successes"] == 50
+    assert result["endpoint"]["tensors"] == "json"
+
+
+def test_bad_arguments_are_one_line(server: ServerProcess, tmp_path: Path) -> None:
+    code, _, output = bench(tmp_path, server.url, "--model", "nope", "--requests", "1",
+                            check=False)
+    assert code == 1 and "HTTP 404" in output and "Traceback" not in output
+    code, _, output = bench(tmp_path, server.url, "--model", "tiny", "--concurrency", "2",
+                            "--rate", "10", check=False)
+    assert code == 1 and "exactly one of" in output
