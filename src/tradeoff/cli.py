@@ -206,6 +206,8 @@ def _parse_headers(values: tuple[str, ...]) -> dict[str, str]:
               help="http: a request body, or a .jsonl file of bodies used round-robin.")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seed for random inputs and Poisson arrivals.")
+@click.option("--workers", type=click.IntRange(1), default=1, show_default=True,
+              help="Load-generator processes; their raw records are merged exactly.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the result (schema tradeoff.bench/1) here.")
 @click.option("--records", "records_path", type=click.Path(dir_okay=False, path_type=Path),
@@ -216,7 +218,8 @@ def bench(url: str, protocol: str, model: str | None, model_version: str,
           window: float | None, stability_percent: float, max_windows: int, timeout: float,
           max_connections: int, json_tensors: bool, shapes: tuple[str, ...], batch_size: int,
           input_data: Path | None, method: str, headers: tuple[str, ...], body: Path | None,
-          seed: int, json_path: Path | None, records_path: Path | None) -> None:
+          seed: int, workers: int, json_path: Path | None,
+          records_path: Path | None) -> None:
     """Measure an inference endpoint: latency percentiles, throughput, errors, and where
     the time goes on the server.
 
@@ -258,7 +261,7 @@ def bench(url: str, protocol: str, model: str | None, model_version: str,
         else:
             adapter = HttpJsonAdapter(url, method=method, headers=_parse_headers(headers),
                                       body=body, timeout_s=timeout)
-        result, records, start_ns = run_benchmark(adapter, spec, console)
+        result, records, start_ns = run_benchmark(adapter, spec, console, workers)
     except (ValueError, BenchSetupError) as exc:
         raise click.ClickException(str(exc)) from None
     print_bench_result(result, console)

@@ -141,3 +141,25 @@ def test_bad_arguments_are_one_line(server: ServerProcess, tmp_path: Path) -> No
     code, _, output = bench(tmp_path, server.url, "--model", "tiny", "--concurrency", "2",
                             "--rate", "10", check=False)
     assert code == 1 and "exactly one of" in output
+
+
+def test_workers_merge_records_exactly(tmp_path: Path) -> None:
+    with ControlServer() as server:
+        _, closed, _ = bench(tmp_path, f"{server.url}/fixed?ms=2", "--protocol", "http",
+                             "--concurrency", "4", "--requests", "101", "--workers", "2")
+        assert closed["summary"]["requests"] == 101
+        assert closed["total_requests_sent"] == server.count
+        before = server.count
+        _, opened, _ = bench(tmp_path, f"{server.url}/fixed?ms=1", "--protocol", "http",
+                             "--rate", "400", "--duration", "2", "--workers", "2")
+        assert opened["total_requests_sent"] == server.count - before
+    assert closed["client"]["workers"] == 2
+    assert abs(opened["summary"]["achieved_rate_rps"] - 400) <= 8
+    assert abs(opened["summary"]["throughput_rps"] - 400) <= 8
+
+
+def test_workers_need_a_fixed_length(tmp_path: Path) -> None:
+    with ControlServer() as server:
+        code, _, output = bench(tmp_path, f"{server.url}/fixed", "--protocol", "http",
+                                "--concurrency", "2", "--workers", "2", check=False)
+    assert code == 1 and "--workers needs --duration" in output

@@ -154,3 +154,21 @@ def test_records_merge_exactly_across_workers() -> None:
     merged = Records.merge([a.freeze(), b.freeze()], [0, 100])
     assert merged.scheduled_ns.tolist() == [0, 105]
     assert merged.latency_ms.tolist() == [10 / 1e6, 3 / 1e6]
+
+
+def test_split_spec_shares_the_load() -> None:
+    from tradeoff.bench.workers import split_spec
+
+    closed = split_spec(LoadSpec(concurrency=5, requests=11), 2)
+    assert [s.concurrency for s in closed] == [3, 2]
+    assert [s.requests for s in closed] == [6, 5]
+    opened = split_spec(LoadSpec(rate=100, duration_s=1), 4)
+    assert [s.rate for s in opened] == [25, 25, 25, 25]
+    merged = sorted(offset for s in opened
+                    for offset in itertools.islice(arrival_offsets_ns(s), 25))
+    assert merged == list(itertools.islice(arrival_offsets_ns(LoadSpec(rate=100,
+                                                                       duration_s=1)), 100))
+    trace = split_spec(LoadSpec(intervals=(0.0, 0.1, 0.2)), 2)
+    assert [s.intervals for s in trace] == [(0.0, 0.2), (0.1,)]
+    with pytest.raises(ValueError, match="more than --concurrency"):
+        split_spec(LoadSpec(concurrency=1, duration_s=1), 2)

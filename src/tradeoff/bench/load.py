@@ -30,6 +30,7 @@ class LoadSpec:
     timeout_s: float = 30.0
     max_connections: int = 1024
     seed: int = 0
+    offset_s: float = 0.0  # shifts the open-loop schedule (a worker's share of the rate)
 
     def __post_init__(self) -> None:
         modes = [self.concurrency is not None, self.rate is not None,
@@ -112,13 +113,14 @@ def arrival_offsets_ns(spec: LoadSpec) -> Iterator[int]:
             base += period
     assert spec.rate is not None
     gap_ns = 1e9 / spec.rate
+    shift = spec.offset_s * 1e9
     if spec.arrival == "constant":
         i = 0
         while True:
-            yield int(i * gap_ns)
+            yield int(shift + i * gap_ns)
             i += 1
     rng = np.random.default_rng(spec.seed)
-    at = 0.0
+    at = shift
     while True:
         for gap in rng.exponential(gap_ns, size=4096):
             yield int(at)

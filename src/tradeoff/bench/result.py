@@ -86,7 +86,8 @@ def _server_breakdown(measured: Records, ok: np.ndarray, outcome: RunOutcome
             "server_requests": count, "server_executions": executions}
 
 
-def build_result(adapter: Adapter, spec: LoadSpec, outcome: RunOutcome) -> dict[str, Any]:
+def build_result(adapter: Adapter, spec: LoadSpec, outcome: RunOutcome,
+                 workers: int = 1) -> dict[str, Any]:
     """The JSON-ready result document."""
     records = outcome.records
     measured_mask = records.scheduled_ns >= outcome.measure_start_ns
@@ -148,7 +149,8 @@ def build_result(adapter: Adapter, spec: LoadSpec, outcome: RunOutcome) -> dict[
         "windows": [w.to_dict() for w in outcome.windows],
         "stable": outcome.stable,
         "stop_reason": outcome.stop_reason,
-        "client": {"cpu_percent": outcome.client_cpu_percent, "send_lag_ms": send_lag,
-                   "client_bound": bool(reasons), "reasons": reasons},
+        "client": {"workers": workers, "cpu_percent": outcome.client_cpu_percent,
+                   "send_lag_ms": send_lag, "client_bound": bool(reasons),
+                   "reasons": reasons, "notes": outcome.notes},
         "summary": summary,
     }

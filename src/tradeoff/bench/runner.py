@@ -198,6 +198,10 @@ class Runner:
 
     # ------------------------------------------------------------------- phases
 
+    async def cold_start(self) -> Records:
+        """Send the very first request alone; its latency is reported apart."""
+        return await self._cold_start()
+
     async def _cold_start(self) -> Records:
         connection = Connection(self.adapter.host, self.adapter.port, self.spec.timeout_s)
         try:
@@ -233,12 +237,19 @@ class Runner:
         latency = (end_ns - np.asarray(b.scheduled_ns[first:n], np.int64)) / 1e6
         return window_report(index, start, end, end_ns, ok, latency)
 
-    async def run(self) -> RunOutcome:
-        """Cold start, warmup, measurement; returns raw records and the run's facts."""
+    async def run(self, *, cold_start: bool = True, start_at_ns: int | None = None,
+                  read_server_stats: bool = True) -> RunOutcome:
+        """Cold start, warmup, measurement; returns raw records and the run's facts.
+
+        Workers of a multi-process run skip the cold start and the server statistics
+        (the parent does both) and start together at ``start_at_ns``.
+        """
         spec = self.spec
-        cold = await self._cold_start()
+        cold = await self._cold_start() if cold_start else RecordBuffer().freeze()
         self._connection_freed = asyncio.Event()
-        start = self.clock()
+        if start_at_ns is not None:
+            await asyncio.sleep(max(start_at_ns - self.clock(), 0) / 1e9)
+        start = start_at_ns if start_at_ns is not None else self.clock()
         self._measure_start = start + int(spec.warmup_s * 1e9)
         if spec.duration_s is not None:
             self._stop_at = self._measure_start + int(spec.duration_s * 1e9)
@@ -256,7 +267,8 @@ class Runner:
             load_future = asyncio.ensure_future(self._open_dispatcher(start))
         if spec.warmup_s:
             await asyncio.sleep(spec.warmup_s)
-        server_before = await asyncio.to_thread(self.adapter.server_stats)
+        if read_server_stats:
+            server_before = await asyncio.to_thread(self.adapter.server_stats)
 
         windows: list[WindowReport] = []
         stable = None
@@ -273,39 +285,44 @@ class Runner:
         measure_end = self._stop_at if self._stop_at is not None else self.clock()
         wall = (self.clock() - start) / 1e9
         cpu = (time.process_time() - cpu_start) / wall * 100 if wall > 0 else 0.0
-        server_after = await asyncio.to_thread(self.adapter.server_stats)
+        server_after = (await asyncio.to_thread(self.adapter.server_stats)
+                        if read_server_stats else None)
         records = self.buffer.freeze()
         if spec.fixed_length:
-            measure_end = self._fixed_end(records, measure_end)
-            windows = self._fixed_windows(records, measure_end)
+            measure_end = fixed_end(spec, records, self._measure_start, measure_end)
+            windows = fixed_windows(spec, records, self._measure_start, measure_end)
             if len(windows) >= 3:
                 stable = is_stable(windows, spec.stability_percent)
         return RunOutcome(records, cold, start, self._measure_start, measure_end, windows,
                           stable, reason, cpu, server_before, server_after)
 
-    def _fixed_end(self, records: Records, stop_at: int) -> int:
-        """Where a fixed-length measurement ends: the stop time, or the last scheduled send
-        plus its latency for --requests and traces."""
-        if self.spec.duration_s is not None:
-            return stop_at
-        measured = records.scheduled_ns >= self._measure_start
-        if not measured.any():
-            return self._measure_start
-        return int(records.end_ns[measured].max())
 
-    def _fixed_windows(self, records: Records, measure_end: int) -> list[WindowReport]:
-        window_ns = int((self.spec.window_s or 0) * 1e9) or (measure_end - self._measure_start)
-        if window_ns <= 0:
-            return []
-        ok = records.outcome == OK
-        latency = records.latency_ms
-        windows: list[WindowReport] = []
-        start = self._measure_start
-        index = 0
-        while start < measure_end:
-            end = min(start + window_ns, measure_end)
-            if end - start < window_ns / 2 and windows:
-                break  # a short tail window would only add noise
-            windows.append(window_report(index, start, end, records.end_ns, ok, latency))
-            start, index = end, index + 1
-        return windows
+def fixed_end(spec: LoadSpec, records: Records, measure_start: int, stop_at: int) -> int:
+    """Where a fixed-length measurement ends: the stop time, or (for --requests and traces)
+    the last end of a measured request."""
+    if spec.duration_s is not None:
+        return stop_at
+    measured = records.scheduled_ns >= measure_start
+    if not measured.any():
+        return measure_start
+    return int(records.end_ns[measured].max())
+
+
+def fixed_windows(spec: LoadSpec, records: Records, measure_start: int,
+                  measure_end: int) -> list[WindowReport]:
+    """Windows of --window seconds over a fixed-length measurement (one when not given)."""
+    window_ns = int((spec.window_s or 0) * 1e9) or (measure_end - measure_start)
+    if window_ns <= 0:
+        return []
+    ok = records.outcome == OK
+    latency = records.latency_ms
+    windows: list[WindowReport] = []
+    start = measure_start
+    index = 0
+    while start < measure_end:
+        end = min(start + window_ns, measure_end)
+        if end - start < window_ns / 2 and windows:
+            break  # a short tail window would only add noise
+        windows.append(window_report(index, start, end, records.end_ns, ok, latency))
+        start, index = end, index + 1
+    return windows

@@ -18,15 +18,16 @@ from tradeoff.bench.load import LoadSpec
 from tradeoff.bench.records import OK, REFUSED, Records
 from tradeoff.bench.result import build_result
 from tradeoff.bench.runner import Runner, WindowReport
+from tradeoff.bench.workers import run_workers, split_spec
 
-try:  # uvloop: a faster client loop where it exists
-    import uvloop
 
-    def _run(coro: Any) -> Any:
-        return uvloop.run(coro)
-except ImportError:  # pragma: no cover - Windows
-    def _run(coro: Any) -> Any:
+def run_coroutine(coro: Any) -> Any:
+    """Run on uvloop (a faster client loop) where it exists."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - Windows
         return asyncio.run(coro)
+    return uvloop.run(coro)
 
 
 async def _progress(runner: Runner, console: Console, spec: LoadSpec) -> None:
@@ -52,10 +53,21 @@ async def _progress(runner: Runner, console: Console, spec: LoadSpec) -> None:
             status.update(text)
 
 
-def run_benchmark(adapter: Adapter, spec: LoadSpec, console: Console | None = None
-                  ) -> tuple[dict[str, Any], Records, int]:
+def run_benchmark(adapter: Adapter, spec: LoadSpec, console: Console | None = None,
+                  workers: int = 1) -> tuple[dict[str, Any], Records, int]:
     """Run the load; returns (result document, raw records, clock origin of the run)."""
     requests = adapter.prepare()
+    if workers > 1:
+        split_spec(spec, workers)  # refuse a bad split before any request is sent
+        cold_runner = Runner(adapter, requests, spec)
+        cold = run_coroutine(cold_runner.cold_start())
+        _refuse_if_unreachable(adapter, cold)
+        if console:
+            with console.status(f"{workers} workers running"):
+                outcome = run_workers(adapter, requests, spec, workers, cold)
+        else:
+            outcome = run_workers(adapter, requests, spec, workers, cold)
+        return build_result(adapter, spec, outcome, workers), outcome.records, outcome.start_ns
     runner = Runner(adapter, requests, spec,
                     on_window=_window_printer(console) if console else None)
 
@@ -67,11 +79,14 @@ def run_benchmark(adapter: Adapter, spec: LoadSpec, console: Console | None = No
             if ticker:
                 ticker.cancel()
 
-    outcome = _run(main())
-    cold = outcome.cold_start
+    outcome = run_coroutine(main())
+    _refuse_if_unreachable(adapter, outcome.cold_start)
+    return build_result(adapter, spec, outcome), outcome.records, outcome.start_ns
+
+
+def _refuse_if_unreachable(adapter: Adapter, cold: Records) -> None:
     if len(cold) and cold.outcome[0] == REFUSED:
         raise BenchSetupError(f"{adapter.url}: connection refused; is the server running?")
-    return build_result(adapter, spec, outcome), outcome.records, outcome.start_ns
 
 
 def _window_printer(console: Console) -> Any:

@@ -63,7 +63,7 @@ def print_bench_result(result: dict[str, Any], console: Console) -> None:
     if client["client_bound"]:
         console.print("[bold yellow]client_bound[/]: the load generator could not keep up ("
                       + "; ".join(client["reasons"]) + "); the figures understate the "
-                      "endpoint. Try --workers or a faster client machine.")
+                      "endpoint. Try --workers N or a faster client machine.")
     if stable is False:
         console.print(f"[yellow]unstable[/]: {result['stop_reason']}; last windows disagree "
                       f"by more than {load['stability_percent']:g}%.")

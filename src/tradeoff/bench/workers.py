@@ -1,0 +1,119 @@
+"""Several load-generator processes on one host, merged exactly.
+
+Each worker offers its share of the load (concurrency split, or the rate split into
+interleaved schedules, or every N-th request of a trace) from its own process and event
+loop; all start at one agreed instant on the shared monotonic clock. Their raw records
+are concatenated, so percentiles are computed over every sample, never averaged.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from dataclasses import replace
+from typing import Any
+
+from tradeoff.bench.adapters import Adapter, BenchSetupError
+from tradeoff.bench.load import LoadSpec
+from tradeoff.bench.records import Records
+from tradeoff.bench.runner import Runner, RunOutcome, fixed_end, fixed_windows, is_stable
+
+START_MARGIN_S = 0.2
+
+
+def split_spec(spec: LoadSpec, workers: int) -> list[LoadSpec]:
+    """Each worker's share of the load."""
+    if workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {workers}")
+    if not spec.fixed_length:
+        raise ValueError("--workers needs --duration, --requests or --intervals "
+                         "(stability windows are judged in one process)")
+    shares = []
+    for k in range(workers):
+        share = replace(spec, seed=spec.seed + k)
+        if spec.requests is not None:
+            count = spec.requests // workers + (1 if k < spec.requests % workers else 0)
+            if count == 0:
+                raise ValueError(f"--requests {spec.requests} is fewer than --workers")
+            share = replace(share, requests=count)
+        if spec.concurrency is not None:
+            if spec.concurrency < workers:
+                raise ValueError(f"--workers {workers} is more than --concurrency "
+                                 f"{spec.concurrency}")
+            count = spec.concurrency // workers + (1 if k < spec.concurrency % workers else 0)
+            share = replace(share, concurrency=count)
+        elif spec.rate is not None:
+            # constant: interleaved schedules; Poisson: independent streams (their sum is
+            # Poisson at the full rate)
+            offset = k / spec.rate if spec.arrival == "constant" else 0.0
+            share = replace(share, rate=spec.rate / workers, offset_s=offset,
+                            max_connections=max(spec.max_connections // workers, 1))
+        else:
+            assert spec.intervals is not None
+            mine = spec.intervals[k::workers]
+            if not mine:
+                raise ValueError("--workers is more than the requests in the trace")
+            share = replace(share, intervals=mine)
+        shares.append(share)
+    return shares
+
+
+def _worker(adapter: Adapter, requests: list[bytes], spec: LoadSpec, ready: Any, go: Any,
+            start_at: Any, results: Any) -> None:
+    from tradeoff.bench.session import run_coroutine
+
+    runner = Runner(adapter, requests, spec)
+    ready.put(True)
+    go.wait()
+    try:
+        outcome = run_coroutine(runner.run(cold_start=False, start_at_ns=start_at.value,
+                                 read_server_stats=False))
+        results.put(outcome)
+    except Exception as exc:  # reported by the parent
+        results.put(exc)
+
+
+def run_workers(adapter: Adapter, requests: list[bytes], spec: LoadSpec, workers: int,
+                cold_start: Records) -> RunOutcome:
+    """Run ``workers`` processes and merge their records into one outcome."""
+    shares = split_spec(spec, workers)
+    context = multiprocessing.get_context("spawn")
+    ready, results = context.Queue(), context.Queue()
+    go = context.Event()
+    start_at = context.Value("q", 0)
+    processes = [context.Process(target=_worker, daemon=True,
+                                 args=(adapter, requests, share, ready, go, start_at, results))
+                 for share in shares]
+    for process in processes:
+        process.start()
+    try:
+        for _ in processes:
+            ready.get(timeout=120)
+        start_at.value = time.perf_counter_ns() + int(START_MARGIN_S * 1e9)
+        go.set()
+        time.sleep(max(start_at.value + int(spec.warmup_s * 1e9) - time.perf_counter_ns(),
+                       0) / 1e9)
+        server_before = adapter.server_stats()
+        outcomes = []
+        for _ in processes:
+            item = results.get(timeout=(spec.duration_s or 0) + spec.warmup_s + 3600)
+            if isinstance(item, Exception):
+                raise BenchSetupError(f"a load worker failed: {item}")
+            outcomes.append(item)
+        server_after = adapter.server_stats()
+    finally:
+        for process in processes:
+            process.join(timeout=10)
+            if process.is_alive():
+                process.kill()
+    records = Records.merge([o.records for o in outcomes])
+    measure_start = outcomes[0].measure_start_ns
+    stop_at = max(o.measure_end_ns for o in outcomes)
+    measure_end = fixed_end(spec, records, measure_start, stop_at)
+    windows = fixed_windows(spec, records, measure_start, measure_end)
+    stable = is_stable(windows, spec.stability_percent) if len(windows) >= 3 else None
+    cpu = max(o.client_cpu_percent for o in outcomes)
+    return RunOutcome(records, cold_start, outcomes[0].start_ns, measure_start, measure_end,
+                      windows, stable, outcomes[0].stop_reason, cpu, server_before,
+                      server_after, notes=[f"{workers} worker processes; client CPU is the "
+                                           "busiest worker's"])
