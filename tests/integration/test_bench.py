@@ -163,3 +163,22 @@ def test_workers_need_a_fixed_length(tmp_path: Path) -> None:
         code, _, output = bench(tmp_path, f"{server.url}/fixed", "--protocol", "http",
                                 "--concurrency", "2", "--workers", "2", check=False)
     assert code == 1 and "--workers needs --duration" in output
+
+
+def test_windows_carry_the_servers_statistics(server: ServerProcess, tmp_path: Path) -> None:
+    records = tmp_path / "records.parquet"
+    _, result, _ = bench(tmp_path, server.url, "--model", "tiny", "--concurrency", "2",
+                         "--duration", "1.5", "--window", "0.5", "--records", str(records))
+    windows = result["windows"]
+    assert len(windows) == 3
+    with_stats = [w for w in windows if "server_ms" in w]
+    assert with_stats, windows
+    for window in with_stats:
+        assert set(window["server_ms"]) == {"queue", "compute_input", "compute_infer",
+                                            "compute_output"}
+        assert window["server_executions"] >= 1
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(records)
+    assert table.num_rows == result["total_requests_sent"] - 1  # all but the cold start
+    assert "server_compute_infer_ms" in table.column_names

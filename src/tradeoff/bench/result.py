@@ -70,6 +70,19 @@ def _server_breakdown(measured: Records, ok: np.ndarray, outcome: RunOutcome
     before, after = outcome.server_before, outcome.server_after
     if not before or not after:
         return None
+    means = stats_extension_means(before, after)
+    if means is None:
+        return None
+    parts, count, executions = means
+    total = sum(v["mean"] for v in parts.values())
+    return {"source": "statistics extension", **parts, "server_total": {"mean": total},
+            "overhead": {"mean": float(latency.mean()) - total if latency.size else None},
+            "server_requests": count, "server_executions": executions}
+
+
+def stats_extension_means(before: dict[str, Any], after: dict[str, Any]
+                          ) -> tuple[dict[str, dict[str, float]], int, int] | None:
+    """Mean ms per request of each part between two statistics-extension snapshots."""
     try:
         stats_before, stats_after = before["inference_stats"], after["inference_stats"]
         count = stats_after["success"]["count"] - stats_before["success"]["count"]
@@ -80,10 +93,22 @@ def _server_breakdown(measured: Records, ok: np.ndarray, outcome: RunOutcome
         executions = after["execution_count"] - before["execution_count"]
     except (KeyError, TypeError):
         return None
-    total = sum(v["mean"] for v in parts.values())
-    return {"source": "statistics extension", **parts, "server_total": {"mean": total},
-            "overhead": {"mean": float(latency.mean()) - total if latency.size else None},
-            "server_requests": count, "server_executions": executions}
+    return parts, count, executions
+
+
+def _window_dicts(outcome: RunOutcome) -> list[dict[str, Any]]:
+    """Windows, each with the server's means over it when snapshots bracket it."""
+    at = dict(outcome.server_snapshots)
+    out = []
+    for window in outcome.windows:
+        entry = window.to_dict()
+        before, after = at.get(window.start_ns), at.get(window.end_ns)
+        means = stats_extension_means(before, after) if before and after else None
+        if means is not None:
+            entry["server_ms"] = {p: v["mean"] for p, v in means[0].items()}
+            entry["server_executions"] = means[2]
+        out.append(entry)
+    return out
 
 
 def build_result(adapter: Adapter, spec: LoadSpec, outcome: RunOutcome,
@@ -146,7 +171,7 @@ def build_result(adapter: Adapter, spec: LoadSpec, outcome: RunOutcome,
         "warmup": {"requests": len(warmup),
                    "latency_ms": distribution(warmup.latency_ms[warmup.outcome == OK])},
         "total_requests_sent": len(records) + len(outcome.cold_start),
-        "windows": [w.to_dict() for w in outcome.windows],
+        "windows": _window_dicts(outcome),
         "stable": outcome.stable,
         "stop_reason": outcome.stop_reason,
         "client": {"workers": workers, "cpu_percent": outcome.client_cpu_percent,

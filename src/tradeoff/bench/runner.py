@@ -62,6 +62,8 @@ class RunOutcome:
     server_before: dict[str, Any] | None = None
     server_after: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
+    # (clock ns, cumulative server statistics) at each window boundary, when available
+    server_snapshots: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
 
 
 def window_report(index: int, start_ns: int, end_ns: int, end: np.ndarray, ok: np.ndarray,
@@ -113,6 +115,7 @@ class Runner:
         self._idle: list[Connection] = []
         self._open_connections = 0
         self._connection_freed: asyncio.Event | None = None
+        self._load_done = False
 
     def _request_bytes(self) -> bytes:
         raw = self.requests[self._next_request % len(self.requests)]
@@ -212,6 +215,20 @@ class Runner:
         self.buffer = RecordBuffer()
         return cold
 
+    async def _sample_server(self, snapshots: list[tuple[int, dict[str, Any]]],
+                             window_ns: int) -> None:
+        """The server's cumulative statistics at every window boundary."""
+        at = self._measure_start
+        while not self._load_done:
+            await asyncio.sleep(max(at - self.clock(), 0) / 1e9)
+            if self._load_done:
+                return
+            stats = await asyncio.to_thread(self.adapter.server_stats)
+            if stats is None:
+                return
+            snapshots.append((at, stats))
+            at += window_ns
+
     async def _watch_windows(self, windows: list[WindowReport]) -> str:
         """Stability mode: measure windows until the last three agree, or give up."""
         window_ns = int((self.spec.window_s or DEFAULT_WINDOW_S) * 1e9)
@@ -269,6 +286,11 @@ class Runner:
             await asyncio.sleep(spec.warmup_s)
         if read_server_stats:
             server_before = await asyncio.to_thread(self.adapter.server_stats)
+        snapshots: list[tuple[int, dict[str, Any]]] = []
+        sampler = None
+        window_s = spec.window_s or (None if spec.fixed_length else DEFAULT_WINDOW_S)
+        if read_server_stats and server_before is not None and window_s:
+            sampler = asyncio.ensure_future(self._sample_server(snapshots, int(window_s * 1e9)))
 
         windows: list[WindowReport] = []
         stable = None
@@ -282,6 +304,9 @@ class Runner:
             self._stop_at = self.clock()
             self._stopping = True
             await load_future
+        self._load_done = True
+        if sampler is not None:
+            sampler.cancel()
         measure_end = self._stop_at if self._stop_at is not None else self.clock()
         wall = (self.clock() - start) / 1e9
         cpu = (time.process_time() - cpu_start) / wall * 100 if wall > 0 else 0.0
@@ -294,7 +319,8 @@ class Runner:
             if len(windows) >= 3:
                 stable = is_stable(windows, spec.stability_percent)
         return RunOutcome(records, cold, start, self._measure_start, measure_end, windows,
-                          stable, reason, cpu, server_before, server_after)
+                          stable, reason, cpu, server_before, server_after,
+                          server_snapshots=snapshots)
 
 
 def fixed_end(spec: LoadSpec, records: Records, measure_start: int, stop_at: int) -> int:
