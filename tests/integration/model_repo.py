@@ -29,10 +29,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from tradeoff.models import build_repository
-from tradeoff.models.examples import tiny_model
-
-OPSET = 17
-IR_VERSION = 8
+from tradeoff.models.examples import make_model, tiny_model
 
 # protocol datatype -> (ONNX element type, numpy dtype, Triton config type)
 IDENTITY_TYPES: dict[str, tuple[int, type | np.dtype, str]] = {
@@ -65,11 +62,7 @@ def identity_name(datatype: str) -> str:
 
 
 def _model(graph: onnx.GraphProto) -> onnx.ModelProto:
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
-                              producer_name="tradeoff-tests")
-    model.ir_version = IR_VERSION
-    onnx.checker.check_model(model)
-    return model
+    return make_model(graph, producer="tradeoff-tests")
 
 
 def identity_model(elem_type: int) -> onnx.ModelProto:

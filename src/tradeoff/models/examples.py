@@ -19,9 +19,10 @@ OPSET = 17
 IR_VERSION = 8  # readable by every onnxruntime release tradeoff supports
 
 
-def _model(graph: onnx.GraphProto) -> onnx.ModelProto:
+def make_model(graph: onnx.GraphProto, producer: str = "tradeoff") -> onnx.ModelProto:
+    """A checked ONNX model of ``graph`` at the project's opset and IR version."""
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
-                              producer_name="tradeoff")
+                              producer_name=producer)
     model.ir_version = IR_VERSION
     onnx.checker.check_model(model)
     return model
@@ -37,7 +38,7 @@ def tiny_model() -> onnx.ModelProto:
         [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", 16])],
         initializer=[numpy_helper.from_array(np.array(2.0, np.float32), "two"),
                      numpy_helper.from_array(np.array(1.0, np.float32), "one")])
-    return _model(graph)
+    return make_model(graph)
 
 
 def mlp_model(seed: int = 0, sizes: tuple[int, ...] = (256, 1024, 1024, 10)) -> onnx.ModelProto:
@@ -63,7 +64,7 @@ def mlp_model(seed: int = 0, sizes: tuple[int, ...] = (256, 1024, 1024, 10)) -> 
         [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", sizes[0]])],
         [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", sizes[-1]])],
         initializer=initializers)
-    return _model(graph)
+    return make_model(graph)
 
 
 TINY_CONFIG = """\

@@ -201,6 +201,17 @@ def _decode_json_data(data: Any, datatype: str, shape: tuple[int, ...],
     return _reshape(array, shape, where)
 
 
+def parse_json_object(data: bytes | memoryview | str, what: str, hint: str = "") -> dict:
+    """``data`` as a JSON object, or InvalidInput saying what was wrong with ``what``."""
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"{what} is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise InvalidInput(f"{what} must be a JSON object" + (f" {hint}" if hint else ""))
+    return doc
+
+
 def decode_request(body: bytes, header_length: int | None = None) -> V2Request:
     """Parse an infer request; ``header_length`` is ``Inference-Header-Content-Length``."""
     view = memoryview(body)
@@ -211,12 +222,7 @@ def decode_request(body: bytes, header_length: int | None = None) -> V2Request:
         header, binary = view[:header_length], view[header_length:]
     else:
         header, binary = view, view[len(view):]
-    try:
-        doc = orjson.loads(header)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidInput(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise InvalidInput("request body must be a JSON object with 'inputs'")
+    doc = parse_json_object(header, "request body", "with 'inputs'")
     request_id = doc.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise InvalidInput("'id' must be a string")

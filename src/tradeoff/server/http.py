@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from tradeoff.errors import InvalidInput, NotFound, PayloadTooLarge, RequestError, Unavailable
-from tradeoff.protocol.v2 import decode_request, encode_response
+from tradeoff.protocol.v2 import decode_request, encode_response, parse_json_object
 from tradeoff.server import metrics
 from tradeoff.server.dataplane import DataPlane
 
@@ -211,15 +211,7 @@ class HttpApp:
 
     @staticmethod
     def _json_body(body: bytes) -> dict[str, Any]:
-        if not body.strip():
-            return {}
-        try:
-            doc = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            raise InvalidInput(f"request body is not valid JSON: {exc}") from None
-        if not isinstance(doc, dict):
-            raise InvalidInput("request body must be a JSON object")
-        return doc
+        return parse_json_object(body, "request body") if body.strip() else {}
 
     async def _model_route(self, scope: Scope, receive: Receive, send: Send, name: str,
                            version: str | None, action: str) -> None:
@@ -279,13 +271,7 @@ def _load_config_override(body: dict[str, Any]) -> dict[str, Any] | None:
     if not isinstance(config, str):
         raise InvalidInput("load parameter 'config' must be a string holding the model "
                            "config as JSON")
-    try:
-        parsed = orjson.loads(config)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidInput(f"load parameter 'config' is not valid JSON: {exc}") from None
-    if not isinstance(parsed, dict):
-        raise InvalidInput("load parameter 'config' must be a JSON object")
-    return parsed
+    return parse_json_object(config, "load parameter 'config'")
 
 
 def _compress(payload: bytes, accept: bytes, headers: list[tuple[bytes, bytes]]) -> bytes:
