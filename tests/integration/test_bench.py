@@ -55,6 +55,7 @@ def test_open_loop_holds_the_asked_rate(tmp_path: Path) -> None:
     assert abs(summary["achieved_rate_rps"] - 500) <= 10, summary["achieved_rate_rps"]
     assert abs(summary["throughput_rps"] - 500) <= 10, summary["throughput_rps"]
     assert result["client"]["send_lag_ms"] is not None
+    assert result["client"]["loop_lag_ms"]["p50"] >= 0
 
 
 def test_a_frozen_server_is_charged_from_the_scheduled_time(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from tradeoff.bench.runner import RunOutcome
 
 SCHEMA = "tradeoff.bench/1"
 SEND_LAG_LIMIT_MS = 1.0
+LOOP_LAG_LIMIT_MS = 5.0
 CPU_LIMIT_PERCENT = 90.0
 PERCENTILES = {"p50": 50, "p90": 90, "p95": 95, "p99": 99, "p999": 99.9}
 
@@ -139,6 +140,10 @@ def build_result(adapter: Adapter, spec: LoadSpec, outcome: RunOutcome,
     reasons = []
     if send_lag and send_lag["p99"] > SEND_LAG_LIMIT_MS:
         reasons.append(f"send lag p99 {send_lag['p99']:.2f} ms > {SEND_LAG_LIMIT_MS} ms")
+    loop_lag = distribution(outcome.loop_lag_ms)
+    if loop_lag and loop_lag["p99"] > LOOP_LAG_LIMIT_MS:
+        reasons.append(f"client event-loop lag p99 {loop_lag['p99']:.1f} ms > "
+                       f"{LOOP_LAG_LIMIT_MS:g} ms")
     if outcome.client_cpu_percent > CPU_LIMIT_PERCENT:
         reasons.append(f"client CPU {outcome.client_cpu_percent:.0f}% > {CPU_LIMIT_PERCENT:.0f}%")
     asked = spec.rate if spec.rate is not None else (
@@ -175,7 +180,8 @@ def build_result(adapter: Adapter, spec: LoadSpec, outcome: RunOutcome,
         "stable": outcome.stable,
         "stop_reason": outcome.stop_reason,
         "client": {"workers": workers, "cpu_percent": outcome.client_cpu_percent,
-                   "send_lag_ms": send_lag, "client_bound": bool(reasons),
+                   "send_lag_ms": send_lag, "loop_lag_ms": loop_lag,
+                   "client_bound": bool(reasons),
                    "reasons": reasons, "notes": outcome.notes},
         "summary": summary,
     }

@@ -64,6 +64,8 @@ class RunOutcome:
     notes: list[str] = field(default_factory=list)
     # (clock ns, cumulative server statistics) at each window boundary, when available
     server_snapshots: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    # how late the client's event loop woke for 10 ms timers during the load (ms)
+    loop_lag_ms: np.ndarray = field(default_factory=lambda: np.empty(0))
 
 
 def window_report(index: int, start_ns: int, end_ns: int, end: np.ndarray, ok: np.ndarray,
@@ -229,6 +231,15 @@ class Runner:
             snapshots.append((at, stats))
             at += window_ns
 
+    async def _watch_loop_lag(self, lags: list[float]) -> None:
+        """Scheduling lag of the client itself: a busy loop answers timers late, and every
+        response it reads late inflates the measured latency."""
+        period_ns = 10_000_000
+        while not self._load_done:
+            asked = self.clock() + period_ns
+            await asyncio.sleep(period_ns / 1e9)
+            lags.append(max(self.clock() - asked, 0) / 1e6)
+
     async def _watch_windows(self, windows: list[WindowReport]) -> str:
         """Stability mode: measure windows until the last three agree, or give up."""
         window_ns = int((self.spec.window_s or DEFAULT_WINDOW_S) * 1e9)
@@ -287,6 +298,8 @@ class Runner:
         if read_server_stats:
             server_before = await asyncio.to_thread(self.adapter.server_stats)
         snapshots: list[tuple[int, dict[str, Any]]] = []
+        lags: list[float] = []
+        lag_watch = asyncio.ensure_future(self._watch_loop_lag(lags))
         sampler = None
         window_s = spec.window_s or (None if spec.fixed_length else DEFAULT_WINDOW_S)
         if read_server_stats and server_before is not None and window_s:
@@ -305,6 +318,7 @@ class Runner:
             self._stopping = True
             await load_future
         self._load_done = True
+        lag_watch.cancel()
         if sampler is not None:
             sampler.cancel()
         measure_end = self._stop_at if self._stop_at is not None else self.clock()
@@ -320,7 +334,7 @@ class Runner:
                 stable = is_stable(windows, spec.stability_percent)
         return RunOutcome(records, cold, start, self._measure_start, measure_end, windows,
                           stable, reason, cpu, server_before, server_after,
-                          server_snapshots=snapshots)
+                          server_snapshots=snapshots, loop_lag_ms=np.asarray(lags))
 
 
 def fixed_end(spec: LoadSpec, records: Records, measure_start: int, stop_at: int) -> int:

@@ -13,6 +13,8 @@ import time
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
+
 from tradeoff.bench.adapters import Adapter, BenchSetupError
 from tradeoff.bench.load import LoadSpec
 from tradeoff.bench.records import Records
@@ -113,7 +115,8 @@ def run_workers(adapter: Adapter, requests: list[bytes], spec: LoadSpec, workers
     windows = fixed_windows(spec, records, measure_start, measure_end)
     stable = is_stable(windows, spec.stability_percent) if len(windows) >= 3 else None
     cpu = max(o.client_cpu_percent for o in outcomes)
+    lags = np.concatenate([o.loop_lag_ms for o in outcomes])
     return RunOutcome(records, cold_start, outcomes[0].start_ns, measure_start, measure_end,
                       windows, stable, outcomes[0].stop_reason, cpu, server_before,
                       server_after, notes=[f"{workers} worker processes; client CPU is the "
-                                           "busiest worker's"])
+                                           "busiest worker's"], loop_lag_ms=lags)

@@ -59,6 +59,8 @@ def print_bench_result(result: dict[str, Any], console: Console) -> None:
     table.add_row("client CPU", f"{client['cpu_percent']:.0f}%")
     if client["send_lag_ms"]:
         table.add_row("send lag p99 ms", _ms(client["send_lag_ms"]["p99"]))
+    if client.get("loop_lag_ms"):
+        table.add_row("client loop lag p99 ms", _ms(client["loop_lag_ms"]["p99"]))
     console.print(table)
     if client["client_bound"]:
         console.print("[bold yellow]client_bound[/]: the load generator could not keep up ("
