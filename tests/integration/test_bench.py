@@ -183,3 +183,21 @@ def test_windows_carry_the_servers_statistics(server: ServerProcess, tmp_path: P
     table = pq.read_table(records)
     assert table.num_rows == result["total_requests_sent"] - 1  # all but the cold start
     assert "server_compute_infer_ms" in table.column_names
+
+
+def test_v2_inputs_from_a_perf_analyzer_data_file(server: ServerProcess, tmp_path: Path) -> None:
+    data = tmp_path / "inputs.json"
+    data.write_text(json.dumps({"data": [
+        {"INPUT0": [float(i) for i in range(16)]},
+        {"INPUT0": {"content": [1.0] * 16, "shape": [16]}},
+    ]}))
+    _, result, _ = bench(tmp_path, server.url, "--model", "tiny", "--input-data", str(data),
+                         "--requests", "20", "--batch-size", "3")
+    assert result["summary"]["successes"] == 20
+    assert result["summary"]["inferences_per_s"] == pytest.approx(
+        3 * result["summary"]["throughput_rps"])
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"data": [{"INPUT0": [1.0, 2.0]}]}))
+    code, _, output = bench(tmp_path, server.url, "--model", "tiny", "--input-data", str(bad),
+                            "--requests", "1", check=False)
+    assert code == 1 and "has 2 values, not shape [16]" in output
