@@ -172,3 +172,12 @@ def test_split_spec_shares_the_load() -> None:
     assert [s.intervals for s in trace] == [(0.0, 0.2), (0.1,)]
     with pytest.raises(ValueError, match="more than --concurrency"):
         split_spec(LoadSpec(concurrency=1, duration_s=1), 2)
+
+
+def test_instability_says_why() -> None:
+    from tradeoff.bench.runner import instability
+
+    why = instability([_window(100, 10), _window(100, 10), _window(100, 14)], 10)
+    assert why is not None and why.startswith("p99 of the last 3 windows differs")
+    assert "(limit 10%)" in why
+    assert instability([_window(100, 10)] * 3, 10) is None

@@ -81,18 +81,27 @@ def window_report(index: int, start_ns: int, end_ns: int, end: np.ndarray, ok: n
                         float(np.percentile(lat, 99)) if lat.size else float("nan"))
 
 
-def is_stable(windows: list[WindowReport], percent: float) -> bool:
-    """The last three windows agree within ``percent`` of their mean, on throughput and p99."""
+def instability(windows: list[WindowReport], percent: float) -> str | None:
+    """Why the last three windows do not agree within ``percent`` of their mean on
+    throughput and p99 (None when they do)."""
     if len(windows) < 3:
-        return False
+        return f"only {len(windows)} windows; 3 must agree"
     last = windows[-3:]
-    for values in ([w.throughput_rps for w in last], [w.p99_ms for w in last]):
+    for name, values in (("throughput", [w.throughput_rps for w in last]),
+                         ("p99", [w.p99_ms for w in last])):
         mean = float(np.mean(values))
         if not np.isfinite(mean) or mean == 0:
-            return False
-        if max(abs(v - mean) for v in values) > mean * percent / 100:
-            return False
-    return True
+            return f"no {name} to compare (no successful requests)"
+        spread = max(abs(v - mean) for v in values) / mean * 100
+        if spread > percent:
+            return (f"{name} of the last 3 windows differs from their mean by "
+                    f"{spread:.0f}% (limit {percent:g}%)")
+    return None
+
+
+def is_stable(windows: list[WindowReport], percent: float) -> bool:
+    """The last three windows agree within ``percent`` of their mean, on throughput and p99."""
+    return instability(windows, percent) is None
 
 
 class Runner:
@@ -251,10 +260,11 @@ class Runner:
             windows.append(report)
             if self.on_window:
                 self.on_window(report)
-            if is_stable(windows, self.spec.stability_percent):
+            why = instability(windows, self.spec.stability_percent)
+            if why is None:
                 return f"stable after {index + 1} windows"
             start = end
-        return f"not stable after {self.spec.max_windows} windows"
+        return f"not stable after {self.spec.max_windows} windows: {why}"
 
     def _live_window(self, index: int, start: int, end: int) -> WindowReport:
         b = self.buffer
