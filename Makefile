@@ -27,8 +27,8 @@ test: $(STAMP)
 # Regenerate the protobuf code from the project's .proto files.
 proto: $(STAMP)
 	$(PY) -m pip install --quiet 'grpcio-tools==1.75.1'
-	cd src/tradeoff/repository && ../../../$(PY) -m grpc_tools.protoc -I. \
-		--python_out=. --pyi_out=. model_config.proto
+	cd src && ../$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. \
+		tradeoff/repository/model_config.proto
 
 bench: $(STAMP)
 	$(PY) benchmarks/serve_batching.py
