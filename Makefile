@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-test
 
-.PHONY: demo test install proto bench clean
+.PHONY: demo test install proto bench perf-analyzer clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,7 @@ demo: $(STAMP)
 	$(VENV)/bin/tradeoff demo
 
 test: $(STAMP)
+	-bash scripts/get_perf_analyzer.sh $(PY)
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/mypy src
 	$(PY) -m pytest -q
@@ -28,7 +29,11 @@ test: $(STAMP)
 proto: $(STAMP)
 	$(PY) -m pip install --quiet 'grpcio-tools==1.75.1'
 	cd src && ../$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. \
-		tradeoff/repository/model_config.proto
+		tradeoff/repository/model_config.proto tradeoff/protocol/grpc_service.proto
+
+# Triton's perf_analyzer for the compatibility tests (tests skip without it).
+perf-analyzer: $(STAMP)
+	bash scripts/get_perf_analyzer.sh $(PY)
 
 bench: $(STAMP)
 	$(PY) benchmarks/serve_batching.py

@@ -30,7 +30,7 @@ def perf_analyzer(url: str, model: str, concurrency: int, cpu: int, window_ms: i
                   protocol: str = "http") -> dict[str, float]:
     out = subprocess.run(["taskset", "-c", str(cpu), str(PERF_ANALYZER), "-m", model, "-u", url,
                           "-i", protocol, "--concurrency-range", str(concurrency),
-                          "--measurement-interval", str(window_ms)],
+                          "--measurement-interval", str(window_ms), "--max-trials", "20"],
                          capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
         raise RuntimeError(f"perf_analyzer failed:\n{out.stdout}\n{out.stderr}")

@@ -43,6 +43,9 @@ def main() -> None:
 @click.option("--metrics-port", default=8002, show_default=True, type=click.IntRange(0, 65535),
               help="Prometheus /metrics (0 picks a free port).")
 @click.option("--no-metrics", is_flag=True, help="Do not serve /metrics.")
+@click.option("--grpc-port", default=8001, show_default=True, type=click.IntRange(0, 65535),
+              help="Open Inference Protocol v2 over gRPC (0 picks a free port).")
+@click.option("--no-grpc", is_flag=True, help="Do not serve gRPC.")
 @click.option("--max-request-bytes", default=64 * 1024 * 1024, show_default=True,
               type=click.IntRange(1), help="Larger request bodies get 413.")
 @click.option("--shutdown-timeout", default=30.0, show_default=True, type=float,
@@ -58,6 +61,7 @@ def main() -> None:
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def serve(repository: Path, host: str, http_port: int, metrics_port: int, no_metrics: bool,
+          grpc_port: int, no_grpc: bool,
           max_request_bytes: int, shutdown_timeout: float, default_max_batch_size: int,
           intra_op_threads: int, strict_readiness: bool, log_level: str) -> None:
     """Serve a model repository over the Open Inference Protocol v2.
@@ -66,6 +70,7 @@ def serve(repository: Path, host: str, http_port: int, metrics_port: int, no_met
     Examples:
       tradeoff serve --model-repository ./models
       tradeoff serve --model-repository ./models --http-port 9000 --metrics-port 9002
+      tradeoff serve --model-repository ./models --grpc-port 9001
       curl -s localhost:8000/v2/models/mlp/stats
     """
     from tradeoff.server.runner import ServeOptions
@@ -75,6 +80,7 @@ def serve(repository: Path, host: str, http_port: int, metrics_port: int, no_met
     options = ServeOptions(
         model_repository=repository, host=host, http_port=http_port,
         metrics_port=None if no_metrics else metrics_port,
+        grpc_port=None if no_grpc else grpc_port,
         max_request_bytes=max_request_bytes, shutdown_timeout=shutdown_timeout,
         default_max_batch_size=default_max_batch_size, intra_op_threads=intra_op_threads,
         strict_readiness=strict_readiness)
@@ -166,8 +172,10 @@ def _parse_headers(values: tuple[str, ...]) -> dict[str, str]:
 
 @main.command()
 @click.argument("url")
-@click.option("--protocol", type=click.Choice(["v2", "http"]), default="v2", show_default=True,
-              help="v2: Open Inference Protocol over HTTP; http: any JSON-over-HTTP endpoint.")
+@click.option("--protocol", type=click.Choice(["v2", "v2-grpc", "http"]), default="v2",
+              show_default=True,
+              help="v2: Open Inference Protocol over HTTP; v2-grpc: the same over gRPC "
+                   "(URL host:port); http: any JSON-over-HTTP endpoint.")
 @click.option("--model", "-m", help="Model name (v2).")
 @click.option("--model-version", default="", help="Model version (v2; default: the server's).")
 @click.option("--concurrency", type=click.IntRange(1), help="Closed loop: requests in flight.")
@@ -229,6 +237,8 @@ def bench(url: str, protocol: str, model: str | None, model_version: str,
       tradeoff bench http://127.0.0.1:8000 --model mlp --rate 500 --arrival poisson \\
           --duration 30 --warmup 5 --json mlp.json --records mlp.csv
       tradeoff bench http://127.0.0.1:8000 --model mlp --concurrency 8   # until stable
+      tradeoff bench 127.0.0.1:8001 --protocol v2-grpc --model mlp --concurrency 8 \\
+          --duration 10
       tradeoff bench http://127.0.0.1:9000/predict --protocol http --body req.json \\
           --header "Authorization:Bearer $TOKEN" --rate 100 --duration 20
     """
@@ -251,13 +261,20 @@ def bench(url: str, protocol: str, model: str | None, model_version: str,
                         window_s=window, stability_percent=stability_percent,
                         max_windows=max_windows, timeout_s=timeout,
                         max_connections=max_connections, seed=seed)
-        if protocol == "v2":
+        if protocol in ("v2", "v2-grpc"):
             if not model:
-                raise click.UsageError("--protocol v2 needs --model NAME")
-            adapter: HttpJsonAdapter | V2Adapter = V2Adapter(
-                url, model, version=model_version, json_tensors=json_tensors,
-                shapes=_parse_shapes(shapes), batch_size=batch_size, input_data=input_data,
-                seed=seed, timeout_s=timeout)
+                raise click.UsageError(f"--protocol {protocol} needs --model NAME")
+            options = dict(version=model_version, shapes=_parse_shapes(shapes),
+                           batch_size=batch_size, input_data=input_data, seed=seed,
+                           timeout_s=timeout)
+            adapter: HttpJsonAdapter | V2Adapter
+            if protocol == "v2-grpc":
+                from tradeoff.bench.grpc_adapter import GrpcV2Adapter
+
+                adapter = GrpcV2Adapter(url, model, **options)
+            else:
+                adapter = V2Adapter(url, model, json_tensors=json_tensors,
+                                    **options)  # type: ignore[arg-type]
         else:
             adapter = HttpJsonAdapter(url, method=method, headers=_parse_headers(headers),
                                       body=body, timeout_s=timeout)

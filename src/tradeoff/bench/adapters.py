@@ -13,15 +13,24 @@ import urllib.error
 import urllib.request
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import numpy as np
 import orjson
 
 from tradeoff import dtypes
+from tradeoff.bench.http_client import Connection as HttpConnection
 from tradeoff.bench.http_client import Response, build_request
 from tradeoff.bench.records import SERVER_PARTS
+
+
+class Connection(Protocol):
+    """One client connection: sends a prepared request, returns the response."""
+
+    async def request(self, raw: bytes) -> Response: ...
+
+    def close(self) -> None: ...
 
 
 class BenchSetupError(Exception):
@@ -65,6 +74,10 @@ class Adapter(ABC):
         self.host, self.port, self.prefix = split_url(url)
         self.timeout_s = timeout_s
         self.rows_per_request = 1
+
+    def connect(self, timeout_s: float) -> Connection:
+        """A new connection to the endpoint (keep-alive HTTP/1.1 unless overridden)."""
+        return HttpConnection(self.host, self.port, timeout_s)
 
     @abstractmethod
     def prepare(self) -> list[bytes]:

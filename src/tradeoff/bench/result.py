@@ -86,12 +86,13 @@ def stats_extension_means(before: dict[str, Any], after: dict[str, Any]
     """Mean ms per request of each part between two statistics-extension snapshots."""
     try:
         stats_before, stats_after = before["inference_stats"], after["inference_stats"]
-        count = stats_after["success"]["count"] - stats_before["success"]["count"]
+        # int(): the gRPC statistics arrive as JSON, where uint64 values are strings
+        count = int(stats_after["success"]["count"]) - int(stats_before["success"]["count"])
         if count <= 0:
             return None
-        parts = {p: {"mean": (stats_after[p]["ns"] - stats_before[p]["ns"]) / count / 1e6}
-                 for p in SERVER_PARTS}
-        executions = after["execution_count"] - before["execution_count"]
+        parts = {p: {"mean": (int(stats_after[p]["ns"]) - int(stats_before[p]["ns"]))
+                     / count / 1e6} for p in SERVER_PARTS}
+        executions = int(after["execution_count"]) - int(before["execution_count"])
     except (KeyError, TypeError):
         return None
     return parts, count, executions

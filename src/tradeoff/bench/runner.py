@@ -18,8 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from tradeoff.bench.adapters import Adapter
-from tradeoff.bench.http_client import Connection
+from tradeoff.bench.adapters import Adapter, Connection
 from tradeoff.bench.load import LoadSpec, arrival_offsets_ns
 from tradeoff.bench.records import HTTP_ERROR, OK, RecordBuffer, Records, classify
 
@@ -152,7 +151,7 @@ class Runner:
     # -------------------------------------------------------------- closed loop
 
     async def _closed_worker(self) -> None:
-        connection = Connection(self.adapter.host, self.adapter.port, self.spec.timeout_s)
+        connection = self.adapter.connect(self.spec.timeout_s)
         try:
             while not self._stopping:
                 now = self.clock()
@@ -176,7 +175,7 @@ class Runner:
         if self._idle:
             return self._idle.pop()
         self._open_connections += 1
-        return Connection(self.adapter.host, self.adapter.port, self.spec.timeout_s)
+        return self.adapter.connect(self.spec.timeout_s)
 
     async def _open_request(self, scheduled: int) -> None:
         try:
@@ -217,7 +216,7 @@ class Runner:
         return await self._cold_start()
 
     async def _cold_start(self) -> Records:
-        connection = Connection(self.adapter.host, self.adapter.port, self.spec.timeout_s)
+        connection = self.adapter.connect(self.spec.timeout_s)
         try:
             await self._send(connection, self.clock())
         finally:

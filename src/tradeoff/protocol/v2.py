@@ -115,7 +115,7 @@ def encode_bytes_elements(array: np.ndarray) -> bytes:
     return b"".join(parts)
 
 
-def _decode_binary(raw: memoryview, datatype: str, shape: tuple[int, ...],
+def decode_binary_tensor(raw: memoryview, datatype: str, shape: tuple[int, ...],
                    where: str) -> np.ndarray:
     count = _element_count(shape)
     if datatype == "BYTES":
@@ -262,7 +262,7 @@ def decode_request(body: bytes, header_length: int | None = None) -> V2Request:
             if offset + size > len(binary):
                 raise InvalidInput(f"{where}: binary_data_size {size} runs past the end of the"
                                    f" body ({len(binary) - offset} bytes left)")
-            array = _decode_binary(binary[offset:offset + size], datatype, shape, where)
+            array = decode_binary_tensor(binary[offset:offset + size], datatype, shape, where)
             offset += size
         elif "data" in item:
             array = _decode_json_data(item["data"], datatype, shape, where)

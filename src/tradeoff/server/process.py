@@ -34,6 +34,7 @@ class ServerProcess:
         self.host = host
         self.http_port = free_port(host)
         self.metrics_port = free_port(host)
+        self.grpc_port = free_port(host)
         self.extra_args = extra_args
         self.cpus = cpus
         self.process: subprocess.Popen[bytes] | None = None
@@ -45,13 +46,18 @@ class ServerProcess:
         return f"http://{self.host}:{self.http_port}"
 
     @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+    @property
     def metrics_url(self) -> str:
         return f"http://{self.host}:{self.metrics_port}/metrics"
 
     def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "tradeoff", "serve", "--model-repository",
                str(self.repository), "--host", self.host, "--http-port", str(self.http_port),
-               "--metrics-port", str(self.metrics_port), *self.extra_args]
+               "--metrics-port", str(self.metrics_port), "--grpc-port", str(self.grpc_port),
+               *self.extra_args]
         if self.cpus is not None and shutil.which("taskset"):
             cmd = ["taskset", "-c", self.cpus, *cmd]
         return cmd

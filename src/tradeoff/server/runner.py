@@ -34,6 +34,7 @@ class ServeOptions:
     host: str = "127.0.0.1"
     http_port: int = 8000
     metrics_port: int | None = 8002
+    grpc_port: int | None = 8001
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     shutdown_timeout: float = 30.0
     default_max_batch_size: int = 4
@@ -87,9 +88,18 @@ def serve(options: ServeOptions) -> None:
 
     loop_box: list[asyncio.AbstractEventLoop] = []
 
+    grpc_box: list = []
+
     async def startup() -> None:
         loop_box.append(asyncio.get_running_loop())
         await manager.load_all()
+        if options.grpc_port is not None:
+            from tradeoff.server.grpc_server import start_grpc_server
+
+            server, port = await start_grpc_server(dataplane, options.host, options.grpc_port,
+                                                   options.max_request_bytes)
+            grpc_box.append(server)
+            log.info("gRPC (Open Inference Protocol v2) on %s:%d", options.host, port)
         dataplane.started = True
         log.info("HTTP (Open Inference Protocol v2) on http://%s:%d", options.host, http_port)
         if metrics_port is not None:
@@ -98,6 +108,8 @@ def serve(options: ServeOptions) -> None:
 
     async def shutdown() -> None:
         dataplane.shutting_down = True
+        for server in grpc_box:
+            await server.stop(options.shutdown_timeout)  # answers the calls in flight
         await manager.close()
         log.info("stopped")
 

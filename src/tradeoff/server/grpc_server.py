@@ -1,0 +1,229 @@
+"""The gRPC transport: the Open Inference Protocol's GRPCInferenceService on grpc.aio.
+
+Like the HTTP app, it only translates: protobuf messages to and from the same
+:class:`DataPlane` calls, so both transports share the scheduler and the statistics.
+Tensors travel as ``raw_input_contents`` / ``raw_output_contents`` (what tritonclient and
+perf_analyzer send) or as typed ``contents``; outputs are always raw, as Triton answers.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+import numpy as np
+from google.protobuf import json_format
+from grpc import aio
+
+from tradeoff import dtypes
+from tradeoff.errors import InvalidInput, NotFound, RequestError, Unavailable
+from tradeoff.protocol import grpc_service_pb2 as pb
+from tradeoff.protocol.v2 import (
+    RequestedOutput,
+    TensorInput,
+    V2Request,
+    decode_binary_tensor,
+    encode_bytes_elements,
+)
+from tradeoff.repository import model_config_pb2
+from tradeoff.server.dataplane import DataPlane
+
+log = logging.getLogger("tradeoff.server")
+
+SERVICE = "inference.GRPCInferenceService"
+
+_STATUS = {400: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND,
+           405: grpc.StatusCode.UNIMPLEMENTED, 413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+           503: grpc.StatusCode.UNAVAILABLE, 500: grpc.StatusCode.INTERNAL}
+
+# datatype -> the typed-contents field that carries it
+_CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents",
+             "INT32": "int_contents", "INT64": "int64_contents", "UINT8": "uint_contents",
+             "UINT16": "uint_contents", "UINT32": "uint_contents",
+             "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents",
+             "BYTES": "bytes_contents"}
+
+
+def _parameter(value: pb.InferParameter) -> Any:
+    kind = value.WhichOneof("parameter_choice")
+    return getattr(value, kind) if kind else None
+
+
+def _typed_contents(tensor: Any, where: str) -> np.ndarray:
+    datatype, shape = tensor.datatype, tuple(tensor.shape)
+    field = _CONTENTS.get(datatype)
+    if field is None:
+        raise InvalidInput(f"{where}: {datatype} travels only in raw_input_contents")
+    values = getattr(tensor.contents, field)
+    count = int(np.prod(shape, dtype=np.int64))
+    if len(values) != count:
+        raise InvalidInput(f"{where}: contents have {len(values)} elements but shape "
+                           f"{list(shape)} needs {count}")
+    if datatype == "BYTES":
+        return np.array(list(values), dtype=object).reshape(shape)
+    return np.asarray(values, dtype=dtypes.numpy_dtype(datatype)).reshape(shape)
+
+
+def decode_infer_request(request: pb.ModelInferRequest) -> V2Request:
+    """A gRPC ModelInferRequest as the data plane's request."""
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        raise InvalidInput(f"raw_input_contents has {len(raw)} entries for "
+                           f"{len(request.inputs)} inputs; give one per input")
+    inputs = []
+    for index, tensor in enumerate(request.inputs):
+        where = f"input {tensor.name!r}"
+        if tensor.datatype not in dtypes.DATATYPES:
+            raise InvalidInput(f"{where}: unknown datatype {tensor.datatype!r}")
+        if any(d < 0 for d in tensor.shape):
+            raise InvalidInput(f"{where}: shape {list(tensor.shape)} has a negative size")
+        shape = tuple(tensor.shape)
+        if raw:
+            array = decode_binary_tensor(memoryview(raw[index]), tensor.datatype, shape, where)
+        else:
+            array = _typed_contents(tensor, where)
+        inputs.append(TensorInput(tensor.name, tensor.datatype, shape, array))
+    if not inputs:
+        raise InvalidInput("the request has no inputs")
+    outputs = [RequestedOutput(o.name) for o in request.outputs] or None
+    parameters = {k: _parameter(v) for k, v in request.parameters.items()}
+    return V2Request(request.id or None, inputs, outputs, parameters)
+
+
+class GrpcService:
+    """Handlers of GRPCInferenceService, registered under the protocol's service name."""
+
+    def __init__(self, dataplane: DataPlane) -> None:
+        self.dataplane = dataplane
+
+    async def server_live(self, request: pb.ServerLiveRequest, context: Any) -> Any:
+        return pb.ServerLiveResponse(live=self.dataplane.live())
+
+    async def server_ready(self, request: pb.ServerReadyRequest, context: Any) -> Any:
+        return pb.ServerReadyResponse(ready=self.dataplane.ready())
+
+    async def model_ready(self, request: pb.ModelReadyRequest, context: Any) -> Any:
+        return pb.ModelReadyResponse(
+            ready=self.dataplane.model_ready(request.name, request.version or None))
+
+    async def server_metadata(self, request: pb.ServerMetadataRequest, context: Any) -> Any:
+        return json_format.ParseDict(self.dataplane.server_metadata(),
+                                     pb.ServerMetadataResponse())
+
+    async def model_metadata(self, request: pb.ModelMetadataRequest, context: Any) -> Any:
+        metadata = self.dataplane.model_metadata(request.name, request.version or None)
+        return json_format.ParseDict(metadata, pb.ModelMetadataResponse())
+
+    async def model_config(self, request: pb.ModelConfigRequest, context: Any) -> Any:
+        config = self.dataplane.model_config(request.name, request.version or None)
+        return pb.ModelConfigResponse(
+            config=json_format.ParseDict(config, model_config_pb2.ModelConfig()))
+
+    async def model_statistics(self, request: pb.ModelStatisticsRequest, context: Any) -> Any:
+        stats = self.dataplane.statistics(request.name or None, request.version or None)
+        return json_format.ParseDict(stats, pb.ModelStatisticsResponse(),
+                                     ignore_unknown_fields=True)
+
+    async def repository_index(self, request: pb.RepositoryIndexRequest, context: Any) -> Any:
+        rows = self.dataplane.manager.index(request.ready)
+        return pb.RepositoryIndexResponse(
+            models=[pb.RepositoryIndexResponse.ModelIndex(**row) for row in rows])
+
+    async def repository_model_load(self, request: pb.RepositoryModelLoadRequest,
+                                    context: Any) -> Any:
+        override = None
+        if "config" in request.parameters:
+            from tradeoff.protocol.v2 import parse_json_object
+
+            override = parse_json_object(request.parameters["config"].string_param,
+                                         "load parameter 'config'")
+        try:
+            await self.dataplane.manager.load(request.model_name, override)
+        except NotFound:
+            raise
+        except Exception as exc:
+            raise InvalidInput(f"failed to load {request.model_name!r}: {exc}") from exc
+        return pb.RepositoryModelLoadResponse()
+
+    async def repository_model_unload(self, request: pb.RepositoryModelUnloadRequest,
+                                      context: Any) -> Any:
+        await self.dataplane.manager.unload(request.model_name)
+        return pb.RepositoryModelUnloadResponse()
+
+    async def model_infer(self, request: pb.ModelInferRequest, context: Any) -> Any:
+        v2 = decode_infer_request(request)
+        served, timings, outputs = await self.dataplane.infer(
+            request.model_name, request.model_version or None, v2)
+        response = pb.ModelInferResponse(model_name=request.model_name,
+                                         model_version=str(served.version), id=request.id)
+        for out in outputs:
+            response.outputs.add(name=out.name, datatype=out.datatype,
+                                 shape=list(out.array.shape))
+            response.raw_output_contents.append(
+                encode_bytes_elements(out.array) if out.datatype == "BYTES"
+                else np.ascontiguousarray(out.array).tobytes())
+        context.set_trailing_metadata((("server-timing", timings.server_timing()),))
+        return response
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        def unary(method: Callable[[Any, Any], Awaitable[Any]], request_type: Any,
+                  response_type: Any) -> grpc.RpcMethodHandler:
+            async def call(request: Any, context: Any) -> Any:
+                try:
+                    return await method(request, context)
+                except RequestError as exc:
+                    code = _STATUS.get(exc.status, grpc.StatusCode.INTERNAL)
+                    if isinstance(exc, Unavailable) and "queue is full" in str(exc):
+                        code = grpc.StatusCode.RESOURCE_EXHAUSTED
+                    await context.abort(code, str(exc))
+                except aio.AbortError:
+                    raise
+                except Exception as exc:  # answer, and keep serving
+                    log.exception("internal error in %s", method.__name__)
+                    await context.abort(grpc.StatusCode.INTERNAL,
+                                        f"internal error: {type(exc).__name__}: {exc}")
+            return grpc.unary_unary_rpc_method_handler(
+                call, request_deserializer=request_type.FromString,
+                response_serializer=response_type.SerializeToString)
+
+        methods = {
+            "ServerLive": unary(self.server_live, pb.ServerLiveRequest, pb.ServerLiveResponse),
+            "ServerReady": unary(self.server_ready, pb.ServerReadyRequest,
+                                 pb.ServerReadyResponse),
+            "ModelReady": unary(self.model_ready, pb.ModelReadyRequest, pb.ModelReadyResponse),
+            "ServerMetadata": unary(self.server_metadata, pb.ServerMetadataRequest,
+                                    pb.ServerMetadataResponse),
+            "ModelMetadata": unary(self.model_metadata, pb.ModelMetadataRequest,
+                                   pb.ModelMetadataResponse),
+            "ModelInfer": unary(self.model_infer, pb.ModelInferRequest, pb.ModelInferResponse),
+            "ModelConfig": unary(self.model_config, pb.ModelConfigRequest,
+                                 pb.ModelConfigResponse),
+            "ModelStatistics": unary(self.model_statistics, pb.ModelStatisticsRequest,
+                                     pb.ModelStatisticsResponse),
+            "RepositoryIndex": unary(self.repository_index, pb.RepositoryIndexRequest,
+                                     pb.RepositoryIndexResponse),
+            "RepositoryModelLoad": unary(self.repository_model_load,
+                                         pb.RepositoryModelLoadRequest,
+                                         pb.RepositoryModelLoadResponse),
+            "RepositoryModelUnload": unary(self.repository_model_unload,
+                                           pb.RepositoryModelUnloadRequest,
+                                           pb.RepositoryModelUnloadResponse),
+        }
+        return grpc.method_handlers_generic_handler(SERVICE, methods)
+
+
+async def start_grpc_server(dataplane: DataPlane, host: str, port: int,
+                            max_message_bytes: int) -> tuple[aio.Server, int]:
+    """Start serving on ``host:port`` (0: a free port); returns the server and its port."""
+    options = [("grpc.max_receive_message_length", max_message_bytes),
+               ("grpc.max_send_message_length", -1)]
+    server = aio.server(options=options)
+    server.add_generic_rpc_handlers((GrpcService(dataplane).handler(),))
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot listen for gRPC on {host}:{port}; is another server "
+                      "running there? Pick another port with --grpc-port.")
+    await server.start()
+    return server, bound

@@ -1,0 +1,56 @@
+"""Triton's perf_analyzer drives `tradeoff serve` over HTTP and gRPC, and agrees with
+`tradeoff bench` at the same load."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tradeoff.server.process import ServerProcess
+
+pytestmark = pytest.mark.integration
+
+
+def run_perf_analyzer(binary: Path, *args: str) -> str:
+    run = subprocess.run([str(binary), *args, "--measurement-interval", "1000",
+                          "--max-trials", "15", "--stability-percentage", "20"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    return run.stdout
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_concurrency_and_rate_ranges_run(perf_analyzer: Path, compat_server: ServerProcess,
+                                         protocol: str) -> None:
+    url = compat_server.grpc_url if protocol == "grpc" else \
+        compat_server.url.removeprefix("http://")
+    out = run_perf_analyzer(perf_analyzer, "-m", "tiny", "-u", url, "-i", protocol,
+                            "--concurrency-range", "1:4:3")
+    assert re.search(r"Concurrency: 1, throughput: [\d.]+ infer/sec", out)
+    assert re.search(r"Concurrency: 4, throughput: [\d.]+ infer/sec", out)
+    assert "Execution count" in out  # it read our statistics extension
+    out = run_perf_analyzer(perf_analyzer, "-m", "mlp", "-u", url, "-i", protocol,
+                            "--request-rate-range", "50:100:50")
+    assert re.search(r"Request Rate: 100, throughput: [\d.]+ infer/sec", out)
+
+
+def test_throughput_agrees_with_tradeoff_bench(perf_analyzer: Path,
+                                               compat_server: ServerProcess,
+                                               tmp_path: Path) -> None:
+    url = compat_server.url.removeprefix("http://")
+    out = run_perf_analyzer(perf_analyzer, "-m", "mlp", "-u", url, "-i", "http",
+                            "--request-rate-range", "150")
+    match = re.search(r"Request Rate: 150, throughput: ([\d.]+) infer/sec", out)
+    assert match, out
+    theirs = float(match.group(1))
+    result = tmp_path / "bench.json"
+    subprocess.run([sys.executable, "-m", "tradeoff", "bench", compat_server.url, "--model",
+                    "mlp", "--rate", "150", "--duration", "3", "--json", str(result)],
+                   check=True, capture_output=True, timeout=120)
+    ours = json.loads(result.read_text())["summary"]["throughput_rps"]
+    assert abs(ours - theirs) / theirs <= 0.10, (ours, theirs)
