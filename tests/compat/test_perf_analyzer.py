@@ -39,18 +39,22 @@ def test_concurrency_and_rate_ranges_run(perf_analyzer: Path, compat_server: Ser
     assert re.search(r"Request Rate: 100, throughput: [\d.]+ infer/sec", out)
 
 
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_throughput_agrees_with_tradeoff_bench(perf_analyzer: Path,
                                                compat_server: ServerProcess,
-                                               tmp_path: Path) -> None:
-    url = compat_server.url.removeprefix("http://")
-    out = run_perf_analyzer(perf_analyzer, "-m", "mlp", "-u", url, "-i", "http",
+                                               tmp_path: Path, protocol: str) -> None:
+    url = compat_server.grpc_url if protocol == "grpc" else \
+        compat_server.url.removeprefix("http://")
+    out = run_perf_analyzer(perf_analyzer, "-m", "mlp", "-u", url, "-i", protocol,
                             "--request-rate-range", "150")
     match = re.search(r"Request Rate: 150, throughput: ([\d.]+) infer/sec", out)
     assert match, out
     theirs = float(match.group(1))
     result = tmp_path / "bench.json"
-    subprocess.run([sys.executable, "-m", "tradeoff", "bench", compat_server.url, "--model",
-                    "mlp", "--rate", "150", "--duration", "3", "--json", str(result)],
+    target = compat_server.grpc_url if protocol == "grpc" else compat_server.url
+    subprocess.run([sys.executable, "-m", "tradeoff", "bench", target, "--model", "mlp",
+                    "--protocol", "v2-grpc" if protocol == "grpc" else "v2",
+                    "--rate", "150", "--duration", "3", "--json", str(result)],
                    check=True, capture_output=True, timeout=120)
     ours = json.loads(result.read_text())["summary"]["throughput_rps"]
     assert abs(ours - theirs) / theirs <= 0.10, (ours, theirs)

@@ -147,3 +147,27 @@ def test_asyncio_client(compat_server: ServerProcess) -> None:
             await client.close()
 
     asyncio.run(scenario())
+
+
+def test_typed_contents_are_decoded(compat_server: ServerProcess) -> None:
+    """Clients that send `contents` instead of raw bytes (KServe's typed form)."""
+    import grpc
+
+    from tradeoff.protocol import grpc_service_pb2 as pb
+
+    request = pb.ModelInferRequest(model_name="tiny", id="typed")
+    tensor = request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 16])
+    tensor.contents.fp32_contents.extend([float(i) for i in range(16)])
+    with grpc.insecure_channel(compat_server.grpc_url) as channel:
+        infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer",
+                                    request_serializer=pb.ModelInferRequest.SerializeToString,
+                                    response_deserializer=pb.ModelInferResponse.FromString)
+        response = infer(request, timeout=30)
+        out = np.frombuffer(response.raw_output_contents[0], np.float32)
+        np.testing.assert_array_equal(out, np.arange(16, dtype=np.float32) * 2 + 1)
+        assert response.id == "typed"
+        tensor.contents.fp32_contents.pop()
+        with pytest.raises(grpc.RpcError) as info:
+            infer(request, timeout=30)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "contents have 15 elements" in info.value.details()

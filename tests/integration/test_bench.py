@@ -201,3 +201,17 @@ def test_v2_inputs_from_a_perf_analyzer_data_file(server: ServerProcess, tmp_pat
     code, _, output = bench(tmp_path, server.url, "--model", "tiny", "--input-data", str(bad),
                             "--requests", "1", check=False)
     assert code == 1 and "has 2 values, not shape [16]" in output
+
+
+def test_v2_grpc_has_the_same_breakdown(server: ServerProcess, tmp_path: Path) -> None:
+    _, result, _ = bench(tmp_path, server.grpc_url, "--protocol", "v2-grpc", "--model", "tiny",
+                         "--concurrency", "2", "--requests", "40", "--batch-size", "2")
+    summary = result["summary"]
+    assert summary["successes"] == 40
+    assert summary["server_ms"]["source"] == "server-timing"
+    assert summary["server_ms"]["overhead"]["min"] >= 0
+    assert summary["inferences_per_s"] == pytest.approx(2 * summary["throughput_rps"])
+    assert result["endpoint"]["protocol"] == "v2-grpc"
+    code, _, output = bench(tmp_path, server.grpc_url, "--protocol", "v2-grpc", "--model",
+                            "nope", "--requests", "1", check=False)
+    assert code == 1 and "NOT_FOUND" in output
