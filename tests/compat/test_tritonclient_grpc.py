@@ -171,3 +171,30 @@ def test_typed_contents_are_decoded(compat_server: ServerProcess) -> None:
             infer(request, timeout=30)
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "contents have 15 elements" in info.value.details()
+
+
+def test_stream_infer(compat_server: ServerProcess) -> None:
+    """ModelStreamInfer: every request answered on the stream, errors included."""
+    import queue
+
+    results: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(compat_server.grpc_url)
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        for i in range(4):
+            tensor = grpcclient.InferInput("INPUT0", [1, 16], "FP32")
+            tensor.set_data_from_numpy(np.full((1, 16), i, np.float32))
+            client.async_stream_infer("tiny", [tensor], request_id=str(i))
+        bad = grpcclient.InferInput("INPUT0", [1, 3], "FP32")
+        bad.set_data_from_numpy(np.zeros((1, 3), np.float32))
+        client.async_stream_infer("tiny", [bad], request_id="bad")
+        answers = [results.get(timeout=30) for _ in range(5)]
+    finally:
+        client.stop_stream()
+        client.close()
+    good = {r.get_response().id: r.as_numpy("OUTPUT0") for r, e in answers if e is None}
+    assert sorted(good) == ["0", "1", "2", "3"]
+    for key, out in good.items():
+        np.testing.assert_array_equal(out, np.full((1, 16), 2 * int(key) + 1, np.float32))
+    errors = [e for _, e in answers if e is not None]
+    assert len(errors) == 1 and "does not match the model" in str(errors[0])

@@ -8,6 +8,7 @@ perf_analyzer send) or as typed ``contents``; outputs are always raw, as Triton 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -153,6 +154,12 @@ class GrpcService:
         return pb.RepositoryModelUnloadResponse()
 
     async def model_infer(self, request: pb.ModelInferRequest, context: Any) -> Any:
+        response, server_timing = await self._infer(request)
+        context.set_trailing_metadata((("server-timing", server_timing),))
+        return response
+
+    async def _infer(self, request: pb.ModelInferRequest) -> tuple[Any, str]:
+        """The response to one request, and its Server-Timing value."""
         v2 = decode_infer_request(request)
         served, timings, outputs = await self.dataplane.infer(
             request.model_name, request.model_version or None, v2)
@@ -164,8 +171,42 @@ class GrpcService:
             response.raw_output_contents.append(
                 encode_bytes_elements(out.array) if out.datatype == "BYTES"
                 else np.ascontiguousarray(out.array).tobytes())
-        context.set_trailing_metadata((("server-timing", timings.server_timing()),))
-        return response
+        return response, timings.server_timing()
+
+    async def model_stream_infer(self, requests: Any, context: Any) -> Any:
+        """Triton's streaming extension: requests in, responses out as each completes
+        (not necessarily in order; each carries its request's id). An error answers its
+        own request in ``error_message`` and the stream goes on."""
+        answers: asyncio.Queue[Any] = asyncio.Queue()
+
+        async def answer(request: pb.ModelInferRequest) -> None:
+            try:
+                response, _ = await self._infer(request)
+                await answers.put(pb.ModelStreamInferResponse(infer_response=response))
+            except Exception as exc:  # every request on the stream gets an answer
+                if not isinstance(exc, RequestError):
+                    log.exception("internal error in ModelStreamInfer")
+                await answers.put(pb.ModelStreamInferResponse(
+                    error_message=str(exc),
+                    infer_response=pb.ModelInferResponse(model_name=request.model_name,
+                                                         id=request.id)))
+
+        async def read() -> None:
+            tasks = set()
+            async for request in requests:
+                task = asyncio.ensure_future(answer(request))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            if tasks:
+                await asyncio.gather(*tasks)
+            await answers.put(None)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while (item := await answers.get()) is not None:
+                yield item
+        finally:
+            reader.cancel()
 
     def handler(self) -> grpc.GenericRpcHandler:
         def unary(method: Callable[[Any, Any], Awaitable[Any]], request_type: Any,
@@ -211,6 +252,9 @@ class GrpcService:
                                            pb.RepositoryModelUnloadRequest,
                                            pb.RepositoryModelUnloadResponse),
         }
+        methods["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
+            self.model_stream_infer, request_deserializer=pb.ModelInferRequest.FromString,
+            response_serializer=pb.ModelStreamInferResponse.SerializeToString)
         return grpc.method_handlers_generic_handler(SERVICE, methods)
 
 
