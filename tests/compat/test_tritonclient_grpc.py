@@ -198,3 +198,40 @@ def test_stream_infer(compat_server: ServerProcess) -> None:
         np.testing.assert_array_equal(out, np.full((1, 16), 2 * int(key) + 1, np.float32))
     errors = [e for _, e in answers if e is not None]
     assert len(errors) == 1 and "does not match the model" in str(errors[0])
+
+
+def test_full_queue_is_resource_exhausted(compat_server: ServerProcess) -> None:
+    """`queue_limited` holds requests for 2 s with max_queue_size 2: the third is refused."""
+    import threading
+
+    from tests.integration.helpers import model_metric, wait_for
+    from tests.integration.model_repo import QUEUE_LIMIT
+
+    def send(value: float) -> Exception | np.ndarray:
+        client = grpcclient.InferenceServerClient(compat_server.grpc_url)
+        tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+        tensor.set_data_from_numpy(np.full((1, 4), value, np.float32))
+        try:
+            return client.infer("queue_limited", [tensor]).as_numpy("OUTPUT0")
+        except InferenceServerException as exc:
+            return exc
+        finally:
+            client.close()
+
+    answers: dict[int, Exception | np.ndarray] = {}
+    threads = [threading.Thread(target=lambda i=i: answers.__setitem__(i, send(float(i))))
+               for i in range(QUEUE_LIMIT)]
+    def depth() -> float:
+        return model_metric(compat_server, "tradeoff_inference_queue_depth", "queue_limited")
+
+    wait_for(lambda: depth() == 0, "an empty queue")
+    for thread in threads:
+        thread.start()
+    wait_for(lambda: depth() == QUEUE_LIMIT, "the queue to fill")
+    refused = send(99.0)
+    for thread in threads:
+        thread.join(30)
+    assert isinstance(refused, InferenceServerException)
+    assert refused.status() == "StatusCode.RESOURCE_EXHAUSTED"
+    assert "queue is full" in refused.message()
+    assert all(isinstance(a, np.ndarray) for a in answers.values()), answers
