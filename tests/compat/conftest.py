@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.helpers import References
+from tests.integration.helpers import References, running_server
 from tests.integration.model_repo import build_test_repository
 from tradeoff.server.process import ServerProcess
 
@@ -23,15 +23,7 @@ def compat_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def compat_server(compat_repository: Path) -> Iterator[ServerProcess]:
-    process = ServerProcess(compat_repository).start()
-    try:
-        yield process
-    finally:
-        code = process.stop()
-        log = process.log_text()
-        process.log.close()
-        Path(process.log.name).unlink(missing_ok=True)
-    assert code == 0, f"server exited with {code}:\n{log[-3000:]}"
+    yield from running_server(compat_repository)
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ import tritonclient.http as triton
 
 from tradeoff.server.process import ServerProcess
 
-from .helpers import References
+from .helpers import References, running_server
 from .model_repo import build_test_repository
 
 
@@ -26,15 +26,7 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def server(repository: Path) -> Iterator[ServerProcess]:
-    process = ServerProcess(repository).start()
-    try:
-        yield process
-    finally:
-        code = process.stop()
-        log = process.log_text()
-        process.log.close()
-        Path(process.log.name).unlink(missing_ok=True)
-    assert code == 0, f"server exited with {code}:\n{log[-3000:]}"
+    yield from running_server(repository)
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import json
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -108,3 +109,16 @@ class References:
         session = self.session(model, version)
         names = [o.name for o in session.get_outputs()]
         return dict(zip(names, session.run(names, inputs)))
+
+
+def running_server(repository: Path) -> Iterator[ServerProcess]:
+    """A `tradeoff serve` for a fixture's lifetime; it must stop with exit code 0."""
+    process = ServerProcess(repository).start()
+    try:
+        yield process
+    finally:
+        code = process.stop()
+        log = process.log_text()
+        process.log.close()
+        Path(process.log.name).unlink(missing_ok=True)
+    assert code == 0, f"server exited with {code}:\n{log[-3000:]}"
