@@ -27,9 +27,9 @@ import numpy as np
 import orjson
 import uvloop
 
-from tradeoff.bench.closed_loop import run_closed_loop
-from tradeoff.bench.http_client import build_request
-from tradeoff.bench.v2 import binary_infer_request
+from tradeoff.bench.adapters import Adapter, HttpJsonAdapter, V2Adapter
+from tradeoff.bench.load import LoadSpec
+from tradeoff.bench.session import run_benchmark
 from tradeoff.models import build_repository
 from tradeoff.protocol.v2 import TensorOutput, decode_request, encode_response
 from tradeoff.repository.repository import ModelRepository
@@ -113,7 +113,6 @@ def in_process(repo: Path) -> dict[str, float]:
 
 def over_http(repo: Path, server_cpu: int, client_cpu: int, duration: float,
               repeats: int) -> dict[str, dict[int, float]]:
-    x = np.random.default_rng(0).standard_normal((1, 16)).astype(np.float32)
     results: dict[str, dict[int, list[float]]] = {"bare ASGI app": {}, "tradeoff serve tiny": {}}
     hello_port = free_port()
     hello = subprocess.Popen(
@@ -123,19 +122,17 @@ def over_http(repo: Path, server_cpu: int, client_cpu: int, duration: float,
     os.sched_setaffinity(0, {client_cpu})
     try:
         with ServerProcess(repo, cpus=str(server_cpu)) as server:
-            targets = {
-                "bare ASGI app": (hello_port, build_request("POST", "127.0.0.1", "/",
-                                                            b"x" * 64)),
-                "tradeoff serve tiny": (server.http_port, binary_infer_request(
-                    "127.0.0.1", "tiny", "INPUT0", x, "FP32")),
+            targets: dict[str, Adapter] = {
+                "bare ASGI app": HttpJsonAdapter(f"http://127.0.0.1:{hello_port}/"),
+                "tradeoff serve tiny": V2Adapter(server.url, "tiny"),
             }
             for _ in range(repeats):
-                for name, (port, raw) in targets.items():
+                for name, adapter in targets.items():
                     for concurrency in (1, 64):
-                        result = uvloop.run(run_closed_loop(
-                            "127.0.0.1", port, raw, concurrency=concurrency,
-                            duration_s=duration, warmup_s=0.5))
-                        results[name].setdefault(concurrency, []).append(result.throughput)
+                        result, _, _ = run_benchmark(adapter, LoadSpec(
+                            concurrency=concurrency, duration_s=duration, warmup_s=0.5))
+                        results[name].setdefault(concurrency, []).append(
+                            result["summary"]["throughput_rps"])
     finally:
         hello.terminate()
         hello.wait()

@@ -12,7 +12,6 @@ JSON.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import statistics
@@ -24,8 +23,10 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from tradeoff.bench.closed_loop import run_closed_loop
-from tradeoff.bench.v2 import binary_infer_request, model_stats, stats_delta
+from tradeoff.bench.adapters import V2Adapter
+from tradeoff.bench.load import LoadSpec
+from tradeoff.bench.session import run_benchmark
+from tradeoff.bench.v2 import model_stats, stats_delta
 from tradeoff.models import build_repository
 from tradeoff.server.process import ServerProcess
 
@@ -59,16 +60,14 @@ def ceiling(model_path: Path, width: int, cpu: int, seconds: float = 1.0) -> tup
 
 
 def measure(server: ServerProcess, model: str, concurrency: int, duration: float) -> dict:
-    width = INPUT_WIDTH[model.removesuffix("_nobatch")]
-    sample = np.random.default_rng(1).standard_normal((1, width)).astype(np.float32)
-    raw = binary_infer_request(server.host, model, "INPUT0", sample, "FP32")
     before = model_stats(server.url, model)
-    result = asyncio.run(run_closed_loop(server.host, server.http_port, raw,
-                                         concurrency=concurrency, duration_s=duration,
-                                         warmup_s=1.0))
+    result, _, _ = run_benchmark(V2Adapter(server.url, model, seed=1),
+                                 LoadSpec(concurrency=concurrency, duration_s=duration,
+                                          warmup_s=1.0))
     requests, executions = stats_delta(before, model_stats(server.url, model))
-    return {"throughput": result.throughput, "p50_ms": result.percentile_ms(50),
-            "p99_ms": result.percentile_ms(99), "errors": sum(result.errors.values()),
+    summary = result["summary"]
+    return {"throughput": summary["throughput_rps"], "p50_ms": summary["latency_ms"]["p50"],
+            "p99_ms": summary["latency_ms"]["p99"], "errors": summary["errors"],
             "mean_batch": requests / executions if executions else 0.0}
 
 

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from tradeoff.bench.closed_loop import run_closed_loop
-from tradeoff.bench.v2 import binary_infer_request, model_stats, stats_delta
+from tradeoff.bench.adapters import V2Adapter
+from tradeoff.bench.load import LoadSpec
+from tradeoff.bench.session import run_benchmark
+from tradeoff.bench.v2 import model_stats, stats_delta
 from tradeoff.models import build_repository
 from tradeoff.server.process import ServerProcess
 
@@ -39,23 +39,25 @@ def run_demo(output: Path, duration: float, levels: tuple[int, ...]) -> list[dic
         console.print(f"server {server.url} (metrics {server.metrics_url})"
                       + (f", pinned to CPU {server_cpus}, client on {sorted(client_cpus)}"
                          if client_cpus else ""))
-        sample = np.random.default_rng(0).standard_normal((1, 256)).astype(np.float32)
         with console.status("measuring") as status:
             for model in DEMO_MODELS:
-                raw = binary_infer_request(server.host, model, "INPUT0", sample, "FP32")
                 for concurrency in levels:
                     status.update(f"{model} at concurrency {concurrency} for {duration:g}s")
                     before = model_stats(server.url, model)
-                    result = asyncio.run(run_closed_loop(
-                        server.host, server.http_port, raw, concurrency=concurrency,
-                        duration_s=duration, warmup_s=min(1.0, duration / 3)))
+                    result, _, _ = run_benchmark(
+                        V2Adapter(server.url, model),
+                        LoadSpec(concurrency=concurrency, duration_s=duration,
+                                 warmup_s=min(1.0, duration / 3)))
                     requests, executions = stats_delta(before, model_stats(server.url, model))
+                    summary = result["summary"]
+                    latency = summary["latency_ms"] or {}
                     rows.append({
                         "model": model, "concurrency": concurrency,
-                        "throughput_rps": result.throughput,
-                        "p50_ms": result.percentile_ms(50), "p99_ms": result.percentile_ms(99),
+                        "throughput_rps": summary["throughput_rps"],
+                        "p50_ms": latency.get("p50", float("nan")),
+                        "p99_ms": latency.get("p99", float("nan")),
                         "executions_per_request": executions / requests if requests else None,
-                        "errors": sum(result.errors.values()),
+                        "errors": summary["errors"],
                     })
         exit_code = server.stop()
     table = Table(title="Dynamic batching on (mlp) vs off (mlp_nobatch)")

@@ -1,28 +1,10 @@
-"""Open Inference Protocol v2 requests for load generation, and the server's statistics."""
+"""The statistics extension of a v2 server, read around a measurement."""
 
 from __future__ import annotations
 
 import json
 import urllib.request
 from typing import Any
-
-import numpy as np
-import orjson
-
-from tradeoff.bench.http_client import build_request
-
-
-def binary_infer_request(host: str, model: str, input_name: str, array: np.ndarray,
-                         datatype: str) -> bytes:
-    """Bytes of an infer request with one binary input tensor, asking for binary outputs."""
-    header = orjson.dumps({
-        "inputs": [{"name": input_name, "datatype": datatype, "shape": list(array.shape),
-                    "parameters": {"binary_data_size": array.nbytes}}],
-        "parameters": {"binary_data_output": True},
-    })
-    return build_request("POST", host, f"/v2/models/{model}/infer", header + array.tobytes(),
-                         {"Inference-Header-Content-Length": str(len(header)),
-                          "Content-Type": "application/octet-stream"})
 
 
 def model_stats(url: str, model: str) -> dict[str, Any]:
