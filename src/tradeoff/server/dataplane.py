@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from tradeoff import __version__
-from tradeoff.errors import InvalidInput, NotFound, Unavailable
-from tradeoff.protocol.v2 import TensorOutput, V2Request
+from tradeoff.errors import InvalidInput, NotFound, RequestError, Unavailable
+from tradeoff.protocol.v2 import TensorOutput, V2Request, parse_json_object
 from tradeoff.repository.config import ModelConfig
 from tradeoff.scheduling.request import InferenceRequest, Timings
 from tradeoff.server.models import ModelManager, ModelVersion
@@ -51,7 +51,7 @@ class DataPlane:
     def model_ready(self, name: str, version: str | None) -> bool:
         try:
             self.manager.get(name, version)
-        except (NotFound, Exception):
+        except RequestError:  # unknown (NotFound) or not serving (Unavailable)
             return False
         return True
 
@@ -83,6 +83,18 @@ class DataPlane:
             self.manager.get(name)  # NotFound / Unavailable
             entries = [v.stats.to_dict() for _, v in sorted(self.manager.models[name].versions.items())]
         return {"model_stats": entries}
+
+    async def load_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
+        """The repository extension's load. ``parameters`` may carry Triton's ``config``
+        (the model config as a JSON string) to use instead of the config file; any
+        failure but an unknown model is a 400 naming the model and the cause."""
+        override = _config_override(parameters or {})
+        try:
+            await self.manager.load(name, override)
+        except NotFound:
+            raise
+        except Exception as exc:
+            raise InvalidInput(f"failed to load {name!r}: {exc}") from exc
 
     # ------------------------------------------------------------ inference
 
@@ -158,6 +170,21 @@ class DataPlane:
         served, internal = self.prepare(name, version, request)
         timings, outputs = await served.scheduler.infer(internal)
         return served, timings, select_outputs(served.config, request, outputs)
+
+
+def _config_override(parameters: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``config`` load parameter parsed, or None; model files in a request are refused."""
+    unsupported = sorted(k for k in parameters if k.startswith("file:"))
+    if unsupported:
+        raise InvalidInput(f"load parameters {unsupported} (model files in the request) are "
+                           "not supported; put the files in the model repository")
+    config = parameters.get("config")
+    if config is None:
+        return None
+    if not isinstance(config, str):
+        raise InvalidInput("load parameter 'config' must be a string holding the model "
+                           "config as JSON")
+    return parse_json_object(config, "load parameter 'config'")
 
 
 def _check_utf8(name: str, array: Any) -> None:

@@ -19,7 +19,7 @@ from google.protobuf import json_format
 from grpc import aio
 
 from tradeoff import dtypes
-from tradeoff.errors import InvalidInput, NotFound, RequestError, Unavailable
+from tradeoff.errors import InvalidInput, RequestError, Unavailable
 from tradeoff.protocol import grpc_service_pb2 as pb
 from tradeoff.protocol.v2 import (
     RequestedOutput,
@@ -47,7 +47,7 @@ _CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_cont
              "BYTES": "bytes_contents"}
 
 
-def _parameter(value: pb.InferParameter) -> Any:
+def _parameter(value: pb.InferParameter | pb.ModelRepositoryParameter) -> Any:
     kind = value.WhichOneof("parameter_choice")
     return getattr(value, kind) if kind else None
 
@@ -134,18 +134,8 @@ class GrpcService:
 
     async def repository_model_load(self, request: pb.RepositoryModelLoadRequest,
                                     context: Any) -> Any:
-        override = None
-        if "config" in request.parameters:
-            from tradeoff.protocol.v2 import parse_json_object
-
-            override = parse_json_object(request.parameters["config"].string_param,
-                                         "load parameter 'config'")
-        try:
-            await self.dataplane.manager.load(request.model_name, override)
-        except NotFound:
-            raise
-        except Exception as exc:
-            raise InvalidInput(f"failed to load {request.model_name!r}: {exc}") from exc
+        parameters = {k: _parameter(v) for k, v in request.parameters.items()}
+        await self.dataplane.load_model(request.model_name, parameters)
         return pb.RepositoryModelLoadResponse()
 
     async def repository_model_unload(self, request: pb.RepositoryModelUnloadRequest,

@@ -192,13 +192,10 @@ class HttpApp:
                 self._method(method, "POST", scope)
                 document = self._json_body(await self._read_body(scope, receive))
                 if parts[4] == "load":
-                    override = _load_config_override(document)
-                    try:
-                        await self.dataplane.manager.load(parts[3], override)
-                    except NotFound:
-                        raise
-                    except Exception as exc:
-                        raise InvalidInput(f"failed to load {parts[3]!r}: {exc}") from exc
+                    parameters = document.get("parameters") or {}
+                    if not isinstance(parameters, dict):
+                        raise InvalidInput("'parameters' must be a JSON object")
+                    await self.dataplane.load_model(parts[3], parameters)
                 else:
                     await self.dataplane.manager.unload(parts[3])
                 return await _send(send, 200, b"{}")
@@ -254,24 +251,6 @@ class HttpApp:
         if accept:
             payload = _compress(payload, accept, reply)
         await _send(send, 200, payload, reply)
-
-
-def _load_config_override(body: dict[str, Any]) -> dict[str, Any] | None:
-    """The ``config`` parameter of a repository load request (a JSON string), if any."""
-    parameters = body.get("parameters") or {}
-    if not isinstance(parameters, dict):
-        raise InvalidInput("'parameters' must be a JSON object")
-    unsupported = sorted(k for k in parameters if k.startswith("file:"))
-    if unsupported:
-        raise InvalidInput(f"load parameters {unsupported} (model files in the request) are "
-                           "not supported; put the files in the model repository")
-    config = parameters.get("config")
-    if config is None:
-        return None
-    if not isinstance(config, str):
-        raise InvalidInput("load parameter 'config' must be a string holding the model "
-                           "config as JSON")
-    return parse_json_object(config, "load parameter 'config'")
 
 
 def _compress(payload: bytes, accept: bytes, headers: list[tuple[bytes, bytes]]) -> bytes:
