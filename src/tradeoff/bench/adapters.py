@@ -148,12 +148,16 @@ class V2Adapter(Adapter):
         path = f"/v2/models/{self.model}"
         return f"{path}/versions/{self.version}" if self.version else path
 
-    def prepare(self) -> list[bytes]:
+    def _read_model(self) -> None:
+        """The model's metadata and config (``self.metadata``, ``self.config``)."""
         self.metadata = self._get_json(self._model_path)
         try:
             self.config = self._get_json(f"{self._model_path}/config")
         except BenchSetupError:
             self.config = None  # not every v2 server has the configuration extension
+
+    def prepare(self) -> list[bytes]:
+        self._read_model()
         max_batch = int((self.config or {}).get("max_batch_size", 0) or 0)
         if self.batch_size > 1 and max_batch == 0:
             raise BenchSetupError(f"--batch-size {self.batch_size}: model {self.model!r} "

@@ -87,7 +87,7 @@ class GrpcV2Adapter(V2Adapter):
     def _model_request(self) -> dict[str, str]:
         return {"name": self.model, "version": self.version}
 
-    def prepare(self) -> list[bytes]:
+    def _read_model(self) -> None:
         metadata = self._call("ModelMetadata", pb.ModelMetadataRequest(**self._model_request()),
                               pb.ModelMetadataResponse)
         self.metadata = json_format.MessageToDict(metadata, preserving_proto_field_name=True)
@@ -96,16 +96,8 @@ class GrpcV2Adapter(V2Adapter):
         config = self._call("ModelConfig", pb.ModelConfigRequest(**self._model_request()),
                             pb.ModelConfigResponse)
         self.config = {"max_batch_size": config.config.max_batch_size}
-        max_batch = config.config.max_batch_size
-        if self.batch_size > 1 and max_batch == 0:
-            raise BenchSetupError(f"--batch-size {self.batch_size}: model {self.model!r} "
-                                  "does not batch (max_batch_size 0)")
-        self.rows_per_request = self.batch_size if max_batch else 1
-        datasets = (self._file_inputs() if self.input_data is not None
-                    else self._random_inputs(max_batch))
-        return [self._grpc_request(inputs) for inputs in datasets]
 
-    def _grpc_request(self, inputs: dict[str, tuple[str, np.ndarray]]) -> bytes:
+    def _request(self, inputs: dict[str, tuple[str, np.ndarray]]) -> bytes:
         request = pb.ModelInferRequest(model_name=self.model, model_version=self.version)
         for name, (datatype, array) in inputs.items():
             request.inputs.add(name=name, datatype=datatype, shape=list(array.shape))
