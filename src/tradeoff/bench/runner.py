@@ -255,7 +255,7 @@ class Runner:
         for index in range(self.spec.max_windows):
             end = start + window_ns
             await asyncio.sleep(max(end - self.clock(), 0) / 1e9)
-            report = self._live_window(index, start, end)
+            report = self.live_window(index, start, end)
             windows.append(report)
             if self.on_window:
                 self.on_window(report)
@@ -265,7 +265,8 @@ class Runner:
             start = end
         return f"not stable after {self.spec.max_windows} windows: {why}"
 
-    def _live_window(self, index: int, start: int, end: int) -> WindowReport:
+    def live_window(self, index: int, start: int, end: int) -> WindowReport:
+        """Statistics of the requests that ended in ``[start, end)``, while the run goes on."""
         b = self.buffer
         n = len(b.end_ns)
         first = max(n - 200_000, 0)  # recent records are enough to cover one window
@@ -273,6 +274,10 @@ class Runner:
         ok = np.asarray(b.outcome[first:n]) == OK
         latency = (end_ns - np.asarray(b.scheduled_ns[first:n], np.int64)) / 1e6
         return window_report(index, start, end, end_ns, ok, latency)
+
+    def measuring(self, now_ns: int) -> bool:
+        """Past the warmup."""
+        return now_ns >= self._measure_start
 
     async def run(self, *, cold_start: bool = True, start_at_ns: int | None = None,
                   read_server_stats: bool = True) -> RunOutcome:

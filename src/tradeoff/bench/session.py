@@ -10,12 +10,11 @@ import asyncio
 import time
 from typing import Any
 
-import numpy as np
 from rich.console import Console
 
 from tradeoff.bench.adapters import Adapter, BenchSetupError
 from tradeoff.bench.load import LoadSpec
-from tradeoff.bench.records import OK, REFUSED, Records
+from tradeoff.bench.records import REFUSED, Records
 from tradeoff.bench.result import build_result
 from tradeoff.bench.runner import Runner, WindowReport
 from tradeoff.bench.workers import run_workers, split_spec
@@ -36,20 +35,13 @@ async def _progress(runner: Runner, console: Console, spec: LoadSpec) -> None:
         started = time.monotonic()
         while True:
             await asyncio.sleep(1.0)
-            b = runner.buffer
             now = runner.clock()
-            n = len(b.end_ns)
-            first = max(n - 100_000, 0)
-            end = np.asarray(b.end_ns[first:n], np.int64)
-            recent = end >= now - 1_000_000_000
-            ok = (np.asarray(b.outcome[first:n]) == OK) & recent
-            latency = (end - np.asarray(b.scheduled_ns[first:n], np.int64))[ok] / 1e6
-            phase = "warmup" if now < runner._measure_start else "measuring"
-            text = (f"{phase} {time.monotonic() - started:4.0f}s  {ok.sum():,} req/s  "
-                    f"errors {int((recent & ~ok).sum())}")
-            if latency.size:
-                text += (f"  p50 {np.percentile(latency, 50):.2f} ms"
-                         f"  p99 {np.percentile(latency, 99):.2f} ms")
+            last = runner.live_window(0, now - 1_000_000_000, now + 1)
+            phase = "measuring" if runner.measuring(now) else "warmup"
+            text = (f"{phase} {time.monotonic() - started:4.0f}s  "
+                    f"{last.throughput_rps:,.0f} req/s  errors {last.errors}")
+            if last.completed > last.errors:
+                text += f"  p50 {last.p50_ms:.2f} ms  p99 {last.p99_ms:.2f} ms"
             status.update(text)
 
 
