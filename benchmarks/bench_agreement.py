@@ -49,7 +49,10 @@ def tradeoff_bench(url: str, model: str, concurrency: int, cpu: int,
                         "--duration", f"{seconds:g}", "--warmup", "1", "--json", out.name],
                        check=True, capture_output=True, timeout=600)
         summary = json.loads(Path(out.name).read_text())["summary"]
-    return {"throughput": summary["inferences_per_s"], "p50_ms": summary["latency_ms"]["p50"]}
+    counted = (summary.get("server_counts") or {}).get("requests", 0)
+    return {"throughput": summary["inferences_per_s"], "p50_ms": summary["latency_ms"]["p50"],
+            # the server's own count over the same measurement: the ground truth
+            "server_throughput": counted / summary["duration_s"]}
 
 
 def main() -> None:
@@ -73,14 +76,39 @@ def main() -> None:
         build_repository(repo, (args.model,))
         with ServerProcess(repo, cpus=str(server_cpu)) as server:
             host = f"{server.host}:{server.http_port}"
-            for _ in range(args.repeats):
+            for round_no in range(args.repeats):
                 for c in levels:
-                    pa = perf_analyzer(host, args.model, c, client_cpu,
-                                       int(args.seconds * 1000))
-                    tb = tradeoff_bench(server.url, args.model, c, client_cpu, args.seconds)
+                    # Alternate which tool goes first so slow drift of the machine cancels.
+                    def run_pa() -> dict[str, float]:
+                        return perf_analyzer(host, args.model, c, client_cpu,
+                                             int(args.seconds * 1000))
+
+                    def run_tb() -> dict[str, float]:
+                        return tradeoff_bench(server.url, args.model, c, client_cpu,
+                                              args.seconds)
+
+                    if round_no % 2:
+                        tb = run_tb()
+                        pa = run_pa()
+                    else:
+                        pa = run_pa()
+                        tb = run_tb()
                     runs[c]["perf_analyzer"].append(pa)
                     runs[c]["tradeoff bench"].append(tb)
                     print(f"c={c}: perf_analyzer {pa}, tradeoff bench {tb}", flush=True)
+    print()
+    print("Median of paired ratios (each pair measured back to back), bench / perf_analyzer:")
+    paired = {}
+    for c in levels:
+        pairs = list(zip(runs[c]["perf_analyzer"], runs[c]["tradeoff bench"], strict=True))
+        paired[c] = {k: statistics.median(tb[k] / pa[k] for pa, tb in pairs)
+                     for k in ("throughput", "p50_ms")}
+        truth = statistics.median(tb["throughput"] / tb["server_throughput"]
+                                  for tb in runs[c]["tradeoff bench"])
+        paired[c]["bench_vs_server_count"] = truth
+        print(f"  c={c}: throughput {paired[c]['throughput']:.3f}, "
+              f"p50 {paired[c]['p50_ms']:.3f} ({len(pairs)} pairs); bench throughput / "
+              f"server's own count {truth:.3f}")
     print()
     print("| concurrency | perf_analyzer infer/s | tradeoff bench infer/s | ratio | "
           "perf_analyzer p50 ms | tradeoff bench p50 ms | ratio |")
@@ -97,6 +125,8 @@ def main() -> None:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"schema": "tradeoff.bench.agreement/1",
                                      "command": " ".join(sys.argv), "rows": rows,
+                                     "paired_ratio_medians": {str(c): v
+                                                              for c, v in paired.items()},
                                      "runs": {str(c): v for c, v in runs.items()}}, indent=2))
     print(f"results in {args.json}")
 

@@ -246,7 +246,8 @@ def bench(url: str, protocol: str, model: str | None, model_version: str,
 
     from rich.console import Console
 
-    from tradeoff.bench.adapters import BenchSetupError, HttpJsonAdapter, V2Adapter
+    from tradeoff.bench.adapters import BenchSetupError
+    from tradeoff.bench.endpoint import EndpointSpec, make_adapter
     from tradeoff.bench.load import LoadSpec, read_intervals
     from tradeoff.bench.session import run_benchmark
     from tradeoff.report.terminal import print_bench_result
@@ -261,23 +262,11 @@ def bench(url: str, protocol: str, model: str | None, model_version: str,
                         window_s=window, stability_percent=stability_percent,
                         max_windows=max_windows, timeout_s=timeout,
                         max_connections=max_connections, seed=seed)
-        if protocol in ("v2", "v2-grpc"):
-            if not model:
-                raise click.UsageError(f"--protocol {protocol} needs --model NAME")
-            options = dict(version=model_version, shapes=_parse_shapes(shapes),
-                           batch_size=batch_size, input_data=input_data, seed=seed,
-                           timeout_s=timeout)
-            adapter: HttpJsonAdapter | V2Adapter
-            if protocol == "v2-grpc":
-                from tradeoff.bench.grpc_adapter import GrpcV2Adapter
-
-                adapter = GrpcV2Adapter(url, model, **options)
-            else:
-                adapter = V2Adapter(url, model, json_tensors=json_tensors,
-                                    **options)  # type: ignore[arg-type]
-        else:
-            adapter = HttpJsonAdapter(url, method=method, headers=_parse_headers(headers),
-                                      body=body, timeout_s=timeout)
+        adapter = make_adapter(EndpointSpec(
+            url, protocol, model, version=model_version, json_tensors=json_tensors,
+            shapes=_parse_shapes(shapes), batch_size=batch_size, input_data=input_data,
+            method=method, headers=_parse_headers(headers), body=body, seed=seed,
+            timeout_s=timeout))
         result, records, start_ns = run_benchmark(adapter, spec, console, workers)
     except (ValueError, BenchSetupError) as exc:
         raise click.ClickException(str(exc)) from None

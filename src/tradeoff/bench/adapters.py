@@ -8,6 +8,7 @@ sends given bodies to any JSON-over-HTTP endpoint.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import urllib.error
 import urllib.request
@@ -23,6 +24,7 @@ from tradeoff import dtypes
 from tradeoff.bench.http_client import Connection as HttpConnection
 from tradeoff.bench.http_client import Response, build_request
 from tradeoff.bench.records import SERVER_PARTS
+from tradeoff.protocol.v2 import encode_bytes_elements
 
 
 class Connection(Protocol):
@@ -74,6 +76,7 @@ class Adapter(ABC):
         self.host, self.port, self.prefix = split_url(url)
         self.timeout_s = timeout_s
         self.rows_per_request = 1
+        self.input_fingerprint = ""  # sha256 of what prepare() sends, endpoint-independent
 
     def connect(self, timeout_s: float) -> Connection:
         """A new connection to the endpoint (keep-alive HTTP/1.1 unless overridden)."""
@@ -89,6 +92,10 @@ class Adapter(ABC):
 
     def server_stats(self) -> dict[str, Any] | None:
         """Cumulative server statistics for the aggregate breakdown, when it has them."""
+        return None
+
+    def server_metadata(self) -> dict[str, Any] | None:
+        """What the server says about itself (name, version, extensions), when it can."""
         return None
 
     def describe(self) -> dict[str, Any]:
@@ -168,6 +175,13 @@ class V2Adapter(Adapter):
         self.rows_per_request = self.batch_size if max_batch else 1
         datasets = (self._file_inputs() if self.input_data is not None
                     else self._random_inputs(max_batch))
+        digest = hashlib.sha256()
+        for inputs in datasets:
+            for name, (datatype, array) in inputs.items():
+                digest.update(f"{name}:{datatype}:{list(array.shape)}".encode())
+                digest.update(encode_bytes_elements(array) if datatype == "BYTES"
+                              else np.ascontiguousarray(array).tobytes())
+        self.input_fingerprint = digest.hexdigest()
         return [self._request(inputs) for inputs in datasets]
 
     def _input_shape(self, tensor: dict[str, Any], batching: bool) -> tuple[int, ...]:
@@ -249,8 +263,6 @@ class V2Adapter(Adapter):
                                else a.ravel().tolist()} for n, (d, a) in inputs.items()]}
             return build_request("POST", self.host, path, orjson.dumps(doc),
                                  {"Content-Type": "application/json"})
-        from tradeoff.protocol.v2 import encode_bytes_elements
-
         blobs = [encode_bytes_elements(a) if d == "BYTES" else np.ascontiguousarray(a).tobytes()
                  for d, a in inputs.values()]
         header = orjson.dumps({
@@ -269,6 +281,12 @@ class V2Adapter(Adapter):
         except (BenchSetupError, KeyError, TypeError):
             return None
         return stats[-1] if stats else None
+
+    def server_metadata(self) -> dict[str, Any] | None:
+        try:
+            return self._get_json("/v2")  # type: ignore[no-any-return]
+        except BenchSetupError:
+            return None
 
     def describe(self) -> dict[str, Any]:
         return {"protocol": self.protocol, "url": self.url, "model": self.model,
@@ -311,6 +329,7 @@ class HttpJsonAdapter(Adapter):
                 bodies = [text]
         headers = {"Content-Type": "application/json", **self.headers} if self.body else \
             dict(self.headers)
+        self.input_fingerprint = hashlib.sha256(b"\n".join(bodies)).hexdigest()
         return [build_request(self.method, self.host, self.path, b, headers) for b in bodies]
 
     def describe(self) -> dict[str, Any]:

@@ -95,7 +95,16 @@ class GrpcV2Adapter(V2Adapter):
             tensor["shape"] = [int(d) for d in tensor.get("shape", [])]
         config = self._call("ModelConfig", pb.ModelConfigRequest(**self._model_request()),
                             pb.ModelConfigResponse)
-        self.config = {"max_batch_size": config.config.max_batch_size}
+        self.config = json_format.MessageToDict(config.config, preserving_proto_field_name=True)
+        self.config["max_batch_size"] = config.config.max_batch_size
+
+    def server_metadata(self) -> dict[str, Any] | None:
+        try:
+            metadata = self._call("ServerMetadata", pb.ServerMetadataRequest(),
+                                  pb.ServerMetadataResponse)
+        except BenchSetupError:
+            return None
+        return json_format.MessageToDict(metadata, preserving_proto_field_name=True)
 
     def _request(self, inputs: dict[str, tuple[str, np.ndarray]]) -> bytes:
         request = pb.ModelInferRequest(model_name=self.model, model_version=self.version)

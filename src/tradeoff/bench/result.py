@@ -98,6 +98,17 @@ def stats_extension_means(before: dict[str, Any], after: dict[str, Any]
     return parts, count, executions
 
 
+def _server_counts(outcome: RunOutcome) -> dict[str, int] | None:
+    """Requests and model executions the server counted over the measurement (statistics
+    extension); fewer executions than requests means requests shared batches."""
+    if not outcome.server_before or not outcome.server_after:
+        return None
+    means = stats_extension_means(outcome.server_before, outcome.server_after)
+    if means is None:
+        return None
+    return {"requests": means[1], "executions": means[2]}
+
+
 def _window_dicts(outcome: RunOutcome) -> list[dict[str, Any]]:
     """Windows, each with the server's means over it when snapshots bracket it."""
     at = dict(outcome.server_snapshots)
@@ -161,6 +172,7 @@ def build_result(adapter: Adapter, spec: LoadSpec, outcome: RunOutcome,
         "inferences_per_s": throughput * rows,
         "latency_ms": distribution(measured.latency_ms[ok]),
         "server_ms": _server_breakdown(measured, ok, outcome),
+        "server_counts": _server_counts(outcome),
         "bytes_sent": int(measured.bytes_sent.sum()),
         "bytes_received": int(measured.bytes_received.sum()),
         "asked_rate_rps": asked,

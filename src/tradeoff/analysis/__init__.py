@@ -1,0 +1,1 @@
+"""Reading results: knee detection, comparison, diagnosis rules, cost."""

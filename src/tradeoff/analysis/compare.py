@@ -1,0 +1,267 @@
+"""``tradeoff compare``: the same load and the same inputs against several endpoints.
+
+Live runs interleave the endpoints round by round (A B C, A B C, ...) so that slow drift
+of the machine falls on all of them alike, pool each endpoint's rounds, and give every
+ratio to the baseline (the first endpoint) a 95% bootstrap confidence interval:
+throughput from one-second bins of successful requests, p50 and p99 from the raw
+latencies (at most ``BOOTSTRAP_SAMPLES`` per endpoint, drawn at random). Results read
+from files get intervals from their windows when they have three or more.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+
+from tradeoff.analysis.cost import Price, rank
+from tradeoff.analysis.profile import profile
+from tradeoff.bench.endpoint import EndpointSpec, make_adapter
+from tradeoff.bench.load import LoadSpec
+from tradeoff.bench.records import OK, Records
+from tradeoff.bench.result import distribution, environment
+from tradeoff.bench.session import run_benchmark
+
+SCHEMA = "tradeoff.compare/1"
+BOOTSTRAP_ROUNDS = 500
+BOOTSTRAP_SAMPLES = 20_000
+METRICS = ("throughput", "p50", "p99")
+
+
+def _measured(records: Records, start_ns: int, spec: LoadSpec, duration_s: float
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """Latencies of the measured successes, and successes per one-second bin."""
+    measure_start = start_ns + int(spec.warmup_s * 1e9)
+    measured = records.select(records.scheduled_ns >= measure_start)
+    ok = measured.outcome == OK
+    bins = max(int(duration_s), 1)
+    ends = (measured.end_ns[ok] - measure_start) / 1e9
+    counts = np.bincount(ends[(ends >= 0) & (ends < bins)].astype(np.int64), minlength=bins)
+    return measured.latency_ms[ok], counts[:bins].astype(float)
+
+
+def bootstrap_ratio(a: np.ndarray, b: np.ndarray, statistic: Callable[..., np.ndarray],
+                    seed: int = 0) -> list[float] | None:
+    """95% interval of statistic(b) / statistic(a), resampling each side independently.
+    ``statistic(samples, axis=1)`` must reduce each row of a 2-D array."""
+    if a.size < 2 or b.size < 2:
+        return None
+    rng = np.random.default_rng(seed)
+    a = a if a.size <= BOOTSTRAP_SAMPLES else rng.choice(a, BOOTSTRAP_SAMPLES, replace=False)
+    b = b if b.size <= BOOTSTRAP_SAMPLES else rng.choice(b, BOOTSTRAP_SAMPLES, replace=False)
+    ratios = []
+    chunk = max(1, 2_000_000 // max(a.size, b.size))
+    for first in range(0, BOOTSTRAP_ROUNDS, chunk):
+        n = min(chunk, BOOTSTRAP_ROUNDS - first)
+        sa = statistic(a[rng.integers(0, a.size, (n, a.size), dtype=np.int32)], axis=1)
+        sb = statistic(b[rng.integers(0, b.size, (n, b.size), dtype=np.int32)], axis=1)
+        ratios.append(sb / sa)
+    values = np.concatenate(ratios)
+    values = values[np.isfinite(values)]
+    if not values.size:
+        return None
+    return [float(np.percentile(values, 2.5)), float(np.percentile(values, 97.5))]
+
+
+def _p50(x: np.ndarray, axis: int) -> np.ndarray:
+    return np.percentile(x, 50, axis=axis)
+
+
+def _p99(x: np.ndarray, axis: int) -> np.ndarray:
+    return np.percentile(x, 99, axis=axis)
+
+
+STATISTICS: dict[str, Callable[..., np.ndarray]] = {"throughput": np.mean, "p50": _p50,
+                                                   "p99": _p99}
+
+
+def merge_rounds(rounds: list[dict[str, Any]], latencies: np.ndarray) -> dict[str, Any]:
+    """One bench result for an endpoint from its rounds: counts summed, throughput pooled
+    over the measured time, latency percentiles over every round's samples."""
+    merged = copy.deepcopy(rounds[0])
+    s = merged["summary"]
+    seconds = sum(r["summary"]["duration_s"] for r in rounds)
+    successes = sum(r["summary"]["throughput_rps"] * r["summary"]["duration_s"] for r in rounds)
+    inferences = sum(r["summary"]["inferences_per_s"] * r["summary"]["duration_s"]
+                     for r in rounds)
+    for key in ("requests", "successes", "errors", "bytes_sent", "bytes_received"):
+        s[key] = sum(r["summary"][key] for r in rounds)
+    errors: dict[str, int] = {}
+    for r in rounds:
+        for name, count in r["summary"]["errors_by_class"].items():
+            errors[name] = errors.get(name, 0) + count
+    s["errors_by_class"] = errors
+    s["duration_s"] = seconds
+    s["throughput_rps"] = successes / seconds if seconds else 0.0
+    s["inferences_per_s"] = inferences / seconds if seconds else 0.0
+    s["latency_ms"] = distribution(latencies)
+    counts = [r["summary"].get("server_counts") for r in rounds]
+    if all(counts):
+        s["server_counts"] = {k: sum(c[k] for c in counts if c) for k in ("requests",
+                                                                           "executions")}
+    median_round = sorted(rounds, key=lambda r: r["summary"]["throughput_rps"])[len(rounds) // 2]
+    s["server_ms"] = median_round["summary"]["server_ms"]
+    merged["windows"] = [{**w, "round": i} for i, r in enumerate(rounds) for w in r["windows"]]
+    merged["stable"] = None if any(r["stable"] is None for r in rounds) else \
+        all(r["stable"] for r in rounds)
+    merged["client"]["client_bound"] = any(r["client"]["client_bound"] for r in rounds)
+    merged["client"]["reasons"] = sorted({x for r in rounds for x in r["client"]["reasons"]})
+    merged["merged_rounds"] = len(rounds)
+    return merged
+
+
+def _fairness(entries: list[dict[str, Any]], interleaved: bool) -> dict[str, Any]:
+    checks = []
+
+    def check(name: str, values: list[Any], detail: str) -> None:
+        same = all(v == values[0] for v in values)
+        checks.append({"check": name, "ok": same,
+                       "detail": detail if same else
+                       "differs: " + "; ".join(f"{e['name']}: {v}"
+                                               for e, v in zip(entries, values))})
+
+    fingerprints = [e.get("input_fingerprint") or "" for e in entries]
+    if all(fingerprints):
+        check("same inputs", [f[:12] for f in fingerprints],
+              f"every endpoint got the same input tensors (sha256 {fingerprints[0][:12]})")
+    else:
+        checks.append({"check": "same inputs", "ok": None,
+                       "detail": "not known for results read from files"})
+    shapes = [[(t["name"], t["datatype"], t["shape"]) for t in
+               (e["result"]["endpoint"].get("inputs") or [])] for e in entries]
+    check("same input names, datatypes and shapes", shapes, "model metadata inputs match")
+    loads = [{k: v for k, v in e["result"]["load"].items()} for e in entries]
+    check("same load and warmup", loads, "same load spec, warmup and timeout")
+    batch = [e["result"]["endpoint"].get("batch_size") for e in entries]
+    check("same rows per request", batch, f"batch size {batch[0]}")
+    hosts = [e["result"]["environment"]["client_host"] for e in entries]
+    check("same client machine", hosts, f"all measured from {hosts[0]}")
+    checks.append({"check": "interleaved", "ok": interleaved,
+                   "detail": "rounds alternated between endpoints" if interleaved else
+                   "results measured separately: machine drift does not cancel"})
+    return {"ok": all(c["ok"] is not False for c in checks), "checks": checks}
+
+
+def _ratios(entries: list[dict[str, Any]], samples: list[dict[str, np.ndarray]] | None
+            ) -> list[dict[str, Any]]:
+    base = entries[0]["result"]["summary"]
+    out = []
+    for index, entry in enumerate(entries):
+        s = entry["result"]["summary"]
+        values = {"throughput": (base["throughput_rps"], s["throughput_rps"]),
+                  "p50": ((base["latency_ms"] or {}).get("p50"),
+                          (s["latency_ms"] or {}).get("p50")),
+                  "p99": ((base["latency_ms"] or {}).get("p99"),
+                          (s["latency_ms"] or {}).get("p99"))}
+        row: dict[str, Any] = {"name": entry["name"]}
+        for metric, (a, b) in values.items():
+            ratio = b / a if a and b is not None else None
+            ci = None
+            if index and samples is not None:
+                source = "bins" if metric == "throughput" else "latency"
+                ci = bootstrap_ratio(samples[0][source], samples[index][source],
+                                     STATISTICS[metric], seed=index)
+            elif index:
+                field = {"throughput": "throughput_rps", "p50": "p50_ms", "p99": "p99_ms"}
+                wa = np.array([w[field[metric]] for w in entries[0]["result"]["windows"]], float)
+                wb = np.array([w[field[metric]] for w in entry["result"]["windows"]], float)
+                if wa.size >= 3 and wb.size >= 3:
+                    ci = bootstrap_ratio(wa, wb, np.mean, seed=index)
+            row[metric] = {"ratio": ratio, "ci95": ci}
+        out.append(row)
+    return out
+
+
+def _document(entries: list[dict[str, Any]], samples: list[dict[str, np.ndarray]] | None,
+              rounds: int, prices: dict[str, Price], alpha: float,
+              sla_p99_ms: float | None, max_error_percent: float) -> dict[str, Any]:
+    candidates = []
+    for entry in entries:
+        s = entry["result"]["summary"]
+        candidates.append({"name": entry["name"], "throughput_rps": s["throughput_rps"],
+                           "p99_ms": (s["latency_ms"] or {}).get("p99"),
+                           "error_percent": 100 * s["errors"] / s["requests"]
+                           if s["requests"] else 0.0,
+                           "price": prices.get(entry["name"])})
+    return {
+        "schema": SCHEMA,
+        "baseline": entries[0]["name"],
+        "rounds": rounds,
+        "environment": environment(),
+        "endpoints": entries,
+        "ratios": _ratios(entries, samples),
+        "fairness": _fairness(entries, interleaved=samples is not None),
+        "ranking": rank(candidates, alpha, sla_p99_ms,
+                        max_error_percent if sla_p99_ms is not None else None),
+        "score": {"alpha": alpha, "sla_p99_ms": sla_p99_ms,
+                  "max_error_percent": max_error_percent},
+    }
+
+
+def run_compare(endpoints: list[EndpointSpec], spec: LoadSpec, rounds: int = 3,
+                facts: dict[str, dict[str, str]] | None = None,
+                prices: dict[str, Price] | None = None, alpha: float = 0.5,
+                sla_p99_ms: float | None = None, max_error_percent: float = 1.0,
+                console: Console | None = None) -> dict[str, Any]:
+    """Measure every endpoint ``rounds`` times, interleaved; the comparison document."""
+    if len(endpoints) < 2:
+        raise ValueError("compare needs at least two endpoints")
+    names = [e.label for e in endpoints]
+    if len(set(names)) != len(names):
+        raise ValueError(f"endpoint names must differ: {', '.join(names)}")
+    if spec.duration_s is None:
+        raise ValueError("compare needs --duration (each round measures that long)")
+    adapters = [make_adapter(e) for e in endpoints]
+    per_round: list[list[dict[str, Any]]] = [[] for _ in endpoints]
+    latencies: list[list[np.ndarray]] = [[] for _ in endpoints]
+    bins: list[list[np.ndarray]] = [[] for _ in endpoints]
+    for round_no in range(rounds):
+        for i, adapter in enumerate(adapters):
+            if console:
+                console.print(f"[bold]round {round_no + 1}/{rounds}: {names[i]}[/]")
+            result, records, start_ns = run_benchmark(adapter, spec, console)
+            result["endpoint"]["name"] = names[i]
+            per_round[i].append(result)
+            lat, counts = _measured(records, start_ns, spec, result["summary"]["duration_s"])
+            latencies[i].append(lat)
+            bins[i].append(counts)
+    entries, samples = [], []
+    for i, adapter in enumerate(adapters):
+        pooled = np.concatenate(latencies[i])
+        merged = merge_rounds(per_round[i], pooled)
+        entries.append({"name": names[i], "input_fingerprint": adapter.input_fingerprint,
+                        "profile": profile(adapter, (facts or {}).get(names[i])),
+                        "rounds": [r["summary"] for r in per_round[i]], "result": merged})
+        samples.append({"latency": pooled, "bins": np.concatenate(bins[i])})
+    return _document(entries, samples, rounds, prices or {}, alpha, sla_p99_ms,
+                     max_error_percent)
+
+
+def compare_results(named: list[tuple[str, dict[str, Any]]],
+                    facts: dict[str, dict[str, str]] | None = None,
+                    prices: dict[str, Price] | None = None, alpha: float = 0.5,
+                    sla_p99_ms: float | None = None, max_error_percent: float = 1.0
+                    ) -> dict[str, Any]:
+    """A comparison of bench results read from files (no new measurement)."""
+    if len(named) < 2:
+        raise ValueError("compare needs at least two results")
+    entries = []
+    for name, result in named:
+        if not str(result.get("schema", "")).startswith("tradeoff.bench/"):
+            raise ValueError(f"{name}: not a tradeoff.bench result")
+        result = copy.deepcopy(result)
+        result["endpoint"]["name"] = name
+        given = dict((facts or {}).get(name, {}))
+        endpoint = result["endpoint"]
+        checklist = {"format": endpoint.get("platform")}
+        entries.append({"name": name, "input_fingerprint": None,
+                        "profile": {"checklist": {k: given.pop(k, None) or checklist.get(k)
+                                                  or "unknown" for k in
+                                                  ("format", "precision", "server",
+                                                   "batching", "instances", "hardware")},
+                                    "facts": given},
+                        "rounds": [result["summary"]], "result": result})
+    return _document(entries, None, 1, prices or {}, alpha, sla_p99_ms, max_error_percent)

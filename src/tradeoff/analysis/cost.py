@@ -1,0 +1,85 @@
+"""Cost per request and a cost-performance score (docs/cost.md).
+
+    cost per 1M requests = price_per_hour / (throughput_rps * 3600) * 1e6
+                         = price_per_1k_requests * 1000            (priced APIs)
+    score = alpha * throughput_per_cost / max(throughput_per_cost)
+          + (1 - alpha) * (1 / p99) / max(1 / p99)
+
+Scores fall in [0, 1]; the best candidate on both counts scores 1. With an SLA on p99
+(and on the error rate), candidates that miss it are listed but not ranked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Price:
+    """What one endpoint costs: per hour of the deployment, or per 1,000 requests."""
+
+    per_hour: float | None = None
+    per_1k_requests: float | None = None
+
+    def __post_init__(self) -> None:
+        given = [v for v in (self.per_hour, self.per_1k_requests) if v is not None]
+        if len(given) != 1 or given[0] < 0:
+            raise ValueError("give one non-negative price: per hour or per 1k requests")
+
+    def per_million(self, throughput_rps: float) -> float | None:
+        """Cost of one million requests at this throughput (None when nothing was served)."""
+        if self.per_1k_requests is not None:
+            return self.per_1k_requests * 1000
+        assert self.per_hour is not None
+        if throughput_rps <= 0:
+            return None
+        return self.per_hour / (throughput_rps * 3600) * 1e6
+
+    def to_dict(self) -> dict[str, float | None]:
+        return {"per_hour": self.per_hour, "per_1k_requests": self.per_1k_requests}
+
+
+def rank(candidates: list[dict[str, Any]], alpha: float = 0.5,
+         sla_p99_ms: float | None = None, max_error_percent: float | None = None
+         ) -> list[dict[str, Any]]:
+    """Score and rank candidates, each ``{name, throughput_rps, p99_ms, error_percent,
+    price: Price | None}``. Returns them with ``cost_per_million``, ``meets_sla``, ``score``
+    and ``rank`` (1 = best; None when not ranked), best first."""
+    if not 0 <= alpha <= 1:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+    out = []
+    for c in candidates:
+        price = c.get("price")
+        cost = price.per_million(c["throughput_rps"]) if price else None
+        meets = True
+        reasons = []
+        if sla_p99_ms is not None and (c["p99_ms"] is None or c["p99_ms"] > sla_p99_ms):
+            meets = False
+            reasons.append(f"p99 {c['p99_ms'] or float('nan'):.2f} ms > {sla_p99_ms:g} ms")
+        if max_error_percent is not None and c.get("error_percent", 0) > max_error_percent:
+            meets = False
+            reasons.append(f"errors {c['error_percent']:.1f}% > {max_error_percent:g}%")
+        out.append({**{k: v for k, v in c.items() if k != "price"},
+                    "price": price.to_dict() if price else None,
+                    "cost_per_million": cost, "meets_sla": meets, "sla_misses": reasons})
+    ranked = [c for c in out if c["meets_sla"] and c["throughput_rps"] > 0 and c["p99_ms"]]
+    priced = all(c["cost_per_million"] for c in ranked)
+    value = {id(c): (c["throughput_rps"] / c["cost_per_million"] if priced
+                     else c["throughput_rps"]) for c in ranked}
+    speed = {id(c): 1 / c["p99_ms"] for c in ranked}
+    best_value = max(value.values(), default=0) or 1
+    best_speed = max(speed.values(), default=0) or 1
+    for c in out:
+        if id(c) in value:
+            c["score"] = (alpha * value[id(c)] / best_value
+                          + (1 - alpha) * speed[id(c)] / best_speed)
+            c["score_basis"] = "throughput per cost" if priced else "throughput (no prices)"
+        else:
+            c["score"] = None
+    order = sorted(out, key=lambda c: (c["score"] is None, -(c["score"] or 0)))
+    position = 1
+    for c in order:
+        c["rank"] = position if c["score"] is not None else None
+        position += c["score"] is not None
+    return order

@@ -1,0 +1,225 @@
+"""Sweeps: one full benchmark per load level, until the endpoint stops giving more.
+
+    result = run_sweep(adapter, LoadSpec(concurrency=1, duration_s=5),
+                       SweepPlan("concurrency", parse_levels("1:256")))
+
+A concurrency sweep (closed loop) or a rate sweep (open loop) runs the levels in order and
+stops early when throughput has stopped growing (``patience`` points past the knee), the
+error rate passes ``max_error_percent``, or p99 passes ``max_p99_ms``. With ``sla_p99_ms``
+it searches for the highest load whose p99 and error rate meet the SLA: steps up through
+the levels until one fails, then bisects between the last pass and the first failure.
+Every point is a complete ``tradeoff.bench/1`` result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+
+from tradeoff.analysis.knee import MIN_GAIN, find_knee
+from tradeoff.bench.adapters import Adapter
+from tradeoff.bench.load import LoadSpec
+from tradeoff.bench.result import environment
+from tradeoff.bench.session import run_benchmark
+
+SCHEMA = "tradeoff.sweep/1"
+KNEE_RULE = (f"first load from which every further point gains under {MIN_GAIN:.0%} "
+             "throughput per doubling of the load")
+
+
+def parse_levels(text: str, integer: bool = False) -> list[float]:
+    """``START:END`` (doubling), ``START:END:STEP`` (perf_analyzer's linear range) or
+    ``A,B,C``."""
+    convert = int if integer else float
+    try:
+        if ":" in text:
+            parts = [convert(p) for p in text.split(":")]
+            if len(parts) not in (2, 3):
+                raise ValueError
+            start, end = parts[0], parts[1]
+            if start <= 0 or end < start:
+                raise ValueError
+            levels: list[float] = []
+            level = start
+            while level <= end * (1 + 1e-9):
+                levels.append(level)
+                level = level + parts[2] if len(parts) == 3 else level * 2
+                if len(parts) == 3 and parts[2] <= 0:
+                    raise ValueError
+            return levels
+        levels = [convert(p) for p in text.split(",") if p.strip()]
+        if not levels or any(v <= 0 for v in levels) or levels != sorted(set(levels)):
+            raise ValueError
+        return levels
+    except ValueError:
+        kind = "integers" if integer else "numbers"
+        raise ValueError(f"{text!r}: use START:END (doubling), START:END:STEP or an "
+                         f"increasing list A,B,C of positive {kind}") from None
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """Which loads to try and when to stop."""
+
+    mode: str  # concurrency | rate
+    levels: list[float]
+    max_p99_ms: float | None = None
+    max_error_percent: float = 1.0
+    sla_p99_ms: float | None = None
+    min_gain: float = MIN_GAIN
+    patience: int = 2
+    bisect_steps: int = 4
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("concurrency", "rate"):
+            raise ValueError(f"sweep mode must be concurrency or rate, got {self.mode!r}")
+        if not self.levels:
+            raise ValueError("no load levels to sweep")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def point_summary(result: dict[str, Any]) -> dict[str, Any]:
+    """Load, throughput, latency and error rate of one bench result."""
+    s = result["summary"]
+    load = result["load"]
+    latency = s["latency_ms"] or {}
+    return {"load": load["concurrency"] if load["mode"] == "closed" else load["rate"],
+            "throughput_rps": s["throughput_rps"], "inferences_per_s": s["inferences_per_s"],
+            "p50_ms": latency.get("p50"), "p99_ms": latency.get("p99"),
+            "error_percent": 100 * s["errors"] / s["requests"] if s["requests"] else 0.0,
+            "requests": s["requests"]}
+
+
+def knee_of(points: list[dict[str, Any]], min_gain: float = MIN_GAIN) -> dict[str, Any] | None:
+    """The knee of a list of bench results (any order), with its figures."""
+    rows = sorted((point_summary(p) for p in points), key=lambda r: r["load"])
+    index = find_knee([r["load"] for r in rows], [r["throughput_rps"] for r in rows], min_gain)
+    if index is None:
+        return None
+    return {**rows[index], "rule": KNEE_RULE}
+
+
+class Sweep:
+    """Runs a SweepPlan against one endpoint."""
+
+    def __init__(self, adapter: Adapter, base: LoadSpec, plan: SweepPlan,
+                 console: Console | None = None,
+                 on_point: Callable[[dict[str, Any]], None] | None = None) -> None:
+        self.adapter = adapter
+        self.base = base
+        self.plan = plan
+        self.console = console
+        self.on_point = on_point
+        self.points: list[dict[str, Any]] = []
+
+    def _spec(self, load: float) -> LoadSpec:
+        if self.plan.mode == "concurrency":
+            return dataclasses.replace(self.base, concurrency=max(int(round(load)), 1),
+                                       rate=None, intervals=None)
+        return dataclasses.replace(self.base, rate=float(load), concurrency=None,
+                                   intervals=None)
+
+    def measure(self, load: float) -> dict[str, Any]:
+        """One full benchmark at ``load``."""
+        if self.console:
+            self.console.print(f"[bold]{self.plan.mode} {load:g}[/]")
+        result, _, _ = run_benchmark(self.adapter, self._spec(load), self.console)
+        self.points.append(result)
+        if self.on_point:
+            self.on_point(result)
+        return result
+
+    def _fails(self, row: dict[str, Any], limit_p99: float | None) -> str | None:
+        if row["error_percent"] > self.plan.max_error_percent:
+            return (f"error rate {row['error_percent']:.1f}% > "
+                    f"{self.plan.max_error_percent:g}% at {self.plan.mode} {row['load']:g}")
+        p99 = row["p99_ms"]
+        if limit_p99 is not None and (p99 is None or p99 > limit_p99):
+            shown = "no successful requests" if p99 is None else f"p99 {p99:.2f} ms"
+            return f"{shown} > {limit_p99:g} ms at {self.plan.mode} {row['load']:g}"
+        return None
+
+    def run(self) -> dict[str, Any]:
+        """All the points, the knee, why it stopped, and the SLA answer when asked."""
+        if self.plan.sla_p99_ms is not None:
+            stop_reason, sla = self._search_sla()
+        else:
+            stop_reason, sla = self._walk(), None
+        return self._result(stop_reason, sla)
+
+    def _walk(self) -> str:
+        for load in self.plan.levels:
+            row = point_summary(self.measure(load))
+            why = self._fails(row, self.plan.max_p99_ms)
+            if why:
+                return why
+            loads = [point_summary(p)["load"] for p in self.points]
+            knee = find_knee(loads, [point_summary(p)["throughput_rps"] for p in self.points],
+                             self.plan.min_gain)
+            if knee is not None and len(self.points) - 1 - knee >= self.plan.patience:
+                return (f"throughput stopped growing: {self.plan.patience} points past "
+                        f"{self.plan.mode} {loads[knee]:g} gained under "
+                        f"{self.plan.min_gain:.0%} per doubling")
+        return "last level reached"
+
+    def _search_sla(self) -> tuple[str, dict[str, Any]]:
+        limit = self.plan.sla_p99_ms
+        best: float | None = None
+        failed: float | None = None
+        why = ""
+        for load in self.plan.levels:
+            why = self._fails(point_summary(self.measure(load)), limit) or ""
+            if why:
+                failed = load
+                break
+            best = load
+        if failed is not None and best is not None:
+            low, high = best, failed
+            for _ in range(self.plan.bisect_steps):
+                middle = (low + high) / 2
+                if self.plan.mode == "concurrency":
+                    middle = round(middle)
+                    if middle in (low, high):
+                        break
+                if self._fails(point_summary(self.measure(middle)), limit):
+                    high = middle
+                else:
+                    low = middle
+            best = low
+        if best is None:
+            reason = f"no load met the SLA: {why}"
+        elif failed is None:
+            reason = "every level met the SLA"
+        else:
+            reason = f"highest load meeting the SLA found between {best:g} and the first failure"
+        best_point = next((p for p in self.points if point_summary(p)["load"] == best), None)
+        return reason, {"p99_ms": limit, "max_error_percent": self.plan.max_error_percent,
+                        "best_load": best,
+                        "best": point_summary(best_point) if best_point else None}
+
+    def _result(self, stop_reason: str, sla: dict[str, Any] | None) -> dict[str, Any]:
+        ordered = sorted(self.points, key=lambda p: point_summary(p)["load"])
+        return {
+            "schema": SCHEMA,
+            "endpoint": ordered[0]["endpoint"] if ordered else self.adapter.describe(),
+            "mode": self.plan.mode,
+            "plan": self.plan.to_dict(),
+            "environment": environment(),
+            "points": ordered,
+            "rows": [point_summary(p) for p in ordered],
+            "knee": knee_of(ordered, self.plan.min_gain),
+            "stop_reason": stop_reason,
+            "sla": sla,
+        }
+
+
+def run_sweep(adapter: Adapter, base: LoadSpec, plan: SweepPlan,
+              console: Console | None = None) -> dict[str, Any]:
+    """Run a sweep and return its ``tradeoff.sweep/1`` document."""
+    return Sweep(adapter, base, plan, console).run()

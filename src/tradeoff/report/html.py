@@ -1,0 +1,257 @@
+"""``tradeoff report``: one self-contained HTML file (inline CSS and SVG, works offline)
+from any mix of bench, sweep, soak and compare results.
+
+    path = write_report([json.loads(p.read_text()) for p in paths], Path("report.html"))
+"""
+
+from __future__ import annotations
+
+import html
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from matplotlib.figure import Figure
+
+from tradeoff import __version__
+from tradeoff.analysis.diagnose import diagnose
+from tradeoff.bench.sweep import KNEE_RULE, point_summary
+from tradeoff.report import plots
+
+CSS = """
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;color:#111827;
+margin:0;background:#f9fafb}
+main{max-width:1040px;margin:0 auto;padding:24px}
+h1{font-size:24px;margin:0 0 4px}h2{font-size:18px;margin:32px 0 8px;border-bottom:1px
+solid #e5e7eb;padding-bottom:4px}h3{font-size:15px;margin:18px 0 6px}
+.muted{color:#6b7280}.grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(460px,1fr));
+gap:16px}figure{background:#fff;border:1px solid #e5e7eb;border-radius:8px;margin:0;padding:8px}
+figure svg{width:100%;height:auto}figcaption{font-size:12px;color:#6b7280;padding:4px}
+table{border-collapse:collapse;background:#fff;margin:8px 0;font-size:13px}
+th,td{border:1px solid #e5e7eb;padding:4px 8px;text-align:right}th{background:#f3f4f6}
+td.l,th.l{text-align:left}tr.knee td{background:#fef9c3;font-weight:600}
+.sev{display:inline-block;border-radius:4px;padding:0 6px;font-size:12px;color:#fff}
+.critical{background:#dc2626}.warning{background:#d97706}.info{background:#2563eb}
+.ok{color:#16a34a}.bad{color:#dc2626}code{font-size:12px}
+"""
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value))
+
+
+def _num(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return _e(value)
+
+
+def _table(header: list[str], rows: list[list[str]], classes: list[str] | None = None,
+           left: int = 1) -> str:
+    head = "".join(f'<th class="{"l" if i < left else ""}">{_e(h)}</th>'
+                   for i, h in enumerate(header))
+    body = []
+    for n, row in enumerate(rows):
+        cls = f' class="{classes[n]}"' if classes and classes[n] else ""
+        cells = "".join(f'<td class="{"l" if i < left else ""}">{c}</td>'
+                        for i, c in enumerate(row))
+        body.append(f"<tr{cls}>{cells}</tr>")
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+class Report:
+    """Collects sections and figures; ``render`` gives the HTML."""
+
+    def __init__(self, png_dir: Path | None = None) -> None:
+        self.sections: list[str] = []
+        self.png_dir = png_dir
+        self.pngs: list[Path] = []
+        self._figures = 0
+
+    def figure(self, figure: Figure, name: str, caption: str) -> str:
+        self._figures += 1
+        if self.png_dir is not None:
+            self.png_dir.mkdir(parents=True, exist_ok=True)
+            path = self.png_dir / f"{self._figures:02d}-{name}.png"
+            figure.savefig(path, dpi=150)
+            self.pngs.append(path)
+        return (f'<figure class="plot" data-plot="{_e(name)}">{plots.to_svg(figure)}'
+                f"<figcaption>{_e(caption)}</figcaption></figure>")
+
+    def add(self, title: str, body: str) -> None:
+        self.sections.append(f"<section><h2>{_e(title)}</h2>{body}</section>")
+
+
+def _sweep_section(report: Report, sweeps: list[dict[str, Any]]) -> None:
+    by_mode: dict[str, list[dict[str, Any]]] = {}
+    for sweep in sweeps:
+        by_mode.setdefault(sweep["mode"], []).append(sweep)
+    for mode, group in by_mode.items():
+        figures = [report.figure(plots.throughput_vs_load(group), f"throughput-vs-{mode}",
+                                 "Throughput at each load; the circled point is the knee."),
+                   report.figure(plots.latency_vs_load(group), f"latency-vs-{mode}",
+                                 "p50 (solid) and p99 (dashed); the knee is circled."),
+                   report.figure(plots.frontier(group), f"frontier-{mode}",
+                                 "Each point is one load level: lower and further right "
+                                 "is better.")]
+        tables = []
+        for sweep in group:
+            knee = sweep.get("knee")
+            rows, classes = [], []
+            for r in sweep["rows"]:
+                rows.append([_num(r["load"]), _num(r["throughput_rps"], 1), _num(r["p50_ms"]),
+                             _num(r["p99_ms"]), _num(r["error_percent"], 1)])
+                classes.append("knee" if knee and r["load"] == knee["load"] else "")
+            sla = sweep.get("sla")
+            sla_text = ""
+            if sla:
+                sla_text = (f"<p>SLA p99 &le; {sla['p99_ms']:g} ms: highest load meeting it "
+                            f"<b>{_num(sla['best_load'])}</b></p>")
+            name = _e(plots._label(sweep))
+            tables.append(
+                f"<h3>{name}</h3>" + _table([mode, "req/s", "p50 ms", "p99 ms", "errors %"],
+                                            rows, classes)
+                + f"<p class='muted'>knee: "
+                + (f"{mode} {knee['load']:g} ({knee['throughput_rps']:,.0f} req/s, p99 "
+                   f"{knee['p99_ms']:.2f} ms)" if knee else "not reached")
+                + f"; stopped: {_e(sweep['stop_reason'])}</p>" + sla_text)
+        rule = (f"<p class='muted'>Knee rule: {_e(KNEE_RULE)}.</p>")
+        report.add(f"Sweep over {mode}",
+                   f"<div class='grid'>{''.join(figures)}</div>{''.join(tables)}{rule}")
+
+
+def _compare_section(report: Report, compare: dict[str, Any]) -> None:
+    rows = []
+    ratios = {r["name"]: r for r in compare["ratios"]}
+    for entry in compare["endpoints"]:
+        s = entry["result"]["summary"]
+        lat = s["latency_ms"] or {}
+        ratio = ratios[entry["name"]]
+
+        def cell(metric: str, r: dict[str, Any] = ratio) -> str:
+            value = r[metric]
+            text = _num(value["ratio"], 3)
+            if value["ci95"]:
+                text += f" <span class='muted'>[{value['ci95'][0]:.3f}, {value['ci95'][1]:.3f}]</span>"
+            return text
+
+        rows.append([_e(entry["name"]), _num(s["throughput_rps"], 1), cell("throughput"),
+                     _num(lat.get("p50")), cell("p50"), _num(lat.get("p99")), cell("p99"),
+                     _num(s["errors"])])
+    table = _table(["endpoint", "req/s", "x baseline [95% CI]", "p50 ms", "x baseline",
+                    "p99 ms", "x baseline", "errors"], rows)
+    fair = compare["fairness"]
+    checks = _table(["check", "result", "detail"], [
+        [_e(c["check"]), "<span class='ok'>ok</span>" if c["ok"] else
+         "-" if c["ok"] is None else "<span class='bad'>differs</span>", _e(c["detail"])]
+        for c in fair["checks"]], left=3)
+    profiles = _table(["endpoint", "format", "precision", "server", "batching", "instances",
+                       "hardware", "other facts"], [
+        [_e(e["name"])] + [_e(e["profile"]["checklist"][k]) for k in
+                           ("format", "precision", "server", "batching", "instances",
+                            "hardware")]
+        + [_e(", ".join(f"{k}={v}" for k, v in e["profile"].get("facts", {}).items()) or "-")]
+        for e in compare["endpoints"]], left=8)
+    ranking = _table(["rank", "endpoint", "req/s", "p99 ms", "cost / 1M req", "score",
+                      "SLA"], [
+        [_num(c["rank"]), _e(c["name"]), _num(c["throughput_rps"], 1), _num(c["p99_ms"]),
+         _num(c["cost_per_million"], 4), _num(c["score"], 3),
+         "met" if c["meets_sla"] else _e("; ".join(c["sla_misses"]))]
+        for c in compare["ranking"]], left=2)
+    score = compare["score"]
+    report.add(f"Comparison (baseline {compare['baseline']}, {compare['rounds']} interleaved "
+               "rounds)",
+               report.figure(plots.comparison(compare), "comparison",
+                             "Bars: pooled figures; whiskers: 95% bootstrap interval.")
+               + table + "<h3>Fairness</h3>" + checks + "<h3>Endpoint profiles</h3>"
+               + profiles + f"<h3>Cost and score (alpha {score['alpha']:g})</h3>" + ranking)
+
+
+def _soak_section(report: Report, soak: dict[str, Any]) -> None:
+    verdict = soak["verdict"]
+    reasons = "".join(f"<li>{_e(r['text'])}</li>" for r in verdict["reasons"]) or \
+        "<li>no drift, error burst or memory growth found</li>"
+    notes = "".join(f"<li class='muted'>{_e(n)}</li>" for n in verdict["notes"])
+    report.add(f"Soak: {plots._label(soak)}",
+               report.figure(plots.soak_timeline(soak), "soak",
+                             "Throughput and p99 per window; server memory below.")
+               + f"<p>Verdict: <b class='{'ok' if verdict['stable'] else 'bad'}'>"
+               + ("stable" if verdict["stable"] else "unstable") + f"</b></p><ul>{reasons}"
+               + f"{notes}</ul>")
+
+
+def _findings_section(report: Report, documents: list[dict[str, Any]]) -> None:
+    rows = []
+    for doc in documents:
+        for f in diagnose(doc):
+            rows.append([f"<span class='sev {f.severity}'>{_e(f.severity)}</span>",
+                         _e(f.subject), _e(f.title), _e(f.action)])
+    report.add("Findings", _table(["severity", "subject", "finding", "what to do"], rows,
+                                  left=4) if rows else "<p>No findings.</p>")
+
+
+def _environment_section(report: Report, documents: list[dict[str, Any]]) -> None:
+    seen = []
+    for doc in documents:
+        env = doc.get("environment")
+        if env and env not in seen:
+            seen.append(env)
+    rows = [[_e(k), _e(v)] for env in seen for k, v in env.items()]
+    report.add("Environment", _table(["", "client"], rows, left=2))
+
+
+def build_report(documents: list[dict[str, Any]], png_dir: Path | None = None,
+                 title: str = "tradeoff report") -> tuple[str, Report]:
+    """The HTML text for these result documents."""
+    report = Report(png_dir)
+    sweeps = [d for d in documents if d["schema"].startswith("tradeoff.sweep/")]
+    benches = [d for d in documents if d["schema"].startswith("tradeoff.bench/")]
+    compares = [d for d in documents if d["schema"].startswith("tradeoff.compare/")]
+    soaks = [d for d in documents if d["schema"].startswith("tradeoff.soak/")]
+    if sweeps:
+        _sweep_section(report, sweeps)
+    for compare in compares:
+        _compare_section(report, compare)
+    named = [(plots._label(b), b["summary"]["latency_ms"]) for b in benches]
+    named += [(e["name"], e["result"]["summary"]["latency_ms"]) for c in compares
+              for e in c["endpoints"]]
+    for sweep in sweeps:
+        knee = sweep.get("knee")
+        point = next((p for p in sweep["points"] if knee and
+                      point_summary(p)["load"] == knee["load"]), None)
+        if point:
+            named.append((f"{plots._label(sweep)} at knee", point["summary"]["latency_ms"]))
+    named = [(n, lat) for n, lat in named if lat]
+    if benches:
+        rows = [[_e(plots._label(b)), _e(b["load"]["mode"]), _num(p["load"]),
+                 _num(p["throughput_rps"], 1), _num(p["p50_ms"]), _num(p["p99_ms"]),
+                 _num(p["error_percent"], 1)]
+                for b in benches for p in [point_summary(b)]]
+        report.add("Benchmarks", _table(["endpoint", "mode", "load", "req/s", "p50 ms",
+                                         "p99 ms", "errors %"], rows, left=2))
+    if named:
+        report.add("Latency distribution",
+                   report.figure(plots.latency_cdf(named), "latency-cdf",
+                                 "Each curve joins the reported percentiles."))
+    for soak in soaks:
+        _soak_section(report, soak)
+    _findings_section(report, documents)
+    _environment_section(report, documents)
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    page = (f"<!doctype html><html lang='en'><head><meta charset='utf-8'>"
+            f"<meta name='viewport' content='width=device-width,initial-scale=1'>"
+            f"<title>{_e(title)}</title><style>{CSS}</style></head><body><main>"
+            f"<h1>{_e(title)}</h1><p class='muted'>tradeoff {__version__}, {stamp}, "
+            f"{len(documents)} result(s)</p>{''.join(report.sections)}</main></body></html>")
+    return page, report
+
+
+def write_report(documents: list[dict[str, Any]], path: Path, png_dir: Path | None = None,
+                 title: str = "tradeoff report") -> Report:
+    """Write the report to ``path``; returns the Report (its ``pngs`` were written too)."""
+    page, report = build_report(documents, png_dir, title)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(page)
+    return report

@@ -1,0 +1,171 @@
+"""The report's plots, drawn with matplotlib (no browser-side code, no CDN).
+
+Each function returns a Figure; ``to_svg`` inlines it in the HTML report and ``--png``
+saves the same figure as a file.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from tradeoff.bench.result import PERCENTILES  # noqa: E402
+
+COLORS = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#4b5563")
+plt.rcParams.update({"svg.fonttype": "none", "font.size": 9, "axes.spines.top": False,
+                     "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.3})
+
+
+def _figure() -> tuple[Figure, Any]:
+    figure, axes = plt.subplots(figsize=(6.4, 3.6), layout="constrained")
+    return figure, axes
+
+
+def _knee_marker(axes: Any, x: float, y: float, color: str) -> None:
+    axes.plot([x], [y], marker="o", markersize=11, markerfacecolor="none",
+              markeredgecolor=color, markeredgewidth=2, zorder=5)
+    axes.annotate("knee", (x, y), textcoords="offset points", xytext=(6, -14), color=color,
+                  fontweight="bold")
+
+
+def _label(sweep: dict[str, Any]) -> str:
+    endpoint = sweep["endpoint"]
+    return str(endpoint.get("name") or endpoint.get("model") or endpoint.get("url"))
+
+
+def throughput_vs_load(sweeps: list[dict[str, Any]]) -> Figure:
+    figure, axes = _figure()
+    mode = sweeps[0]["mode"]
+    for color, sweep in zip(COLORS, sweeps):
+        rows = sweep["rows"]
+        axes.plot([r["load"] for r in rows], [r["throughput_rps"] for r in rows], "o-",
+                  color=color, label=_label(sweep))
+        if sweep.get("knee"):
+            _knee_marker(axes, sweep["knee"]["load"], sweep["knee"]["throughput_rps"], color)
+    axes.set_xscale("log", base=2)
+    axes.set_xlabel("concurrency" if mode == "concurrency" else "offered rate (req/s)")
+    axes.set_ylabel("throughput (req/s)")
+    axes.set_title(f"Throughput vs {mode}")
+    axes.legend()
+    return figure
+
+
+def latency_vs_load(sweeps: list[dict[str, Any]]) -> Figure:
+    figure, axes = _figure()
+    mode = sweeps[0]["mode"]
+    for color, sweep in zip(COLORS, sweeps):
+        rows = sweep["rows"]
+        loads = [r["load"] for r in rows]
+        axes.plot(loads, [r["p50_ms"] for r in rows], "o-", color=color,
+                  label=f"{_label(sweep)} p50")
+        axes.plot(loads, [r["p99_ms"] for r in rows], "s--", color=color, alpha=0.7,
+                  label=f"{_label(sweep)} p99")
+        if sweep.get("knee"):
+            _knee_marker(axes, sweep["knee"]["load"], sweep["knee"]["p99_ms"], color)
+    axes.set_xscale("log", base=2)
+    axes.set_yscale("log")
+    axes.set_xlabel("concurrency" if mode == "concurrency" else "offered rate (req/s)")
+    axes.set_ylabel("latency (ms)")
+    axes.set_title(f"p50 and p99 latency vs {mode}")
+    axes.legend(fontsize=7)
+    return figure
+
+
+def frontier(sweeps: list[dict[str, Any]]) -> Figure:
+    """p99 against throughput: the lower-right envelope is the best trade-off on offer."""
+    figure, axes = _figure()
+    for color, sweep in zip(COLORS, sweeps):
+        rows = sweep["rows"]
+        axes.plot([r["throughput_rps"] for r in rows], [r["p99_ms"] for r in rows], "o-",
+                  color=color, label=_label(sweep))
+        for r in rows:
+            axes.annotate(f"{r['load']:g}", (r["throughput_rps"], r["p99_ms"]), fontsize=7,
+                          textcoords="offset points", xytext=(3, 3), color=color)
+        if sweep.get("knee"):
+            _knee_marker(axes, sweep["knee"]["throughput_rps"], sweep["knee"]["p99_ms"], color)
+    axes.set_yscale("log")
+    axes.set_xlabel("throughput (req/s)")
+    axes.set_ylabel("p99 latency (ms)")
+    axes.set_title("Latency-throughput frontier (labels: load)")
+    axes.legend()
+    return figure
+
+
+def latency_cdf(named: list[tuple[str, dict[str, Any]]]) -> Figure:
+    """Latency distribution from each result's reported percentiles (min ... max)."""
+    figure, axes = _figure()
+    for color, (name, latency) in zip(COLORS, named):
+        points = [(latency["min"], 0.0)] + [(latency[k], q / 100) for k, q in
+                                            PERCENTILES.items()] + [(latency["max"], 1.0)]
+        axes.plot([p[0] for p in points], [p[1] for p in points], "o-", color=color,
+                  label=name, markersize=3)
+    axes.set_xscale("log")
+    axes.set_xlabel("latency (ms)")
+    axes.set_ylabel("fraction of requests")
+    axes.set_title("Latency CDF (from min, p50, p90, p95, p99, p99.9, max)")
+    axes.legend(fontsize=7)
+    return figure
+
+
+def soak_timeline(soak: dict[str, Any]) -> Figure:
+    figure, (top, bottom) = plt.subplots(2, 1, figsize=(6.4, 4.6), sharex=True,
+                                         layout="constrained")
+    windows = soak["result"]["windows"]
+    ends, t = [], 0.0
+    for w in windows:
+        t += w["duration_s"]
+        ends.append(t)
+    top.plot(ends, [w["throughput_rps"] for w in windows], "o-", color=COLORS[0],
+             label="throughput")
+    top.set_ylabel("req/s")
+    right = top.twinx()
+    right.plot(ends, [w["p99_ms"] for w in windows], "s--", color=COLORS[1], label="p99")
+    right.set_ylabel("p99 ms", color=COLORS[1])
+    top.set_title(f"Soak at {soak['rate_rps']:,.0f} req/s: "
+                  + ("stable" if soak["verdict"]["stable"] else "UNSTABLE"))
+    samples = soak["memory"]["samples"]
+    if samples:
+        bottom.plot([s[0] for s in samples], [s[1] / 2**20 for s in samples], color=COLORS[2])
+        bottom.set_ylabel("server RSS (MiB)")
+    else:
+        bottom.text(0.5, 0.5, "server memory not watched (--server-pid or --prometheus-url)",
+                    ha="center", va="center", transform=bottom.transAxes)
+    bottom.set_xlabel("seconds into the soak")
+    return figure
+
+
+def comparison(compare: dict[str, Any]) -> Figure:
+    """Throughput and p99 per endpoint, with the confidence interval of each ratio."""
+    figure, (left, right) = plt.subplots(1, 2, figsize=(6.4, 3.2), layout="constrained")
+    names = [e["name"] for e in compare["endpoints"]]
+    summaries = [e["result"]["summary"] for e in compare["endpoints"]]
+    base = summaries[0]
+    for axes, metric, values, base_value, title in (
+            (left, "throughput", [s["throughput_rps"] for s in summaries],
+             base["throughput_rps"], "throughput (req/s)"),
+            (right, "p99", [(s["latency_ms"] or {}).get("p99") or 0 for s in summaries],
+             (base["latency_ms"] or {}).get("p99") or 0, "p99 latency (ms)")):
+        errors = [[0.0] * len(names), [0.0] * len(names)]
+        for i, ratio in enumerate(compare["ratios"]):
+            ci = ratio[metric]["ci95"]
+            if ci and base_value:
+                errors[0][i] = max(values[i] - ci[0] * base_value, 0)
+                errors[1][i] = max(ci[1] * base_value - values[i], 0)
+        axes.bar(names, values, color=COLORS[: len(names)], yerr=errors, capsize=4)
+        axes.set_title(title)
+    return figure
+
+
+def to_svg(figure: Figure) -> str:
+    """The figure as an inline <svg> element (the XML prologue dropped)."""
+    buffer = io.StringIO()
+    figure.savefig(buffer, format="svg")
+    plt.close(figure)
+    text = buffer.getvalue()
+    return text[text.index("<svg"):]
