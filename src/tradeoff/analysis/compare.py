@@ -18,7 +18,7 @@ import numpy as np
 from rich.console import Console
 
 from tradeoff.analysis.cost import Price, rank
-from tradeoff.analysis.profile import profile
+from tradeoff.analysis.profile import build_profile, profile
 from tradeoff.bench.endpoint import EndpointSpec, make_adapter
 from tradeoff.bench.load import LoadSpec
 from tradeoff.bench.records import OK, Records
@@ -254,14 +254,11 @@ def compare_results(named: list[tuple[str, dict[str, Any]]],
             raise ValueError(f"{name}: not a tradeoff.bench result")
         result = copy.deepcopy(result)
         result["endpoint"]["name"] = name
-        given = dict((facts or {}).get(name, {}))
         endpoint = result["endpoint"]
-        checklist = {"format": endpoint.get("platform")}
+        metadata = {k: endpoint.get(k) for k in ("platform", "inputs", "outputs")}
+        config = endpoint.get("model_config") or {}
         entries.append({"name": name, "input_fingerprint": None,
-                        "profile": {"checklist": {k: given.pop(k, None) or checklist.get(k)
-                                                  or "unknown" for k in
-                                                  ("format", "precision", "server",
-                                                   "batching", "instances", "hardware")},
-                                    "facts": given},
+                        "profile": build_profile(metadata, config, {},
+                                                 (facts or {}).get(name)),
                         "rounds": [result["summary"]], "result": result})
     return _document(entries, None, 1, prices or {}, alpha, sla_p99_ms, max_error_percent)

@@ -45,9 +45,14 @@ def _instances(config: dict[str, Any]) -> str | None:
 
 def profile(adapter: Adapter, facts: dict[str, str] | None = None) -> dict[str, Any]:
     """The checklist and the raw metadata of an endpoint (after ``adapter.prepare()``)."""
-    metadata: dict[str, Any] = getattr(adapter, "metadata", None) or {}
-    config: dict[str, Any] = getattr(adapter, "config", None) or {}
-    server = adapter.server_metadata() or {}
+    return build_profile(getattr(adapter, "metadata", None) or {},
+                         getattr(adapter, "config", None) or {},
+                         adapter.server_metadata() or {}, facts)
+
+
+def build_profile(metadata: dict[str, Any], config: dict[str, Any], server: dict[str, Any],
+                  facts: dict[str, str] | None = None) -> dict[str, Any]:
+    """The checklist from model metadata, model config and server metadata, plus facts."""
     inputs = metadata.get("inputs") or []
     outputs = metadata.get("outputs") or []
     precision = None
@@ -67,13 +72,13 @@ def profile(adapter: Adapter, facts: dict[str, str] | None = None) -> dict[str, 
         "hardware": hardware,
     }
     given = dict(facts or {})
-    checklist = {}
-    sources = {}
+    checklist: dict[str, str] = {}
+    sources: dict[str, str] = {}
     for key in CHECKLIST:
         if key in given:
             checklist[key], sources[key] = given.pop(key), "user"
         elif revealed[key]:
-            checklist[key], sources[key] = revealed[key], "endpoint"
+            checklist[key], sources[key] = str(revealed[key]), "endpoint"
         else:
             checklist[key], sources[key] = UNKNOWN, "unknown"
     return {"checklist": checklist, "sources": sources, "facts": given,

@@ -284,7 +284,7 @@ class V2Adapter(Adapter):
 
     def server_metadata(self) -> dict[str, Any] | None:
         try:
-            return self._get_json("/v2")  # type: ignore[no-any-return]
+            return self._get_json("/v2")
         except BenchSetupError:
             return None
 
@@ -295,7 +295,8 @@ class V2Adapter(Adapter):
                 "batch_size": self.batch_size, "inputs": self.metadata.get("inputs"),
                 "outputs": self.metadata.get("outputs"),
                 "platform": self.metadata.get("platform"),
-                "max_batch_size": (self.config or {}).get("max_batch_size")}
+                "max_batch_size": (self.config or {}).get("max_batch_size"),
+                "model_config": self.config}
 
 
 class HttpJsonAdapter(Adapter):

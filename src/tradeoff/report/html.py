@@ -113,7 +113,7 @@ def _sweep_section(report: Report, sweeps: list[dict[str, Any]]) -> None:
             tables.append(
                 f"<h3>{name}</h3>" + _table([mode, "req/s", "p50 ms", "p99 ms", "errors %"],
                                             rows, classes)
-                + f"<p class='muted'>knee: "
+                + "<p class='muted'>knee: "
                 + (f"{mode} {knee['load']:g} ({knee['throughput_rps']:,.0f} req/s, p99 "
                    f"{knee['p99_ms']:.2f} ms)" if knee else "not reached")
                 + f"; stopped: {_e(sweep['stop_reason'])}</p>" + sla_text)

@@ -69,3 +69,138 @@ def print_bench_result(result: dict[str, Any], console: Console) -> None:
     if stable is False:
         console.print(f"[yellow]unstable[/]: {result['stop_reason']}; last windows disagree "
                       f"by more than {load['stability_percent']:g}%.")
+
+
+def print_sweep(sweep: dict[str, Any], console: Console) -> None:
+    """The sweep's points, the knee highlighted, and why it stopped."""
+    endpoint = sweep["endpoint"]
+    knee = sweep.get("knee")
+    mode = sweep["mode"]
+    table = Table(title=f"{endpoint.get('name') or endpoint.get('model') or endpoint['url']}: "
+                        f"sweep over {mode}")
+    for column in (mode, "req/s", "infer/s", "p50 ms", "p99 ms", "errors %", ""):
+        table.add_column(column, justify="right")
+    for row in sweep["rows"]:
+        at_knee = knee is not None and row["load"] == knee["load"]
+        table.add_row(f"{row['load']:g}", f"{row['throughput_rps']:,.1f}",
+                      f"{row['inferences_per_s']:,.1f}", _ms(row["p50_ms"]), _ms(row["p99_ms"]),
+                      f"{row['error_percent']:.1f}", "[bold yellow]knee[/]" if at_knee else "",
+                      style="bold" if at_knee else None)
+    console.print(table)
+    if knee:
+        console.print(f"knee at {mode} {knee['load']:g}: {knee['throughput_rps']:,.1f} req/s, "
+                      f"p99 {knee['p99_ms']:.2f} ms ({knee['rule']})")
+    else:
+        console.print("knee not reached: throughput was still growing")
+    console.print(f"stopped: {sweep['stop_reason']}")
+    sla = sweep.get("sla")
+    if sla:
+        if sla["best"]:
+            best = sla["best"]
+            console.print(f"[bold]SLA p99 <= {sla['p99_ms']:g} ms[/]: highest {mode} meeting "
+                          f"it is {sla['best_load']:g} ({best['throughput_rps']:,.1f} req/s, "
+                          f"p99 {best['p99_ms']:.2f} ms)")
+        else:
+            console.print(f"[bold red]SLA p99 <= {sla['p99_ms']:g} ms[/]: no load met it")
+
+
+def _ratio_cell(value: dict[str, Any]) -> str:
+    if value["ratio"] is None:
+        return "-"
+    text = f"{value['ratio']:.3f}"
+    if value["ci95"]:
+        text += f" [{value['ci95'][0]:.3f}, {value['ci95'][1]:.3f}]"
+    return text
+
+
+def print_compare(compare: dict[str, Any], console: Console) -> None:
+    """Side by side: figures, ratios to the baseline with 95% intervals, fairness, cost."""
+    table = Table(title=f"Comparison: baseline {compare['baseline']}, "
+                        f"{compare['rounds']} round(s) each")
+    for column in ("endpoint", "req/s", "x base [95% CI]", "p50 ms", "x base", "p99 ms",
+                   "x base", "errors"):
+        table.add_column(column, justify="left" if column == "endpoint" else "right")
+    ratios = {r["name"]: r for r in compare["ratios"]}
+    for entry in compare["endpoints"]:
+        s = entry["result"]["summary"]
+        lat = s["latency_ms"] or {}
+        r = ratios[entry["name"]]
+        table.add_row(entry["name"], f"{s['throughput_rps']:,.1f}", _ratio_cell(r["throughput"]),
+                      _ms(lat.get("p50")), _ratio_cell(r["p50"]), _ms(lat.get("p99")),
+                      _ratio_cell(r["p99"]), f"{s['errors']:,}")
+    console.print(table)
+    profiles = Table(title="Endpoint profiles (unknown: not revealed, not given)")
+    keys = ("format", "precision", "server", "batching", "instances", "hardware")
+    profiles.add_column("endpoint")
+    for key in keys:
+        profiles.add_column(key)
+    for entry in compare["endpoints"]:
+        checklist = entry["profile"]["checklist"]
+        profiles.add_row(entry["name"], *(str(checklist[k]) for k in keys))
+    console.print(profiles)
+    for check in compare["fairness"]["checks"]:
+        mark = {True: "[green]ok[/]", False: "[red]differs[/]", None: "[dim]n/a[/]"}[check["ok"]]
+        console.print(f"  fairness: {check['check']}: {mark} ({check['detail']})")
+    print_ranking(compare["ranking"], compare["score"], console)
+
+
+def print_ranking(ranking: list[dict[str, Any]], score: dict[str, Any],
+                  console: Console) -> None:
+    """Cost per million requests and the cost-performance score."""
+    table = Table(title=f"Cost and score (alpha {score['alpha']:g} on throughput per cost, "
+                        f"{1 - score['alpha']:g} on 1/p99)"
+                        + (f", SLA p99 <= {score['sla_p99_ms']:g} ms"
+                           if score.get("sla_p99_ms") else ""))
+    for column in ("rank", "endpoint", "req/s", "p99 ms", "cost / 1M req", "score", "SLA"):
+        table.add_column(column, justify="left" if column in ("endpoint", "SLA") else "right")
+    for c in ranking:
+        cost = c["cost_per_million"]
+        table.add_row("-" if c["rank"] is None else str(c["rank"]), c["name"],
+                      f"{c['throughput_rps']:,.1f}", _ms(c["p99_ms"]),
+                      "-" if cost is None else f"{cost:,.4f}",
+                      "-" if c["score"] is None else f"{c['score']:.3f}",
+                      "met" if c["meets_sla"] else "; ".join(c["sla_misses"]))
+    console.print(table)
+
+
+SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "blue"}
+
+
+def print_findings(findings: list[Any], console: Console) -> None:
+    """Diagnosis findings, most severe first."""
+    if not findings:
+        console.print("[green]no findings[/]: none of the rules matched")
+        return
+    table = Table(title="Diagnosis", show_lines=True)
+    for column in ("severity", "subject", "finding", "what to do"):
+        table.add_column(column)
+    for f in findings:
+        table.add_row(f"[{SEVERITY_STYLE.get(f.severity, '')}]{f.severity}[/]", f.subject,
+                      f.title, f.action)
+    console.print(table)
+
+
+def print_soak(soak: dict[str, Any], console: Console) -> None:
+    """The soak's windows and its verdict."""
+    table = Table(title=f"Soak at {soak['rate_rps']:,.1f} req/s "
+                        f"({soak['plan']['fraction']:.0%} of {soak['max_rate']['rps']:,.1f}, "
+                        f"{soak['max_rate']['source']})")
+    for column in ("window", "req/s", "p50 ms", "p99 ms", "errors"):
+        table.add_column(column, justify="right")
+    for w in soak["result"]["windows"]:
+        table.add_row(str(w["index"] + 1), f"{w['throughput_rps']:,.1f}", _ms(w["p50_ms"]),
+                      _ms(w["p99_ms"]), str(w["errors"]))
+    console.print(table)
+    verdict = soak["verdict"]
+    memory = verdict["trends"].get("memory")
+    if memory:
+        console.print(f"server memory: {memory['growth_mib']:+.1f} MiB over the run "
+                      f"(p={memory['p_value']:.3f})")
+    if verdict["stable"]:
+        console.print("[bold green]stable[/]: no drift, error burst or memory growth")
+    else:
+        console.print("[bold red]unstable[/]:")
+        for reason in verdict["reasons"]:
+            console.print(f"  - {reason['text']}")
+    for note in verdict["notes"]:
+        console.print(f"  note: {note}")
