@@ -3,7 +3,10 @@
 Paths: ``/fixed?ms=20`` answers after 20 ms; ``/status?code=503`` answers that status;
 ``/close`` drops the connection without an answer; ``/freeze?after=N&s=1`` answers at
 once but blocks the whole server (event loop included) for ``s`` seconds when it receives
-its N-th request. Every request is counted.
+its N-th request; ``/serial?ms=5`` serves one request at a time, ``ms`` each (a server
+without batching: its throughput is capped at 1000/ms whatever the load);
+``/growing?us=50`` answers after (requests so far x ``us``) microseconds, a server that
+slows down as it runs. Every request is counted.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ class ControlServer:
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._server: asyncio.AbstractServer | None = None
+        self._serial: asyncio.Lock | None = None
 
     def __enter__(self) -> ControlServer:
         self._thread.start()
@@ -68,6 +72,12 @@ class ControlServer:
                 status = 200
                 if parts.path == "/fixed":
                     await asyncio.sleep(float(query.get("ms", "0")) / 1000)
+                elif parts.path == "/growing":
+                    await asyncio.sleep(self.count * float(query.get("us", "0")) / 1e6)
+                elif parts.path == "/serial":
+                    self._serial = self._serial or asyncio.Lock()
+                    async with self._serial:
+                        await asyncio.sleep(float(query.get("ms", "0")) / 1000)
                 elif parts.path == "/status":
                     status = int(query.get("code", "500"))
                 elif parts.path == "/close":

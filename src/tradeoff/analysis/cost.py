@@ -2,6 +2,8 @@
 
     cost per 1M requests = price_per_hour / (throughput_rps * 3600) * 1e6
                          = price_per_1k_requests * 1000            (priced APIs)
+    throughput per cost = requests per dollar = 1e6 / cost per 1M requests
+                          (for a deployment: throughput_rps * 3600 / price_per_hour)
     score = alpha * throughput_per_cost / max(throughput_per_cost)
           + (1 - alpha) * (1 / p99) / max(1 / p99)
 
@@ -65,8 +67,8 @@ def rank(candidates: list[dict[str, Any]], alpha: float = 0.5,
                     "cost_per_million": cost, "meets_sla": meets, "sla_misses": reasons})
     ranked = [c for c in out if c["meets_sla"] and c["throughput_rps"] > 0 and c["p99_ms"]]
     priced = all(c["cost_per_million"] for c in ranked)
-    value = {id(c): (c["throughput_rps"] / c["cost_per_million"] if priced
-                     else c["throughput_rps"]) for c in ranked}
+    value = {id(c): (1e6 / c["cost_per_million"] if priced else c["throughput_rps"])
+             for c in ranked}
     speed = {id(c): 1 / c["p99_ms"] for c in ranked}
     best_value = max(value.values(), default=0) or 1
     best_speed = max(speed.values(), default=0) or 1
@@ -74,7 +76,8 @@ def rank(candidates: list[dict[str, Any]], alpha: float = 0.5,
         if id(c) in value:
             c["score"] = (alpha * value[id(c)] / best_value
                           + (1 - alpha) * speed[id(c)] / best_speed)
-            c["score_basis"] = "throughput per cost" if priced else "throughput (no prices)"
+            c["score_basis"] = ("requests per dollar" if priced
+                                else "throughput (no prices)")
         else:
             c["score"] = None
     order = sorted(out, key=lambda c: (c["score"] is None, -(c["score"] or 0)))

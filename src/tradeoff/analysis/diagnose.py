@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from tradeoff.analysis.knee import MIN_GAIN, gain_per_doubling
 from tradeoff.bench.sweep import point_summary
 
 LONG_TAIL_WARN = 3.0          # p99 / p50
@@ -20,9 +21,10 @@ LONG_TAIL_CRITICAL = 10.0
 SPIKE_FACTOR = 2.0            # a window whose p99 is this far above the median window p99
 COLD_START_FACTOR = 10.0      # first request vs steady p50
 OVERHEAD_SHARE = 0.5          # client latency not spent in the server
-FLAT_GAIN = 0.10              # no batching: under 10% more throughput across the sweep ...
+FLAT_GAIN = MIN_GAIN          # no batching: under 5% more throughput per doubling ...
 LINEAR_LATENCY = 0.7          # ... while p50 grows at least 0.7x as fast as the concurrency
 BATCHED_RATIO = 0.95          # executions / requests at or above this: nothing shared a batch
+NO_BATCHING_SCALED = 0.5      # ... but throughput grew this much: instances, not a bottleneck
 SATURATION_DROP = 0.10        # throughput this far below the sweep's best
 ERROR_PERCENT = 1.0
 
@@ -199,7 +201,6 @@ def no_batching(sweep: dict[str, Any]) -> list[Finding]:
     rows = [point_summary(p) for p in points]
     if len(rows) < 3 or rows[-1]["load"] < 4 * rows[0]["load"]:
         return []
-    best = max(range(len(rows)), key=lambda i: rows[i]["throughput_rps"])
     first, last = rows[0], rows[-1]
     gain = last["throughput_rps"] / first["throughput_rps"] - 1
     load_ratio = last["load"] / first["load"]
@@ -211,20 +212,28 @@ def no_batching(sweep: dict[str, Any]) -> list[Finding]:
                 "p50_ms": [r["p50_ms"] for r in rows], "throughput_gain": gain,
                 "p50_growth": latency_ratio, "load_growth": load_ratio,
                 "executions_per_request": ratios or None}
-    flat = gain < FLAT_GAIN and latency_ratio >= LINEAR_LATENCY * load_ratio
+    per_doubling = gain_per_doubling(first["load"], first["throughput_rps"], last["load"],
+                                     last["throughput_rps"])
+    evidence["throughput_gain_per_doubling"] = per_doubling
+    flat = per_doubling < FLAT_GAIN and latency_ratio >= LINEAR_LATENCY * load_ratio
     never_batched = bool(ratios) and min(ratios) >= BATCHED_RATIO
     if ratios and not never_batched:
         return []  # requests did share executions: flat throughput is saturation, not this
-    if not (flat or (never_batched and rows[best]["load"] < last["load"])):
+    action = ("enable dynamic batching (dynamic_batching { max_queue_delay_microseconds ... } "
+              "with max_batch_size > 0) or add instances; requests are served one at a time")
+    if never_batched and gain >= NO_BATCHING_SCALED:
+        return [Finding("no_batching", "info",
+                        f"requests never shared an execution, yet throughput grew {gain:.0%} "
+                        f"over {load_ratio:.0f}x the concurrency (several instances?)",
+                        evidence, "dynamic batching could still raise throughput per "
+                        "instance; compare with it on")]
+    if not (flat or never_batched):
         return []
     return [Finding("no_batching", "critical",
                     f"no batching: throughput grew {gain:.0%} over {load_ratio:.0f}x the "
                     f"concurrency while p50 grew {latency_ratio:.1f}x"
                     + (" and every request ran its own execution" if never_batched else ""),
-                    evidence,
-                    "enable dynamic batching (dynamic_batching { max_queue_delay_microseconds "
-                    "... } with max_batch_size > 0) or add instances; requests are served "
-                    "one at a time")]
+                    evidence, action)]
 
 
 def saturation(sweep: dict[str, Any]) -> list[Finding]:
@@ -235,7 +244,8 @@ def saturation(sweep: dict[str, Any]) -> list[Finding]:
     last = rows[-1]
     drop = 1 - last["throughput_rps"] / rows[best]["throughput_rps"] if \
         rows[best]["throughput_rps"] else 0.0
-    rising_errors = last["error_percent"] > max(ERROR_PERCENT, rows[best]["error_percent"])
+    rising_errors = last["error_percent"] > max(ERROR_PERCENT,
+                                                min(r["error_percent"] for r in rows))
     if drop < SATURATION_DROP and not rising_errors:
         return []
     return [Finding("saturation", "critical" if rising_errors else "warning",

@@ -1,0 +1,59 @@
+"""Bench and sweep result documents with chosen figures, for the analysis rules' tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def bench_result(*, load: float = 8, mode: str = "closed", throughput: float = 1000.0,
+                 p50: float = 5.0, p99: float = 8.0, requests: int = 10_000, errors: int = 0,
+                 queue: float | None = 1.0, compute: float | None = 3.0,
+                 latency_mean: float | None = None, cold_start: float = 6.0,
+                 stable: bool | None = True, client_bound: bool = False,
+                 windows: list[dict[str, Any]] | None = None,
+                 executions: int | None = None, name: str = "m") -> dict[str, Any]:
+    mean = latency_mean if latency_mean is not None else p50 * 1.1
+    server = None
+    if queue is not None and compute is not None:
+        server = {"source": "server-timing", "queue": {"mean": queue},
+                  "compute_input": {"mean": 0.0}, "compute_infer": {"mean": compute},
+                  "compute_output": {"mean": 0.0}, "server_total": {"mean": queue + compute},
+                  "overhead": {"mean": mean - queue - compute}}
+    return {
+        "schema": "tradeoff.bench/1",
+        "endpoint": {"protocol": "v2", "url": "http://127.0.0.1:8000", "model": name,
+                     "batch_size": 1, "inputs": [], "platform": "onnxruntime_onnx"},
+        "load": {"mode": mode, "concurrency": load if mode == "closed" else None,
+                 "rate": load if mode == "open" else None, "arrival": None,
+                 "warmup_s": 1.0, "duration_s": 5.0, "stability_percent": 10.0},
+        "environment": {"client_host": "test"},
+        "cold_start_ms": cold_start,
+        "warmup": {"requests": 10, "latency_ms": None},
+        "windows": windows if windows is not None else [
+            {"index": 0, "duration_s": 5.0, "completed": requests, "errors": errors,
+             "throughput_rps": throughput, "p50_ms": p50, "p99_ms": p99}],
+        "stable": stable,
+        "stop_reason": "--duration reached",
+        "client": {"workers": 1, "cpu_percent": 40.0, "send_lag_ms": None,
+                   "loop_lag_ms": None, "client_bound": client_bound,
+                   "reasons": ["client CPU 99% > 90%"] if client_bound else [], "notes": []},
+        "summary": {"requests": requests, "successes": requests - errors, "errors": errors,
+                    "errors_by_class": {"http_503": errors} if errors else {},
+                    "throughput_rps": throughput, "inferences_per_s": throughput,
+                    "latency_ms": {"min": p50 / 2, "mean": mean, "p50": p50, "p90": p99 * 0.8,
+                                   "p95": p99 * 0.9, "p99": p99, "p999": p99 * 1.2,
+                                   "max": p99 * 1.5},
+                    "server_ms": server,
+                    "server_counts": None if executions is None else
+                    {"requests": requests, "executions": executions},
+                    "bytes_sent": 0, "bytes_received": 0, "duration_s": 5.0},
+    }
+
+
+def sweep_result(points: list[dict[str, Any]], mode: str = "concurrency") -> dict[str, Any]:
+    from tradeoff.bench.sweep import knee_of, point_summary
+
+    return {"schema": "tradeoff.sweep/1", "endpoint": points[0]["endpoint"], "mode": mode,
+            "points": points, "rows": [point_summary(p) for p in points],
+            "knee": knee_of(points), "stop_reason": "last level reached", "sla": None,
+            "environment": {"client_host": "test"}}

@@ -1,0 +1,228 @@
+"""Knee detection, sweep levels, cost and score, trend tests, soak verdicts, bootstrap
+intervals and endpoint profiles: the arithmetic behind sweep, soak and compare."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from tradeoff.analysis.compare import bootstrap_ratio, merge_rounds
+from tradeoff.analysis.cost import Price, rank
+from tradeoff.analysis.knee import find_knee, gain_per_doubling
+from tradeoff.analysis.profile import UNKNOWN, build_profile, parse_fact
+from tradeoff.analysis.trend import mann_kendall
+from tradeoff.bench.soak import verdict
+from tradeoff.bench.sweep import parse_levels
+
+from .result_factory import bench_result
+
+
+# ------------------------------------------------------------------------- knee
+
+def test_gain_per_doubling_scales_any_step_to_one_doubling() -> None:
+    assert gain_per_doubling(1, 100, 2, 150) == pytest.approx(0.5)
+    assert gain_per_doubling(1, 100, 4, 150) == pytest.approx(math.sqrt(1.5) - 1)
+    assert gain_per_doubling(100, 100, 125, 125) == pytest.approx(1.0)  # proportional
+
+
+def test_knee_is_where_every_later_point_is_flat() -> None:
+    loads = [1, 2, 4, 8, 16, 32]
+    assert find_knee(loads, [100, 190, 360, 600, 610, 605]) == 3
+    assert find_knee(loads, [100, 200, 400, 800, 1600, 3200]) is None
+
+
+def test_a_noisy_dip_is_not_the_knee() -> None:
+    # 8 -> 16 dips, but 32 is far above 8: the curve is still rising at 8
+    assert find_knee([1, 2, 4, 8, 16, 32, 64], [100, 190, 360, 600, 580, 900, 905]) == 5
+
+
+def test_a_curve_flat_from_the_start_has_its_knee_at_the_first_point() -> None:
+    assert find_knee([1, 2, 4, 8], [200, 201, 199, 200]) == 0
+
+
+@pytest.mark.parametrize(("text", "integer", "levels"), [
+    ("1:16", True, [1, 2, 4, 8, 16]),
+    ("1:20", True, [1, 2, 4, 8, 16]),
+    ("4:16:4", True, [4, 8, 12, 16]),
+    ("1,3,9", True, [1, 3, 9]),
+    ("100:400", False, [100.0, 200.0, 400.0]),
+    ("50.5,75", False, [50.5, 75.0]),
+])
+def test_levels(text: str, integer: bool, levels: list[float]) -> None:
+    assert parse_levels(text, integer) == levels
+
+
+@pytest.mark.parametrize("text", ["", "0:8", "8:1", "1:8:0", "a:b", "4,2", "1:2:3:4", "-1,2"])
+def test_bad_levels_say_what_to_write(text: str) -> None:
+    with pytest.raises(ValueError, match="START:END"):
+        parse_levels(text, integer=True)
+
+
+# ------------------------------------------------------------------------- cost
+
+def test_cost_per_million_requests() -> None:
+    assert Price(per_hour=3.6).per_million(1000) == pytest.approx(1.0)
+    assert Price(per_1k_requests=0.002).per_million(5) == pytest.approx(2.0)
+    assert Price(per_hour=1.0).per_million(0) is None
+    with pytest.raises(ValueError):
+        Price(per_hour=1.0, per_1k_requests=1.0)
+    with pytest.raises(ValueError):
+        Price()
+
+
+def candidate(name: str, throughput: float, p99: float, price: float | None,
+              errors: float = 0.0) -> dict:
+    return {"name": name, "throughput_rps": throughput, "p99_ms": p99,
+            "error_percent": errors, "price": Price(per_hour=price) if price else None}
+
+
+def test_score_weighs_throughput_per_cost_against_latency() -> None:
+    cheap_slow = candidate("cheap", 1000, 50, 1.0)    # 1000 req/s per $/h, p99 50
+    dear_fast = candidate("dear", 4000, 10, 8.0)      # 500 req/s per $/h, p99 10
+    by_value = rank([cheap_slow, dear_fast], alpha=1.0)
+    assert [c["name"] for c in by_value] == ["cheap", "dear"]
+    assert by_value[0]["score"] == pytest.approx(1.0)
+    assert by_value[1]["score"] == pytest.approx(0.5)
+    by_speed = rank([cheap_slow, dear_fast], alpha=0.0)
+    assert [c["name"] for c in by_speed] == ["dear", "cheap"]
+    assert by_speed[1]["score"] == pytest.approx(0.2)
+    balanced = rank([cheap_slow, dear_fast], alpha=0.5)
+    assert balanced[0]["name"] == "dear"  # 0.5*0.5 + 0.5*1 = 0.75 vs 0.5*1 + 0.5*0.2 = 0.6
+    assert balanced[0]["score"] == pytest.approx(0.75)
+
+
+def test_only_candidates_meeting_the_sla_rank() -> None:
+    ranked = rank([candidate("fast", 100, 5, 1.0), candidate("slow", 1000, 30, 1.0),
+                   candidate("failing", 2000, 4, 1.0, errors=5.0)],
+                  sla_p99_ms=10, max_error_percent=1.0)
+    by_name = {c["name"]: c for c in ranked}
+    assert by_name["fast"]["rank"] == 1
+    assert by_name["slow"]["rank"] is None and "p99" in by_name["slow"]["sla_misses"][0]
+    assert by_name["failing"]["rank"] is None
+    assert ranked[0]["name"] == "fast"
+
+
+def test_without_prices_the_score_uses_throughput() -> None:
+    ranked = rank([candidate("a", 100, 5, None), candidate("b", 200, 5, None)], alpha=1.0)
+    assert ranked[0]["name"] == "b" and ranked[0]["cost_per_million"] is None
+    assert ranked[0]["score_basis"] == "throughput (no prices)"
+
+
+# ------------------------------------------------------------------------ trend
+
+def test_mann_kendall_finds_a_rising_series_and_its_slope() -> None:
+    t = np.arange(20, dtype=float)
+    trend = mann_kendall(t, 100 + 2 * t)
+    assert trend.direction == "up" and trend.p_value < 0.001
+    assert trend.slope_per_s == pytest.approx(2.0)
+
+
+def test_mann_kendall_sees_no_trend_in_noise() -> None:
+    rng = np.random.default_rng(3)
+    trend = mann_kendall(np.arange(30.0), rng.normal(100, 5, 30))
+    assert trend.direction == "none" and trend.p_value > 0.05
+
+
+def test_mann_kendall_is_not_thrown_by_one_outlier() -> None:
+    values = np.full(12, 10.0) + np.arange(12) * 0.0
+    values[5] = 1000.0
+    assert mann_kendall(np.arange(12.0), values).direction == "none"
+
+
+def soak_windows(p99: list[float], errors: list[int] | None = None) -> list[dict]:
+    errors = errors or [0] * len(p99)
+    return [{"index": i, "duration_s": 60.0, "completed": 1000, "errors": e,
+             "throughput_rps": 100.0, "p50_ms": 5.0, "p99_ms": v}
+            for i, (v, e) in enumerate(zip(p99, errors))]
+
+
+def test_soak_verdict_stable() -> None:
+    rng = np.random.default_rng(0)
+    memory = [(float(t), 200e6 + rng.normal(0, 1e5)) for t in range(60)]
+    result = verdict(soak_windows(list(rng.normal(10, 0.3, 8))), memory)
+    assert result["stable"], result["reasons"]
+
+
+def test_soak_verdict_drift() -> None:
+    result = verdict(soak_windows([10, 11, 12, 13, 14, 15, 16, 17]), [])
+    assert not result["stable"]
+    assert result["reasons"][0]["kind"] == "drift" and "p99" in result["reasons"][0]["text"]
+
+
+def test_soak_verdict_error_burst() -> None:
+    result = verdict(soak_windows([10.0] * 6, errors=[0, 0, 0, 80, 0, 0]), [])
+    assert [r["kind"] for r in result["reasons"]] == ["error_burst"]
+    assert result["reasons"][0]["evidence"]["windows"] == [3]
+
+
+def test_soak_verdict_memory_growth() -> None:
+    memory = [(float(t), 200e6 + t * 1e6) for t in range(60)]  # +59 MB in a minute
+    result = verdict(soak_windows([10.0] * 6), memory)
+    assert [r["kind"] for r in result["reasons"]] == ["memory_growth"]
+    assert result["trends"]["memory"]["growth_mib"] == pytest.approx(59e6 / 2**20, rel=0.01)
+
+
+def test_soak_with_too_few_windows_says_so() -> None:
+    result = verdict(soak_windows([10, 30]), [])
+    assert result["stable"] and "too few" in result["notes"][0]
+
+
+# -------------------------------------------------------------------- bootstrap
+
+def test_bootstrap_interval_holds_the_true_ratio() -> None:
+    rng = np.random.default_rng(1)
+    a = rng.exponential(10.0, 5000)
+    b = rng.exponential(20.0, 5000)
+    low, high = bootstrap_ratio(a, b, np.mean)
+    assert low < 2.0 < high and high - low < 0.3
+    p99 = bootstrap_ratio(a, b, lambda x, axis: np.percentile(x, 99, axis=axis))
+    assert p99 is not None and p99[0] < 2.0 < p99[1]
+
+
+def test_bootstrap_needs_samples() -> None:
+    assert bootstrap_ratio(np.array([1.0]), np.array([1.0, 2.0]), np.mean) is None
+
+
+def test_merged_rounds_pool_counts_and_time() -> None:
+    rounds = [bench_result(throughput=100.0, requests=500), bench_result(throughput=300.0,
+                                                                          requests=1500)]
+    merged = merge_rounds(rounds, np.array([1.0, 2.0, 3.0]))
+    s = merged["summary"]
+    assert s["requests"] == 2000 and s["duration_s"] == 10.0
+    assert s["throughput_rps"] == pytest.approx(200.0)
+    assert s["latency_ms"]["p50"] == 2.0
+    assert merged["merged_rounds"] == 2
+
+
+# ---------------------------------------------------------------------- profile
+
+def test_profile_reads_config_and_leaves_the_rest_unknown() -> None:
+    config = {"platform": "onnxruntime_onnx", "max_batch_size": 8,
+              "dynamic_batching": {"max_queue_delay_microseconds": 100,
+                                   "preferred_batch_size": [4, 8]},
+              "instance_group": [{"kind": "KIND_CPU", "count": 2}]}
+    metadata = {"platform": "onnxruntime_onnx",
+                "inputs": [{"name": "x", "datatype": "FP16", "shape": [-1, 4]}],
+                "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 2]}]}
+    found = build_profile(metadata, config, {"name": "triton", "version": "2.50"})
+    checklist = found["checklist"]
+    assert checklist["format"] == "onnxruntime_onnx"
+    assert checklist["precision"] == "in FP16; out FP32"
+    assert checklist["server"] == "triton 2.50"
+    assert checklist["batching"].startswith("dynamic, max_batch_size 8, max_queue_delay 100")
+    assert checklist["instances"] == "2 x cpu"
+    bare = build_profile({}, {}, {})
+    assert set(bare["checklist"].values()) == {UNKNOWN}
+
+
+def test_user_facts_win_and_extra_facts_are_kept() -> None:
+    found = build_profile({}, {"instance_group": [{"kind": "KIND_GPU", "count": 1}]}, {},
+                          {"hardware": "H100 SXM", "region": "eu-west"})
+    assert found["checklist"]["hardware"] == "H100 SXM"
+    assert found["sources"]["hardware"] == "user"
+    assert found["facts"] == {"region": "eu-west"}
+    assert parse_fact("a:hardware=H100") == ("a", "hardware", "H100")
+    with pytest.raises(ValueError, match="NAME:key=value"):
+        parse_fact("hardware=H100")

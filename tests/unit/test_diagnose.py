@@ -1,0 +1,141 @@
+"""Every diagnosis rule on a result that shows its symptom and on one that does not."""
+
+from __future__ import annotations
+
+import pytest
+
+from tradeoff.analysis.diagnose import diagnose
+
+from .result_factory import bench_result, sweep_result
+
+
+def rules(document: dict) -> set[str]:
+    return {f.rule for f in diagnose(document)}
+
+
+def healthy() -> dict:
+    return bench_result()
+
+
+def test_a_healthy_result_has_no_warnings() -> None:
+    findings = diagnose(healthy())
+    assert [f.rule for f in findings] == ["compute_bound"]
+    assert findings[0].severity == "info"
+
+
+def test_long_tail() -> None:
+    assert "long_tail" in rules(bench_result(p50=2.0, p99=8.0))
+    severe = [f for f in diagnose(bench_result(p50=1.0, p99=12.0)) if f.rule == "long_tail"]
+    assert severe[0].severity == "critical"
+    assert severe[0].evidence["ratio"] == pytest.approx(12.0)
+    assert "long_tail" not in rules(bench_result(p50=5.0, p99=8.0))
+
+
+def window(index: int, p99: float) -> dict:
+    return {"index": index, "duration_s": 1.0, "completed": 100, "errors": 0,
+            "throughput_rps": 100.0, "p50_ms": 2.0, "p99_ms": p99}
+
+
+def test_periodic_latency_spikes() -> None:
+    spiky = [window(i, 20.0 if i % 3 == 2 else 5.0) for i in range(9)]
+    found = [f for f in diagnose(bench_result(windows=spiky)) if f.rule == "latency_spikes"]
+    assert found and found[0].evidence["periodic"] is True
+    assert found[0].evidence["windows"] == [2, 5, 8]
+    even = [window(i, 5.0 + 0.1 * i) for i in range(9)]
+    assert "latency_spikes" not in rules(bench_result(windows=even))
+
+
+def test_queue_bound_vs_compute_bound() -> None:
+    assert "queue_bound" in rules(bench_result(queue=4.0, compute=1.0))
+    assert "compute_bound" in rules(bench_result(queue=0.5, compute=3.0))
+    assert not {"queue_bound", "compute_bound"} & rules(bench_result(queue=None, compute=None))
+
+
+def test_overhead_bound() -> None:
+    assert "overhead_bound" in rules(bench_result(queue=0.1, compute=0.4, latency_mean=3.0))
+    assert "overhead_bound" not in rules(bench_result(queue=1.0, compute=3.0,
+                                                      latency_mean=4.5))
+
+
+def test_client_bound() -> None:
+    assert "client_bound" in rules(bench_result(client_bound=True))
+    assert "client_bound" not in rules(healthy())
+
+
+def test_cold_start() -> None:
+    found = [f for f in diagnose(bench_result(cold_start=400.0, p50=5.0))
+             if f.rule == "cold_start"]
+    assert found and found[0].evidence["cold_start_ms"] == 400.0
+    assert "cold_start" not in rules(bench_result(cold_start=20.0, p50=5.0))
+
+
+def test_unstable_measurement() -> None:
+    assert "unstable_measurement" in rules(bench_result(stable=False))
+    assert "unstable_measurement" not in rules(bench_result(stable=True))
+    assert "unstable_measurement" not in rules(bench_result(stable=None))
+
+
+def test_errors() -> None:
+    assert "errors" in rules(bench_result(errors=500))
+    assert "errors" not in rules(bench_result(errors=5))
+
+
+def linear_sweep(executions_equal_requests: bool | None) -> dict:
+    points = []
+    for c in (1, 2, 4, 8, 16):
+        executions = None if executions_equal_requests is None else (
+            10_000 if executions_equal_requests else 10_000 // c)
+        points.append(bench_result(load=c, throughput=200.0 * (1 + 0.01 * c), p50=5.0 * c,
+                                   p99=6.0 * c, executions=executions))
+    return sweep_result(points)
+
+
+def test_no_batching_from_a_flat_curve_and_one_execution_per_request() -> None:
+    found = [f for f in diagnose(linear_sweep(True)) if f.rule == "no_batching"]
+    assert found and found[0].severity == "critical"
+    assert found[0].evidence["executions_per_request"] == [1.0] * 4
+    assert "no_batching" in rules(linear_sweep(None))  # the curve alone shows it
+
+
+def test_no_batching_not_claimed_when_requests_shared_executions() -> None:
+    assert "no_batching" not in rules(linear_sweep(False))
+
+
+def test_no_batching_not_claimed_when_throughput_grows() -> None:
+    points = [bench_result(load=c, throughput=200.0 * c, p50=5.0, p99=6.0)
+              for c in (1, 2, 4, 8)]
+    assert "no_batching" not in rules(sweep_result(points))
+
+
+def test_saturation() -> None:
+    falling = [bench_result(load=c, throughput=t, p50=c * 1.0, p99=c * 2.0)
+               for c, t in ((1, 500), (2, 900), (4, 1000), (8, 700))]
+    found = [f for f in diagnose(sweep_result(falling)) if f.rule == "saturation"]
+    assert found and found[0].evidence["best_load"] == 4
+    erroring = [bench_result(load=c, throughput=t, errors=e)
+                for c, t, e in ((1, 500, 0), (2, 900, 0), (4, 990, 900))]
+    found = [f for f in diagnose(sweep_result(erroring)) if f.rule == "saturation"]
+    assert found and found[0].severity == "critical"
+    growing = [bench_result(load=c, throughput=300.0 * c) for c in (1, 2, 4)]
+    assert "saturation" not in rules(sweep_result(growing))
+
+
+def test_findings_come_most_severe_first_and_name_their_subject() -> None:
+    findings = diagnose(bench_result(errors=900, p50=1.0, p99=4.0, name="resnet"))
+    severities = [f.severity for f in findings]
+    order = {"critical": 0, "warning": 1, "info": 2}
+    assert severities == sorted(severities, key=order.__getitem__)
+    assert {f.subject for f in findings} == {"resnet"}
+    assert all(f.action for f in findings)
+
+
+def test_unknown_documents_are_refused() -> None:
+    with pytest.raises(ValueError, match="not a tradeoff result"):
+        diagnose({"schema": "something/1"})
+
+
+def test_no_batching_with_throughput_that_still_scales_is_only_information() -> None:
+    points = [bench_result(load=c, throughput=200.0 * c, p50=5.0, p99=6.0, executions=10_000)
+              for c in (1, 2, 4, 8)]
+    found = [f for f in diagnose(sweep_result(points)) if f.rule == "no_batching"]
+    assert found and found[0].severity == "info"
