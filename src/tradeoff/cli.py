@@ -411,6 +411,9 @@ def _parse_duration(value: str) -> float:
               help="Window length for the trend tests.")
 @click.option("--arrival", type=click.Choice(["constant", "poisson"]), default="poisson",
               show_default=True)
+@click.option("--probe-duration", type=click.FloatRange(min=0, min_open=True), default=5.0,
+              show_default=True,
+              help="Seconds per point of the sweep that measures the maximum rate.")
 @click.option("--server-pid", type=int, help="Watch the resident memory of this local "
                                              "process.")
 @click.option("--prometheus-url", help="Or read process_resident_memory_bytes from this "
@@ -418,7 +421,7 @@ def _parse_duration(value: str) -> float:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the soak (schema tradeoff.soak/1) here.")
 def soak(url: str, fraction: float, max_rate: float | None, duration_text: str,
-         window_text: str, arrival: str, server_pid: int | None, prometheus_url: str | None,
+         window_text: str, arrival: str, probe_duration: float, server_pid: int | None, prometheus_url: str | None,
          json_path: Path | None, **endpoint: Any) -> None:
     """Hold an open-loop load for a long time and judge it: drift of p99 and throughput
     (Mann-Kendall trend test), error bursts, and growth of the server's memory.
@@ -442,7 +445,8 @@ def soak(url: str, fraction: float, max_rate: float | None, duration_text: str,
         target = _endpoint(url, endpoint)
         plan = SoakPlan(duration_s=_parse_duration(duration_text), fraction=fraction,
                         max_rate=max_rate, window_s=_parse_duration(window_text),
-                        arrival=arrival, server_pid=server_pid, prometheus_url=prometheus_url)
+                        arrival=arrival, probe_s=probe_duration, server_pid=server_pid,
+                        prometheus_url=prometheus_url)
         base = LoadSpec(concurrency=1, timeout_s=target.timeout_s, seed=target.seed)
         result = run_soak(make_adapter(target), plan, base, console)
     except _user_errors() as exc:
@@ -611,6 +615,7 @@ def diagnose(results: tuple[Path, ...], json_path: Path | None) -> None:
     """
     from rich.console import Console
 
+    from tradeoff.analysis.diagnose import SEVERITY_ORDER
     from tradeoff.analysis.diagnose import diagnose as run_rules
     from tradeoff.report.terminal import print_findings
 
@@ -621,6 +626,7 @@ def diagnose(results: tuple[Path, ...], json_path: Path | None) -> None:
             findings += run_rules(document)
         except (KeyError, ValueError) as exc:
             raise click.ClickException(f"cannot read this result: {exc}") from None
+    findings.sort(key=lambda f: SEVERITY_ORDER.get(f.severity, 3))
     print_findings(findings, console)
     _write_json({"schema": "tradeoff.diagnosis/1",
                  "findings": [f.to_dict() for f in findings]}, json_path, console, "findings")

@@ -18,7 +18,6 @@ from tradeoff.bench.sweep import parse_levels
 
 from .result_factory import bench_result
 
-
 # ------------------------------------------------------------------------- knee
 
 def test_gain_per_doubling_scales_any_step_to_one_doubling() -> None:

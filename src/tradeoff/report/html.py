@@ -36,6 +36,18 @@ td.l,th.l{text-align:left}tr.knee td{background:#fef9c3;font-weight:600}
 """
 
 
+# Marks each plot with the size the browser drew it at, so a test (or a reader of the DOM)
+# can tell that every plot rendered.
+RENDER_CHECK = """
+document.querySelectorAll('figure.plot svg').forEach(function (svg) {
+  var box = svg.getBoundingClientRect();
+  var drawn = svg.querySelectorAll('path,line,rect,use,text').length;
+  svg.parentNode.setAttribute('data-rendered', Math.round(box.width) + 'x' +
+    Math.round(box.height) + ':' + drawn);
+});
+"""
+
+
 def _e(value: Any) -> str:
     return html.escape(str(value))
 
@@ -72,6 +84,7 @@ class Report:
 
     def figure(self, figure: Figure, name: str, caption: str) -> str:
         self._figures += 1
+        plots.tidy(figure)
         if self.png_dir is not None:
             self.png_dir.mkdir(parents=True, exist_ok=True)
             path = self.png_dir / f"{self._figures:02d}-{name}.png"
@@ -163,9 +176,10 @@ def _compare_section(report: Report, compare: dict[str, Any]) -> None:
     score = compare["score"]
     report.add(f"Comparison (baseline {compare['baseline']}, {compare['rounds']} interleaved "
                "rounds)",
-               report.figure(plots.comparison(compare), "comparison",
-                             "Bars: pooled figures; whiskers: 95% bootstrap interval.")
-               + table + "<h3>Fairness</h3>" + checks + "<h3>Endpoint profiles</h3>"
+               "<div class='grid'>"
+               + report.figure(plots.comparison(compare), "comparison",
+                               "Bars: pooled figures; whiskers: 95% bootstrap interval.")
+               + "</div>" + table + "<h3>Fairness</h3>" + checks + "<h3>Endpoint profiles</h3>"
                + profiles + f"<h3>Cost and score (alpha {score['alpha']:g})</h3>" + ranking)
 
 
@@ -244,7 +258,8 @@ def build_report(documents: list[dict[str, Any]], png_dir: Path | None = None,
             f"<meta name='viewport' content='width=device-width,initial-scale=1'>"
             f"<title>{_e(title)}</title><style>{CSS}</style></head><body><main>"
             f"<h1>{_e(title)}</h1><p class='muted'>tradeoff {__version__}, {stamp}, "
-            f"{len(documents)} result(s)</p>{''.join(report.sections)}</main></body></html>")
+            f"{len(documents)} result(s)</p>{''.join(report.sections)}</main>"
+            f"<script>{RENDER_CHECK}</script></body></html>")
     return page, report
 
 

@@ -14,12 +14,24 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator  # noqa: E402
 
 from tradeoff.bench.result import PERCENTILES  # noqa: E402
 
 COLORS = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#4b5563")
 plt.rcParams.update({"svg.fonttype": "none", "font.size": 9, "axes.spines.top": False,
                      "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.3})
+
+
+def _plain_log_axis(axes: Any) -> None:
+    """Log-scale tick labels as plain numbers (1, 2, 4 ... not 2^0, 2^1)."""
+    plain = FuncFormatter(lambda value, _: f"{value:g}")
+    for axis in (axes.xaxis, axes.yaxis):
+        if axis.get_scale() == "log":
+            if axis is axes.yaxis:
+                axis.set_major_locator(LogLocator(10, subs=(1.0, 2.0, 5.0)))
+            axis.set_major_formatter(plain)
+            axis.set_minor_formatter(FuncFormatter(lambda value, _: ""))
 
 
 def _figure() -> tuple[Figure, Any]:
@@ -159,6 +171,13 @@ def comparison(compare: dict[str, Any]) -> Figure:
                 errors[1][i] = max(ci[1] * base_value - values[i], 0)
         axes.bar(names, values, color=COLORS[: len(names)], yerr=errors, capsize=4)
         axes.set_title(title)
+    return figure
+
+
+def tidy(figure: Figure) -> Figure:
+    """Last touches shared by the SVG and the PNG of a figure."""
+    for axes in figure.axes:
+        _plain_log_axis(axes)
     return figure
 
 

@@ -130,13 +130,16 @@ def print_compare(compare: dict[str, Any], console: Console) -> None:
                       _ratio_cell(r["p99"]), f"{s['errors']:,}")
     console.print(table)
     profiles = Table(title="Endpoint profiles (unknown: not revealed, not given)")
-    keys = ("format", "precision", "server", "batching", "instances", "hardware")
-    profiles.add_column("endpoint")
-    for key in keys:
-        profiles.add_column(key)
+    profiles.add_column("")
     for entry in compare["endpoints"]:
-        checklist = entry["profile"]["checklist"]
-        profiles.add_row(entry["name"], *(str(checklist[k]) for k in keys))
+        profiles.add_column(entry["name"])
+    for key in ("format", "precision", "server", "batching", "instances", "hardware"):
+        profiles.add_row(key, *(str(e["profile"]["checklist"][key])
+                                for e in compare["endpoints"]))
+    extra = sorted({k for e in compare["endpoints"] for k in e["profile"].get("facts", {})})
+    for key in extra:
+        profiles.add_row(key, *(str(e["profile"]["facts"].get(key, "unknown"))
+                                for e in compare["endpoints"]))
     console.print(profiles)
     for check in compare["fairness"]["checks"]:
         mark = {True: "[green]ok[/]", False: "[red]differs[/]", None: "[dim]n/a[/]"}[check["ok"]]
