@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-test
 
-.PHONY: demo test install proto bench perf-analyzer clean
+.PHONY: demo test install proto bench perf-analyzer chromium clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	-bash scripts/get_perf_analyzer.sh $(PY)
+	-bash scripts/get_chromium.sh
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/mypy src
 	$(PY) -m pytest -q
@@ -31,6 +32,10 @@ proto: $(STAMP)
 	cd src && ../$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. \
 		tradeoff/repository/model_config.proto tradeoff/protocol/grpc_service.proto
 
+# Chromium for the test that renders the HTML report (it skips without it).
+chromium:
+	bash scripts/get_chromium.sh
+
 # Triton's perf_analyzer for the compatibility tests (tests skip without it).
 perf-analyzer: $(STAMP)
 	bash scripts/get_perf_analyzer.sh $(PY)
@@ -39,4 +44,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/serve_batching.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache demo-report.html

@@ -28,8 +28,10 @@ def main() -> None:
     Examples:
       tradeoff models build ./models          # example ONNX models + Triton configs
       tradeoff serve --model-repository ./models
-      tradeoff demo                           # batching on vs off, side by side
+      tradeoff demo                           # batching on vs off: sweeps, knees, report
       tradeoff bench http://127.0.0.1:8000 --model mlp --concurrency 16 --duration 10
+      tradeoff sweep http://127.0.0.1:8000 --model mlp --concurrency-range 1:256 --json s.json
+      tradeoff diagnose s.json && tradeoff report s.json -o report.html
     """
 
 
@@ -120,31 +122,44 @@ def models_build(directory: Path, names: tuple[str, ...]) -> None:
 
 
 @main.command()
-@click.option("--duration", default=3.0, show_default=True, type=click.FloatRange(0.5),
-              help="Seconds of load per measurement.")
-@click.option("--concurrency", "levels", multiple=True, type=click.IntRange(1),
-              help="Concurrency levels (repeatable); default 1 and 64.")
+@click.option("--duration", default=4.0, show_default=True, type=click.FloatRange(0.5),
+              help="Seconds of load per measured point.")
+@click.option("--max-concurrency", default=256, show_default=True, type=click.IntRange(2),
+              help="Highest concurrency a sweep may reach.")
+@click.option("--price-per-hour", default=0.10, show_default=True,
+              type=click.FloatRange(min=0, min_open=True),
+              help="What this machine costs per hour, for the cost line.")
+@click.option("--sla-p99-ms", default=20.0, show_default=True,
+              type=click.FloatRange(min=0, min_open=True),
+              help="The latency SLA the cost line holds each configuration to.")
 @click.option("--output", default=Path("runs/demo"), show_default=True,
               type=click.Path(file_okay=False, path_type=Path),
-              help="Where the models and results.json go.")
-def demo(duration: float, levels: tuple[int, ...], output: Path) -> None:
-    """Serve the example models and show what dynamic batching buys.
+              help="Where the models and the JSON results go.")
+@click.option("--report", default=Path("demo-report.html"), show_default=True,
+              type=click.Path(dir_okay=False, path_type=Path), help="The HTML report.")
+def demo(duration: float, max_concurrency: int, price_per_hour: float, sla_p99_ms: float,
+         output: Path, report: Path) -> None:
+    """See the latency/throughput trade-off of dynamic batching, end to end.
 
-    Builds the example models, starts `tradeoff serve` on free local ports, loads `mlp`
-    (dynamic batching on) and `mlp_nobatch` (off) at each concurrency, prints throughput,
-    p50, p99 and executions per request, and stops the server.
+    Builds the example models, starts `tradeoff serve` on free local ports, measures a
+    latency baseline, sweeps concurrency for `mlp_nobatch` (no batching) and `mlp`
+    (dynamic batching) until each stops gaining, finds each knee, and prints them side by
+    side with the diagnosis and the cost per million requests within a p99 SLA; writes an
+    HTML report and stops the server. About a minute or two on 2 cores.
 
     \b
     Examples:
       tradeoff demo
-      tradeoff demo --duration 10 --concurrency 1 --concurrency 16 --concurrency 64
+      tradeoff demo --duration 8 --price-per-hour 0.34 --report /tmp/demo.html
     """
-    from tradeoff.demo import run_demo
+    from tradeoff.demo import DemoOptions, run_demo
 
     _setup_logging("warning")
     try:
-        run_demo(output, duration, levels or (1, 64))
-    except (OSError, TradeoffError, RuntimeError) as exc:
+        run_demo(DemoOptions(output=output, report=report, duration_s=duration,
+                             max_concurrency=max_concurrency, price_per_hour=price_per_hour,
+                             sla_p99_ms=sla_p99_ms))
+    except (OSError, TradeoffError, RuntimeError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
 
 

@@ -1,23 +1,46 @@
-"""``tradeoff demo``: dynamic batching on vs off on the built-in ``mlp``, side by side."""
+"""``tradeoff demo``: the latency/throughput trade-off of dynamic batching, end to end.
+
+Builds the example models, serves them on free local ports (server and load generator on
+different cores when there are two), measures a latency baseline, sweeps concurrency for
+``mlp_nobatch`` (no dynamic batching) and ``mlp`` (dynamic batching), finds each knee, and
+prints the side-by-side table, the diagnosis and the cost line; writes an HTML report.
+Every figure comes from the same ``tradeoff bench`` runner as the other commands.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
+from rich.panel import Panel
 
+from tradeoff.analysis.compare import compare_results
+from tradeoff.analysis.cost import Price
+from tradeoff.analysis.diagnose import SEVERITY_ORDER, diagnose
 from tradeoff.bench.adapters import V2Adapter
 from tradeoff.bench.load import LoadSpec
 from tradeoff.bench.session import run_benchmark
-from tradeoff.bench.v2 import model_stats, stats_delta
+from tradeoff.bench.sweep import Sweep, SweepPlan, parse_levels
 from tradeoff.models import build_repository
+from tradeoff.report.html import write_report
+from tradeoff.report.terminal import print_compare, print_findings, print_sweep
 from tradeoff.server.process import ServerProcess
 
-DEMO_MODELS = ("mlp", "mlp_nobatch")
+DEMO_MODELS = ("mlp_nobatch", "mlp")
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    output: Path = Path("runs/demo")
+    report: Path = Path("demo-report.html")
+    duration_s: float = 3.0
+    max_concurrency: int = 256
+    price_per_hour: float = 0.10
+    sla_p99_ms: float = 20.0
 
 
 def _pinning() -> tuple[str | None, set[int] | None]:
@@ -27,59 +50,110 @@ def _pinning() -> tuple[str | None, set[int] | None]:
     return None, None
 
 
-def run_demo(output: Path, duration: float, levels: tuple[int, ...]) -> list[dict[str, Any]]:
+def _spec(duration_s: float) -> LoadSpec:
+    # three windows per point give each comparison an interval
+    return LoadSpec(concurrency=1, duration_s=duration_s, warmup_s=min(0.5, duration_s / 3),
+                    window_s=duration_s / 3)
+
+
+def _save(document: dict[str, Any], path: Path) -> Path:
+    path.write_text(json.dumps(document, indent=2))
+    return path
+
+
+def run_demo(options: DemoOptions) -> dict[str, Any]:
+    """Run the demo; returns the paths and figures it produced."""
     console = Console()
+    console.print(Panel.fit(
+        "[bold]tradeoff demo[/]: what does dynamic batching buy, and what does it cost in "
+        "latency?\nThe same 3-layer MLP served twice: [cyan]mlp_nobatch[/] runs each request "
+        "on its own, [cyan]mlp[/] lets the server batch requests that wait together.",
+        border_style="blue"))
+    output = options.output
+    output.mkdir(parents=True, exist_ok=True)
     repository = output / "models"
-    build_repository(repository)
+    build_repository(repository, DEMO_MODELS)
     server_cpus, client_cpus = _pinning()
-    rows: list[dict[str, Any]] = []
+    sweeps: dict[str, dict[str, Any]] = {}
+    files: list[Path] = []
     with ServerProcess(repository, cpus=server_cpus) as server:
         if client_cpus:
             os.sched_setaffinity(0, client_cpus)
-        console.print(f"server {server.url} (metrics {server.metrics_url})"
-                      + (f", pinned to CPU {server_cpus}, client on {sorted(client_cpus)}"
-                         if client_cpus else ""))
-        with console.status("measuring") as status:
-            for model in DEMO_MODELS:
-                for concurrency in levels:
-                    status.update(f"{model} at concurrency {concurrency} for {duration:g}s")
-                    before = model_stats(server.url, model)
-                    result, _, _ = run_benchmark(
-                        V2Adapter(server.url, model),
-                        LoadSpec(concurrency=concurrency, duration_s=duration,
-                                 warmup_s=min(1.0, duration / 3)))
-                    requests, executions = stats_delta(before, model_stats(server.url, model))
-                    summary = result["summary"]
-                    latency = summary["latency_ms"] or {}
-                    rows.append({
-                        "model": model, "concurrency": concurrency,
-                        "throughput_rps": summary["throughput_rps"],
-                        "p50_ms": latency.get("p50", float("nan")),
-                        "p99_ms": latency.get("p99", float("nan")),
-                        "executions_per_request": executions / requests if requests else None,
-                        "errors": summary["errors"],
-                    })
+        console.print(f"1. serving {', '.join(DEMO_MODELS)} at {server.url}"
+                      + (f" (server on CPU {server_cpus}, load generator on "
+                         f"{', '.join(map(str, sorted(client_cpus)))})" if client_cpus else ""))
+        spec = _spec(options.duration_s)
+        with console.status("2. latency baseline: one request at a time"):
+            baseline, _, _ = run_benchmark(V2Adapter(server.url, "mlp"), spec)
+        lat = baseline["summary"]["latency_ms"]
+        console.print(f"2. latency baseline at concurrency 1 (mlp): p50 {lat['p50']:.2f} ms, "
+                      f"p99 {lat['p99']:.2f} ms, {baseline['summary']['throughput_rps']:,.0f} "
+                      "req/s")
+        files.append(_save(baseline, output / "baseline.json"))
+        levels = parse_levels(f"1:{options.max_concurrency}", integer=True)
+        for model in DEMO_MODELS:
+            console.print(f"3. sweeping concurrency for [cyan]{model}[/] until throughput "
+                          "stops growing")
+            sweep = Sweep(V2Adapter(server.url, model), spec, SweepPlan("concurrency", levels),
+                          console).run()
+            sweep["endpoint"]["name"] = model
+            sweeps[model] = sweep
+            files.append(_save(sweep, output / f"sweep-{model}.json"))
         exit_code = server.stop()
-    table = Table(title="Dynamic batching on (mlp) vs off (mlp_nobatch)")
-    for column in ("model", "conc", "infer/s", "p50 ms", "p99 ms", "exec/req", "errors"):
-        table.add_column(column, justify="left" if column == "model" else "right")
-    for row in rows:
-        epr = row["executions_per_request"]
-        table.add_row(row["model"], str(row["concurrency"]), f"{row['throughput_rps']:,.0f}",
-                      f"{row['p50_ms']:.2f}", f"{row['p99_ms']:.2f}",
-                      "-" if epr is None else f"{epr:.3f}", str(row["errors"]))
-    console.print(table)
-    results = output / "results.json"
-    results.write_text(json.dumps({"schema": "tradeoff.demo/1", "rows": rows}, indent=2))
-    console.print("exec/req: model executions per request; below 1, requests shared "
-                  "executions (dynamic batching).")
-    top = max(levels)
-    on = next(r for r in rows if r["model"] == "mlp" and r["concurrency"] == top)
-    off = next(r for r in rows if r["model"] == "mlp_nobatch" and r["concurrency"] == top)
-    if off["throughput_rps"] and off["p50_ms"]:
-        console.print(f"At concurrency {top}, dynamic batching gave "
-                      f"{on['throughput_rps'] / off['throughput_rps']:.2f}x the throughput at "
-                      f"{on['p50_ms'] / off['p50_ms']:.2f}x the p50 latency.")
-    console.print(f"server exited with {exit_code} after SIGTERM; models in {repository}, "
-                  f"results in {results}")
-    return rows
+    for sweep in sweeps.values():
+        print_sweep(sweep, console)
+
+    # side by side at one load both sweeps measured: the highest such concurrency
+    common = max(set.intersection(*({r["load"] for r in s["rows"]} for s in sweeps.values())))
+    price = Price(per_hour=options.price_per_hour)
+    compare = compare_results([(m, _point_at(sweeps[m], common)) for m in ("mlp",
+                                                                            "mlp_nobatch")],
+                              prices={"mlp": price, "mlp_nobatch": price},
+                              sla_p99_ms=options.sla_p99_ms)
+    files.append(_save(compare, output / "compare.json"))
+    console.rule(f"4. side by side at concurrency {common:g}")
+    print_compare(compare, console)
+    findings = sorted((f for s in sweeps.values() for f in diagnose(s)),
+                      key=lambda f: SEVERITY_ORDER.get(f.severity, 3))
+    console.rule("5. diagnosis")
+    print_findings(findings, console)
+    console.rule(f"6. cost under a p99 SLA of {options.sla_p99_ms:g} ms")
+    best = {m: _best_within_sla(sweeps[m], options.sla_p99_ms) for m in sweeps}
+    for model in ("mlp", "mlp_nobatch"):
+        row = best[model]
+        if row is None:
+            console.print(f"{model}: no measured load met p99 <= {options.sla_p99_ms:g} ms")
+            continue
+        cost = price.per_million(row["throughput_rps"])
+        console.print(f"{model}: {row['throughput_rps']:,.0f} req/s at concurrency "
+                      f"{row['load']:g} (p99 {row['p99_ms']:.2f} ms) -> "
+                      f"[bold]${cost:.4f}[/] per million requests at "
+                      f"${options.price_per_hour:.2f}/hour")
+    if best["mlp"] and best["mlp_nobatch"]:
+        console.print(f"Within the SLA, dynamic batching serves "
+                      f"[bold]{best['mlp']['throughput_rps'] / best['mlp_nobatch']['throughput_rps']:.2f}x"
+                      f"[/] the requests per second on the same machine, so each request "
+                      f"costs that much less.")
+    report = write_report([baseline, *(sweeps[m] for m in DEMO_MODELS), compare],
+                          options.report,
+                          title="tradeoff demo: dynamic batching on vs off")
+    console.print(f"\nserver exited with {exit_code} after SIGTERM")
+    console.print(f"results: {output}/ ({', '.join(p.name for p in files)})")
+    console.print(f"[bold green]report: {options.report.resolve()}[/] (open it in a browser)")
+    return {"report": options.report, "files": files, "sweeps": sweeps, "compare": compare,
+            "findings": [f.to_dict() for f in findings], "figures": len(report.sections)}
+
+
+def _point_at(sweep: dict[str, Any], load: float) -> dict[str, Any]:
+    """A copy of the sweep's bench result at ``load``, named after the sweep's endpoint."""
+    index = next(i for i, r in enumerate(sweep["rows"]) if r["load"] == load)
+    point = json.loads(json.dumps(sweep["points"][index]))
+    point["endpoint"]["name"] = sweep["endpoint"]["name"]
+    return point
+
+
+def _best_within_sla(sweep: dict[str, Any], sla_p99_ms: float) -> dict[str, Any] | None:
+    """The measured point with the most throughput whose p99 meets the SLA, error-free."""
+    meeting = [r for r in sweep["rows"] if r["p99_ms"] is not None and
+               r["p99_ms"] <= sla_p99_ms and r["error_percent"] == 0]
+    return max(meeting, key=lambda r: r["throughput_rps"]) if meeting else None

@@ -13,20 +13,30 @@ import pytest
 pytestmark = pytest.mark.integration
 
 
-def test_demo_serves_and_reports_batching(tmp_path: Path) -> None:
+def test_demo_sweeps_both_models_and_writes_the_report(tmp_path: Path) -> None:
     out = tmp_path / "demo"
-    run = subprocess.run([sys.executable, "-m", "tradeoff", "demo", "--duration", "0.5",
-                          "--concurrency", "1", "--concurrency", "16", "--output", str(out)],
-                         capture_output=True, text=True, timeout=180)
+    report = tmp_path / "demo-report.html"
+    run = subprocess.run([sys.executable, "-m", "tradeoff", "demo", "--duration", "0.6",
+                          "--max-concurrency", "8", "--output", str(out), "--report",
+                          str(report)], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "server exited with 0 after SIGTERM" in run.stdout
-    assert str(out / "results.json") in run.stdout.replace("\n", "")
-    rows = json.loads((out / "results.json").read_text())["rows"]
-    assert {(r["model"], r["concurrency"]) for r in rows} == {
-        ("mlp", 1), ("mlp", 16), ("mlp_nobatch", 1), ("mlp_nobatch", 16)}
-    assert all(r["errors"] == 0 and r["throughput_rps"] > 0 for r in rows)
-    nobatch = [r for r in rows if r["model"] == "mlp_nobatch"]
-    assert all(r["executions_per_request"] == 1.0 for r in nobatch)
+    text = " ".join(run.stdout.split())
+    assert "server exited with 0 after SIGTERM" in text
+    assert f"report: {report}" in text
+    for heading in ("latency baseline", "side by side", "diagnosis", "cost under a p99 SLA"):
+        assert heading in text
+    for model in ("mlp", "mlp_nobatch"):
+        sweep = json.loads((out / f"sweep-{model}.json").read_text())
+        assert sweep["schema"] == "tradeoff.sweep/1"
+        assert sweep["rows"][0]["load"] == 1 and sweep["rows"][-1]["load"] <= 8
+        assert all(r["error_percent"] == 0 for r in sweep["rows"])
+    nobatch = json.loads((out / "sweep-mlp_nobatch.json").read_text())
+    counts = [p["summary"]["server_counts"] for p in nobatch["points"]]
+    assert all(c["executions"] == c["requests"] for c in counts)  # never batched
+    compare = json.loads((out / "compare.json").read_text())
+    assert [e["name"] for e in compare["endpoints"]] == ["mlp", "mlp_nobatch"]
+    page = report.read_text()
+    assert page.count('<figure class="plot"') >= 4 and "Findings" in page
 
 
 def test_serve_on_a_taken_port_is_one_line(tmp_path: Path) -> None:

@@ -94,11 +94,19 @@ def test_no_batching_from_a_flat_curve_and_one_execution_per_request() -> None:
     found = [f for f in diagnose(linear_sweep(True)) if f.rule == "no_batching"]
     assert found and found[0].severity == "critical"
     assert found[0].evidence["executions_per_request"] == [1.0] * 4
+    assert found[0].evidence["knee_load"] == 1
     assert "no_batching" in rules(linear_sweep(None))  # the curve alone shows it
 
 
 def test_no_batching_not_claimed_when_requests_shared_executions() -> None:
     assert "no_batching" not in rules(linear_sweep(False))
+
+
+def test_a_batching_server_that_saturates_late_is_not_called_unbatched() -> None:
+    points = [bench_result(load=c, throughput=t, p50=c / t * 1000, p99=2 * c / t * 1000)
+              for c, t in ((1, 1000), (2, 1600), (4, 2400), (8, 3000), (16, 3500),
+                           (32, 3550), (64, 3560))]
+    assert "no_batching" not in rules(sweep_result(points))
 
 
 def test_no_batching_not_claimed_when_throughput_grows() -> None:

@@ -118,10 +118,17 @@ def _fairness(entries: list[dict[str, Any]], interleaved: bool) -> dict[str, Any
 
     def check(name: str, values: list[Any], detail: str) -> None:
         same = all(v == values[0] for v in values)
-        checks.append({"check": name, "ok": same,
-                       "detail": detail if same else
-                       "differs: " + "; ".join(f"{e['name']}: {v}"
-                                               for e, v in zip(entries, values))})
+        if same:
+            text = detail
+        elif all(isinstance(v, dict) for v in values):
+            keys = sorted(k for k in set().union(*values)
+                          if any(v.get(k) != values[0].get(k) for v in values))
+            text = "differs in " + "; ".join(
+                f"{k} (" + ", ".join(f"{e['name']}: {v.get(k)}" for e, v in zip(entries, values))
+                + ")" for k in keys)
+        else:
+            text = "differs: " + "; ".join(f"{e['name']}: {v}" for e, v in zip(entries, values))
+        checks.append({"check": name, "ok": same, "detail": text})
 
     fingerprints = [e.get("input_fingerprint") or "" for e in entries]
     if all(fingerprints):
@@ -258,7 +265,7 @@ def compare_results(named: list[tuple[str, dict[str, Any]]],
         metadata = {k: endpoint.get(k) for k in ("platform", "inputs", "outputs")}
         config = endpoint.get("model_config") or {}
         entries.append({"name": name, "input_fingerprint": None,
-                        "profile": build_profile(metadata, config, {},
+                        "profile": build_profile(metadata, config, endpoint.get("server") or {},
                                                  (facts or {}).get(name)),
                         "rounds": [result["summary"]], "result": result})
     return _document(entries, None, 1, prices or {}, alpha, sla_p99_ms, max_error_percent)

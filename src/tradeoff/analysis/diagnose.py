@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from tradeoff.analysis.knee import MIN_GAIN, gain_per_doubling
+from tradeoff.analysis.knee import find_knee
 from tradeoff.bench.sweep import point_summary
 
 LONG_TAIL_WARN = 3.0          # p99 / p50
@@ -21,10 +21,9 @@ LONG_TAIL_CRITICAL = 10.0
 SPIKE_FACTOR = 2.0            # a window whose p99 is this far above the median window p99
 COLD_START_FACTOR = 10.0      # first request vs steady p50
 OVERHEAD_SHARE = 0.5          # client latency not spent in the server
-FLAT_GAIN = MIN_GAIN          # no batching: under 5% more throughput per doubling ...
-LINEAR_LATENCY = 0.7          # ... while p50 grows at least 0.7x as fast as the concurrency
+FEW_IN_FLIGHT = 4             # no batching: the knee comes at or below this concurrency ...
+LINEAR_LATENCY = 0.7          # ... and past it p50 grows at least 0.7x as fast as the load
 BATCHED_RATIO = 0.95          # executions / requests at or above this: nothing shared a batch
-NO_BATCHING_SCALED = 0.5      # ... but throughput grew this much: instances, not a bottleneck
 SATURATION_DROP = 0.10        # throughput this far below the sweep's best
 ERROR_PERCENT = 1.0
 
@@ -193,47 +192,50 @@ def diagnose_bench(result: dict[str, Any]) -> list[Finding]:
 # ------------------------------------------------------------------------ a sweep
 
 def no_batching(sweep: dict[str, Any]) -> list[Finding]:
-    """Throughput flat with concurrency while latency grows with it; executions equal
-    requests."""
+    """Throughput stops growing after a handful of requests in flight while latency grows
+    with the concurrency; where the server counts executions, every request ran alone."""
     if sweep.get("mode") != "concurrency":
         return []
     points = [p for p in sweep["points"] if p["summary"]["successes"]]
     rows = [point_summary(p) for p in points]
     if len(rows) < 3 or rows[-1]["load"] < 4 * rows[0]["load"]:
         return []
-    first, last = rows[0], rows[-1]
-    gain = last["throughput_rps"] / first["throughput_rps"] - 1
-    load_ratio = last["load"] / first["load"]
-    latency_ratio = (last["p50_ms"] or 0) / (first["p50_ms"] or 1)
+    knee = find_knee([r["load"] for r in rows], [r["throughput_rps"] for r in rows])
     ratios = [c["executions"] / c["requests"] for p in points[1:]
               if (c := p["summary"].get("server_counts")) and c["requests"]]
-    evidence = {"loads": [r["load"] for r in rows],
-                "throughput_rps": [r["throughput_rps"] for r in rows],
-                "p50_ms": [r["p50_ms"] for r in rows], "throughput_gain": gain,
-                "p50_growth": latency_ratio, "load_growth": load_ratio,
-                "executions_per_request": ratios or None}
-    per_doubling = gain_per_doubling(first["load"], first["throughput_rps"], last["load"],
-                                     last["throughput_rps"])
-    evidence["throughput_gain_per_doubling"] = per_doubling
-    flat = per_doubling < FLAT_GAIN and latency_ratio >= LINEAR_LATENCY * load_ratio
     never_batched = bool(ratios) and min(ratios) >= BATCHED_RATIO
     if ratios and not never_batched:
-        return []  # requests did share executions: flat throughput is saturation, not this
+        return []  # requests did share executions: a flat curve is saturation, not this
+    evidence: dict[str, Any] = {
+        "loads": [r["load"] for r in rows], "throughput_rps": [r["throughput_rps"] for r in rows],
+        "p50_ms": [r["p50_ms"] for r in rows], "executions_per_request": ratios or None,
+        "knee_load": rows[knee]["load"] if knee is not None else None}
     action = ("enable dynamic batching (dynamic_batching { max_queue_delay_microseconds ... } "
               "with max_batch_size > 0) or add instances; requests are served one at a time")
-    if never_batched and gain >= NO_BATCHING_SCALED:
-        return [Finding("no_batching", "info",
-                        f"requests never shared an execution, yet throughput grew {gain:.0%} "
-                        f"over {load_ratio:.0f}x the concurrency (several instances?)",
-                        evidence, "dynamic batching could still raise throughput per "
-                        "instance; compare with it on")]
-    if not (flat or never_batched):
+    if knee is None:
+        if never_batched:
+            return [Finding("no_batching", "info",
+                            "requests never shared an execution, yet throughput kept growing "
+                            "(several instances?)", evidence,
+                            "dynamic batching could still raise throughput per instance")]
         return []
-    return [Finding("no_batching", "critical",
-                    f"no batching: throughput grew {gain:.0%} over {load_ratio:.0f}x the "
-                    f"concurrency while p50 grew {latency_ratio:.1f}x"
-                    + (" and every request ran its own execution" if never_batched else ""),
-                    evidence, action)]
+    knee_row, last = rows[knee], rows[-1]
+    load_growth = last["load"] / knee_row["load"]
+    latency_growth = (last["p50_ms"] or 0) / (knee_row["p50_ms"] or 1)
+    evidence.update(load_growth_past_knee=load_growth, p50_growth_past_knee=latency_growth)
+    if never_batched:
+        return [Finding("no_batching", "critical",
+                        f"no batching: every request ran its own execution and throughput "
+                        f"stopped growing at concurrency {knee_row['load']:g} "
+                        f"({knee_row['throughput_rps']:,.0f} req/s)", evidence, action)]
+    if knee_row["load"] <= FEW_IN_FLIGHT and knee < len(rows) - 1 and \
+            latency_growth >= LINEAR_LATENCY * load_growth:
+        return [Finding("no_batching", "critical",
+                        f"no batching: throughput is flat from concurrency {knee_row['load']:g}"
+                        f" while p50 grew {latency_growth:.1f}x over {load_growth:.0f}x the "
+                        "concurrency, as when requests are served one at a time", evidence,
+                        action)]
+    return []
 
 
 def saturation(sweep: dict[str, Any]) -> list[Finding]:

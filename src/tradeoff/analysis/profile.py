@@ -45,9 +45,9 @@ def _instances(config: dict[str, Any]) -> str | None:
 
 def profile(adapter: Adapter, facts: dict[str, str] | None = None) -> dict[str, Any]:
     """The checklist and the raw metadata of an endpoint (after ``adapter.prepare()``)."""
+    server = getattr(adapter, "server_info", None) or adapter.server_metadata() or {}
     return build_profile(getattr(adapter, "metadata", None) or {},
-                         getattr(adapter, "config", None) or {},
-                         adapter.server_metadata() or {}, facts)
+                         getattr(adapter, "config", None) or {}, server, facts)
 
 
 def build_profile(metadata: dict[str, Any], config: dict[str, Any], server: dict[str, Any],

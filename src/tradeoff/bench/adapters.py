@@ -149,6 +149,7 @@ class V2Adapter(Adapter):
         self.seed = seed
         self.metadata: dict[str, Any] = {}
         self.config: dict[str, Any] | None = None
+        self.server_info: dict[str, Any] | None = None
 
     @property
     def _model_path(self) -> str:
@@ -165,6 +166,7 @@ class V2Adapter(Adapter):
 
     def prepare(self) -> list[bytes]:
         self._read_model()
+        self.server_info = self.server_metadata()
         max_batch = int((self.config or {}).get("max_batch_size", 0) or 0)
         if self.batch_size > 1 and max_batch == 0:
             raise BenchSetupError(f"--batch-size {self.batch_size}: model {self.model!r} "
@@ -296,7 +298,7 @@ class V2Adapter(Adapter):
                 "outputs": self.metadata.get("outputs"),
                 "platform": self.metadata.get("platform"),
                 "max_batch_size": (self.config or {}).get("max_batch_size"),
-                "model_config": self.config}
+                "model_config": self.config, "server": self.server_info}
 
 
 class HttpJsonAdapter(Adapter):

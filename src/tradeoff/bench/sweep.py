@@ -127,9 +127,13 @@ class Sweep:
 
     def measure(self, load: float) -> dict[str, Any]:
         """One full benchmark at ``load``."""
-        if self.console:
-            self.console.print(f"[bold]{self.plan.mode} {load:g}[/]")
         result, _, _ = run_benchmark(self.adapter, self._spec(load), self.console)
+        if self.console:
+            row = point_summary(result)
+            self.console.print(
+                f"  {self.plan.mode} {load:g}: {row['throughput_rps']:,.1f} req/s, p50 "
+                f"{row['p50_ms'] or float('nan'):.2f} ms, p99 {row['p99_ms'] or float('nan'):.2f}"
+                f" ms, errors {row['error_percent']:.1f}%")
         self.points.append(result)
         if self.on_point:
             self.on_point(result)

@@ -109,7 +109,7 @@ def _ratio_cell(value: dict[str, Any]) -> str:
         return "-"
     text = f"{value['ratio']:.3f}"
     if value["ci95"]:
-        text += f" [{value['ci95'][0]:.3f}, {value['ci95'][1]:.3f}]"
+        text += f"\n[dim]{value['ci95'][0]:.2f}-{value['ci95'][1]:.2f}[/]"
     return text
 
 
@@ -117,17 +117,18 @@ def print_compare(compare: dict[str, Any], console: Console) -> None:
     """Side by side: figures, ratios to the baseline with 95% intervals, fairness, cost."""
     table = Table(title=f"Comparison: baseline {compare['baseline']}, "
                         f"{compare['rounds']} round(s) each")
-    for column in ("endpoint", "req/s", "x base [95% CI]", "p50 ms", "x base", "p99 ms",
-                   "x base", "errors"):
+    for column in ("endpoint", "req/s", "x base", "p50 ms", "p99 ms", "x base", "errors"):
         table.add_column(column, justify="left" if column == "endpoint" else "right")
+    table.caption = ("x base: ratio to the baseline, 95% bootstrap interval below it "
+                     "(p50 ratios in the JSON)")
     ratios = {r["name"]: r for r in compare["ratios"]}
     for entry in compare["endpoints"]:
         s = entry["result"]["summary"]
         lat = s["latency_ms"] or {}
         r = ratios[entry["name"]]
         table.add_row(entry["name"], f"{s['throughput_rps']:,.1f}", _ratio_cell(r["throughput"]),
-                      _ms(lat.get("p50")), _ratio_cell(r["p50"]), _ms(lat.get("p99")),
-                      _ratio_cell(r["p99"]), f"{s['errors']:,}")
+                      _ms(lat.get("p50")), _ms(lat.get("p99")), _ratio_cell(r["p99"]),
+                      f"{s['errors']:,}")
     console.print(table)
     profiles = Table(title="Endpoint profiles (unknown: not revealed, not given)")
     profiles.add_column("")
