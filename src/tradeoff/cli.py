@@ -354,12 +354,21 @@ def bench(url: str, concurrency: int | None, rate: float | None, arrival: str,
               help="Points to measure past the knee before stopping.")
 @click.option("--bisect-steps", type=click.IntRange(0), default=4, show_default=True,
               help="Bisection steps of an SLA search.")
+@click.option("--price-per-hour", type=click.FloatRange(min=0, min_open=True),
+              help="USD per hour of the deployment: cost per million requests at each point "
+                   "and a cost-performance ranking of the points.")
+@click.option("--price-per-1k-requests", "per_1k", type=click.FloatRange(min=0),
+              help="USD per 1,000 requests, for priced APIs.")
+@click.option("--alpha", type=click.FloatRange(0, 1), default=0.5, show_default=True,
+              help="Score weight of requests per dollar; 1-alpha goes to 1/p99.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the sweep (schema tradeoff.sweep/1) here.")
 def sweep(url: str, concurrency_range: str | None, rate_range: str | None, arrival: str,
           duration: float | None, warmup: float, max_connections: int,
           max_p99_ms: float | None, max_error_percent: float, sla_p99_ms: float | None,
-          patience: int, bisect_steps: int, json_path: Path | None, **endpoint: Any) -> None:
+          patience: int, bisect_steps: int, price_per_hour: float | None,
+          per_1k: float | None, alpha: float, json_path: Path | None,
+          **endpoint: Any) -> None:
     """Find where an endpoint saturates: one full benchmark per load level, until
     throughput stops growing, errors rise or p99 passes --max-p99-ms; the knee is marked.
 
@@ -370,13 +379,16 @@ def sweep(url: str, concurrency_range: str | None, rate_range: str | None, arriv
           --duration 5 --json sweep.json
       tradeoff sweep http://127.0.0.1:8000 --model mlp --rate-range 250:8000 \\
           --sla-p99-ms 20 --json sla.json
+      tradeoff sweep http://127.0.0.1:8000 --model mlp --concurrency-range 1:128 \\
+          --price-per-hour 0.34 --max-p99-ms 50
     """
     from rich.console import Console
 
+    from tradeoff.analysis.cost import Price
     from tradeoff.bench.endpoint import make_adapter
     from tradeoff.bench.load import LoadSpec
     from tradeoff.bench.sweep import Sweep, SweepPlan, parse_levels
-    from tradeoff.report.terminal import print_sweep
+    from tradeoff.report.terminal import print_ranking, print_sweep
 
     console = Console()
     try:
@@ -392,10 +404,17 @@ def sweep(url: str, concurrency_range: str | None, rate_range: str | None, arriv
         plan = SweepPlan(mode, levels, max_p99_ms=max_p99_ms,
                          max_error_percent=max_error_percent, sla_p99_ms=sla_p99_ms,
                          patience=patience, bisect_steps=bisect_steps)
-        result = Sweep(make_adapter(target), base, plan, console).run()
+        price = None
+        if price_per_hour is not None or per_1k is not None:
+            price = Price(per_hour=price_per_hour,
+                          per_1k_requests=None if price_per_hour is not None else per_1k)
+        result = Sweep(make_adapter(target), base, plan, console, price=price,
+                       alpha=alpha).run()
     except _user_errors() as exc:
         raise click.ClickException(str(exc)) from None
     print_sweep(result, console)
+    if result["ranking"]:
+        print_ranking(result["ranking"], result["score"], console)
     _write_json(result, json_path, console, "sweep")
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from rich.console import Console
 
+from tradeoff.analysis.cost import Price, rank
 from tradeoff.analysis.knee import MIN_GAIN, find_knee
 from tradeoff.bench.adapters import Adapter
 from tradeoff.bench.load import LoadSpec
@@ -110,7 +111,10 @@ class Sweep:
 
     def __init__(self, adapter: Adapter, base: LoadSpec, plan: SweepPlan,
                  console: Console | None = None,
-                 on_point: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 on_point: Callable[[dict[str, Any]], None] | None = None,
+                 price: Price | None = None, alpha: float = 0.5) -> None:
+        self.price = price
+        self.alpha = alpha
         self.adapter = adapter
         self.base = base
         self.plan = plan
@@ -209,6 +213,18 @@ class Sweep:
 
     def _result(self, stop_reason: str, sla: dict[str, Any] | None) -> dict[str, Any]:
         ordered = sorted(self.points, key=lambda p: point_summary(p)["load"])
+        rows = [point_summary(p) for p in ordered]
+        ranking = None
+        if self.price is not None:
+            limit = self.plan.sla_p99_ms or self.plan.max_p99_ms
+            ranking = rank([{"name": f"{self.plan.mode} {r['load']:g}", "load": r["load"],
+                             "throughput_rps": r["throughput_rps"], "p99_ms": r["p99_ms"],
+                             "error_percent": r["error_percent"], "price": self.price}
+                            for r in rows], self.alpha, limit,
+                           self.plan.max_error_percent if limit is not None else None)
+            cost = {c["load"]: c["cost_per_million"] for c in ranking}
+            for row in rows:
+                row["cost_per_million"] = cost[row["load"]]
         return {
             "schema": SCHEMA,
             "endpoint": ordered[0]["endpoint"] if ordered else self.adapter.describe(),
@@ -216,10 +232,14 @@ class Sweep:
             "plan": self.plan.to_dict(),
             "environment": environment(),
             "points": ordered,
-            "rows": [point_summary(p) for p in ordered],
+            "rows": rows,
             "knee": knee_of(ordered, self.plan.min_gain),
             "stop_reason": stop_reason,
             "sla": sla,
+            "price": self.price.to_dict() if self.price else None,
+            "ranking": ranking,
+            "score": {"alpha": self.alpha, "sla_p99_ms": self.plan.sla_p99_ms or
+                      self.plan.max_p99_ms, "max_error_percent": self.plan.max_error_percent},
         }
 
 

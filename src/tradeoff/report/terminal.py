@@ -78,13 +78,19 @@ def print_sweep(sweep: dict[str, Any], console: Console) -> None:
     mode = sweep["mode"]
     table = Table(title=f"{endpoint.get('name') or endpoint.get('model') or endpoint['url']}: "
                         f"sweep over {mode}")
-    for column in (mode, "req/s", "infer/s", "p50 ms", "p99 ms", "errors %", ""):
+    priced = any(row.get("cost_per_million") is not None for row in sweep["rows"])
+    columns = [mode, "req/s", "infer/s", "p50 ms", "p99 ms", "errors %"]
+    for column in columns + (["$ / 1M req"] if priced else []) + [""]:
         table.add_column(column, justify="right")
     for row in sweep["rows"]:
         at_knee = knee is not None and row["load"] == knee["load"]
-        table.add_row(f"{row['load']:g}", f"{row['throughput_rps']:,.1f}",
-                      f"{row['inferences_per_s']:,.1f}", _ms(row["p50_ms"]), _ms(row["p99_ms"]),
-                      f"{row['error_percent']:.1f}", "[bold yellow]knee[/]" if at_knee else "",
+        cells = [f"{row['load']:g}", f"{row['throughput_rps']:,.1f}",
+                 f"{row['inferences_per_s']:,.1f}", _ms(row["p50_ms"]), _ms(row["p99_ms"]),
+                 f"{row['error_percent']:.1f}"]
+        if priced:
+            cost = row.get("cost_per_million")
+            cells.append("-" if cost is None else f"{cost:,.4f}")
+        table.add_row(*cells, "[bold yellow]knee[/]" if at_knee else "",
                       style="bold" if at_knee else None)
     console.print(table)
     if knee:
@@ -151,12 +157,13 @@ def print_compare(compare: dict[str, Any], console: Console) -> None:
 def print_ranking(ranking: list[dict[str, Any]], score: dict[str, Any],
                   console: Console) -> None:
     """Cost per million requests and the cost-performance score."""
-    table = Table(title=f"Cost and score (alpha {score['alpha']:g} on throughput per cost, "
-                        f"{1 - score['alpha']:g} on 1/p99)"
+    table = Table(title=f"Cost and score ({score['alpha']:g} x requests per dollar + "
+                        f"{1 - score['alpha']:g} x 1/p99, each relative to the best)"
                         + (f", SLA p99 <= {score['sla_p99_ms']:g} ms"
                            if score.get("sla_p99_ms") else ""))
-    for column in ("rank", "endpoint", "req/s", "p99 ms", "cost / 1M req", "score", "SLA"):
-        table.add_column(column, justify="left" if column in ("endpoint", "SLA") else "right")
+    for column in ("rank", "endpoint", "req/s", "p99 ms", "$ / 1M req", "score", "SLA"):
+        table.add_column(column, justify="left" if column in ("endpoint", "SLA") else "right",
+                         no_wrap=column == "endpoint")
     for c in ranking:
         cost = c["cost_per_million"]
         table.add_row("-" if c["rank"] is None else str(c["rank"]), c["name"],
