@@ -124,6 +124,33 @@ def test_soak_of_a_steady_server_watches_its_memory(tmp_path: Path,
     assert "windows" not in out or "Soak at" in out
 
 
+def test_server_memory_from_its_pid_and_from_prometheus(server: ServerProcess) -> None:
+    from tradeoff.bench.soak import read_rss
+
+    assert server.process is not None
+    by_pid = read_rss(server.process.pid, None)
+    by_metrics = read_rss(None, server.metrics_url)
+    assert by_pid is not None and by_metrics is not None
+    assert by_pid > 10 * 2**20
+    assert abs(by_pid - by_metrics) / by_pid < 0.5  # the same process, read two ways
+    assert read_rss(None, "http://127.0.0.1:9/metrics") is None
+
+
+def test_soak_reads_memory_from_a_prometheus_url(tmp_path: Path, server: ServerProcess) -> None:
+    soak, _ = run_json(tmp_path, "soak", "soak", server.url, "--model", "mlp", "--max-rate",
+                       "50", "--duration", "2", "--window", "0.5", "--prometheus-url",
+                       server.metrics_url)
+    assert "process_resident_memory_bytes" in soak["memory"]["source"]
+    assert soak["memory"]["samples"]
+
+
+def test_soak_refuses_memory_it_cannot_read(tmp_path: Path, server: ServerProcess) -> None:
+    run = tradeoff("soak", server.url, "--model", "mlp", "--max-rate", "50", "--duration",
+                   "2", "--window", "0.5", "--prometheus-url", "http://127.0.0.1:9/metrics",
+                   check=False)
+    assert run.returncode != 0 and "cannot read the server's memory" in run.stderr
+
+
 def test_soak_finds_a_server_that_slows_down(tmp_path: Path) -> None:
     """Each request waits 40 us longer than the one before: p99 drifts up."""
     with ControlServer() as server:

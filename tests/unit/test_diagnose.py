@@ -147,3 +147,17 @@ def test_no_batching_with_throughput_that_still_scales_is_only_information() -> 
               for c in (1, 2, 4, 8)]
     found = [f for f in diagnose(sweep_result(points)) if f.rule == "no_batching"]
     assert found and found[0].severity == "info"
+
+
+def test_soak_reasons_become_findings() -> None:
+    from tradeoff.bench.soak import verdict
+
+    windows = [{"index": i, "duration_s": 60.0, "completed": 1000, "errors": 0,
+                "throughput_rps": 100.0, "p50_ms": 5.0, "p99_ms": 10.0 + i} for i in range(8)]
+    soak = {"schema": "tradeoff.soak/1", "endpoint": {"model": "m"},
+            "verdict": verdict(windows, [])}
+    found = diagnose(soak)
+    assert [f.rule for f in found] == ["soak_drift"]
+    assert found[0].severity == "critical" and found[0].subject == "m"
+    steady = [dict(w, p99_ms=10.0) for w in windows]
+    assert diagnose({**soak, "verdict": verdict(steady, [])}) == []
