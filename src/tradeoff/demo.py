@@ -86,6 +86,9 @@ def run_demo(options: DemoOptions) -> dict[str, Any]:
         with console.status("2. latency baseline: one request at a time"):
             baseline, _, _ = run_benchmark(V2Adapter(server.url, "mlp"), spec)
         lat = baseline["summary"]["latency_ms"]
+        if lat is None:
+            raise RuntimeError("the baseline measurement got no successful answer; see "
+                               f"the server log {server.log.name}")
         console.print(f"2. latency baseline at concurrency 1 (mlp): p50 {lat['p50']:.2f} ms, "
                       f"p99 {lat['p99']:.2f} ms, {baseline['summary']['throughput_rps']:,.0f} "
                       "req/s")

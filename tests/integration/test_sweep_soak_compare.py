@@ -110,12 +110,12 @@ def test_soak_of_a_steady_server_watches_its_memory(tmp_path: Path,
                                                     server: ServerProcess) -> None:
     assert server.process is not None
     soak, out = run_json(tmp_path, "soak", "soak", server.url, "--model", "mlp",
-                         "--max-rate", "150", "--fraction", "0.5", "--duration", "4s",
-                         "--window", "1s", "--server-pid", str(server.process.pid))
+                         "--max-rate", "150", "--fraction", "0.5", "--duration", "3s",
+                         "--window", "0.5s", "--server-pid", str(server.process.pid))
     assert soak["schema"] == "tradeoff.soak/1"
     assert soak["rate_rps"] == pytest.approx(75)
     assert soak["max_rate"]["source"] == "given"
-    assert len(soak["result"]["windows"]) == 4
+    assert len(soak["result"]["windows"]) == 6
     assert soak["memory"]["source"].startswith(f"/proc/{server.process.pid}")
     assert len(soak["memory"]["samples"]) >= 3
     assert all(s[1] > 10 * 2**20 for s in soak["memory"]["samples"])
@@ -138,15 +138,21 @@ def test_server_memory_from_its_pid_and_from_prometheus(server: ServerProcess) -
 
 def test_soak_reads_memory_from_a_prometheus_url(tmp_path: Path, server: ServerProcess) -> None:
     soak, _ = run_json(tmp_path, "soak", "soak", server.url, "--model", "mlp", "--max-rate",
-                       "50", "--duration", "2", "--window", "0.5", "--prometheus-url",
+                       "50", "--duration", "3", "--window", "0.5", "--prometheus-url",
                        server.metrics_url)
     assert "process_resident_memory_bytes" in soak["memory"]["source"]
     assert soak["memory"]["samples"]
 
 
+def test_soak_needs_six_windows(tmp_path: Path) -> None:
+    run = tradeoff("soak", "http://127.0.0.1:9", "--protocol", "http", "--max-rate", "10",
+                   "--duration", "2", "--window", "0.5", check=False)
+    assert run.returncode != 0 and "fewer than 6 windows" in run.stderr
+
+
 def test_soak_refuses_memory_it_cannot_read(tmp_path: Path, server: ServerProcess) -> None:
     run = tradeoff("soak", server.url, "--model", "mlp", "--max-rate", "50", "--duration",
-                   "2", "--window", "0.5", "--prometheus-url", "http://127.0.0.1:9/metrics",
+                   "3", "--window", "0.5", "--prometheus-url", "http://127.0.0.1:9/metrics",
                    check=False)
     assert run.returncode != 0 and "cannot read the server's memory" in run.stderr
 
@@ -167,7 +173,7 @@ def test_soak_finds_a_server_that_slows_down(tmp_path: Path) -> None:
 def test_soak_measures_the_maximum_rate_first(tmp_path: Path) -> None:
     with ControlServer() as server:
         soak, _ = run_json(tmp_path, "soak", "soak", f"{server.url}/serial?ms=5",
-                           "--protocol", "http", "--fraction", "0.5", "--duration", "2",
+                           "--protocol", "http", "--fraction", "0.5", "--duration", "3",
                            "--window", "0.5", "--probe-duration", "0.5")
     assert soak["max_rate"]["source"] == "measured"
     assert 120 < soak["max_rate"]["rps"] <= 205
@@ -214,14 +220,16 @@ def test_compare_batched_and_unbatched_models_side_by_side(tmp_path: Path,
 
 def test_compare_reads_result_files(tmp_path: Path, server: ServerProcess) -> None:
     for model in ("mlp", "mlp_nobatch"):
-        tradeoff("bench", server.url, "--model", model, "--concurrency", "4", *SHORT,
-                 "--window", "0.2", "--json", str(tmp_path / f"{model}.json"))
+        tradeoff("bench", server.url, "--model", model, "--concurrency", "4", "--duration",
+                 "1.6", "--warmup", "0.2", "--window", "0.2",
+                 "--json", str(tmp_path / f"{model}.json"))
     doc, out = run_json(tmp_path, "compare", "compare", str(tmp_path / "mlp.json"),
                         str(tmp_path / "mlp_nobatch.json"), "--price-per-1k-requests", "0.01")
     assert [e["name"] for e in doc["endpoints"]] == ["mlp", "mlp_nobatch"]
     checks = {c["check"]: c["ok"] for c in doc["fairness"]["checks"]}
     assert checks["interleaved"] is False and checks["same inputs"] is None
-    assert doc["ratios"][1]["throughput"]["ci95"] is not None  # from the windows
+    assert doc["ratios"][1]["throughput"]["ci95"] is not None  # from 8 windows each
+    assert doc["ratios"][1]["p99"]["ci95"] is None  # no raw samples in a file
     assert all(c["cost_per_million"] == pytest.approx(10.0) for c in doc["ranking"])
     assert doc["endpoints"][0]["profile"]["checklist"]["batching"].startswith("dynamic")
 
@@ -253,7 +261,7 @@ def test_report_renders_every_plot_in_chromium(tmp_path: Path, server: ServerPro
     run_json(tmp_path, "compare", "compare", "--endpoint", f"a={server.url},model=mlp",
              "--endpoint", f"b={server.url},model=mlp_nobatch", "--rounds", "1", *SHORT)
     run_json(tmp_path, "soak", "soak", server.url, "--model", "mlp", "--max-rate", "100",
-             "--duration", "2", "--window", "0.5", "--server-pid", str(server.process.pid))
+             "--duration", "3", "--window", "0.5", "--server-pid", str(server.process.pid))
     report = tmp_path / "report.html"
     pngs = tmp_path / "png"
     run = tradeoff("report", *sweeps, str(tmp_path / "compare.json"),

@@ -37,6 +37,11 @@ def test_a_noisy_dip_is_not_the_knee() -> None:
     assert find_knee([1, 2, 4, 8, 16, 32, 64], [100, 190, 360, 600, 580, 900, 905]) == 5
 
 
+def test_a_point_that_served_nothing_is_never_the_knee() -> None:
+    assert find_knee([1, 2, 4, 8], [0, 0, 300, 305]) == 2
+    assert find_knee([1, 2, 4], [0, 0, 0]) is None
+
+
 def test_a_curve_flat_from_the_start_has_its_knee_at_the_first_point() -> None:
     assert find_knee([1, 2, 4, 8], [200, 201, 199, 200]) == 0
 
@@ -116,6 +121,18 @@ def test_mann_kendall_finds_a_rising_series_and_its_slope() -> None:
     trend = mann_kendall(t, 100 + 2 * t)
     assert trend.direction == "up" and trend.p_value < 0.001
     assert trend.slope_per_s == pytest.approx(2.0)
+
+
+def test_mann_kendall_sorts_by_time() -> None:
+    t = np.arange(10.0)
+    shuffled = np.random.default_rng(5).permutation(10)
+    trend = mann_kendall(t[shuffled], (3 * t)[shuffled])
+    assert trend.direction == "up" and trend.slope_per_s == pytest.approx(3.0)
+
+
+def test_four_points_can_never_be_significant_six_can() -> None:
+    assert mann_kendall(np.arange(4.0), np.arange(4.0)).direction == "none"
+    assert mann_kendall(np.arange(6.0), np.arange(6.0)).direction == "up"
 
 
 def test_mann_kendall_sees_no_trend_in_noise() -> None:
@@ -225,3 +242,18 @@ def test_user_facts_win_and_extra_facts_are_kept() -> None:
     assert parse_fact("a:hardware=H100") == ("a", "hardware", "H100")
     with pytest.raises(ValueError, match="NAME:key=value"):
         parse_fact("hardware=H100")
+
+
+def test_report_draws_a_sweep_with_a_point_that_served_nothing(tmp_path) -> None:
+    from tradeoff.report.html import build_report
+
+    from .result_factory import sweep_result
+
+    failed = bench_result(load=8, throughput=0.0, errors=10_000)
+    failed["summary"]["latency_ms"] = None
+    sweep = sweep_result([bench_result(load=1, throughput=500.0),
+                          bench_result(load=2, throughput=900.0),
+                          bench_result(load=4, throughput=910.0), failed])
+    page, report = build_report([sweep], tmp_path / "png")
+    assert page.count('<figure class="plot"') == 4 and len(report.pngs) == 4
+    assert "knee: concurrency 2" in page

@@ -5,7 +5,8 @@ of the machine falls on all of them alike, pool each endpoint's rounds, and give
 ratio to the baseline (the first endpoint) a 95% bootstrap confidence interval:
 throughput from one-second bins of successful requests, p50 and p99 from the raw
 latencies (at most ``BOOTSTRAP_SAMPLES`` per endpoint, drawn at random). Results read
-from files get intervals from their windows when they have three or more.
+from files get a throughput interval from their windows when each has at least
+``MIN_FILE_WINDOWS``; their latency ratios have none (raw samples are not in the file).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ SCHEMA = "tradeoff.compare/1"
 BOOTSTRAP_ROUNDS = 500
 BOOTSTRAP_SAMPLES = 20_000
 METRICS = ("throughput", "p50", "p99")
+MIN_FILE_WINDOWS = 8  # fewer windows give too few distinct resamples for an interval
 
 
 def _measured(records: Records, start_ns: int, spec: LoadSpec, duration_s: float
@@ -171,11 +173,13 @@ def _ratios(entries: list[dict[str, Any]], samples: list[dict[str, np.ndarray]] 
                 source = "bins" if metric == "throughput" else "latency"
                 ci = bootstrap_ratio(samples[0][source], samples[index][source],
                                      STATISTICS[metric], seed=index)
-            elif index:
-                field = {"throughput": "throughput_rps", "p50": "p50_ms", "p99": "p99_ms"}
-                wa = np.array([w[field[metric]] for w in entries[0]["result"]["windows"]], float)
-                wb = np.array([w[field[metric]] for w in entry["result"]["windows"]], float)
-                if wa.size >= 3 and wb.size >= 3:
+            elif index and metric == "throughput":
+                # pooled throughput is the mean over equal windows; percentiles of the
+                # pooled samples cannot be rebuilt from per-window percentiles
+                wa, wb = (np.array([w["throughput_rps"] for w in e["result"]["windows"]], float)
+                          for e in (entries[0], entry))
+                wa, wb = wa[np.isfinite(wa)], wb[np.isfinite(wb)]
+                if wa.size >= MIN_FILE_WINDOWS and wb.size >= MIN_FILE_WINDOWS:
                     ci = bootstrap_ratio(wa, wb, np.mean, seed=index)
             row[metric] = {"ratio": ratio, "ci95": ci}
         out.append(row)

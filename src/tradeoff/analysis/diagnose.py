@@ -74,7 +74,8 @@ def long_tail(result: dict[str, Any]) -> list[Finding]:
     if len(windows) >= 4:
         p99s = np.array([w["p99_ms"] for w in windows], dtype=float)
         median = float(np.median(p99s))
-        spikes = [int(w["index"]) for w, v in zip(windows, p99s) if v > SPIKE_FACTOR * median]
+        # positions, not window indexes: merged rounds repeat the indexes
+        spikes = [i for i, v in enumerate(p99s) if v > SPIKE_FACTOR * median]
         if len(spikes) >= 2:
             gaps = np.diff(spikes)
             periodic = len(spikes) >= 3 and bool(np.all(gaps == gaps[0]))

@@ -36,6 +36,8 @@ def find_knee(loads: Sequence[float], throughputs: Sequence[float],
               min_gain: float = MIN_GAIN) -> int | None:
     """Index of the knee (see the module rule), or None when throughput still grows."""
     for i in range(len(loads) - 1):
+        if throughputs[i] <= 0:
+            continue  # a point that served nothing is not an operating point
         if all(gain_per_doubling(loads[i], throughputs[i], loads[j], throughputs[j]) < min_gain
                for j in range(i + 1, len(loads))):
             return i

@@ -2,7 +2,8 @@
 
 Mann-Kendall asks whether later values tend to be larger (or smaller) than earlier ones,
 without assuming a shape or a distribution; the p-value uses its normal approximation
-(fine from about 4 points). Sen's slope (the median of all pairwise slopes) says how big
+with the tie correction. Below 5 points no series can reach p < 0.05; from 6 points a
+steady trend does. Sen's slope (the median of all pairwise slopes) says how big
 the trend is, and is not thrown by an outlier.
 """
 
@@ -31,12 +32,14 @@ class Trend:
         return asdict(self)
 
 
-def mann_kendall(times: np.ndarray, values: np.ndarray) -> Trend:
-    """Trend of ``values`` over ``times`` (seconds); NaNs are left out."""
+def mann_kendall(times: np.ndarray, values: np.ndarray, alpha: float = 0.05) -> Trend:
+    """Trend of ``values`` over ``times`` (seconds); NaNs are left out. ``direction`` is
+    up or down only when the trend is significant at ``alpha``."""
     times = np.asarray(times, float)
     values = np.asarray(values, float)
     keep = np.isfinite(values) & np.isfinite(times)
-    t, x = times[keep], values[keep]
+    order = np.argsort(times[keep], kind="stable")
+    t, x = times[keep][order], values[keep][order]
     n = x.size
     if n < 3:
         return Trend(n, 0.0, 0.0, 1.0, "none")
@@ -53,5 +56,5 @@ def mann_kendall(times: np.ndarray, values: np.ndarray) -> Trend:
     median = float(np.median(x))
     span = float(t.max() - t.min())
     change = slope * span / abs(median) * 100 if median else 0.0
-    direction = "none" if p >= 0.05 else ("up" if s > 0 else "down")
+    direction = "none" if p >= alpha else ("up" if s > 0 else "down")
     return Trend(n, slope, change, p, direction)

@@ -33,7 +33,9 @@ from tradeoff.bench.session import run_benchmark
 from tradeoff.bench.sweep import Sweep, SweepPlan, parse_levels, point_summary
 
 SCHEMA = "tradeoff.soak/1"
-MIN_WINDOWS = 4
+WARMUP_S = 5.0  # before the first window, at most one window long
+MIN_WINDOWS = 6
+MAX_TREND_SAMPLES = 2000  # memory samples thinned to this for the trend test
 DRIFT_PERCENT = 10.0
 ERROR_BURST_PERCENT = 1.0
 MEMORY_GROWTH_PERCENT = 10.0
@@ -53,7 +55,7 @@ class SoakPlan:
     probe_s: float = 3.0
     server_pid: int | None = None
     prometheus_url: str | None = None
-    memory_interval_s: float = 1.0
+    memory_interval_s: float = 1.0  # at most; four samples per window at least
 
     def __post_init__(self) -> None:
         if not 0 < self.fraction <= 2:
@@ -119,7 +121,7 @@ class MemoryWatch:
             rss = read_rss(self.plan.server_pid, self.plan.prometheus_url)
             if rss is not None:
                 self.samples.append((time.monotonic() - start, rss))
-            self._stop.wait(self.plan.memory_interval_s)
+            self._stop.wait(min(self.plan.memory_interval_s, self.plan.window_s / 4))
 
 
 def verdict(windows: list[dict[str, Any]], memory: list[tuple[float, float]]
@@ -159,8 +161,9 @@ def verdict(windows: list[dict[str, Any]], memory: list[tuple[float, float]]
                 "action": "line the windows up with server logs: restarts, timeouts, "
                           "queue overflows (503) or garbage collection"})
     if len(memory) >= MIN_WINDOWS:
-        t = np.array([m[0] for m in memory])
-        rss = np.array([m[1] for m in memory])
+        thinned = memory[::max(1, len(memory) // MAX_TREND_SAMPLES)]
+        t = np.array([m[0] for m in thinned])
+        rss = np.array([m[1] for m in thinned])
         trend = mann_kendall(t, rss)
         growth_mib = trend.slope_per_s * float(t.max() - t.min()) / 2**20
         trends["memory"] = {**trend.to_dict(), "growth_mib": growth_mib}
@@ -202,7 +205,7 @@ def run_soak(adapter: Adapter, plan: SoakPlan, base: LoadSpec,
     spec = dataclasses.replace(base, rate=rate, concurrency=None, intervals=None,
                                arrival=plan.arrival, duration_s=plan.duration_s,
                                requests=None, window_s=plan.window_s,
-                               warmup_s=min(base.warmup_s or 5.0, plan.window_s))
+                               warmup_s=min(WARMUP_S, plan.window_s))
     if console:
         console.print(f"[bold]soak at {rate:,.1f} req/s[/] ({plan.fraction:.0%} of "
                       f"{max_rate:,.1f}) for {plan.duration_s:g}s in {plan.window_s:g}s windows")

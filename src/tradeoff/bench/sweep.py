@@ -187,6 +187,7 @@ class Sweep:
                 failed = load
                 break
             best = load
+        high = failed
         if failed is not None and best is not None:
             low, high = best, failed
             for _ in range(self.plan.bisect_steps):
@@ -205,7 +206,8 @@ class Sweep:
         elif failed is None:
             reason = "every level met the SLA"
         else:
-            reason = f"highest load meeting the SLA found between {best:g} and the first failure"
+            reason = (f"highest load meeting the SLA: {best:g} passed, {high:g} failed "
+                      f"({why})")
         best_point = next((p for p in self.points if point_summary(p)["load"] == best), None)
         return reason, {"p99_ms": limit, "max_error_percent": self.plan.max_error_percent,
                         "best_load": best,

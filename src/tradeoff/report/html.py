@@ -127,8 +127,8 @@ def _sweep_section(report: Report, sweeps: list[dict[str, Any]]) -> None:
                 f"<h3>{name}</h3>" + _table([mode, "req/s", "p50 ms", "p99 ms", "errors %"],
                                             rows, classes)
                 + "<p class='muted'>knee: "
-                + (f"{mode} {knee['load']:g} ({knee['throughput_rps']:,.0f} req/s, p99 "
-                   f"{knee['p99_ms']:.2f} ms)" if knee else "not reached")
+                + (f"{_e(mode)} {knee['load']:g} ({knee['throughput_rps']:,.0f} req/s, p99 "
+                   f"{_num(knee['p99_ms'])} ms)" if knee else "not reached")
                 + f"; stopped: {_e(sweep['stop_reason'])}</p>" + sla_text)
         rule = (f"<p class='muted'>Knee rule: {_e(KNEE_RULE)}.</p>")
         report.add(f"Sweep over {mode}",
@@ -174,8 +174,11 @@ def _compare_section(report: Report, compare: dict[str, Any]) -> None:
          "met" if c["meets_sla"] else _e("; ".join(c["sla_misses"]))]
         for c in compare["ranking"]], left=2)
     score = compare["score"]
-    report.add(f"Comparison (baseline {compare['baseline']}, {compare['rounds']} interleaved "
-               "rounds)",
+    interleaved = any(c["check"] == "interleaved" and c["ok"]
+                      for c in compare["fairness"]["checks"])
+    how = (f"{compare['rounds']} interleaved round(s)" if interleaved
+           else "from result files")
+    report.add(f"Comparison (baseline {compare['baseline']}, {how})",
                "<div class='grid'>"
                + report.figure(plots.comparison(compare), "comparison",
                                "Bars: pooled figures; whiskers: 95% bootstrap interval.")

@@ -7,6 +7,7 @@ saves the same figure as a file.
 from __future__ import annotations
 
 import io
+from itertools import cycle, islice
 from typing import Any
 
 import matplotlib
@@ -39,7 +40,9 @@ def _figure() -> tuple[Figure, Any]:
     return figure, axes
 
 
-def _knee_marker(axes: Any, x: float, y: float, color: str) -> None:
+def _knee_marker(axes: Any, x: float | None, y: float | None, color: str) -> None:
+    if x is None or y is None:
+        return
     axes.plot([x], [y], marker="o", markersize=11, markerfacecolor="none",
               markeredgecolor=color, markeredgewidth=2, zorder=5)
     axes.annotate("knee", (x, y), textcoords="offset points", xytext=(6, -14), color=color,
@@ -54,7 +57,7 @@ def _label(sweep: dict[str, Any]) -> str:
 def throughput_vs_load(sweeps: list[dict[str, Any]]) -> Figure:
     figure, axes = _figure()
     mode = sweeps[0]["mode"]
-    for color, sweep in zip(COLORS, sweeps):
+    for color, sweep in zip(cycle(COLORS), sweeps):
         rows = sweep["rows"]
         axes.plot([r["load"] for r in rows], [r["throughput_rps"] for r in rows], "o-",
                   color=color, label=_label(sweep))
@@ -71,8 +74,8 @@ def throughput_vs_load(sweeps: list[dict[str, Any]]) -> Figure:
 def latency_vs_load(sweeps: list[dict[str, Any]]) -> Figure:
     figure, axes = _figure()
     mode = sweeps[0]["mode"]
-    for color, sweep in zip(COLORS, sweeps):
-        rows = sweep["rows"]
+    for color, sweep in zip(cycle(COLORS), sweeps):
+        rows = [r for r in sweep["rows"] if r["p99_ms"] is not None]
         loads = [r["load"] for r in rows]
         axes.plot(loads, [r["p50_ms"] for r in rows], "o-", color=color,
                   label=f"{_label(sweep)} p50")
@@ -92,8 +95,8 @@ def latency_vs_load(sweeps: list[dict[str, Any]]) -> Figure:
 def frontier(sweeps: list[dict[str, Any]]) -> Figure:
     """p99 against throughput: the lower-right envelope is the best trade-off on offer."""
     figure, axes = _figure()
-    for color, sweep in zip(COLORS, sweeps):
-        rows = sweep["rows"]
+    for color, sweep in zip(cycle(COLORS), sweeps):
+        rows = [r for r in sweep["rows"] if r["p99_ms"] is not None]
         axes.plot([r["throughput_rps"] for r in rows], [r["p99_ms"] for r in rows], "o-",
                   color=color, label=_label(sweep))
         for r in rows:
@@ -112,7 +115,7 @@ def frontier(sweeps: list[dict[str, Any]]) -> Figure:
 def latency_cdf(named: list[tuple[str, dict[str, Any]]]) -> Figure:
     """Latency distribution from each result's reported percentiles (min ... max)."""
     figure, axes = _figure()
-    for color, (name, latency) in zip(COLORS, named):
+    for color, (name, latency) in zip(cycle(COLORS), named):
         points = [(latency["min"], 0.0)] + [(latency[k], q / 100) for k, q in
                                             PERCENTILES.items()] + [(latency["max"], 1.0)]
         axes.plot([p[0] for p in points], [p[1] for p in points], "o-", color=color,
@@ -169,7 +172,7 @@ def comparison(compare: dict[str, Any]) -> Figure:
             if ci and base_value:
                 errors[0][i] = max(values[i] - ci[0] * base_value, 0)
                 errors[1][i] = max(ci[1] * base_value - values[i], 0)
-        axes.bar(names, values, color=COLORS[: len(names)], yerr=errors, capsize=4)
+        axes.bar(names, values, color=list(islice(cycle(COLORS), len(names))), yerr=errors, capsize=4)
         axes.set_title(title)
     return figure
 

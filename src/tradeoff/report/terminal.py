@@ -95,7 +95,7 @@ def print_sweep(sweep: dict[str, Any], console: Console) -> None:
     console.print(table)
     if knee:
         console.print(f"knee at {mode} {knee['load']:g}: {knee['throughput_rps']:,.1f} req/s, "
-                      f"p99 {knee['p99_ms']:.2f} ms ({knee['rule']})")
+                      f"p99 {_ms(knee['p99_ms'])} ms ({knee['rule']})")
     else:
         console.print("knee not reached: throughput was still growing")
     console.print(f"stopped: {sweep['stop_reason']}")
@@ -121,8 +121,11 @@ def _ratio_cell(value: dict[str, Any]) -> str:
 
 def print_compare(compare: dict[str, Any], console: Console) -> None:
     """Side by side: figures, ratios to the baseline with 95% intervals, fairness, cost."""
+    interleaved = any(c["check"] == "interleaved" and c["ok"]
+                      for c in compare["fairness"]["checks"])
     table = Table(title=f"Comparison: baseline {compare['baseline']}, "
-                        f"{compare['rounds']} round(s) each")
+                        + (f"{compare['rounds']} interleaved round(s) each" if interleaved
+                           else "from result files"))
     for column in ("endpoint", "req/s", "x base", "p50 ms", "p99 ms", "x base", "errors"):
         table.add_column(column, justify="left" if column == "endpoint" else "right")
     table.caption = ("x base: ratio to the baseline, 95% bootstrap interval below it "
@@ -157,7 +160,9 @@ def print_compare(compare: dict[str, Any], console: Console) -> None:
 def print_ranking(ranking: list[dict[str, Any]], score: dict[str, Any],
                   console: Console) -> None:
     """Cost per million requests and the cost-performance score."""
-    table = Table(title=f"Cost and score ({score['alpha']:g} x requests per dollar + "
+    basis = next((c["score_basis"] for c in ranking if c.get("score_basis")),
+                 "requests per dollar")
+    table = Table(title=f"Cost and score ({score['alpha']:g} x {basis} + "
                         f"{1 - score['alpha']:g} x 1/p99, each relative to the best)"
                         + (f", SLA p99 <= {score['sla_p99_ms']:g} ms"
                            if score.get("sla_p99_ms") else ""))
