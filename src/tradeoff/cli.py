@@ -52,6 +52,10 @@ def main() -> None:
 @click.option("--no-grpc", is_flag=True, help="Do not serve gRPC.")
 @click.option("--max-request-bytes", default=64 * 1024 * 1024, show_default=True,
               type=click.IntRange(1), help="Larger request bodies get 413.")
+@click.option("--max-inflight", default=1024, show_default=True, type=click.IntRange(0),
+              help="Inference requests the whole server holds at once (queued, running or "
+                   "being read); more are refused at once with 503 / UNAVAILABLE. 0: no "
+                   "limit.")
 @click.option("--shutdown-timeout", default=30.0, show_default=True, type=float,
               help="Seconds to finish accepted requests after SIGTERM/SIGINT.")
 @click.option("--default-max-batch-size", default=4, show_default=True,
@@ -66,7 +70,7 @@ def main() -> None:
               type=click.Choice(["debug", "info", "warning", "error"]))
 def serve(repository: Path, host: str, http_port: int, metrics_port: int, no_metrics: bool,
           grpc_port: int, no_grpc: bool,
-          max_request_bytes: int, shutdown_timeout: float, default_max_batch_size: int,
+          max_request_bytes: int, max_inflight: int, shutdown_timeout: float, default_max_batch_size: int,
           intra_op_threads: int, strict_readiness: bool, log_level: str) -> None:
     """Serve a model repository over the Open Inference Protocol v2.
 
@@ -85,7 +89,8 @@ def serve(repository: Path, host: str, http_port: int, metrics_port: int, no_met
         model_repository=repository, host=host, http_port=http_port,
         metrics_port=None if no_metrics else metrics_port,
         grpc_port=None if no_grpc else grpc_port,
-        max_request_bytes=max_request_bytes, shutdown_timeout=shutdown_timeout,
+        max_request_bytes=max_request_bytes, max_inflight=max_inflight or None,
+        shutdown_timeout=shutdown_timeout,
         default_max_batch_size=default_max_batch_size, intra_op_threads=intra_op_threads,
         strict_readiness=strict_readiness)
     try:

@@ -8,6 +8,7 @@
         ├── NotFound             404: unknown model, version or route
         ├── PayloadTooLarge      413: body over the configured limit
         ├── Unavailable          503: model not ready, queue full, shutting down
+        │   ├── Overloaded       503: the server-wide limit of requests in flight
         │   └── RequestTimeout   503: timed out in the queue (Triton's UNAVAILABLE)
         └── InferenceFailed      500: the backend raised while running a batch
 
@@ -60,6 +61,10 @@ class PayloadTooLarge(RequestError):
 
 class Unavailable(RequestError):
     status = 503
+
+
+class Overloaded(Unavailable):
+    """Refused at once: the server already holds its limit of requests in flight."""
 
 
 class RequestTimeout(Unavailable):

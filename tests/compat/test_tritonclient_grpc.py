@@ -232,6 +232,6 @@ def test_full_queue_is_resource_exhausted(compat_server: ServerProcess) -> None:
     for thread in threads:
         thread.join(30)
     assert isinstance(refused, InferenceServerException)
-    assert refused.status() == "StatusCode.RESOURCE_EXHAUSTED"
+    assert refused.status() == "StatusCode.UNAVAILABLE"
     assert "queue is full" in refused.message()
     assert all(isinstance(a, np.ndarray) for a in answers.values()), answers

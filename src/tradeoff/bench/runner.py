@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -124,7 +125,8 @@ class Runner:
         self._in_flight = 0
         self._idle: list[Connection] = []
         self._open_connections = 0
-        self._connection_freed: asyncio.Event | None = None
+        self._waiters: deque[asyncio.Future[Connection]] = deque()
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._load_done = False
 
     def _request_bytes(self) -> bytes:
@@ -168,22 +170,31 @@ class Runner:
     # ---------------------------------------------------------------- open loop
 
     async def _connection(self) -> Connection:
-        while not self._idle and self._open_connections >= self.spec.max_connections:
-            assert self._connection_freed is not None
-            self._connection_freed.clear()
-            await self._connection_freed.wait()
+        """An idle connection, a new one under ``max_connections``, or the next one freed
+        (first come, first served: a freed connection wakes one waiter, not all)."""
         if self._idle:
             return self._idle.pop()
-        self._open_connections += 1
-        return self.adapter.connect(self.spec.timeout_s)
+        if self._open_connections < self.spec.max_connections:
+            self._open_connections += 1
+            return self.adapter.connect(self.spec.timeout_s)
+        assert self._loop is not None
+        waiter: asyncio.Future[Connection] = self._loop.create_future()
+        self._waiters.append(waiter)
+        return await waiter
+
+    def _release(self, connection: Connection) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(connection)
+                return
+        self._idle.append(connection)
 
     async def _open_request(self, scheduled: int) -> None:
         try:
             connection = await self._connection()
             await self._send(connection, scheduled)
-            self._idle.append(connection)
-            assert self._connection_freed is not None
-            self._connection_freed.set()
+            self._release(connection)
         finally:
             self._in_flight -= 1
 
@@ -288,7 +299,7 @@ class Runner:
         """
         spec = self.spec
         cold = await self._cold_start() if cold_start else RecordBuffer().freeze()
-        self._connection_freed = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
         if start_at_ns is not None:
             await asyncio.sleep(max(start_at_ns - self.clock(), 0) / 1e9)
         start = start_at_ns if start_at_ns is not None else self.clock()

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from tradeoff import __version__
-from tradeoff.errors import InvalidInput, NotFound, RequestError, Unavailable
+from tradeoff.errors import InvalidInput, NotFound, Overloaded, RequestError, Unavailable
 from tradeoff.protocol.v2 import TensorOutput, V2Request, parse_json_object
 from tradeoff.repository.config import ModelConfig
 from tradeoff.scheduling.request import InferenceRequest, Timings
@@ -21,11 +21,30 @@ EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository", "
 class DataPlane:
     """What the server can do, independent of the wire protocol."""
 
-    def __init__(self, manager: ModelManager) -> None:
+    def __init__(self, manager: ModelManager, max_inflight: int | None = None) -> None:
         self.manager = manager
         self.started = False
         self.shutting_down = False
         self.strict_readiness = False
+        self.max_inflight = max_inflight  # server-wide; None: no limit
+        self.in_flight = 0  # inference requests admitted and not yet answered
+        self.overload_refusals = 0
+
+    # ------------------------------------------------------------ admission
+
+    def admit(self) -> None:
+        """Take one inference request in, or refuse it at once (503) when the server is
+        shutting down or holds ``max_inflight`` requests. Pair with :meth:`release`."""
+        if self.shutting_down:
+            raise Unavailable("the server is shutting down and takes no new requests")
+        if self.max_inflight is not None and self.in_flight >= self.max_inflight:
+            self.overload_refusals += 1
+            raise Overloaded(f"the server holds its limit of {self.max_inflight} requests in "
+                             "flight (--max-inflight); retry after a short wait")
+        self.in_flight += 1
+
+    def release(self) -> None:
+        self.in_flight -= 1
 
     # ------------------------------------------------------------ health, metadata
 

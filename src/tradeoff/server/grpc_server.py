@@ -19,7 +19,7 @@ from google.protobuf import json_format
 from grpc import aio
 
 from tradeoff import dtypes
-from tradeoff.errors import InvalidInput, RequestError, Unavailable
+from tradeoff.errors import InvalidInput, RequestError
 from tradeoff.protocol import grpc_service_pb2 as pb
 from tradeoff.protocol.v2 import (
     RequestedOutput,
@@ -150,6 +150,13 @@ class GrpcService:
 
     async def _infer(self, request: pb.ModelInferRequest) -> tuple[Any, str]:
         """The response to one request, and its Server-Timing value."""
+        self.dataplane.admit()
+        try:
+            return await self._admitted_infer(request)
+        finally:
+            self.dataplane.release()
+
+    async def _admitted_infer(self, request: pb.ModelInferRequest) -> tuple[Any, str]:
         v2 = decode_infer_request(request)
         served, timings, outputs = await self.dataplane.infer(
             request.model_name, request.model_version or None, v2)
@@ -205,10 +212,8 @@ class GrpcService:
                 try:
                     return await method(request, context)
                 except RequestError as exc:
-                    code = _STATUS.get(exc.status, grpc.StatusCode.INTERNAL)
-                    if isinstance(exc, Unavailable) and "queue is full" in str(exc):
-                        code = grpc.StatusCode.RESOURCE_EXHAUSTED
-                    await context.abort(code, str(exc))
+                    await context.abort(_STATUS.get(exc.status, grpc.StatusCode.INTERNAL),
+                                        str(exc))
                 except aio.AbortError:
                     raise
                 except Exception as exc:  # answer, and keep serving

@@ -7,6 +7,7 @@ models. Everything here translates between HTTP and :class:`DataPlane` calls.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import zlib
 from collections.abc import Awaitable, Callable
@@ -230,6 +231,14 @@ class HttpApp:
 
     async def _infer(self, scope: Scope, receive: Receive, send: Send, name: str,
                      version: str | None) -> None:
+        self.dataplane.admit()  # before the body is read: memory stays bounded
+        try:
+            await self._admitted_infer(scope, receive, send, name, version)
+        finally:
+            self.dataplane.release()
+
+    async def _admitted_infer(self, scope: Scope, receive: Receive, send: Send, name: str,
+                              version: str | None) -> None:
         headers = _headers(scope)
         body = await self._read_body(scope, receive, headers)
         header_length = headers.get(b"inference-header-content-length")
@@ -240,7 +249,24 @@ class HttpApp:
                                    "integer")
             length = int(header_length)
         request = decode_request(body, length)
-        served, timings, outputs = await self.dataplane.infer(name, version, request)
+        handler = asyncio.current_task()
+        watch = asyncio.ensure_future(receive())  # answers http.disconnect if the client goes
+
+        def on_message(message: asyncio.Future[dict[str, Any]]) -> None:
+            if not message.cancelled() and message.exception() is None and \
+                    message.result()["type"] == "http.disconnect" and handler is not None:
+                handler.cancel()  # the scheduler drops the request if it is still queued
+
+        watch.add_done_callback(on_message)
+        try:
+            served, timings, outputs = await self.dataplane.infer(name, version, request)
+        except asyncio.CancelledError:
+            if watch.done() and not watch.cancelled():
+                return  # the client went away: nobody to answer
+            raise
+        finally:
+            watch.remove_done_callback(on_message)
+            watch.cancel()
         payload, json_length = encode_response(name, str(served.version), request.id, outputs)
         reply = [(b"content-type", b"application/json" if json_length is None
                   else b"application/octet-stream"),

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector, generate_late
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from tradeoff.server.dataplane import DataPlane
 from tradeoff.server.models import ModelManager
 from tradeoff.server.stats import LATENCY_BUCKETS_S
 
@@ -37,8 +38,9 @@ def _histogram(name: str, doc: str, bucket_counts: list[int], bounds: tuple[floa
 class ServerCollector(Collector):
     """Collects every served model version's counters."""
 
-    def __init__(self, manager: ModelManager) -> None:
+    def __init__(self, manager: ModelManager, dataplane: DataPlane | None = None) -> None:
         self.manager = manager
+        self.dataplane = dataplane
 
     def collect(self) -> Iterator:
         labels = ["model", "version"]
@@ -105,6 +107,14 @@ class ServerCollector(Collector):
                 sizes, bounds, rows_total, lv, batch_hist)
         yield from (success, failure, count, executions, *durations.values(), queue_depth,
                     in_flight, ready)
+        if self.dataplane is not None:
+            yield GaugeMetricFamily("tradeoff_server_in_flight",
+                                    "Inference requests admitted by the server and not yet "
+                                    "answered (all models)", value=self.dataplane.in_flight)
+            yield CounterMetricFamily("tradeoff_server_overload_refusals",
+                                      "Requests refused at once because the server held "
+                                      "--max-inflight requests",
+                                      value=self.dataplane.overload_refusals)
         yield from (h for h in (request_hist, queue_hist, batch_hist) if h is not None)
 
 
@@ -118,10 +128,11 @@ def _batch_bounds(max_batch: int) -> tuple[float, ...]:
     return tuple(bounds)
 
 
-def make_registry(manager: ModelManager) -> CollectorRegistry:
+def make_registry(manager: ModelManager, dataplane: DataPlane | None = None
+                  ) -> CollectorRegistry:
     """A registry of the server's own (not the process-global one)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ServerCollector(manager))
+    registry.register(ServerCollector(manager, dataplane))
     ProcessCollector(registry=registry)
     return registry
 

@@ -40,6 +40,7 @@ class ServeOptions:
     default_max_batch_size: int = 4
     intra_op_threads: int = 1
     strict_readiness: bool = False
+    max_inflight: int | None = 1024
 
 
 class _GracefulServer(uvicorn.Server):
@@ -77,7 +78,7 @@ def serve(options: ServeOptions) -> None:
     """Run the server in this process until it is told to stop."""
     repository = ModelRepository(options.model_repository, options.default_max_batch_size)
     manager = ModelManager(repository, default_intra_op_threads=options.intra_op_threads)
-    dataplane = DataPlane(manager)
+    dataplane = DataPlane(manager, options.max_inflight)
     dataplane.strict_readiness = options.strict_readiness
     sockets = [_bind(options.host, options.http_port)]
     http_port = sockets[0].getsockname()[1]
@@ -113,7 +114,7 @@ def serve(options: ServeOptions) -> None:
         await manager.close()
         log.info("stopped")
 
-    app = HttpApp(dataplane, make_registry(manager), metrics_port=metrics_port,
+    app = HttpApp(dataplane, make_registry(manager, dataplane), metrics_port=metrics_port,
                   max_request_bytes=options.max_request_bytes,
                   on_startup=startup, on_shutdown=shutdown)
     config = uvicorn.Config(

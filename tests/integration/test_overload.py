@@ -1,0 +1,159 @@
+"""Overload and abandoned requests: refused at once with 503 / UNAVAILABLE, nothing lost,
+nothing leaked, and the server is back to its baseline soon after the load stops."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as triton_grpc
+
+from tradeoff.bench.adapters import V2Adapter
+from tradeoff.bench.load import LoadSpec
+from tradeoff.bench.session import run_benchmark
+from tradeoff.bench.soak import MemoryWatch, SoakPlan
+from tradeoff.server.process import ServerProcess
+
+from .helpers import infer_json, metric_samples, model_metric, wait_for
+from .model_repo import build_shutdown_repository
+
+pytestmark = pytest.mark.integration
+
+LIMIT = 3
+
+
+@pytest.fixture(scope="module")
+def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A server that holds at most LIMIT inference requests at once."""
+    repo = build_shutdown_repository(tmp_path_factory.mktemp("limited"))
+    server = ServerProcess(repo, extra_args=("--max-inflight", str(LIMIT)))
+    server.start()
+    try:
+        yield server
+    finally:
+        assert server.stop() == 0
+
+
+def row(value: float) -> list[dict]:
+    return [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [value] * 4}]
+
+
+def server_gauge(server: ServerProcess, name: str) -> float:
+    return metric_samples(server)[(name, frozenset())]
+
+
+def test_past_the_server_limit_requests_are_refused_at_once(limited: ServerProcess) -> None:
+    """``held`` keeps requests queued for 2 s: LIMIT of them fill the server."""
+    with ThreadPoolExecutor(LIMIT) as pool:
+        waiting = [pool.submit(infer_json, limited.url, "held", row(float(i)))
+                   for i in range(LIMIT)]
+        wait_for(lambda: server_gauge(limited, "tradeoff_server_in_flight") == LIMIT,
+                 f"{LIMIT} requests in flight")
+        started = time.monotonic()
+        refused = infer_json(limited.url, "mlp", [{"name": "INPUT0", "datatype": "FP32",
+                                                  "shape": [1, 64], "data": [0.0] * 64}])
+        refused_after = time.monotonic() - started
+        client = triton_grpc.InferenceServerClient(limited.grpc_url)
+        tensor = triton_grpc.InferInput("INPUT0", [1, 4], "FP32")
+        tensor.set_data_from_numpy(np.zeros((1, 4), np.float32))
+        with pytest.raises(triton_grpc.InferenceServerException) as grpc_refusal:
+            client.infer("held", [tensor])
+        client.close()
+        answered = [f.result(timeout=60) for f in waiting]
+    assert refused.status == 503, refused.body
+    assert "--max-inflight" in refused.json()["error"]
+    assert refused.header("Retry-After") == "1"
+    assert refused_after < 1.0  # refused at once, not after the 2 s the others wait
+    assert grpc_refusal.value.status() == "StatusCode.UNAVAILABLE"
+    assert all(r.status == 200 for r in answered)
+    wait_for(lambda: server_gauge(limited, "tradeoff_server_in_flight") == 0,
+             "no requests in flight")
+    assert server_gauge(limited, "tradeoff_server_overload_refusals_total") >= 2
+
+
+def _send_and_vanish(server: ServerProcess, model: str) -> None:
+    body = json.dumps({"inputs": row(1.0)}).encode()
+    with socket.create_connection((server.host, server.http_port)) as sock:
+        sock.sendall(b"POST /v2/models/%s/infer HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                     % (model.encode(), len(body), body))
+        wait_for(lambda: model_metric(server, "tradeoff_inference_queue_depth", model) == 1,
+                 "the request in the queue")
+
+
+def test_a_request_whose_client_left_is_dropped_before_compute(limited: ServerProcess) -> None:
+    def failures(reason: str) -> float:
+        labels = frozenset({"model": "held", "version": "1", "reason": reason}.items())
+        return metric_samples(limited)[("tradeoff_inference_request_failure_total", labels)]
+
+    canceled_before = failures("CANCELED")
+    executions_before = model_metric(limited, "tradeoff_inference_exec_count_total", "held")
+    _send_and_vanish(limited, "held")  # closes the socket with the request still queued
+    wait_for(lambda: failures("CANCELED") == canceled_before + 1, "the request canceled")
+    assert model_metric(limited, "tradeoff_inference_queue_depth", "held") == 0
+    assert model_metric(limited, "tradeoff_inference_in_flight", "held") == 0
+    wait_for(lambda: server_gauge(limited, "tradeoff_server_in_flight") == 0,
+             "no requests in flight")
+    time.sleep(2.5)  # past the 2 s batching delay: the dropped request never runs
+    assert model_metric(limited, "tradeoff_inference_exec_count_total", "held") == executions_before
+    ok = infer_json(limited.url, "held", row(2.0))
+    assert ok.status == 200  # and the server serves on
+
+
+def test_three_times_capacity_for_twenty_seconds(tmp_path: Path) -> None:
+    """Open loop at 3x the measured capacity of ``mlp``: every request gets an answer
+    (success or an explicit 503), no hangs or resets, bounded memory, and light-load p99
+    back near its baseline within seconds of the load stopping."""
+    repo = build_shutdown_repository(tmp_path / "models")
+    cores = sorted(os.sched_getaffinity(0))
+    pinned = len(cores) >= 2  # server and load generator on different cores
+    with ServerProcess(repo, cpus=str(cores[0]) if pinned else None) as server:
+        assert server.process is not None
+        if pinned:
+            os.sched_setaffinity(0, set(cores[1:]))
+        try:
+            adapter = V2Adapter(server.url, "mlp")
+            light = LoadSpec(concurrency=1, duration_s=2.0, warmup_s=0.5)
+            baseline, _, _ = run_benchmark(adapter, light)
+            capacity, _, _ = run_benchmark(adapter, LoadSpec(concurrency=32, duration_s=2.0,
+                                                             warmup_s=0.5))
+            rate = 3 * capacity["summary"]["throughput_rps"]
+            plan = SoakPlan(duration_s=20.0, window_s=1.0, server_pid=server.process.pid)
+            started = time.monotonic()
+            with MemoryWatch(plan) as memory:
+                overload, _, _ = run_benchmark(adapter, LoadSpec(
+                    rate=rate, duration_s=20.0, timeout_s=120.0, max_connections=2048))
+            stopped = time.monotonic()
+            time.sleep(3.0)
+            after, _, _ = run_benchmark(adapter, light)
+            recovered_in = time.monotonic() - stopped
+        finally:
+            os.sched_setaffinity(0, set(cores))
+        assert server.stop() == 0
+    s = overload["summary"]
+    classes = s["errors_by_class"]
+    assert set(classes) <= {"http", "http_503"}, classes  # no timeouts, resets, refusals
+    assert s["successes"] + classes.get("http_503", 0) == s["requests"]
+    assert overload["total_requests_sent"] >= s["requests"]
+    assert classes.get("http_503", 0) > 0.2 * s["requests"]  # it really was overloaded
+    assert s["successes"] > 0
+    rss = [sample[1] for sample in memory.samples]
+    assert len(rss) >= 10
+    assert max(rss) < rss[0] + 300 * 2**20, (rss[0], max(rss))
+    base_p99 = baseline["summary"]["latency_ms"]["p99"]
+    after_p99 = after["summary"]["latency_ms"]["p99"]
+    assert after["summary"]["errors"] == 0
+    assert after_p99 < 3 * base_p99 + 2.0, (base_p99, after_p99, recovered_in)
+    print(f"\noverload: asked {rate:,.0f} req/s (3x {rate / 3:,.0f}) for 20 s, all sent in "
+          f"{stopped - started:.1f} s; {s['successes']:,} served, "
+          f"{classes.get('http_503', 0):,} refused, "
+          f"RSS {rss[0] / 2**20:.0f} -> max {max(rss) / 2**20:.0f} MiB, "
+          f"p99 light load {base_p99:.2f} ms before, {after_p99:.2f} ms "
+          f"{recovered_in:.1f} s after")
