@@ -3,6 +3,7 @@
 from tradeoff.errors import (
     ConfigError,
     InferenceFailed,
+    InstanceDied,
     InvalidInput,
     ModelLoadError,
     NotFound,
@@ -19,6 +20,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ConfigError",
     "InferenceFailed",
+    "InstanceDied",
     "InvalidInput",
     "ModelLoadError",
     "NotFound",

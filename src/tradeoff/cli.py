@@ -64,6 +64,9 @@ def main() -> None:
 @click.option("--intra-op-threads", default=1, show_default=True, type=click.IntRange(0),
               help="ONNX Runtime threads per instance unless the model's parameters "
                    "set intra_op_thread_count (0: runtime default).")
+@click.option("--allow-fault-injection", is_flag=True,
+              help="Let models inject faults (config parameters fault_fail_on_value, "
+                   "fault_die_on_value): for reliability tests only.")
 @click.option("--strict-readiness", is_flag=True,
               help="/v2/health/ready only when every model in the repository is ready.")
 @click.option("--log-level", default="info", show_default=True,
@@ -71,7 +74,8 @@ def main() -> None:
 def serve(repository: Path, host: str, http_port: int, metrics_port: int, no_metrics: bool,
           grpc_port: int, no_grpc: bool,
           max_request_bytes: int, max_inflight: int, shutdown_timeout: float, default_max_batch_size: int,
-          intra_op_threads: int, strict_readiness: bool, log_level: str) -> None:
+          intra_op_threads: int, allow_fault_injection: bool, strict_readiness: bool,
+          log_level: str) -> None:
     """Serve a model repository over the Open Inference Protocol v2.
 
     \b
@@ -92,7 +96,7 @@ def serve(repository: Path, host: str, http_port: int, metrics_port: int, no_met
         max_request_bytes=max_request_bytes, max_inflight=max_inflight or None,
         shutdown_timeout=shutdown_timeout,
         default_max_batch_size=default_max_batch_size, intra_op_threads=intra_op_threads,
-        strict_readiness=strict_readiness)
+        strict_readiness=strict_readiness, allow_fault_injection=allow_fault_injection)
     try:
         run_server(options)
     except (OSError, TradeoffError) as exc:

@@ -11,6 +11,7 @@
         │   ├── Overloaded       503: the server-wide limit of requests in flight
         │   └── RequestTimeout   503: timed out in the queue (Triton's UNAVAILABLE)
         └── InferenceFailed      500: the backend raised while running a batch
+            └── InstanceDied     500: ... and the instance cannot run again
 
 Transports (HTTP, gRPC) map these to status codes; nothing here imports a web framework.
 """
@@ -73,3 +74,8 @@ class RequestTimeout(Unavailable):
 
 class InferenceFailed(RequestError):
     status = 500
+
+
+class InstanceDied(InferenceFailed):
+    """A model instance can no longer run (crashed session, lost device): its batch
+    fails, and the model is not ready until it is loaded again."""

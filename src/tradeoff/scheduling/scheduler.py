@@ -23,7 +23,13 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from tradeoff.backends.base import Backend
-from tradeoff.errors import InferenceFailed, RequestTimeout, TradeoffError, Unavailable
+from tradeoff.errors import (
+    InferenceFailed,
+    InstanceDied,
+    RequestTimeout,
+    TradeoffError,
+    Unavailable,
+)
 from tradeoff.repository.config import ModelConfig
 from tradeoff.scheduling.batch_queue import BatchQueue
 from tradeoff.scheduling.request import InferenceRequest, Timings
@@ -38,6 +44,7 @@ class SchedulerState(enum.Enum):
     CREATED = "created"
     RUNNING = "running"
     DRAINING = "draining"
+    DEAD = "dead"  # every instance died; the model must be loaded again
     STOPPED = "stopped"
 
 
@@ -124,6 +131,9 @@ class Scheduler:
         preserve = config.dynamic_batching is not None and config.dynamic_batching.preserve_ordering
         self._preserve_ordering = preserve
         self._order: deque[InferenceRequest] = deque()
+        self._dead: list[Backend] = []
+        # called once when the last instance has died, with the cause
+        self.on_dead: Callable[[str], None] | None = None
 
     @property
     def queue_depth(self) -> int:
@@ -249,7 +259,11 @@ class Scheduler:
                 result: tuple[list[Outputs], Timings] | None,
                 exc: BaseException | None) -> None:
         self._running -= 1
-        self._free.append(backend)
+        if isinstance(exc, InstanceDied):
+            self._dead.append(backend)  # never handed another batch
+            log.error("model %s: an instance died: %s", self.config.name, exc)
+        else:
+            self._free.append(backend)
         end = self._clock()
         if exc is not None or result is None:
             error = exc if isinstance(exc, TradeoffError) else InferenceFailed(
@@ -275,7 +289,21 @@ class Scheduler:
         if self._preserve_ordering:
             while self._order and self._order[0].result is not None:
                 self._answer(self._order.popleft())
+        if len(self._dead) == len(self._instances) and self.state is not SchedulerState.DEAD:
+            self._die(str(exc))
+            return
         self._dispatch()
+
+    def _die(self, cause: str) -> None:
+        """Every instance is dead: refuse new requests and answer the queued ones."""
+        self.state = SchedulerState.DEAD
+        error = Unavailable(f"model {self.config.name!r} is not ready: its instances died "
+                            f"({cause}); load it again")
+        for request in self.queue.drain():
+            self._fail(request, error, reason="BACKEND")
+        self._check_idle()
+        if self.on_dead is not None:
+            self.on_dead(cause)
 
     @staticmethod
     def _answer(request: InferenceRequest) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,8 +19,10 @@ import numpy as np
 
 from tradeoff import dtypes
 from tradeoff.backends.base import Backend
+from tradeoff.backends.faults import PARAMETERS as fault_parameters
+from tradeoff.backends.faults import FaultInjectingBackend, fault_values
 from tradeoff.backends.onnxruntime import OnnxRuntimeBackend
-from tradeoff.errors import ModelLoadError, NotFound, TradeoffError, Unavailable
+from tradeoff.errors import ConfigError, ModelLoadError, NotFound, TradeoffError, Unavailable
 from tradeoff.repository.config import ModelConfig, Warmup
 from tradeoff.repository.repository import ModelRepository
 from tradeoff.scheduling.request import InferenceRequest
@@ -114,17 +117,26 @@ def _run_warmup(config: ModelConfig, backends: list[Backend], model_dir: Path) -
 class ModelManager:
     """Every model of a repository, by name, with its state."""
 
-    def __init__(self, repository: ModelRepository, *, default_intra_op_threads: int = 1) -> None:
+    def __init__(self, repository: ModelRepository, *, default_intra_op_threads: int = 1,
+                 allow_fault_injection: bool = False) -> None:
         self.repository = repository
         self.default_intra_op_threads = default_intra_op_threads
+        self.allow_fault_injection = allow_fault_injection
         self.models: dict[str, ModelEntry] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._stopping: set[asyncio.Task] = set()
 
     def _build(self, name: str, config_override: dict[str, Any] | None
                ) -> tuple[ModelConfig, dict[int, tuple[list[Backend], Path]]]:
         """Blocking part of a load: read config, create sessions, warm up."""
         source = self.repository.read(name, config_override)
         config = source.config
+        faults = [k for k in fault_parameters if k in config.parameters]
+        if faults and not self.allow_fault_injection:
+            raise ConfigError(f"model {name!r}", f"parameters.{faults[0]}",
+                              "fault injection is for tests; start the server with "
+                              "--allow-fault-injection to use it")
+        fail_on, die_on = fault_values(config.parameters, f"model {name!r}")
         built: dict[int, tuple[list[Backend], Path]] = {}
         try:
             for version, path in source.versions.items():
@@ -133,9 +145,12 @@ class ModelManager:
                 for group in config.instance_groups:
                     for device in group.devices():
                         for _ in range(group.count):
-                            backends.append(OnnxRuntimeBackend(
+                            backend: Backend = OnnxRuntimeBackend(
                                 path, config, self.default_intra_op_threads,
-                                kind=group.kind, device_id=device))
+                                kind=group.kind, device_id=device)
+                            if faults:
+                                backend = FaultInjectingBackend(backend, fail_on, die_on)
+                            backends.append(backend)
                 _run_warmup(config, backends, path.parent.parent)
         except BaseException:
             for backends, _ in built.values():
@@ -169,6 +184,7 @@ class ModelManager:
                 stats = entry.versions[version].stats if version in entry.versions else \
                     ModelStats(name, version)
                 scheduler = Scheduler(config, backends, stats)
+                scheduler.on_dead = functools.partial(self._instances_died, name, version)
                 await scheduler.start()
                 versions[version] = ModelVersion(name, version, config, scheduler, stats, path)
             old = entry.versions
@@ -182,6 +198,22 @@ class ModelManager:
             for old_version in old.values():
                 await old_version.scheduler.stop()
             return entry
+
+    def _instances_died(self, name: str, version: int, cause: str) -> None:
+        """Every instance of a served version died: stop serving it (load brings it back)."""
+        entry = self.models.get(name)
+        if entry is None or version not in entry.versions:
+            return
+        dead = entry.versions.pop(version)
+        entry.latest = entry.versions[max(entry.versions)] if entry.versions else None
+        entry.reason = f"version {version}: instances died: {cause}"
+        if entry.latest is None:
+            entry.state = ModelState.UNAVAILABLE
+        log.error("model %s: %s; POST /v2/repository/models/%s/load to bring it back",
+                  name, entry.reason, name)
+        task = asyncio.ensure_future(dead.scheduler.stop())  # releases its sessions
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
 
     async def unload(self, name: str) -> None:
         """Stop new requests to the model, answer the queued ones, release it."""

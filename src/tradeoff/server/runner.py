@@ -41,6 +41,7 @@ class ServeOptions:
     intra_op_threads: int = 1
     strict_readiness: bool = False
     max_inflight: int | None = 1024
+    allow_fault_injection: bool = False
 
 
 class _GracefulServer(uvicorn.Server):
@@ -77,7 +78,8 @@ def _bind(host: str, port: int) -> socket.socket:
 def serve(options: ServeOptions) -> None:
     """Run the server in this process until it is told to stop."""
     repository = ModelRepository(options.model_repository, options.default_max_batch_size)
-    manager = ModelManager(repository, default_intra_op_threads=options.intra_op_threads)
+    manager = ModelManager(repository, default_intra_op_threads=options.intra_op_threads,
+                           allow_fault_injection=options.allow_fault_injection)
     dataplane = DataPlane(manager, options.max_inflight)
     dataplane.strict_readiness = options.strict_readiness
     sockets = [_bind(options.host, options.http_port)]
