@@ -2,6 +2,7 @@
 
 from tradeoff.errors import (
     ConfigError,
+    Forbidden,
     InferenceFailed,
     InstanceDied,
     InvalidInput,
@@ -12,6 +13,7 @@ from tradeoff.errors import (
     RequestError,
     RequestTimeout,
     TradeoffError,
+    Unauthorized,
     Unavailable,
 )
 
@@ -19,6 +21,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ConfigError",
+    "Forbidden",
     "InferenceFailed",
     "InstanceDied",
     "InvalidInput",
@@ -29,6 +32,7 @@ __all__ = [
     "RequestError",
     "RequestTimeout",
     "TradeoffError",
+    "Unauthorized",
     "Unavailable",
     "__version__",
 ]

@@ -64,6 +64,21 @@ def main() -> None:
 @click.option("--intra-op-threads", default=1, show_default=True, type=click.IntRange(0),
               help="ONNX Runtime threads per instance unless the model's parameters "
                    "set intra_op_thread_count (0: runtime default).")
+@click.option("--api-key", "api_keys", multiple=True,
+              help="Require 'Authorization: Bearer KEY' for inference and metadata "
+                   "(repeatable; also --api-key-file and $TRADEOFF_API_KEY).")
+@click.option("--api-key-file", "api_key_files", multiple=True,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="A file of API keys, one per line.")
+@click.option("--admin-key", "admin_keys", multiple=True,
+              help="Key for repository load/unload, which refuses inference keys (repeatable;"
+                   " also --admin-key-file and $TRADEOFF_ADMIN_KEY).")
+@click.option("--admin-key-file", "admin_key_files", multiple=True,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="PEM certificate chain: serve HTTPS and gRPC over TLS.")
+@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="PEM private key of --tls-cert.")
 @click.option("--allow-fault-injection", is_flag=True,
               help="Let models inject faults (config parameters fault_fail_on_value, "
                    "fault_die_on_value): for reliability tests only.")
@@ -74,8 +89,10 @@ def main() -> None:
 def serve(repository: Path, host: str, http_port: int, metrics_port: int, no_metrics: bool,
           grpc_port: int, no_grpc: bool,
           max_request_bytes: int, max_inflight: int, shutdown_timeout: float, default_max_batch_size: int,
-          intra_op_threads: int, allow_fault_injection: bool, strict_readiness: bool,
-          log_level: str) -> None:
+          intra_op_threads: int, api_keys: tuple[str, ...], api_key_files: tuple[Path, ...],
+          admin_keys: tuple[str, ...], admin_key_files: tuple[Path, ...],
+          tls_cert: Path | None, tls_key: Path | None, allow_fault_injection: bool,
+          strict_readiness: bool, log_level: str) -> None:
     """Serve a model repository over the Open Inference Protocol v2.
 
     \b
@@ -83,12 +100,24 @@ def serve(repository: Path, host: str, http_port: int, metrics_port: int, no_met
       tradeoff serve --model-repository ./models
       tradeoff serve --model-repository ./models --http-port 9000 --metrics-port 9002
       tradeoff serve --model-repository ./models --grpc-port 9001
+      tradeoff serve --model-repository ./models --api-key-file keys.txt \\
+          --admin-key "$ADMIN_KEY" --tls-cert cert.pem --tls-key key.pem
       curl -s localhost:8000/v2/models/mlp/stats
     """
+    import os
+
+    from tradeoff.server.access import Access
     from tradeoff.server.runner import ServeOptions
     from tradeoff.server.runner import serve as run_server
 
     _setup_logging(log_level)
+    try:
+        access = Access.from_sources(api_keys, api_key_files, admin_keys, admin_key_files,
+                                     os.environ)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    if (tls_cert is None) != (tls_key is None):
+        raise click.UsageError("TLS needs both --tls-cert and --tls-key")
     options = ServeOptions(
         model_repository=repository, host=host, http_port=http_port,
         metrics_port=None if no_metrics else metrics_port,
@@ -96,7 +125,8 @@ def serve(repository: Path, host: str, http_port: int, metrics_port: int, no_met
         max_request_bytes=max_request_bytes, max_inflight=max_inflight or None,
         shutdown_timeout=shutdown_timeout,
         default_max_batch_size=default_max_batch_size, intra_op_threads=intra_op_threads,
-        strict_readiness=strict_readiness, allow_fault_injection=allow_fault_injection)
+        strict_readiness=strict_readiness, allow_fault_injection=allow_fault_injection,
+        access=access, tls_cert=tls_cert, tls_key=tls_key)
     try:
         run_server(options)
     except (OSError, TradeoffError) as exc:
@@ -223,7 +253,9 @@ endpoint_options = _apply([
     click.option("--input-data", type=click.Path(exists=True, dir_okay=False, path_type=Path),
                  help="v2: inputs in perf_analyzer's JSON format instead of random data."),
     click.option("--method", default="POST", show_default=True, help="http: request method."),
-    click.option("--header", "headers", multiple=True, help="http: KEY:VALUE (repeatable)."),
+    click.option("--header", "headers", multiple=True,
+                 help="KEY:VALUE sent with every request (repeatable), e.g. "
+                      "'Authorization:Bearer $KEY'."),
     click.option("--body", type=click.Path(exists=True, dir_okay=False, path_type=Path),
                  help="http: a request body, or a .jsonl file of bodies used round-robin."),
     click.option("--seed", type=int, default=0, show_default=True,

@@ -5,6 +5,8 @@
     ├── ModelLoadError           a model could not be loaded
     └── RequestError             something a client caused or must be told; has .status
         ├── InvalidInput         400: malformed body, wrong dtype/shape, missing input
+        ├── Unauthorized         401: a protected call without a valid API key
+        ├── Forbidden            403: a valid key that may not make this call
         ├── NotFound             404: unknown model, version or route
         ├── PayloadTooLarge      413: body over the configured limit
         ├── Unavailable          503: model not ready, queue full, shutting down
@@ -50,6 +52,14 @@ class RequestError(TradeoffError):
 
 class InvalidInput(RequestError):
     status = 400
+
+
+class Unauthorized(RequestError):
+    status = 401
+
+
+class Forbidden(RequestError):
+    status = 403
 
 
 class NotFound(RequestError):

@@ -102,8 +102,10 @@ class Adapter(ABC):
         return {"protocol": self.protocol, "url": self.url}
 
     def _get_json(self, path: str) -> Any:
+        url = f"http://{self.host}:{self.port}{self.prefix}{path}"
+        headers = getattr(self, "headers", None) or {}
         try:
-            with urllib.request.urlopen(f"http://{self.host}:{self.port}{self.prefix}{path}",
+            with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
                                         timeout=self.timeout_s) as response:
                 return json.loads(response.read())
         except urllib.error.HTTPError as exc:
@@ -137,8 +139,9 @@ class V2Adapter(Adapter):
     def __init__(self, url: str, model: str, *, version: str = "", json_tensors: bool = False,
                  shapes: dict[str, list[int]] | None = None, batch_size: int = 1,
                  input_data: Path | None = None, variants: int = 8, seed: int = 0,
-                 timeout_s: float = 10.0) -> None:
+                 timeout_s: float = 10.0, headers: dict[str, str] | None = None) -> None:
         super().__init__(url, timeout_s)
+        self.headers = headers or {}  # sent with every request, e.g. Authorization
         self.model = model
         self.version = version
         self.json_tensors = json_tensors
@@ -264,7 +267,7 @@ class V2Adapter(Adapter):
                                "data": [v.decode() for v in a.ravel()] if d == "BYTES"
                                else a.ravel().tolist()} for n, (d, a) in inputs.items()]}
             return build_request("POST", self.host, path, orjson.dumps(doc),
-                                 {"Content-Type": "application/json"})
+                                 {"Content-Type": "application/json", **self.headers})
         blobs = [encode_bytes_elements(a) if d == "BYTES" else np.ascontiguousarray(a).tobytes()
                  for d, a in inputs.values()]
         header = orjson.dumps({
@@ -275,7 +278,7 @@ class V2Adapter(Adapter):
         })
         return build_request("POST", self.host, path, header + b"".join(blobs),
                              {"Inference-Header-Content-Length": str(len(header)),
-                              "Content-Type": "application/octet-stream"})
+                              "Content-Type": "application/octet-stream", **self.headers})
 
     def server_stats(self) -> dict[str, Any] | None:
         try:

@@ -55,8 +55,11 @@ def make_adapter(spec: EndpointSpec) -> Adapter:
     if spec.protocol == "v2-grpc":
         from tradeoff.bench.grpc_adapter import GrpcV2Adapter
 
+        if spec.headers:
+            raise BenchSetupError("--header is not sent over gRPC yet; use --protocol v2")
         return GrpcV2Adapter(spec.url, spec.model, **options)
-    return V2Adapter(spec.url, spec.model, json_tensors=spec.json_tensors, **options)
+    return V2Adapter(spec.url, spec.model, json_tensors=spec.json_tensors,
+                     headers=spec.headers, **options)
 
 
 def parse_endpoint(text: str, defaults: EndpointSpec) -> EndpointSpec:

@@ -29,6 +29,7 @@ from tradeoff.protocol.v2 import (
     encode_bytes_elements,
 )
 from tradeoff.repository import model_config_pb2
+from tradeoff.server.access import Access
 from tradeoff.server.dataplane import DataPlane
 
 log = logging.getLogger("tradeoff.server")
@@ -37,7 +38,10 @@ SERVICE = "inference.GRPCInferenceService"
 
 _STATUS = {400: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND,
            405: grpc.StatusCode.UNIMPLEMENTED, 413: grpc.StatusCode.RESOURCE_EXHAUSTED,
-           503: grpc.StatusCode.UNAVAILABLE, 500: grpc.StatusCode.INTERNAL}
+           503: grpc.StatusCode.UNAVAILABLE, 500: grpc.StatusCode.INTERNAL,
+           401: grpc.StatusCode.UNAUTHENTICATED, 403: grpc.StatusCode.PERMISSION_DENIED}
+OPEN_METHODS = frozenset({"ServerLive", "ServerReady", "ModelReady"})
+ADMIN_METHODS = frozenset({"RepositoryModelLoad", "RepositoryModelUnload"})
 
 # datatype -> the typed-contents field that carries it
 _CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents",
@@ -96,8 +100,17 @@ def decode_infer_request(request: pb.ModelInferRequest) -> V2Request:
 class GrpcService:
     """Handlers of GRPCInferenceService, registered under the protocol's service name."""
 
-    def __init__(self, dataplane: DataPlane) -> None:
+    def __init__(self, dataplane: DataPlane, access: Access | None = None) -> None:
         self.dataplane = dataplane
+        self.access = access or Access()
+
+    def _authorize(self, method: str, context: Any) -> None:
+        """The same keys as over HTTP, from the ``authorization`` metadata."""
+        if not self.access.enabled or method in OPEN_METHODS:
+            return
+        authorization = next((v for k, v in context.invocation_metadata() or ()
+                              if k == "authorization"), None)
+        self.access.check(authorization, admin=method in ADMIN_METHODS)
 
     async def server_live(self, request: pb.ServerLiveRequest, context: Any) -> Any:
         return pb.ServerLiveResponse(live=self.dataplane.live())
@@ -174,6 +187,10 @@ class GrpcService:
         """Triton's streaming extension: requests in, responses out as each completes
         (not necessarily in order; each carries its request's id). An error answers its
         own request in ``error_message`` and the stream goes on."""
+        try:
+            self._authorize("ModelStreamInfer", context)
+        except RequestError as exc:
+            await context.abort(_STATUS.get(exc.status, grpc.StatusCode.INTERNAL), str(exc))
         answers: asyncio.Queue[Any] = asyncio.Queue()
 
         async def answer(request: pb.ModelInferRequest) -> None:
@@ -207,9 +224,10 @@ class GrpcService:
 
     def handler(self) -> grpc.GenericRpcHandler:
         def unary(method: Callable[[Any, Any], Awaitable[Any]], request_type: Any,
-                  response_type: Any) -> grpc.RpcMethodHandler:
+                  response_type: Any, name: str) -> grpc.RpcMethodHandler:
             async def call(request: Any, context: Any) -> Any:
                 try:
+                    self._authorize(name, context)
                     return await method(request, context)
                 except RequestError as exc:
                     await context.abort(_STATUS.get(exc.status, grpc.StatusCode.INTERNAL),
@@ -224,29 +242,28 @@ class GrpcService:
                 call, request_deserializer=request_type.FromString,
                 response_serializer=response_type.SerializeToString)
 
-        methods = {
-            "ServerLive": unary(self.server_live, pb.ServerLiveRequest, pb.ServerLiveResponse),
-            "ServerReady": unary(self.server_ready, pb.ServerReadyRequest,
-                                 pb.ServerReadyResponse),
-            "ModelReady": unary(self.model_ready, pb.ModelReadyRequest, pb.ModelReadyResponse),
-            "ServerMetadata": unary(self.server_metadata, pb.ServerMetadataRequest,
-                                    pb.ServerMetadataResponse),
-            "ModelMetadata": unary(self.model_metadata, pb.ModelMetadataRequest,
-                                   pb.ModelMetadataResponse),
-            "ModelInfer": unary(self.model_infer, pb.ModelInferRequest, pb.ModelInferResponse),
-            "ModelConfig": unary(self.model_config, pb.ModelConfigRequest,
-                                 pb.ModelConfigResponse),
-            "ModelStatistics": unary(self.model_statistics, pb.ModelStatisticsRequest,
-                                     pb.ModelStatisticsResponse),
-            "RepositoryIndex": unary(self.repository_index, pb.RepositoryIndexRequest,
-                                     pb.RepositoryIndexResponse),
-            "RepositoryModelLoad": unary(self.repository_model_load,
-                                         pb.RepositoryModelLoadRequest,
-                                         pb.RepositoryModelLoadResponse),
-            "RepositoryModelUnload": unary(self.repository_model_unload,
-                                           pb.RepositoryModelUnloadRequest,
-                                           pb.RepositoryModelUnloadResponse),
+        table = {
+            "ServerLive": (self.server_live, pb.ServerLiveRequest, pb.ServerLiveResponse),
+            "ServerReady": (self.server_ready, pb.ServerReadyRequest, pb.ServerReadyResponse),
+            "ModelReady": (self.model_ready, pb.ModelReadyRequest, pb.ModelReadyResponse),
+            "ServerMetadata": (self.server_metadata, pb.ServerMetadataRequest,
+                               pb.ServerMetadataResponse),
+            "ModelMetadata": (self.model_metadata, pb.ModelMetadataRequest,
+                              pb.ModelMetadataResponse),
+            "ModelInfer": (self.model_infer, pb.ModelInferRequest, pb.ModelInferResponse),
+            "ModelConfig": (self.model_config, pb.ModelConfigRequest, pb.ModelConfigResponse),
+            "ModelStatistics": (self.model_statistics, pb.ModelStatisticsRequest,
+                                pb.ModelStatisticsResponse),
+            "RepositoryIndex": (self.repository_index, pb.RepositoryIndexRequest,
+                                pb.RepositoryIndexResponse),
+            "RepositoryModelLoad": (self.repository_model_load, pb.RepositoryModelLoadRequest,
+                                    pb.RepositoryModelLoadResponse),
+            "RepositoryModelUnload": (self.repository_model_unload,
+                                      pb.RepositoryModelUnloadRequest,
+                                      pb.RepositoryModelUnloadResponse),
         }
+        methods = {name: unary(method, request_type, response_type, name)
+                   for name, (method, request_type, response_type) in table.items()}
         methods["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
             self.model_stream_infer, request_deserializer=pb.ModelInferRequest.FromString,
             response_serializer=pb.ModelStreamInferResponse.SerializeToString)
@@ -254,13 +271,19 @@ class GrpcService:
 
 
 async def start_grpc_server(dataplane: DataPlane, host: str, port: int,
-                            max_message_bytes: int) -> tuple[aio.Server, int]:
-    """Start serving on ``host:port`` (0: a free port); returns the server and its port."""
+                            max_message_bytes: int, access: Access | None = None,
+                            tls: tuple[bytes, bytes] | None = None) -> tuple[aio.Server, int]:
+    """Start serving on ``host:port`` (0: a free port); returns the server and its port.
+    ``tls`` is (certificate chain, private key) in PEM."""
     options = [("grpc.max_receive_message_length", max_message_bytes),
                ("grpc.max_send_message_length", -1)]
     server = aio.server(options=options)
-    server.add_generic_rpc_handlers((GrpcService(dataplane).handler(),))
-    bound = server.add_insecure_port(f"{host}:{port}")
+    server.add_generic_rpc_handlers((GrpcService(dataplane, access).handler(),))
+    if tls is not None:
+        credentials = grpc.ssl_server_credentials([(tls[1], tls[0])])
+        bound = server.add_secure_port(f"{host}:{port}", credentials)
+    else:
+        bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"cannot listen for gRPC on {host}:{port}; is another server "
                       "running there? Pick another port with --grpc-port.")

@@ -15,9 +15,17 @@ from typing import Any
 
 import orjson
 
-from tradeoff.errors import InvalidInput, NotFound, PayloadTooLarge, RequestError, Unavailable
+from tradeoff.errors import (
+    InvalidInput,
+    NotFound,
+    PayloadTooLarge,
+    RequestError,
+    Unauthorized,
+    Unavailable,
+)
 from tradeoff.protocol.v2 import decode_request, encode_response, parse_json_object
 from tradeoff.server import metrics
+from tradeoff.server.access import Access
 from tradeoff.server.dataplane import DataPlane
 
 log = logging.getLogger("tradeoff.server")
@@ -67,7 +75,9 @@ class HttpApp:
     def __init__(self, dataplane: DataPlane, registry: Any, *, metrics_port: int | None,
                  max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
                  on_startup: Callable[[], Awaitable[None]] | None = None,
-                 on_shutdown: Callable[[], Awaitable[None]] | None = None) -> None:
+                 on_shutdown: Callable[[], Awaitable[None]] | None = None,
+                 access: Access | None = None) -> None:
+        self.access = access or Access()
         self.dataplane = dataplane
         self.registry = registry
         self.metrics_port = metrics_port
@@ -81,7 +91,8 @@ class HttpApp:
             try:
                 await self._http(scope, receive, send)
             except RequestError as exc:
-                headers = [(b"retry-after", b"1")] if isinstance(exc, Unavailable) else None
+                headers = [(b"retry-after", b"1")] if isinstance(exc, Unavailable) else \
+                    [(b"www-authenticate", b"Bearer")] if isinstance(exc, Unauthorized) else None
                 await _error(send, exc.status, str(exc), headers)
             except Exception as exc:  # the server must answer and keep serving
                 log.exception("internal error on %s %s", scope["method"], scope["path"])
@@ -163,6 +174,9 @@ class HttpApp:
         parts = scope["path"].strip("/").split("/")
         if not parts or parts[0] != "v2":
             raise NotFound(f"no route {scope['path']}; the API lives under /v2")
+        if self.access.enabled and not _is_health(parts):
+            authorization = next((v for k, v in scope["headers"] if k == b"authorization"), None)
+            self.access.check(authorization, admin=_is_admin(parts))
         n = len(parts)
         if n == 1:
             self._method(method, "GET", scope)
@@ -277,6 +291,16 @@ class HttpApp:
         if accept:
             payload = _compress(payload, accept, reply)
         await _send(send, 200, payload, reply)
+
+
+def _is_health(parts: list[str]) -> bool:
+    """Liveness, readiness and model readiness stay open to probes without keys."""
+    return (len(parts) == 3 and parts[1] == "health") or (
+        len(parts) >= 4 and parts[1] == "models" and parts[-1] == "ready")
+
+
+def _is_admin(parts: list[str]) -> bool:
+    return len(parts) == 5 and parts[1] == "repository" and parts[4] in ("load", "unload")
 
 
 def _compress(payload: bytes, accept: bytes, headers: list[tuple[bytes, bytes]]) -> bytes:

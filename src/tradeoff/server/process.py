@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -29,8 +30,10 @@ class ServerProcess:
     """A ``tradeoff serve`` child; ``cpus`` pins it with taskset when available."""
 
     def __init__(self, repository: Path, *, host: str = "127.0.0.1",
-                 extra_args: tuple[str, ...] = (), cpus: str | None = None) -> None:
+                 extra_args: tuple[str, ...] = (), cpus: str | None = None,
+                 tls: bool = False) -> None:
         self.repository = Path(repository)
+        self.scheme = "https" if tls else "http"
         self.host = host
         self.http_port = free_port(host)
         self.metrics_port = free_port(host)
@@ -43,7 +46,7 @@ class ServerProcess:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.http_port}"
+        return f"{self.scheme}://{self.host}:{self.http_port}"
 
     @property
     def grpc_url(self) -> str:
@@ -51,7 +54,7 @@ class ServerProcess:
 
     @property
     def metrics_url(self) -> str:
-        return f"http://{self.host}:{self.metrics_port}/metrics"
+        return f"{self.scheme}://{self.host}:{self.metrics_port}/metrics"
 
     def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "tradeoff", "serve", "--model-repository",
@@ -72,7 +75,10 @@ class ServerProcess:
                 raise RuntimeError(f"tradeoff serve exited with {self.process.returncode}:\n"
                                    f"{self.log_text()[-3000:]}")
             try:
-                with urllib.request.urlopen(f"{self.url}/v2/health/ready", timeout=1) as r:
+                # readiness only: the certificate is the test's to check, not this poll's
+                context = ssl._create_unverified_context() if self.scheme == "https" else None
+                with urllib.request.urlopen(f"{self.url}/v2/health/ready", timeout=1,
+                                            context=context) as r:
                     if r.status == 200:
                         return self
             except (urllib.error.URLError, ConnectionError, TimeoutError):

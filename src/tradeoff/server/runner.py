@@ -12,12 +12,13 @@ import logging
 import signal
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import uvicorn
 
 from tradeoff.repository.repository import ModelRepository
+from tradeoff.server.access import Access
 from tradeoff.server.dataplane import DataPlane
 from tradeoff.server.http import DEFAULT_MAX_REQUEST_BYTES, HttpApp
 from tradeoff.server.metrics import make_registry
@@ -42,6 +43,9 @@ class ServeOptions:
     strict_readiness: bool = False
     max_inflight: int | None = 1024
     allow_fault_injection: bool = False
+    access: Access = field(default_factory=Access)
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
 
 
 class _GracefulServer(uvicorn.Server):
@@ -77,6 +81,11 @@ def _bind(host: str, port: int) -> socket.socket:
 
 def serve(options: ServeOptions) -> None:
     """Run the server in this process until it is told to stop."""
+    tls = None
+    if options.tls_cert is not None or options.tls_key is not None:
+        if options.tls_cert is None or options.tls_key is None:
+            raise OSError("TLS needs both --tls-cert and --tls-key")
+        tls = (options.tls_cert.read_bytes(), options.tls_key.read_bytes())
     repository = ModelRepository(options.model_repository, options.default_max_batch_size)
     manager = ModelManager(repository, default_intra_op_threads=options.intra_op_threads,
                            allow_fault_injection=options.allow_fault_injection)
@@ -100,13 +109,18 @@ def serve(options: ServeOptions) -> None:
             from tradeoff.server.grpc_server import start_grpc_server
 
             server, port = await start_grpc_server(dataplane, options.host, options.grpc_port,
-                                                   options.max_request_bytes)
+                                                   options.max_request_bytes, options.access,
+                                                   tls)
             grpc_box.append(server)
             log.info("gRPC (Open Inference Protocol v2) on %s:%d", options.host, port)
         dataplane.started = True
-        log.info("HTTP (Open Inference Protocol v2) on http://%s:%d", options.host, http_port)
+        scheme = "https" if tls else "http"
+        log.info("HTTP (Open Inference Protocol v2) on %s://%s:%d", scheme, options.host,
+                 http_port)
+        log.info("access: %s", options.access.describe())
         if metrics_port is not None:
-            log.info("Prometheus metrics on http://%s:%d/metrics", options.host, metrics_port)
+            log.info("Prometheus metrics on %s://%s:%d/metrics", scheme, options.host,
+                     metrics_port)
         log.info("ready")
 
     async def shutdown() -> None:
@@ -118,7 +132,7 @@ def serve(options: ServeOptions) -> None:
 
     app = HttpApp(dataplane, make_registry(manager, dataplane), metrics_port=metrics_port,
                   max_request_bytes=options.max_request_bytes,
-                  on_startup=startup, on_shutdown=shutdown)
+                  on_startup=startup, on_shutdown=shutdown, access=options.access)
     config = uvicorn.Config(
         app,
         loop="uvloop",
@@ -134,6 +148,8 @@ def serve(options: ServeOptions) -> None:
         h11_max_incomplete_event_size=None,
         limit_concurrency=None,
         backlog=2048,
+        ssl_certfile=str(options.tls_cert) if tls else None,
+        ssl_keyfile=str(options.tls_key) if tls else None,
     )
     server = _GracefulServer(config)
 

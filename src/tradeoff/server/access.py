@@ -1,0 +1,93 @@
+"""Who may call what: optional API keys, sent as ``Authorization: Bearer KEY``.
+
+With inference keys set, inference and metadata need one (an admin key also works);
+with admin keys set, repository load and unload need an admin key and refuse inference
+keys with 403. Health checks stay open. Keys are compared in constant time, never logged,
+and a refusal says only what to send, never what was wrong with the key sent.
+
+    access = Access.from_sources(["k1"], [key_file], env=os.environ)
+    access.check(authorization_header, admin=False)   # raises Unauthorized / Forbidden
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+from tradeoff.errors import Forbidden, Unauthorized
+
+API_KEY_ENV = "TRADEOFF_API_KEY"
+ADMIN_KEY_ENV = "TRADEOFF_ADMIN_KEY"
+
+
+def read_keys(values: Iterable[str], files: Iterable[Path], env_value: str | None
+              ) -> list[str]:
+    """Keys given on the command line, one per line in files (``#`` comments), and
+    comma-separated in an environment variable."""
+    keys = [v.strip() for v in values]
+    for path in files:
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise ValueError(f"cannot read key file {path}: {exc.strerror}") from None
+        keys += [line.strip() for line in text.splitlines()
+                 if line.strip() and not line.lstrip().startswith("#")]
+    if env_value:
+        keys += [v.strip() for v in env_value.split(",")]
+    keys = [k for k in keys if k]
+    if any(len(k) < 8 for k in keys):
+        raise ValueError("API keys must be at least 8 characters long")
+    return keys
+
+
+def _matches(presented: bytes, keys: Sequence[bytes]) -> bool:
+    found = False
+    for key in keys:  # compare with every key: the time does not say which one matched
+        found |= hmac.compare_digest(presented, key)
+    return found
+
+
+class Access:
+    """The server's keys and the check every protected call goes through."""
+
+    def __init__(self, api_keys: Sequence[str] = (), admin_keys: Sequence[str] = ()) -> None:
+        self.api_keys = [k.encode() for k in api_keys]
+        self.admin_keys = [k.encode() for k in admin_keys]
+
+    @classmethod
+    def from_sources(cls, api_keys: Sequence[str], api_key_files: Sequence[Path],
+                     admin_keys: Sequence[str], admin_key_files: Sequence[Path],
+                     env: Mapping[str, str]) -> Access:
+        return cls(read_keys(api_keys, api_key_files, env.get(API_KEY_ENV)),
+                   read_keys(admin_keys, admin_key_files, env.get(ADMIN_KEY_ENV)))
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.api_keys or self.admin_keys)
+
+    def describe(self) -> str:
+        return (f"{len(self.api_keys)} inference key(s), {len(self.admin_keys)} admin key(s)"
+                if self.enabled else "open (no API keys)")
+
+    def check(self, authorization: bytes | str | None, admin: bool) -> None:
+        """Allow the call or raise Unauthorized (401) / Forbidden (403)."""
+        if isinstance(authorization, str):
+            authorization = authorization.encode()
+        needs = self.admin_keys if admin else self.api_keys
+        if not needs and not (admin and self.api_keys):
+            return  # no keys of the kind this call needs: it is open
+        presented = b""
+        if authorization:
+            scheme, _, token = authorization.strip().partition(b" ")
+            if scheme.lower() == b"bearer":
+                presented = token.strip()
+        if presented and _matches(presented, self.admin_keys):
+            return  # an admin key may do everything
+        if not admin:
+            if presented and _matches(presented, self.api_keys):
+                return
+            raise Unauthorized("missing or invalid API key: send 'Authorization: Bearer KEY'")
+        if presented and _matches(presented, self.api_keys):
+            raise Forbidden("this key may not load or unload models; use an admin key")
+        raise Unauthorized("missing or invalid admin key: send 'Authorization: Bearer KEY'")
