@@ -52,6 +52,14 @@ def main() -> None:
 @click.option("--no-grpc", is_flag=True, help="Do not serve gRPC.")
 @click.option("--max-request-bytes", default=64 * 1024 * 1024, show_default=True,
               type=click.IntRange(1), help="Larger request bodies get 413.")
+@click.option("--max-inputs", default=64, show_default=True, type=click.IntRange(1),
+              help="Input tensors one request may carry.")
+@click.option("--max-tensor-elements", default=1 << 26, show_default=True,
+              type=click.IntRange(1), help="Elements one input tensor may hold.")
+@click.option("--max-json-depth", default=32, show_default=True, type=click.IntRange(1),
+              help="Nesting of a tensor's JSON data (and its number of dimensions).")
+@click.option("--max-bytes-element", default=16 << 20, show_default=True,
+              type=click.IntRange(1), help="Bytes of one BYTES element.")
 @click.option("--max-inflight", default=1024, show_default=True, type=click.IntRange(0),
               help="Inference requests the whole server holds at once (queued, running or "
                    "being read); more are refused at once with 503 / UNAVAILABLE. 0: no "
@@ -88,7 +96,9 @@ def main() -> None:
               type=click.Choice(["debug", "info", "warning", "error"]))
 def serve(repository: Path, host: str, http_port: int, metrics_port: int, no_metrics: bool,
           grpc_port: int, no_grpc: bool,
-          max_request_bytes: int, max_inflight: int, shutdown_timeout: float, default_max_batch_size: int,
+          max_request_bytes: int, max_inputs: int, max_tensor_elements: int,
+          max_json_depth: int, max_bytes_element: int, max_inflight: int,
+          shutdown_timeout: float, default_max_batch_size: int,
           intra_op_threads: int, api_keys: tuple[str, ...], api_key_files: tuple[Path, ...],
           admin_keys: tuple[str, ...], admin_key_files: tuple[Path, ...],
           tls_cert: Path | None, tls_key: Path | None, allow_fault_injection: bool,
@@ -106,6 +116,7 @@ def serve(repository: Path, host: str, http_port: int, metrics_port: int, no_met
     """
     import os
 
+    from tradeoff.protocol.v2 import RequestLimits
     from tradeoff.server.access import Access
     from tradeoff.server.runner import ServeOptions
     from tradeoff.server.runner import serve as run_server
@@ -126,7 +137,9 @@ def serve(repository: Path, host: str, http_port: int, metrics_port: int, no_met
         shutdown_timeout=shutdown_timeout,
         default_max_batch_size=default_max_batch_size, intra_op_threads=intra_op_threads,
         strict_readiness=strict_readiness, allow_fault_injection=allow_fault_injection,
-        access=access, tls_cert=tls_cert, tls_key=tls_key)
+        access=access, tls_cert=tls_cert, tls_key=tls_key,
+        limits=RequestLimits(max_inputs, max_tensor_elements, max_json_depth,
+                             max_bytes_element))
     try:
         run_server(options)
     except (OSError, TradeoffError) as exc:

@@ -25,6 +25,25 @@ _LITTLE_ENDIAN = sys.byteorder == "little"
 _U32 = struct.Struct("<I")
 
 
+@dataclass(frozen=True)
+class RequestLimits:
+    """What one request may hold; past a limit it is refused with 400 before any large
+    allocation. The body size limit is the transport's (``--max-request-bytes``)."""
+
+    max_inputs: int = 64
+    max_elements: int = 1 << 26          # per tensor (shape product)
+    max_json_depth: int = 32             # nesting of a tensor's JSON 'data' lists
+    max_bytes_element: int = 16 << 20    # one BYTES element
+
+    def to_dict(self) -> dict[str, int]:
+        return {"max_inputs": self.max_inputs, "max_elements": self.max_elements,
+                "max_json_depth": self.max_json_depth,
+                "max_bytes_element": self.max_bytes_element}
+
+
+DEFAULT_LIMITS = RequestLimits()
+
+
 @dataclass(slots=True)
 class TensorInput:
     name: str
@@ -81,7 +100,8 @@ def _reshape(array: np.ndarray, shape: tuple[int, ...], where: str) -> np.ndarra
         raise InvalidInput(f"{where}: shape {list(shape)} is too large: {exc}") from None
 
 
-def decode_bytes_elements(raw: memoryview, count: int, where: str) -> np.ndarray:
+def decode_bytes_elements(raw: memoryview, count: int, where: str,
+                          max_element: int = DEFAULT_LIMITS.max_bytes_element) -> np.ndarray:
     """BYTES binary layout: each element is a little-endian u32 length, then the bytes."""
     size = len(raw)
     if 4 * count > size:  # check before allocating: a huge shape must not allocate
@@ -97,6 +117,9 @@ def decode_bytes_elements(raw: memoryview, count: int, where: str) -> np.ndarray
         if offset + length > size:
             raise InvalidInput(f"{where}: BYTES element {i} claims {length} bytes but only "
                                f"{size - offset} remain")
+        if length > max_element:
+            raise InvalidInput(f"{where}: BYTES element {i} has {length} bytes, over the "
+                               f"limit of {max_element} (--max-bytes-element)")
         out[i] = bytes(raw[offset:offset + length])
         offset += length
     if offset != size:
@@ -116,10 +139,11 @@ def encode_bytes_elements(array: np.ndarray) -> bytes:
 
 
 def decode_binary_tensor(raw: memoryview, datatype: str, shape: tuple[int, ...],
-                   where: str) -> np.ndarray:
+                         where: str, limits: RequestLimits = DEFAULT_LIMITS) -> np.ndarray:
     count = _element_count(shape)
     if datatype == "BYTES":
-        return _reshape(decode_bytes_elements(raw, count, where), shape, where)
+        return _reshape(decode_bytes_elements(raw, count, where, limits.max_bytes_element),
+                        shape, where)
     dtype = dtypes.numpy_dtype(datatype)
     expected = count * dtype.itemsize
     if len(raw) != expected:
@@ -152,14 +176,31 @@ def _exact_ints(data: Any, raw: np.ndarray, where: str, datatype: str) -> np.nda
         raise InvalidInput(f"{where}: values out of range for {datatype}") from None
 
 
+def _json_depth(data: Any, limit: int, where: str) -> None:
+    """Refuse data nested deeper than ``limit`` (walks the first element of each level)."""
+    depth = 0
+    while isinstance(data, list):
+        depth += 1
+        if depth > limit:
+            raise InvalidInput(f"{where}: 'data' is nested more than {limit} lists deep "
+                               "(--max-json-depth)")
+        data = data[0] if data else None
+
+
 def _decode_json_data(data: Any, datatype: str, shape: tuple[int, ...],
-                      where: str) -> np.ndarray:
+                      where: str, limits: RequestLimits = DEFAULT_LIMITS) -> np.ndarray:
     count = _element_count(shape)
+    _json_depth(data, limits.max_json_depth, where)
     try:
         if datatype == "BYTES":
             flat = np.asarray(data, dtype=object).reshape(-1)
             if flat.size and not all(isinstance(e, str) for e in flat):
                 raise InvalidInput(f"{where}: BYTES data must be strings")
+            longest = max((len(e) for e in flat), default=0)
+            if longest > limits.max_bytes_element:
+                raise InvalidInput(f"{where}: a BYTES element has {longest} characters, over "
+                                   f"the limit of {limits.max_bytes_element} "
+                                   "(--max-bytes-element)")
             array = flat
         elif datatype == "BF16":
             raw = np.asarray(data)  # not dtype=float32: that would read null as NaN, "1" as 1
@@ -190,7 +231,7 @@ def _decode_json_data(data: Any, datatype: str, shape: tuple[int, ...],
         raise
     except FloatingPointError:
         raise InvalidInput(f"{where}: values out of range for {datatype}") from None
-    except (ValueError, TypeError, OverflowError) as exc:
+    except (ValueError, TypeError, OverflowError, RecursionError) as exc:
         raise InvalidInput(f"{where}: 'data' cannot be read as {datatype} with shape "
                            f"{list(shape)}: {exc}") from None
     if array.size != count:
@@ -212,7 +253,8 @@ def parse_json_object(data: bytes | memoryview | str, what: str, hint: str = "")
     return doc
 
 
-def decode_request(body: bytes, header_length: int | None = None) -> V2Request:
+def decode_request(body: bytes, header_length: int | None = None,
+                   limits: RequestLimits = DEFAULT_LIMITS) -> V2Request:
     """Parse an infer request; ``header_length`` is ``Inference-Header-Content-Length``."""
     view = memoryview(body)
     if header_length is not None:
@@ -232,6 +274,9 @@ def decode_request(body: bytes, header_length: int | None = None) -> V2Request:
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise InvalidInput("'inputs' must be a non-empty list of tensors")
+    if len(raw_inputs) > limits.max_inputs:
+        raise InvalidInput(f"{len(raw_inputs)} inputs is over the limit of "
+                           f"{limits.max_inputs} (--max-inputs)")
 
     inputs: list[TensorInput] = []
     offset = 0
@@ -247,6 +292,10 @@ def decode_request(body: bytes, header_length: int | None = None) -> V2Request:
             raise InvalidInput(f"{where}: unknown datatype {datatype!r}; expected one of "
                                f"{', '.join(dtypes.DATATYPES)}")
         shape = _shape(item.get("shape"), where)
+        if len(shape) > limits.max_json_depth or _element_count(shape) > limits.max_elements:
+            raise InvalidInput(f"{where}: shape {list(shape)} is over the limit of "
+                               f"{limits.max_elements} elements and {limits.max_json_depth} "
+                               "dimensions (--max-tensor-elements, --max-json-depth)")
         params = item.get("parameters") or {}
         if not isinstance(params, dict):
             raise InvalidInput(f"{where}: 'parameters' must be a JSON object")
@@ -262,10 +311,11 @@ def decode_request(body: bytes, header_length: int | None = None) -> V2Request:
             if offset + size > len(binary):
                 raise InvalidInput(f"{where}: binary_data_size {size} runs past the end of the"
                                    f" body ({len(binary) - offset} bytes left)")
-            array = decode_binary_tensor(binary[offset:offset + size], datatype, shape, where)
+            array = decode_binary_tensor(binary[offset:offset + size], datatype, shape, where,
+                                         limits)
             offset += size
         elif "data" in item:
-            array = _decode_json_data(item["data"], datatype, shape, where)
+            array = _decode_json_data(item["data"], datatype, shape, where, limits)
         else:
             raise InvalidInput(f"{where}: has neither 'data' nor a binary_data_size parameter")
         inputs.append(TensorInput(name, datatype, shape, array))

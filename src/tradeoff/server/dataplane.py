@@ -9,7 +9,13 @@ from typing import Any
 
 from tradeoff import __version__
 from tradeoff.errors import InvalidInput, NotFound, Overloaded, RequestError, Unavailable
-from tradeoff.protocol.v2 import TensorOutput, V2Request, parse_json_object
+from tradeoff.protocol.v2 import (
+    DEFAULT_LIMITS,
+    RequestLimits,
+    TensorOutput,
+    V2Request,
+    parse_json_object,
+)
 from tradeoff.repository.config import ModelConfig
 from tradeoff.scheduling.request import InferenceRequest, Timings
 from tradeoff.server.models import ModelManager, ModelVersion
@@ -21,8 +27,10 @@ EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository", "
 class DataPlane:
     """What the server can do, independent of the wire protocol."""
 
-    def __init__(self, manager: ModelManager, max_inflight: int | None = None) -> None:
+    def __init__(self, manager: ModelManager, max_inflight: int | None = None,
+                 limits: RequestLimits = DEFAULT_LIMITS) -> None:
         self.manager = manager
+        self.limits = limits
         self.started = False
         self.shutting_down = False
         self.strict_readiness = False

@@ -22,7 +22,9 @@ from tradeoff import dtypes
 from tradeoff.errors import InvalidInput, RequestError
 from tradeoff.protocol import grpc_service_pb2 as pb
 from tradeoff.protocol.v2 import (
+    DEFAULT_LIMITS,
     RequestedOutput,
+    RequestLimits,
     TensorInput,
     V2Request,
     decode_binary_tensor,
@@ -71,8 +73,12 @@ def _typed_contents(tensor: Any, where: str) -> np.ndarray:
     return np.asarray(values, dtype=dtypes.numpy_dtype(datatype)).reshape(shape)
 
 
-def decode_infer_request(request: pb.ModelInferRequest) -> V2Request:
+def decode_infer_request(request: pb.ModelInferRequest,
+                         limits: RequestLimits = DEFAULT_LIMITS) -> V2Request:
     """A gRPC ModelInferRequest as the data plane's request."""
+    if len(request.inputs) > limits.max_inputs:
+        raise InvalidInput(f"{len(request.inputs)} inputs is over the limit of "
+                           f"{limits.max_inputs} (--max-inputs)")
     raw = request.raw_input_contents
     if raw and len(raw) != len(request.inputs):
         raise InvalidInput(f"raw_input_contents has {len(raw)} entries for "
@@ -85,8 +91,14 @@ def decode_infer_request(request: pb.ModelInferRequest) -> V2Request:
         if any(d < 0 for d in tensor.shape):
             raise InvalidInput(f"{where}: shape {list(tensor.shape)} has a negative size")
         shape = tuple(tensor.shape)
+        if len(shape) > limits.max_json_depth or \
+                int(np.prod(shape, dtype=object)) > limits.max_elements:
+            raise InvalidInput(f"{where}: shape {list(shape)} is over the limit of "
+                               f"{limits.max_elements} elements and {limits.max_json_depth} "
+                               "dimensions (--max-tensor-elements, --max-json-depth)")
         if raw:
-            array = decode_binary_tensor(memoryview(raw[index]), tensor.datatype, shape, where)
+            array = decode_binary_tensor(memoryview(raw[index]), tensor.datatype, shape, where,
+                                         limits)
         else:
             array = _typed_contents(tensor, where)
         inputs.append(TensorInput(tensor.name, tensor.datatype, shape, array))
@@ -170,7 +182,7 @@ class GrpcService:
             self.dataplane.release()
 
     async def _admitted_infer(self, request: pb.ModelInferRequest) -> tuple[Any, str]:
-        v2 = decode_infer_request(request)
+        v2 = decode_infer_request(request, self.dataplane.limits)
         served, timings, outputs = await self.dataplane.infer(
             request.model_name, request.model_version or None, v2)
         response = pb.ModelInferResponse(model_name=request.model_name,

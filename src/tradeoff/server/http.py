@@ -262,7 +262,7 @@ class HttpApp:
                 raise InvalidInput("Inference-Header-Content-Length must be a non-negative "
                                    "integer")
             length = int(header_length)
-        request = decode_request(body, length)
+        request = decode_request(body, length, self.dataplane.limits)
         handler = asyncio.current_task()
         watch = asyncio.ensure_future(receive())  # answers http.disconnect if the client goes
 

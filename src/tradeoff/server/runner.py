@@ -17,6 +17,7 @@ from pathlib import Path
 
 import uvicorn
 
+from tradeoff.protocol.v2 import DEFAULT_LIMITS, RequestLimits
 from tradeoff.repository.repository import ModelRepository
 from tradeoff.server.access import Access
 from tradeoff.server.dataplane import DataPlane
@@ -44,6 +45,7 @@ class ServeOptions:
     max_inflight: int | None = 1024
     allow_fault_injection: bool = False
     access: Access = field(default_factory=Access)
+    limits: RequestLimits = DEFAULT_LIMITS
     tls_cert: Path | None = None
     tls_key: Path | None = None
 
@@ -89,7 +91,7 @@ def serve(options: ServeOptions) -> None:
     repository = ModelRepository(options.model_repository, options.default_max_batch_size)
     manager = ModelManager(repository, default_intra_op_threads=options.intra_op_threads,
                            allow_fault_injection=options.allow_fault_injection)
-    dataplane = DataPlane(manager, options.max_inflight)
+    dataplane = DataPlane(manager, options.max_inflight, options.limits)
     dataplane.strict_readiness = options.strict_readiness
     sockets = [_bind(options.host, options.http_port)]
     http_port = sockets[0].getsockname()[1]
