@@ -47,6 +47,8 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]
         yield server
     finally:
         assert server.stop() == 0
+        server.log.close()
+        Path(server.log.name).unlink(missing_ok=True)
 
 
 def call(server: ServerProcess, method: str, path: str, key: str | None = None,

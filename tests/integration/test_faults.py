@@ -53,6 +53,8 @@ def server(repo: Path) -> Iterator[ServerProcess]:
         yield process
     finally:
         assert process.stop() == 0
+        process.log.close()
+        Path(process.log.name).unlink(missing_ok=True)
 
 
 def row(value: float) -> list[dict]:

@@ -39,6 +39,8 @@ def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]
         yield server
     finally:
         assert server.stop() == 0
+        server.log.close()
+        Path(server.log.name).unlink(missing_ok=True)
 
 
 def row(value: float) -> list[dict]:

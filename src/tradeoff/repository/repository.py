@@ -81,7 +81,8 @@ class ModelRepository:
                                  f"policy (found: {sorted(on_disk) or 'none'})")
         files = {}
         for version in selected:
-            path = on_disk[version] / config.default_model_filename
+            path = confined(on_disk[version], config.default_model_filename, source,
+                            "default_model_filename")
             if not path.is_file():
                 raise ModelLoadError(f"{path}: model file not found")
             files[version] = path
@@ -92,4 +93,14 @@ class ModelRepository:
         return ModelSource(config, files, config_path)
 
 
-__all__ = ["ModelRepository", "ModelSource", "ConfigError", "ModelLoadError"]
+def confined(base: Path, relative: str, source: str, field: str) -> Path:
+    """``base / relative``, refused unless it stays inside ``base`` (no absolute paths,
+    no ``..``, no symbolic link out): a config, which ``load`` may send over the network,
+    must never name a file outside its model's directory."""
+    path = base / relative
+    if Path(relative).is_absolute() or not path.resolve().is_relative_to(base.resolve()):
+        raise ConfigError(source, field, f"{relative!r} is outside the model directory")
+    return path
+
+
+__all__ = ["ModelRepository", "ModelSource", "ConfigError", "ModelLoadError", "confined"]

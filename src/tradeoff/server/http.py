@@ -24,7 +24,7 @@ from tradeoff.errors import (
     Unavailable,
 )
 from tradeoff.protocol.v2 import decode_request, encode_response, parse_json_object
-from tradeoff.server import metrics
+from tradeoff.server import metrics, openapi
 from tradeoff.server.access import Access
 from tradeoff.server.dataplane import DataPlane
 
@@ -78,6 +78,7 @@ class HttpApp:
                  on_shutdown: Callable[[], Awaitable[None]] | None = None,
                  access: Access | None = None) -> None:
         self.access = access or Access()
+        self._openapi = orjson.dumps(openapi.document())
         self.dataplane = dataplane
         self.registry = registry
         self.metrics_port = metrics_port
@@ -171,6 +172,9 @@ class HttpApp:
                 return
             raise NotFound(f"no route {scope['path']}; the metrics port serves /metrics")
         method = scope["method"]
+        if scope["path"] == "/openapi.json":
+            self._method(method, "GET", scope)
+            return await _send(send, 200, self._openapi)
         parts = scope["path"].strip("/").split("/")
         if not parts or parts[0] != "v2":
             raise NotFound(f"no route {scope['path']}; the API lives under /v2")
@@ -236,7 +240,11 @@ class HttpApp:
         if action == "":
             return await _json(send, 200, dp.model_metadata(name, version))
         if action == "ready":
-            return await _send(send, 200 if dp.model_ready(name, version) else 503, b"")
+            try:
+                dp.manager.get(name, version)  # unknown model or version: 404
+            except Unavailable:
+                return await _send(send, 503, b"")
+            return await _send(send, 200, b"")
         if action == "config":
             return await _json(send, 200, dp.model_config(name, version))
         if action == "stats":

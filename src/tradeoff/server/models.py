@@ -24,7 +24,7 @@ from tradeoff.backends.faults import FaultInjectingBackend, fault_values
 from tradeoff.backends.onnxruntime import OnnxRuntimeBackend
 from tradeoff.errors import ConfigError, ModelLoadError, NotFound, TradeoffError, Unavailable
 from tradeoff.repository.config import ModelConfig, Warmup
-from tradeoff.repository.repository import ModelRepository
+from tradeoff.repository.repository import ModelRepository, confined
 from tradeoff.scheduling.request import InferenceRequest
 from tradeoff.scheduling.scheduler import Scheduler, run_batch
 from tradeoff.server.stats import ModelStats
@@ -72,7 +72,8 @@ def _warmup_inputs(config: ModelConfig, warmup: Warmup, model_dir: Path) -> dict
         dtype = dtypes.numpy_dtype(tensor.datatype)
         source = spec.source if spec is not None else "zero"
         if source == "file" and spec is not None:
-            raw = (model_dir / "warmup" / spec.file).read_bytes()
+            raw = confined(model_dir / "warmup", spec.file, f"model {config.name!r}",
+                           "model_warmup.inputs.input_data_file").read_bytes()
             if tensor.datatype == "BYTES":
                 from tradeoff.protocol.v2 import decode_bytes_elements
                 count = int(np.prod(shape))
