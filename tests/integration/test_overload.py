@@ -159,3 +159,25 @@ def test_three_times_capacity_for_twenty_seconds(tmp_path: Path) -> None:
           f"RSS {rss[0] / 2**20:.0f} -> max {max(rss) / 2**20:.0f} MiB, "
           f"p99 light load {base_p99:.2f} ms before, {after_p99:.2f} ms "
           f"{recovered_in:.1f} s after")
+
+
+def test_a_grpc_call_past_its_deadline_is_dropped_before_compute(limited: ServerProcess) -> None:
+    def canceled() -> float:
+        labels = frozenset({"model": "held", "version": "1", "reason": "CANCELED"}.items())
+        return metric_samples(limited)[("tradeoff_inference_request_failure_total", labels)]
+
+    before = canceled()
+    executions = model_metric(limited, "tradeoff_inference_exec_count_total", "held")
+    client = triton_grpc.InferenceServerClient(limited.grpc_url)
+    tensor = triton_grpc.InferInput("INPUT0", [1, 4], "FP32")
+    tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+    with pytest.raises(triton_grpc.InferenceServerException) as gave_up:
+        client.infer("held", [tensor], client_timeout=0.3)  # held for 2 s in the queue
+    client.close()
+    assert "Deadline" in str(gave_up.value) or "DEADLINE" in str(gave_up.value.status())
+    wait_for(lambda: canceled() == before + 1, "the abandoned call canceled")
+    wait_for(lambda: server_gauge(limited, "tradeoff_server_in_flight") == 0,
+             "no requests in flight")
+    assert model_metric(limited, "tradeoff_inference_queue_depth", "held") == 0
+    time.sleep(2.5)
+    assert model_metric(limited, "tradeoff_inference_exec_count_total", "held") == executions
