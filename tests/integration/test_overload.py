@@ -21,18 +21,35 @@ from tradeoff.bench.session import run_benchmark
 from tradeoff.bench.soak import MemoryWatch, SoakPlan
 from tradeoff.server.process import ServerProcess
 
-from .helpers import infer_json, metric_samples, model_metric, wait_for
-from .model_repo import build_shutdown_repository
+from .helpers import infer_json, metric_samples, model_metric, request, wait_for
+from .model_repo import _write, add_constant_model, build_shutdown_repository
 
 pytestmark = pytest.mark.integration
 
 LIMIT = 3
+# waits up to 2 s for a batch, but a request may wait only 300 ms (or less, if it asks)
+TIMED_CONFIG = """\
+name: "timed"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+dynamic_batching {
+  max_queue_delay_microseconds: 2000000
+  default_queue_policy {
+    timeout_action: REJECT
+    default_timeout_microseconds: 300000
+    allow_timeout_override: true
+  }
+}
+"""
 
 
 @pytest.fixture(scope="module")
 def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """A server that holds at most LIMIT inference requests at once."""
     repo = build_shutdown_repository(tmp_path_factory.mktemp("limited"))
+    _write(repo, "timed", {1: add_constant_model(1.0)}, TIMED_CONFIG)
     server = ServerProcess(repo, extra_args=("--max-inflight", str(LIMIT)))
     server.start()
     try:
@@ -181,3 +198,19 @@ def test_a_grpc_call_past_its_deadline_is_dropped_before_compute(limited: Server
     assert model_metric(limited, "tradeoff_inference_queue_depth", "held") == 0
     time.sleep(2.5)
     assert model_metric(limited, "tradeoff_inference_exec_count_total", "held") == executions
+
+
+def test_requests_past_their_time_limit_get_a_clear_error(limited: ServerProcess) -> None:
+    started = time.monotonic()
+    by_policy = infer_json(limited.url, "timed", row(1.0))
+    waited = time.monotonic() - started
+    assert by_policy.status == 503 and "timed out in the queue" in by_policy.json()["error"]
+    assert waited < 1.5  # the policy's 300 ms, not the 2 s batching delay
+    body = {"inputs": row(1.0), "parameters": {"timeout": 50_000}}
+    started = time.monotonic()
+    asked = request(limited.url, "POST", "/v2/models/timed/infer", json.dumps(body).encode(),
+                    {"Content-Type": "application/json"})
+    assert asked.status == 503 and "timed out" in asked.json()["error"]
+    assert time.monotonic() - started < waited + 0.5
+    wait_for(lambda: model_metric(limited, "tradeoff_inference_in_flight", "timed") == 0,
+             "nothing left in flight")
