@@ -60,3 +60,21 @@ def test_keys_from_flags_files_and_the_environment(tmp_path: Path) -> None:
         read_keys(["short"], [], None)
     with pytest.raises(ValueError, match="cannot read key file"):
         read_keys([], [tmp_path / "missing"], None)
+
+
+def test_only_exact_health_routes_are_open() -> None:
+    from tradeoff.server.http import _is_admin, _is_health
+
+    def parts(path: str) -> list[str]:
+        return path.strip("/").split("/")
+
+    for path in ("/v2/health/live", "/v2/health/ready", "/v2/models/m/ready",
+                 "/v2/models/m/versions/1/ready"):
+        assert _is_health(parts(path)), path
+    for path in ("/v2", "/v2/health", "/v2/health/other", "/v2/models/m/versions/ready",
+                 "/v2/models/m/infer", "/v2/models/ready", "/v2/x/y/ready",
+                 "/v2/models/m/config/ready", "/v2/repository/models/ready"):
+        assert not _is_health(parts(path)), path
+    assert _is_admin(parts("/v2/repository/models/m/load"))
+    assert _is_admin(parts("/v2/repository/models/m/unload"))
+    assert not _is_admin(parts("/v2/repository/index"))

@@ -180,7 +180,12 @@ class Runner:
         assert self._loop is not None
         waiter: asyncio.Future[Connection] = self._loop.create_future()
         self._waiters.append(waiter)
-        return await waiter
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self._release(waiter.result())  # handed over just as we were cancelled
+            raise
 
     def _release(self, connection: Connection) -> None:
         while self._waiters:
@@ -193,10 +198,25 @@ class Runner:
     async def _open_request(self, scheduled: int) -> None:
         try:
             connection = await self._connection()
-            await self._send(connection, scheduled)
+            try:
+                await self._send(connection, scheduled)
+            except BaseException:
+                connection.close()  # in an unknown state: do not reuse it
+                self._open_connections -= 1
+                self._wake_waiter()
+                raise
             self._release(connection)
         finally:
             self._in_flight -= 1
+
+    def _wake_waiter(self) -> None:
+        """A connection slot was freed by closing one: let the first waiter open anew."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                self._open_connections += 1
+                waiter.set_result(self.adapter.connect(self.spec.timeout_s))
+                return
 
     async def _open_dispatcher(self, start: int) -> None:
         tasks: set[asyncio.Task] = set()

@@ -11,6 +11,7 @@ and a refusal says only what to send, never what was wrong with the key sent.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -41,10 +42,17 @@ def read_keys(values: Iterable[str], files: Iterable[Path], env_value: str | Non
     return keys
 
 
+def _digest(key: bytes) -> bytes:
+    return hashlib.sha256(key).digest()
+
+
 def _matches(presented: bytes, keys: Sequence[bytes]) -> bool:
+    """Digests of equal length compared with every key: the time says neither which key
+    matched nor how long the keys are."""
+    digest = _digest(presented)
     found = False
-    for key in keys:  # compare with every key: the time does not say which one matched
-        found |= hmac.compare_digest(presented, key)
+    for key in keys:
+        found |= hmac.compare_digest(digest, key)
     return found
 
 
@@ -52,8 +60,8 @@ class Access:
     """The server's keys and the check every protected call goes through."""
 
     def __init__(self, api_keys: Sequence[str] = (), admin_keys: Sequence[str] = ()) -> None:
-        self.api_keys = [k.encode() for k in api_keys]
-        self.admin_keys = [k.encode() for k in admin_keys]
+        self.api_keys = [_digest(k.encode()) for k in api_keys]
+        self.admin_keys = [_digest(k.encode()) for k in admin_keys]
 
     @classmethod
     def from_sources(cls, api_keys: Sequence[str], api_key_files: Sequence[Path],

@@ -217,8 +217,9 @@ class GrpcService:
                     infer_response=pb.ModelInferResponse(model_name=request.model_name,
                                                          id=request.id)))
 
+        tasks: set[asyncio.Task] = set()
+
         async def read() -> None:
-            tasks = set()
             async for request in requests:
                 task = asyncio.ensure_future(answer(request))
                 tasks.add(task)
@@ -233,6 +234,8 @@ class GrpcService:
                 yield item
         finally:
             reader.cancel()
+            for task in list(tasks):  # the client left: its queued requests are dropped
+                task.cancel()
 
     def handler(self) -> grpc.GenericRpcHandler:
         def unary(method: Callable[[Any, Any], Awaitable[Any]], request_type: Any,

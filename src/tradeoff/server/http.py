@@ -271,24 +271,29 @@ class HttpApp:
                                    "integer")
             length = int(header_length)
         request = decode_request(body, length, self.dataplane.limits)
-        handler = asyncio.current_task()
+        infer = asyncio.ensure_future(self.dataplane.infer(name, version, request))
         watch = asyncio.ensure_future(receive())  # answers http.disconnect if the client goes
+        gone = False
 
         def on_message(message: asyncio.Future[dict[str, Any]]) -> None:
+            nonlocal gone
             if not message.cancelled() and message.exception() is None and \
-                    message.result()["type"] == "http.disconnect" and handler is not None:
-                handler.cancel()  # the scheduler drops the request if it is still queued
+                    message.result()["type"] == "http.disconnect":
+                gone = True
+                infer.cancel()  # the scheduler drops the request if it is still queued
 
         watch.add_done_callback(on_message)
         try:
-            served, timings, outputs = await self.dataplane.infer(name, version, request)
+            served, timings, outputs = await infer
         except asyncio.CancelledError:
-            if watch.done() and not watch.cancelled():
+            if gone:
                 return  # the client went away: nobody to answer
             raise
         finally:
             watch.remove_done_callback(on_message)
             watch.cancel()
+            if not infer.done():
+                infer.cancel()  # this handler itself was cancelled
         payload, json_length = encode_response(name, str(served.version), request.id, outputs)
         reply = [(b"content-type", b"application/json" if json_length is None
                   else b"application/octet-stream"),
@@ -302,9 +307,14 @@ class HttpApp:
 
 
 def _is_health(parts: list[str]) -> bool:
-    """Liveness, readiness and model readiness stay open to probes without keys."""
-    return (len(parts) == 3 and parts[1] == "health") or (
-        len(parts) >= 4 and parts[1] == "models" and parts[-1] == "ready")
+    """Liveness, readiness and model readiness stay open to probes without keys: exactly
+    /v2/health/{live,ready}, /v2/models/{m}/ready and /v2/models/{m}/versions/{v}/ready."""
+    n = len(parts)
+    if n == 3:
+        return parts[1] == "health" and parts[2] in ("live", "ready")
+    if n < 4 or parts[1] != "models" or parts[-1] != "ready":
+        return False
+    return n == 4 or (n == 6 and parts[3] == "versions")
 
 
 def _is_admin(parts: list[str]) -> bool:

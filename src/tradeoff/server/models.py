@@ -185,7 +185,8 @@ class ModelManager:
                 stats = entry.versions[version].stats if version in entry.versions else \
                     ModelStats(name, version)
                 scheduler = Scheduler(config, backends, stats)
-                scheduler.on_dead = functools.partial(self._instances_died, name, version)
+                scheduler.on_dead = functools.partial(self._instances_died, name, version,
+                                                      scheduler)
                 await scheduler.start()
                 versions[version] = ModelVersion(name, version, config, scheduler, stats, path)
             old = entry.versions
@@ -200,11 +201,13 @@ class ModelManager:
                 await old_version.scheduler.stop()
             return entry
 
-    def _instances_died(self, name: str, version: int, cause: str) -> None:
+    def _instances_died(self, name: str, version: int, scheduler: Scheduler,
+                        cause: str) -> None:
         """Every instance of a served version died: stop serving it (load brings it back)."""
         entry = self.models.get(name)
-        if entry is None or version not in entry.versions:
-            return
+        served = entry.versions.get(version) if entry is not None else None
+        if entry is None or served is None or served.scheduler is not scheduler:
+            return  # an older copy (replaced by a reload) died while it drained
         dead = entry.versions.pop(version)
         entry.latest = entry.versions[max(entry.versions)] if entry.versions else None
         entry.reason = f"version {version}: instances died: {cause}"
@@ -246,6 +249,8 @@ class ModelManager:
     async def close(self) -> None:
         for name in list(self.models):
             await self.unload(name)
+        if self._stopping:  # versions whose instances died, still releasing
+            await asyncio.gather(*self._stopping, return_exceptions=True)
 
     def get(self, name: str, version: str | None = None) -> ModelVersion:
         """The version that serves a request, or NotFound/Unavailable saying why not."""
