@@ -1,0 +1,213 @@
+"""A Llama-family decoder in PyTorch over a paged KV cache (RMSNorm, RoPE, grouped-query
+attention, SwiGLU), for iteration-level batching.
+
+One :meth:`LlamaDecoder.step` runs any mix of sequences, each contributing its new tokens
+(a prompt chunk to prefill, or the one token to decode). The new tokens of every sequence
+go through the projections and the MLP as one flat batch; attention reads each sequence's
+keys and values from the cache through the *slots* of its positions (block table x block
+size + offset), so sequences never need contiguous memory.
+
+    decoder = LlamaDecoder(LlamaConfig.from_hf(json.load(...)), state_dict)
+    cache = decoder.new_cache(num_blocks=256, block_size=16)
+    logits = decoder.step([SequenceStep(tokens, start=0, slots=slots)], cache)
+
+Weights use Hugging Face names (``model.layers.0.self_attn.q_proj.weight`` ...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from tradeoff.errors import ModelLoadError
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """The shape of a Llama-family model (the fields of a Hugging Face config.json)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    max_position: int = 2048
+    tie_word_embeddings: bool = False
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @classmethod
+    def from_hf(cls, doc: Mapping[str, Any]) -> LlamaConfig:
+        """From a Hugging Face ``config.json`` of a Llama-architecture model."""
+        scaling = doc.get("rope_scaling")
+        if scaling and scaling.get("rope_type", scaling.get("type")) not in (None, "default"):
+            raise ModelLoadError(f"rope_scaling {scaling!r} is not supported (only plain RoPE)")
+        eos = doc.get("eos_token_id")
+        try:
+            return cls(
+                vocab_size=int(doc["vocab_size"]), hidden_size=int(doc["hidden_size"]),
+                intermediate_size=int(doc["intermediate_size"]),
+                num_layers=int(doc["num_hidden_layers"]),
+                num_heads=int(doc["num_attention_heads"]),
+                num_kv_heads=int(doc.get("num_key_value_heads") or doc["num_attention_heads"]),
+                rms_norm_eps=float(doc.get("rms_norm_eps", 1e-5)),
+                rope_theta=float(doc.get("rope_theta", 10000.0)),
+                max_position=int(doc.get("max_position_embeddings", 2048)),
+                tie_word_embeddings=bool(doc.get("tie_word_embeddings", False)),
+                bos_token_id=doc.get("bos_token_id"),
+                eos_token_id=eos[0] if isinstance(eos, list) else eos)
+        except KeyError as exc:
+            raise ModelLoadError(f"config.json lacks {exc.args[0]!r}") from None
+
+    def to_hf(self) -> dict[str, Any]:
+        return {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
+                "intermediate_size": self.intermediate_size,
+                "num_hidden_layers": self.num_layers, "num_attention_heads": self.num_heads,
+                "num_key_value_heads": self.num_kv_heads, "rms_norm_eps": self.rms_norm_eps,
+                "rope_theta": self.rope_theta, "max_position_embeddings": self.max_position,
+                "tie_word_embeddings": self.tie_word_embeddings,
+                "bos_token_id": self.bos_token_id, "eos_token_id": self.eos_token_id,
+                "hidden_act": "silu"}
+
+
+@dataclass
+class PagedKVCache:
+    """Keys and values of every layer in fixed-size blocks: ``[layers, slots, kv_heads,
+    head_dim]`` where slot = block * block_size + offset."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    block_size: int
+
+    @property
+    def num_blocks(self) -> int:
+        return self.keys.shape[1] // self.block_size
+
+
+@dataclass
+class SequenceStep:
+    """One sequence's part of a step: its new tokens, the position of the first one, and
+    the cache slot of every position up to the last new token."""
+
+    tokens: torch.Tensor   # [n] int64
+    start: int
+    slots: torch.Tensor    # [start + n] int64
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    variance = x.pow(2).mean(-1, keepdim=True)
+    return weight * (x * torch.rsqrt(variance + eps))
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class LlamaDecoder:
+    """The decoder's weights and its forward step; not an ``nn.Module`` (no training)."""
+
+    def __init__(self, config: LlamaConfig, weights: Mapping[str, torch.Tensor],
+                 device: str = "cpu", dtype: torch.dtype = torch.float32) -> None:
+        self.config = config
+        self.device = torch.device(device)
+        self.dtype = dtype
+        missing = [name for name in self._names() if name not in weights]
+        if missing:
+            raise ModelLoadError(f"weights lack {missing[:3]}{'...' if len(missing) > 3 else ''}")
+        self.w = {name: weights[name].to(self.device, dtype) for name in self._names()}
+        if config.tie_word_embeddings or "lm_head.weight" not in weights:
+            self.w["lm_head.weight"] = self.w["model.embed_tokens.weight"]
+        else:
+            self.w["lm_head.weight"] = weights["lm_head.weight"].to(self.device, dtype)
+        d = config.head_dim
+        self.inv_freq = 1.0 / (config.rope_theta ** (
+            torch.arange(0, d, 2, dtype=torch.float32, device=self.device) / d))
+
+    def _names(self) -> list[str]:
+        names = ["model.embed_tokens.weight", "model.norm.weight"]
+        for i in range(self.config.num_layers):
+            p = f"model.layers.{i}."
+            names += [p + n for n in (
+                "input_layernorm.weight", "post_attention_layernorm.weight",
+                "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+                "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+                "mlp.down_proj.weight")]
+        return names
+
+    def new_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
+        c = self.config
+        shape = (c.num_layers, num_blocks * block_size, c.num_kv_heads, c.head_dim)
+        return PagedKVCache(torch.zeros(shape, dtype=self.dtype, device=self.device),
+                            torch.zeros(shape, dtype=self.dtype, device=self.device),
+                            block_size)
+
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(self.dtype)[:, None, :], emb.sin().to(self.dtype)[:, None, :]
+
+    @torch.inference_mode()
+    def step(self, steps: Sequence[SequenceStep], cache: PagedKVCache,
+             all_logits: bool = False) -> list[torch.Tensor]:
+        """Run the new tokens of every sequence; returns per sequence the logits of its
+        last new token ``[vocab]`` (or of every new token ``[n, vocab]``)."""
+        c = self.config
+        w = self.w
+        counts = [int(s.tokens.numel()) for s in steps]
+        tokens = torch.cat([s.tokens for s in steps]).to(self.device)
+        positions = torch.cat([torch.arange(s.start, s.start + n) for s, n in
+                               zip(steps, counts)]).to(self.device)
+        new_slots = torch.cat([s.slots[s.start:s.start + n] for s, n in
+                               zip(steps, counts)]).to(self.device)
+        cos, sin = self._rope(positions)
+        heads, kv_heads, d = c.num_heads, c.num_kv_heads, c.head_dim
+        x = w["model.embed_tokens.weight"][tokens]
+        bounds = torch.tensor([0, *counts]).cumsum(0).tolist()
+        for layer in range(c.num_layers):
+            p = f"model.layers.{layer}."
+            h = _rms_norm(x, w[p + "input_layernorm.weight"], c.rms_norm_eps)
+            q = (h @ w[p + "self_attn.q_proj.weight"].T).view(-1, heads, d)
+            k = (h @ w[p + "self_attn.k_proj.weight"].T).view(-1, kv_heads, d)
+            v = (h @ w[p + "self_attn.v_proj.weight"].T).view(-1, kv_heads, d)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            cache.keys[layer].index_copy_(0, new_slots, k)
+            cache.values[layer].index_copy_(0, new_slots, v)
+            outputs = []
+            for i, s in enumerate(steps):  # attention per sequence (lengths differ)
+                n = counts[i]
+                slots = s.slots[:s.start + n].to(self.device)
+                keys = cache.keys[layer].index_select(0, slots)        # [L, kvh, d]
+                values = cache.values[layer].index_select(0, slots)
+                query = q[bounds[i]:bounds[i + 1]]                     # [n, h, d]
+                visible = (torch.arange(s.start + n, device=self.device)[None, :]
+                           <= torch.arange(s.start, s.start + n, device=self.device)[:, None])
+                attended = F.scaled_dot_product_attention(
+                    query.transpose(0, 1)[None], keys.transpose(0, 1)[None],
+                    values.transpose(0, 1)[None], attn_mask=visible, enable_gqa=True)
+                outputs.append(attended[0].transpose(0, 1).reshape(n, heads * d))
+            x = x + torch.cat(outputs) @ w[p + "self_attn.o_proj.weight"].T
+            h = _rms_norm(x, w[p + "post_attention_layernorm.weight"], c.rms_norm_eps)
+            gate = F.silu(h @ w[p + "mlp.gate_proj.weight"].T)
+            x = x + (gate * (h @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
+        if not all_logits:
+            last = torch.tensor([b - 1 for b in bounds[1:]], device=self.device)
+            x = x[last]
+        x = _rms_norm(x, w["model.norm.weight"], c.rms_norm_eps)
+        logits = (x @ w["lm_head.weight"].T).float()
+        if all_logits:
+            return [logits[bounds[i]:bounds[i + 1]] for i in range(len(steps))]
+        return list(logits)
