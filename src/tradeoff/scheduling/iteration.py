@@ -1,0 +1,194 @@
+"""Iteration-level (continuous) batching: which sequences compute which tokens in the
+next model step. Pure policy over a :class:`BlockAllocator`; the engine runs the plan.
+
+Every step, in order:
+
+1. **Running sequences** each get their next tokens: one to decode, or the next chunk of
+   a prompt still being prefilled. A sequence whose new tokens need a KV block when none
+   is free preempts the most recently admitted running sequence (lowest priority first):
+   its blocks are freed and it goes back to the front of the waiting queue, to be
+   recomputed later (preemption by recompute).
+2. **Waiting sequences** are admitted (FCFS, or by priority then arrival) while fewer than
+   ``max_num_seqs`` run, the step's ``max_num_batched_tokens`` budget lasts and free
+   blocks hold their prompt chunk. A prompt longer than the budget is prefilled in chunks.
+
+Finished sequences are retired by the engine at once, so their slots and blocks serve the
+next step. ``static`` mode is the baseline: a batch is admitted only when nothing runs,
+and runs until all its sequences end.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+
+from tradeoff.errors import Unavailable
+from tradeoff.scheduling.kv_blocks import BlockAllocator
+
+
+class SeqState(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+_ids = itertools.count()
+
+
+@dataclass(eq=False)
+class GenSequence:
+    """One generation request's tokens, cache blocks and progress."""
+
+    prompt: list[int]
+    max_tokens: int
+    priority: int = 0
+    output: list[int] = field(default_factory=list)
+    blocks: list[int] = field(default_factory=list)
+    computed: int = 0          # tokens whose keys and values are in the cache
+    state: SeqState = SeqState.WAITING
+    preemptions: int = 0
+    finish_reason: str | None = None
+    seq_id: int = field(default_factory=lambda: next(_ids))
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.output
+
+    @property
+    def pending(self) -> int:
+        """Tokens not yet in the cache (the whole prompt at first, then one)."""
+        return len(self.prompt) + len(self.output) - self.computed
+
+
+@dataclass
+class StepPlan:
+    """What the next model step computes: (sequence, number of new tokens) pairs."""
+
+    work: list[tuple[GenSequence, int]]
+    preempted: list[GenSequence]
+
+    @property
+    def tokens(self) -> int:
+        return sum(n for _, n in self.work)
+
+
+class IterationScheduler:
+    """Waiting and running queues under a sequence limit, a token budget and KV blocks."""
+
+    def __init__(self, blocks: BlockAllocator, *, max_num_seqs: int = 16,
+                 max_num_batched_tokens: int = 512, max_num_queued: int = 256,
+                 policy: str = "fcfs", mode: str = "continuous") -> None:
+        if policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling policy must be fcfs or priority, got {policy!r}")
+        if mode not in ("continuous", "static"):
+            raise ValueError(f"batching mode must be continuous or static, got {mode!r}")
+        self.blocks = blocks
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_queued = max_num_queued
+        self.policy = policy
+        self.mode = mode
+        self.waiting: deque[GenSequence] = deque()
+        self.running: list[GenSequence] = []
+        self.preemptions = 0
+
+    def add(self, seq: GenSequence) -> None:
+        """Queue a sequence, or refuse it (503) when ``max_num_queued`` already wait."""
+        if len(self.waiting) >= self.max_num_queued:
+            raise Unavailable(f"{len(self.waiting)} requests already wait "
+                              f"(max_num_queued {self.max_num_queued}); retry later")
+        if self.blocks.needed(len(seq.prompt) + seq.max_tokens) > self.blocks.num_blocks:
+            raise Unavailable(f"a prompt of {len(seq.prompt)} tokens with max_tokens "
+                              f"{seq.max_tokens} does not fit the KV cache "
+                              f"({self.blocks.num_blocks} blocks of {self.blocks.block_size})")
+        self.waiting.append(seq)
+
+    def finish(self, seq: GenSequence, reason: str) -> None:
+        """Retire a sequence now: its slot and blocks serve the next step."""
+        seq.state = SeqState.FINISHED
+        seq.finish_reason = reason
+        self.blocks.free(seq.blocks)
+        seq.blocks = []
+        if seq in self.running:
+            self.running.remove(seq)
+
+    def abort(self, seq: GenSequence) -> None:
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+            seq.state = SeqState.FINISHED
+            seq.finish_reason = "abort"
+        else:
+            self.finish(seq, "abort")
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _grow(self, seq: GenSequence, new_tokens: int) -> bool:
+        """Give ``seq`` the blocks its next ``new_tokens`` need; False if none are free."""
+        extra = self.blocks.needed(seq.computed + new_tokens) - len(seq.blocks)
+        if extra <= 0:
+            return True
+        if not self.blocks.can_allocate(extra):
+            return False
+        seq.blocks += self.blocks.allocate(extra)
+        return True
+
+    def _preempt(self, victim: GenSequence) -> None:
+        self.running.remove(victim)
+        self.blocks.free(victim.blocks)
+        victim.blocks = []
+        victim.computed = 0  # recompute prompt and output so far when readmitted
+        victim.state = SeqState.WAITING
+        victim.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(victim)
+
+    def _victim_order(self) -> list[GenSequence]:
+        """Running sequences, the first to give way first: lowest priority (highest
+        number), then the most recently admitted."""
+        order = list(reversed(self.running))
+        if self.policy == "priority":
+            order.sort(key=lambda s: -s.priority)
+        return order
+
+    def schedule(self) -> StepPlan:
+        budget = self.max_num_batched_tokens
+        work: list[tuple[GenSequence, int]] = []
+        preempted: list[GenSequence] = []
+        for seq in list(self.running):
+            if seq.state is not SeqState.RUNNING:
+                continue  # preempted earlier in this loop
+            n = min(seq.pending, budget)
+            if n <= 0:
+                continue
+            while not self._grow(seq, n):
+                victims = [v for v in self._victim_order() if v is not seq
+                           and all(v is not w for w, _ in work)]
+                if not victims:
+                    victims = [seq]
+                victim = victims[0]
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is seq:
+                    break
+            if seq.state is SeqState.RUNNING:
+                work.append((seq, n))
+                budget -= n
+        admit = self.mode == "continuous" or not self.running
+        if admit and not preempted:
+            if self.policy == "priority":
+                self.waiting = deque(sorted(self.waiting, key=lambda s: (s.priority,
+                                                                         s.seq_id)))
+            while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
+                seq = self.waiting[0]
+                n = min(seq.pending, budget)
+                if not self._grow(seq, n):
+                    break
+                self.waiting.popleft()
+                seq.state = SeqState.RUNNING
+                self.running.append(seq)
+                work.append((seq, n))
+                budget -= n
+        return StepPlan(work, preempted)

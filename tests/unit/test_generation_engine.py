@@ -1,0 +1,169 @@
+"""The generation engine on a tiny random-weight Llama: iteration-level batching,
+chunked prefill, preemption by recompute, static batching, sampling and stopping."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tradeoff.backends.llama import LlamaConfig, LlamaDecoder  # noqa: E402
+from tradeoff.errors import InvalidInput, Unavailable  # noqa: E402
+from tradeoff.scheduling.engine import GenerationEngine  # noqa: E402
+from tradeoff.scheduling.iteration import IterationScheduler, SeqState  # noqa: E402
+from tradeoff.scheduling.kv_blocks import BlockAllocator  # noqa: E402
+from tradeoff.scheduling.sampling import SamplingParams  # noqa: E402
+
+CONFIG = LlamaConfig(vocab_size=61, hidden_size=32, intermediate_size=64, num_layers=2,
+                     num_heads=4, num_kv_heads=2, bos_token_id=1, eos_token_id=2)
+GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+PROMPTS = [[1, 5, 9, 13], [1, 40], [1, 7, 7, 7, 7, 7, 7, 7, 7, 30, 31, 32, 33], [1, 3, 4]]
+
+
+def random_weights(config: LlamaConfig, seed: int = 3) -> dict:
+    generator = torch.Generator().manual_seed(seed)
+    d, kv = config.hidden_size, config.num_kv_heads * config.head_dim
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator) * 0.3
+
+    weights = {"model.embed_tokens.weight": rand(config.vocab_size, d),
+               "model.norm.weight": 1 + rand(d), "lm_head.weight": rand(config.vocab_size, d)}
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        weights.update({
+            p + "input_layernorm.weight": 1 + rand(d),
+            p + "post_attention_layernorm.weight": 1 + rand(d),
+            p + "self_attn.q_proj.weight": rand(d, d), p + "self_attn.k_proj.weight": rand(kv, d),
+            p + "self_attn.v_proj.weight": rand(kv, d), p + "self_attn.o_proj.weight": rand(d, d),
+            p + "mlp.gate_proj.weight": rand(config.intermediate_size, d),
+            p + "mlp.up_proj.weight": rand(config.intermediate_size, d),
+            p + "mlp.down_proj.weight": rand(d, config.intermediate_size)})
+    return weights
+
+
+@pytest.fixture(scope="module")
+def decoder() -> LlamaDecoder:
+    return LlamaDecoder(CONFIG, random_weights(CONFIG))
+
+
+def run(decoder: LlamaDecoder, prompts: list[list[int]], params: SamplingParams = GREEDY,
+        **options: object) -> tuple[list[list[int]], GenerationEngine, int]:
+    engine = GenerationEngine(decoder, **options)  # type: ignore[arg-type]
+    seqs = [engine.add(p, params) for p in prompts]
+    steps = 0
+    while engine.has_work():
+        engine.step()
+        steps += 1
+        assert steps < 500
+    return [s.output for s in seqs], engine, steps
+
+
+def test_batched_output_equals_alone(decoder: LlamaDecoder) -> None:
+    alone = [run(decoder, [p])[0][0] for p in PROMPTS]
+    together, engine, _ = run(decoder, PROMPTS)
+    assert together == alone
+    assert all(len(o) == 12 for o in together)
+    assert engine.blocks.usage == 0  # every block back once all finished
+
+
+def test_chunked_prefill_and_small_budgets_give_the_same_tokens(decoder: LlamaDecoder) -> None:
+    alone = [run(decoder, [p])[0][0] for p in PROMPTS]
+    chunked, _, _ = run(decoder, PROMPTS, max_num_batched_tokens=3, max_num_seqs=2)
+    assert chunked == alone
+
+
+def test_preemption_by_recompute_gives_the_same_tokens(decoder: LlamaDecoder) -> None:
+    alone = [run(decoder, [p])[0][0] for p in PROMPTS]
+    # 8 blocks of 4 tokens cannot hold all four sequences (up to 25 tokens each) at once
+    squeezed, engine, _ = run(decoder, PROMPTS, num_blocks=8, block_size=4)
+    assert squeezed == alone
+    assert engine.scheduler.preemptions > 0
+
+
+def test_static_batching_waits_for_the_whole_batch(decoder: LlamaDecoder) -> None:
+    short = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    long = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    for mode in ("static", "continuous"):
+        engine = GenerationEngine(decoder, mode=mode, max_num_seqs=2)
+        a, b, c = engine.add([1, 4], long), engine.add([1, 5], short), engine.add([1, 6], short)
+        while b.state is not SeqState.FINISHED:
+            engine.step()
+        engine.step()
+        if mode == "static":  # the batch (a, b) still runs: c may not start
+            assert c.state is SeqState.WAITING and not c.output
+        else:  # b's slot went to c at once
+            assert c.state is not SeqState.WAITING and c.output
+        while engine.has_work():
+            engine.step()
+        assert len(a.output) == 20 and len(c.output) == 2
+
+
+def test_limits_on_sequences_and_tokens_per_step() -> None:
+    blocks = BlockAllocator(num_blocks=64, block_size=4)
+    scheduler = IterationScheduler(blocks, max_num_seqs=2, max_num_batched_tokens=5)
+    from tradeoff.scheduling.iteration import GenSequence
+
+    for prompt in ([1] * 4, [1] * 9, [1] * 3):
+        scheduler.add(GenSequence(prompt, max_tokens=4))
+    plan = scheduler.schedule()
+    assert plan.tokens <= 5 and len(scheduler.running) <= 2
+    assert [n for _, n in plan.work] == [4, 1]  # the second prompt starts in chunks
+
+
+def test_the_queue_and_the_cache_refuse_what_they_cannot_hold(decoder: LlamaDecoder) -> None:
+    engine = GenerationEngine(decoder, max_num_queued=2, num_blocks=4, block_size=4)
+    engine.add([1, 2], GREEDY)
+    engine.add([1, 3], GREEDY)
+    with pytest.raises(Unavailable, match="max_num_queued 2"):
+        engine.add([1, 4], GREEDY)
+    big = GenerationEngine(decoder, num_blocks=4, block_size=4)
+    with pytest.raises(Unavailable, match="does not fit the KV cache"):
+        big.add([1] * 10, SamplingParams(max_tokens=10))
+
+
+def test_seeded_sampling_does_not_depend_on_the_batch(decoder: LlamaDecoder) -> None:
+    seeded = SamplingParams(max_tokens=10, temperature=0.9, top_p=0.9, seed=11,
+                            ignore_eos=True)
+    alone = run(decoder, [PROMPTS[0]], seeded)[0][0]
+    engine = GenerationEngine(decoder)
+    mine = engine.add(PROMPTS[0], seeded)
+    for p in PROMPTS[1:]:
+        engine.add(p, SamplingParams(max_tokens=10, temperature=1.0, ignore_eos=True))
+    while engine.has_work():
+        engine.step()
+    assert mine.output == alone
+    assert run(decoder, [PROMPTS[0]], seeded)[0][0] == alone  # reproducible
+
+
+def test_top_k_one_and_a_tiny_top_p_are_greedy(decoder: LlamaDecoder) -> None:
+    greedy = run(decoder, PROMPTS)[0]
+    for params in (SamplingParams(max_tokens=12, temperature=1.5, top_k=1, ignore_eos=True),
+                   SamplingParams(max_tokens=12, temperature=1.0, top_p=1e-6,
+                                  ignore_eos=True)):
+        assert run(decoder, PROMPTS, params)[0] == greedy
+
+
+def test_stopping_on_eos_stop_strings_and_length(decoder: LlamaDecoder) -> None:
+    free = run(decoder, [PROMPTS[0]], SamplingParams(max_tokens=30, temperature=0.0,
+                                                      ignore_eos=True))[0][0]
+    engine = GenerationEngine(decoder, detokenize=lambda ids: " ".join(map(str, ids)))
+    eos_at = engine.add(PROMPTS[0], SamplingParams(max_tokens=30, temperature=0.0))
+    stop_at = engine.add(PROMPTS[0], SamplingParams(max_tokens=30, temperature=0.0,
+                                                    ignore_eos=True, stop=(str(free[3]),)))
+    length = engine.add(PROMPTS[0], SamplingParams(max_tokens=5, temperature=0.0,
+                                                   ignore_eos=True))
+    while engine.has_work():
+        engine.step()
+    if 2 in free:
+        assert eos_at.finish_reason == "stop" and eos_at.output == free[:free.index(2) + 1]
+    else:
+        assert eos_at.finish_reason == "length"
+    assert stop_at.finish_reason == "stop" and len(stop_at.output) <= 4
+    assert length.finish_reason == "length" and length.output == free[:5]
+
+
+def test_sampling_settings_are_checked() -> None:
+    for bad in ({"max_tokens": 0}, {"temperature": 3.0}, {"top_p": 0.0}, {"top_k": -1}):
+        with pytest.raises(InvalidInput):
+            SamplingParams(**bad)  # type: ignore[arg-type]
