@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -211,3 +212,27 @@ class LlamaDecoder:
         if all_logits:
             return [logits[bounds[i]:bounds[i + 1]] for i in range(len(steps))]
         return list(logits)
+
+
+def load_hf_directory(directory: Path, device: str = "cpu",
+                      dtype: torch.dtype = torch.float32) -> LlamaDecoder:
+    """A decoder from a Hugging Face directory: ``config.json`` + ``*.safetensors``."""
+    import json
+
+    from safetensors.torch import load_file
+
+    config_path = directory / "config.json"
+    try:
+        doc = json.loads(config_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{config_path}: {exc}") from None
+    if doc.get("model_type", "llama") != "llama":
+        raise ModelLoadError(f"{config_path}: model_type {doc.get('model_type')!r} is not a "
+                             "Llama-family model")
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{directory}: no .safetensors weights")
+    weights: dict[str, torch.Tensor] = {}
+    for path in files:
+        weights.update(load_file(str(path)))
+    return LlamaDecoder(LlamaConfig.from_hf(doc), weights, device, dtype)
