@@ -45,9 +45,14 @@ class ModelRepository:
             raise FileNotFoundError(f"model repository {self.root} is not a directory")
 
     def names(self) -> list[str]:
-        """Every model directory in the repository, sorted."""
-        return sorted(p.name for p in self.root.iterdir()
-                      if p.is_dir() and not p.name.startswith("."))
+        """Every tensor-model directory in the repository, sorted (generative models,
+        marked by a ``generate.yaml``, are listed by :meth:`generative_names`)."""
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir()
+                      and not p.name.startswith(".") and not (p / GENERATIVE_FILE).is_file())
+
+    def generative_names(self) -> list[str]:
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir()
+                      and not p.name.startswith(".") and (p / GENERATIVE_FILE).is_file())
 
     def model_dir(self, name: str) -> Path:
         if name not in self.names():
@@ -91,6 +96,9 @@ class ModelRepository:
                               default_max_batch_size=self.default_max_batch_size)
         validate_against_model(config, source)
         return ModelSource(config, files, config_path)
+
+
+GENERATIVE_FILE = "generate.yaml"
 
 
 def confined(base: Path, relative: str, source: str, field: str) -> Path:

@@ -76,8 +76,9 @@ class HttpApp:
                  max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
                  on_startup: Callable[[], Awaitable[None]] | None = None,
                  on_shutdown: Callable[[], Awaitable[None]] | None = None,
-                 access: Access | None = None) -> None:
+                 access: Access | None = None, openai: Any = None) -> None:
         self.access = access or Access()
+        self.openai = openai  # the OpenAI-compatible API of generative models, if any
         self._openapi = orjson.dumps(openapi.document())
         self.dataplane = dataplane
         self.registry = registry
@@ -172,6 +173,9 @@ class HttpApp:
                 return
             raise NotFound(f"no route {scope['path']}; the metrics port serves /metrics")
         method = scope["method"]
+        if scope["path"].startswith("/v1/") and self.openai is not None:
+            return await self.openai(scope, receive, send,
+                                     lambda: self._read_body(scope, receive))
         if scope["path"] == "/openapi.json":
             self._method(method, "GET", scope)
             return await _send(send, 200, self._openapi)

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from tradeoff.server.dataplane import DataPlane
+from tradeoff.server.generative import TOKEN_BUCKETS_S, GenerativeModels
 from tradeoff.server.models import ModelManager
 from tradeoff.server.stats import LATENCY_BUCKETS_S
 
@@ -128,11 +130,64 @@ def _batch_bounds(max_batch: int) -> tuple[float, ...]:
     return tuple(bounds)
 
 
-def make_registry(manager: ModelManager, dataplane: DataPlane | None = None
-                  ) -> CollectorRegistry:
+class GenerationCollector(Collector):
+    """Generative models: requests running and waiting, TTFT, inter-token and end-to-end
+    latency histograms, prompt and generated tokens, KV cache usage, preemptions."""
+
+    def __init__(self, models: GenerativeModels) -> None:
+        self.models = models
+
+    def collect(self) -> Iterator:
+        labels = ["model"]
+        running = GaugeMetricFamily("tradeoff_generation_requests_running",
+                                    "Sequences in the running batch", labels=labels)
+        waiting = GaugeMetricFamily("tradeoff_generation_requests_waiting",
+                                    "Requests waiting to be admitted", labels=labels)
+        kv = GaugeMetricFamily("tradeoff_generation_kv_cache_usage_ratio",
+                               "Fraction of KV cache blocks in use", labels=labels)
+        prompt = CounterMetricFamily("tradeoff_generation_prompt_tokens",
+                                     "Prompt tokens of admitted requests", labels=labels)
+        generated = CounterMetricFamily("tradeoff_generation_generation_tokens",
+                                        "Tokens generated", labels=labels)
+        preempted = CounterMetricFamily("tradeoff_generation_preemptions",
+                                        "Sequences preempted (recomputed later) for KV blocks",
+                                        labels=labels)
+        finished = CounterMetricFamily("tradeoff_generation_requests_finished",
+                                       "Requests that finished", labels=labels)
+        histograms = []
+        for model in self.models.models.values():
+            stats, engine, lv = model.stats, model.engine, [model.name]
+            running.add_metric(lv, len(engine.scheduler.running))
+            waiting.add_metric(lv, len(engine.scheduler.waiting) + model.pending)
+            kv.add_metric(lv, engine.blocks.usage)
+            prompt.add_metric(lv, stats.prompt_tokens)
+            generated.add_metric(lv, stats.generation_tokens)
+            preempted.add_metric(lv, stats.preemptions)
+            finished.add_metric(lv, stats.requests_finished)
+            for name, doc, kind in (
+                    ("tradeoff_generation_time_to_first_token_seconds",
+                     "Arrival to first generated token", "ttft"),
+                    ("tradeoff_generation_inter_token_latency_seconds",
+                     "Between consecutive tokens of a request", "itl"),
+                    ("tradeoff_generation_e2e_request_latency_seconds",
+                     "Arrival to the last token", "e2e")):
+                counts, total = stats.histograms[kind]
+                cumulative = np.cumsum(counts)
+                buckets = [(str(b), float(c)) for b, c in zip(TOKEN_BUCKETS_S, cumulative)]
+                buckets.append(("+Inf", float(cumulative[-1])))
+                family = HistogramMetricFamily(name, doc, labels=labels)
+                family.add_metric(lv, buckets, total[0])
+                histograms.append(family)
+        yield from (running, waiting, kv, prompt, generated, preempted, finished, *histograms)
+
+
+def make_registry(manager: ModelManager, dataplane: DataPlane | None = None,
+                  generative: GenerativeModels | None = None) -> CollectorRegistry:
     """A registry of the server's own (not the process-global one)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ServerCollector(manager, dataplane))
+    if generative is not None:
+        registry.register(GenerationCollector(generative))
     ProcessCollector(registry=registry)
     return registry
 

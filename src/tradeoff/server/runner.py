@@ -21,9 +21,11 @@ from tradeoff.protocol.v2 import DEFAULT_LIMITS, RequestLimits
 from tradeoff.repository.repository import ModelRepository
 from tradeoff.server.access import Access
 from tradeoff.server.dataplane import DataPlane
+from tradeoff.server.generative import GenerativeModels
 from tradeoff.server.http import DEFAULT_MAX_REQUEST_BYTES, HttpApp
 from tradeoff.server.metrics import make_registry
 from tradeoff.server.models import ModelManager
+from tradeoff.server.openai_api import OpenAIApi
 
 log = logging.getLogger("tradeoff.server")
 
@@ -107,6 +109,7 @@ def serve(options: ServeOptions) -> None:
     async def startup() -> None:
         loop_box.append(asyncio.get_running_loop())
         await manager.load_all()
+        await generative.load_all()
         if options.grpc_port is not None:
             from tradeoff.server.grpc_server import start_grpc_server
 
@@ -130,11 +133,15 @@ def serve(options: ServeOptions) -> None:
         for server in grpc_box:
             await server.stop(options.shutdown_timeout)  # answers the calls in flight
         await manager.close()
+        await asyncio.to_thread(generative.close)
         log.info("stopped")
 
-    app = HttpApp(dataplane, make_registry(manager, dataplane), metrics_port=metrics_port,
+    generative = GenerativeModels(repository)
+    app = HttpApp(dataplane, make_registry(manager, dataplane, generative),
+                  metrics_port=metrics_port,
                   max_request_bytes=options.max_request_bytes,
-                  on_startup=startup, on_shutdown=shutdown, access=options.access)
+                  on_startup=startup, on_shutdown=shutdown, access=options.access,
+                  openai=OpenAIApi(generative, options.access))
     config = uvicorn.Config(
         app,
         loop="uvloop",

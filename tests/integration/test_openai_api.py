@@ -1,0 +1,128 @@
+"""The OpenAI-compatible API of `tradeoff serve`, with the official `openai` package as
+the client, on the tiny random-weight Llama."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+openai = pytest.importorskip("openai")
+
+from tradeoff.models.tinyllama import write_tinyllama  # noqa: E402
+from tradeoff.server.process import ServerProcess  # noqa: E402
+
+from .helpers import get_text, request, running_server  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+GENERATE_YAML = """\
+format: hf
+path: "1"
+max_num_seqs: 4
+max_num_batched_tokens: 64
+num_blocks: 64
+block_size: 8
+"""
+GREEDY = {"temperature": 0, "max_tokens": 12, "extra_body": {"ignore_eos": True}}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    repo = Path(tmp_path_factory.mktemp("llm")) / "models"
+    write_tinyllama(repo / "tinyllama" / "1")
+    (repo / "tinyllama" / "generate.yaml").write_text(GENERATE_YAML)
+    yield from running_server(repo)
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerProcess) -> Iterator:
+    with openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0) as c:
+        yield c
+
+
+def test_models_are_listed(client: object) -> None:
+    assert [m.id for m in client.models.list()] == ["tinyllama"]  # type: ignore[attr-defined]
+
+
+def test_completion_with_usage(client: object) -> None:
+    result = client.completions.create(model="tinyllama", prompt="Once upon",  # type: ignore[attr-defined]
+                                       **GREEDY)
+    choice = result.choices[0]
+    assert choice.finish_reason == "length" and isinstance(choice.text, str)
+    assert result.usage.prompt_tokens == len(b"Once upon") + 1  # bytes + <|bos|>
+    assert result.usage.completion_tokens == 12
+    assert result.usage.total_tokens == result.usage.prompt_tokens + 12
+    assert result.object == "text_completion" and result.model == "tinyllama"
+
+
+def test_streamed_completion_matches_the_whole_one(client: object) -> None:
+    whole = client.completions.create(model="tinyllama", prompt="abc", **GREEDY)  # type: ignore[attr-defined]
+    chunks = list(client.completions.create(  # type: ignore[attr-defined]
+        model="tinyllama", prompt="abc", stream=True,
+        stream_options={"include_usage": True}, **GREEDY))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == whole.choices[0].text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
+
+
+def test_chat_completion_streamed_and_whole(client: object) -> None:
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    whole = client.chat.completions.create(model="tinyllama", messages=messages, **GREEDY)  # type: ignore[attr-defined]
+    assert whole.choices[0].message.role == "assistant"
+    assert whole.object == "chat.completion"
+    chunks = list(client.chat.completions.create(  # type: ignore[attr-defined]
+        model="tinyllama", messages=messages, stream=True, **GREEDY))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert streamed == whole.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_greedy_output_is_the_same_alone_or_batched(client: object) -> None:
+    prompts = ["one", "two two", "three three three", "four four four four", "five"]
+
+    def complete(prompt: str) -> str:
+        return client.completions.create(model="tinyllama", prompt=prompt,  # type: ignore[attr-defined]
+                                         **GREEDY).choices[0].text
+
+    alone = [complete(p) for p in prompts]
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        together = list(pool.map(complete, prompts))
+    assert together == alone
+
+
+def test_errors_come_in_openai_shape(client: object, server: ServerProcess) -> None:
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.completions.create(model="nope", prompt="x", max_tokens=2)  # type: ignore[attr-defined]
+    assert "unknown model 'nope'" in str(missing.value)
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        client.completions.create(model="tinyllama", prompt="x", temperature=9)  # type: ignore[attr-defined]
+    with pytest.raises(openai.BadRequestError, match="positions"):
+        client.completions.create(model="tinyllama", prompt="x", max_tokens=100_000)  # type: ignore[attr-defined]
+    raw = request(server.url, "POST", "/v1/completions", b"{not json",
+                  {"Content-Type": "application/json"})
+    assert raw.status == 400
+    error = raw.json()["error"]
+    assert error["type"] == "invalid_request_error" and "not valid JSON" in error["message"]
+
+
+def test_generation_metrics(client: object, server: ServerProcess) -> None:
+    client.completions.create(model="tinyllama", prompt="metrics", **GREEDY)  # type: ignore[attr-defined]
+    text = get_text(server.metrics_url)
+    for name in ("tradeoff_generation_requests_running", "tradeoff_generation_requests_waiting",
+                 "tradeoff_generation_kv_cache_usage_ratio",
+                 "tradeoff_generation_prompt_tokens_total",
+                 "tradeoff_generation_generation_tokens_total",
+                 "tradeoff_generation_preemptions_total",
+                 "tradeoff_generation_time_to_first_token_seconds_bucket",
+                 "tradeoff_generation_inter_token_latency_seconds_count",
+                 "tradeoff_generation_e2e_request_latency_seconds_sum"):
+        assert f"{name}{{" in text, name
+    line = next(l for l in text.splitlines()
+                if l.startswith("tradeoff_generation_generation_tokens_total{"))
+    assert float(line.split()[-1]) >= 12
