@@ -164,7 +164,7 @@ def test_bad_request(server: ServerProcess, path: str, body: bytes, headers: dic
     ("POST", "/v2/models/tiny", 405),
     ("POST", "/v2/health/ready", 405),
     ("GET", "/v2/nowhere", 404),
-    ("GET", "/v1/models", 404),
+    ("GET", "/v3/models", 404),
     ("GET", "/v2/models/no_such_model", 404),
     ("GET", "/v2/models/no_such_model/config", 404),
     ("GET", "/v2/models/no_such_model/stats", 404),
