@@ -37,7 +37,7 @@ def test_the_document_is_served(healthy: ServerProcess) -> None:
 
 
 @schema.parametrize()
-@settings(max_examples=40, deadline=None,
+@settings(max_examples=40, deadline=None, database=None,
           suppress_health_check=list(HealthCheck))
 def test_no_server_errors(case: schemathesis.Case, healthy: ServerProcess) -> None:
     response = case.call(base_url=healthy.url, timeout=30)
