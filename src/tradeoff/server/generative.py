@@ -289,10 +289,13 @@ class GenerativeModels:
             raise ModelLoadError(f"generative models need torch: pip install "
                                  f"'tradeoff[llm]' ({exc})") from None
         path = Path(config.path) if Path(config.path).is_absolute() else directory / config.path
-        if config.format != "hf":
-            raise ModelLoadError(f"{directory}: format {config.format!r} is not supported yet")
-        decoder = load_hf_directory(path)
-        tokenizer = Tokenizer.from_directory(path)
+        if config.format == "gguf":
+            from tradeoff.backends.gguf_file import load_gguf
+
+            decoder, tokenizer = load_gguf(path)
+        else:
+            decoder = load_hf_directory(path)
+            tokenizer = Tokenizer.from_directory(path)
         return GenerativeModel(name, config, decoder, tokenizer, loop)
 
     def get(self, name: str) -> GenerativeModel:
