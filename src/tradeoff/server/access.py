@@ -78,6 +78,10 @@ class Access:
         return (f"{len(self.api_keys)} inference key(s), {len(self.admin_keys)} admin key(s)"
                 if self.enabled else "open (no API keys)")
 
+    def check_headers(self, headers: Iterable[tuple[bytes, bytes]], admin: bool) -> None:
+        """:meth:`check` with the ``authorization`` header of an ASGI header list."""
+        self.check(next((v for k, v in headers if k == b"authorization"), None), admin)
+
     def check(self, authorization: bytes | str | None, admin: bool) -> None:
         """Allow the call or raise Unauthorized (401) / Forbidden (403)."""
         if isinstance(authorization, str):

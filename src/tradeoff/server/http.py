@@ -183,8 +183,7 @@ class HttpApp:
         if not parts or parts[0] != "v2":
             raise NotFound(f"no route {scope['path']}; the API lives under /v2")
         if self.access.enabled and not _is_health(parts):
-            authorization = next((v for k, v in scope["headers"] if k == b"authorization"), None)
-            self.access.check(authorization, admin=_is_admin(parts))
+            self.access.check_headers(scope["headers"], admin=_is_admin(parts))
         n = len(parts)
         if n == 1:
             self._method(method, "GET", scope)
@@ -275,29 +274,28 @@ class HttpApp:
                                    "integer")
             length = int(header_length)
         request = decode_request(body, length, self.dataplane.limits)
-        infer = asyncio.ensure_future(self.dataplane.infer(name, version, request))
+        handler = asyncio.current_task()
         watch = asyncio.ensure_future(receive())  # answers http.disconnect if the client goes
-        gone = False
+        gone = answered = False
 
         def on_message(message: asyncio.Future[dict[str, Any]]) -> None:
             nonlocal gone
-            if not message.cancelled() and message.exception() is None and \
-                    message.result()["type"] == "http.disconnect":
+            if not answered and handler is not None and not message.cancelled() and \
+                    message.exception() is None and message.result()["type"] == "http.disconnect":
                 gone = True
-                infer.cancel()  # the scheduler drops the request if it is still queued
+                handler.cancel()  # the scheduler drops the request if it is still queued
 
         watch.add_done_callback(on_message)
         try:
-            served, timings, outputs = await infer
+            served, timings, outputs = await self.dataplane.infer(name, version, request)
         except asyncio.CancelledError:
             if gone:
                 return  # the client went away: nobody to answer
             raise
         finally:
+            answered = True  # a disconnect noticed from now on cancels nothing
             watch.remove_done_callback(on_message)
             watch.cancel()
-            if not infer.done():
-                infer.cancel()  # this handler itself was cancelled
         payload, json_length = encode_response(name, str(served.version), request.id, outputs)
         reply = [(b"content-type", b"application/json" if json_length is None
                   else b"application/octet-stream"),

@@ -89,9 +89,7 @@ class OpenAIApi:
                        read_body: Callable[[], Awaitable[bytes]]) -> None:
         try:
             if self.access.enabled:
-                authorization = next((v for k, v in scope["headers"]
-                                      if k == b"authorization"), None)
-                self.access.check(authorization, admin=False)
+                self.access.check_headers(scope["headers"], admin=False)
             path, method = scope["path"].rstrip("/"), scope["method"]
             if path == "/v1/models" and method == "GET":
                 return await _send_json(send, 200, {"object": "list", "data": [
