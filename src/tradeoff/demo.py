@@ -24,7 +24,7 @@ from tradeoff.analysis.diagnose import SEVERITY_ORDER, diagnose
 from tradeoff.bench.adapters import V2Adapter
 from tradeoff.bench.load import LoadSpec
 from tradeoff.bench.session import run_benchmark
-from tradeoff.bench.sweep import Sweep, SweepPlan, parse_levels
+from tradeoff.bench.sweep import Sweep, SweepPlan, parse_levels, point_at
 from tradeoff.models import build_repository
 from tradeoff.report.html import write_report
 from tradeoff.report.terminal import print_compare, print_findings, print_sweep
@@ -149,8 +149,7 @@ def run_demo(options: DemoOptions) -> dict[str, Any]:
 
 def _point_at(sweep: dict[str, Any], load: float) -> dict[str, Any]:
     """A copy of the sweep's bench result at ``load``, named after the sweep's endpoint."""
-    index = next(i for i, r in enumerate(sweep["rows"]) if r["load"] == load)
-    point = json.loads(json.dumps(sweep["points"][index]))
+    point = json.loads(json.dumps(point_at(sweep, load)))
     point["endpoint"]["name"] = sweep["endpoint"]["name"]
     return point
 

@@ -111,9 +111,10 @@ class References:
         return dict(zip(names, session.run(names, inputs)))
 
 
-def running_server(repository: Path) -> Iterator[ServerProcess]:
-    """A `tradeoff serve` for a fixture's lifetime; it must stop with exit code 0."""
-    process = ServerProcess(repository).start()
+def running_server(repository: Path, **options: Any) -> Iterator[ServerProcess]:
+    """A `tradeoff serve` for a fixture's lifetime (``options`` as ServerProcess takes
+    them); it must stop with exit code 0."""
+    process = ServerProcess(repository, **options).start()
     try:
         yield process
     finally:

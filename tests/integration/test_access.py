@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import ssl
 import subprocess
 import sys
@@ -17,7 +16,7 @@ import tritonclient.grpc as triton_grpc
 
 from tradeoff.server.process import ServerProcess
 
-from .helpers import request
+from .helpers import request, running_server
 from .model_repo import build_shutdown_repository
 
 pytestmark = pytest.mark.integration
@@ -36,19 +35,9 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]
     repo = build_shutdown_repository(root / "models")
     key_file = root / "keys.txt"
     key_file.write_text(f"# inference keys\n{FILE_KEY}\n\n")
-    os.environ["TRADEOFF_API_KEY"] = ENV_KEY
-    try:
-        server = ServerProcess(repo, extra_args=("--api-key", INFERENCE_KEY, "--api-key-file",
-                                                 str(key_file), "--admin-key", ADMIN_KEY))
-        server.start()
-    finally:
-        del os.environ["TRADEOFF_API_KEY"]
-    try:
-        yield server
-    finally:
-        assert server.stop() == 0
-        server.log.close()
-        Path(server.log.name).unlink(missing_ok=True)
+    yield from running_server(repo, env={"TRADEOFF_API_KEY": ENV_KEY},
+                              extra_args=("--api-key", INFERENCE_KEY, "--api-key-file",
+                                          str(key_file), "--admin-key", ADMIN_KEY))
 
 
 def call(server: ServerProcess, method: str, path: str, key: str | None = None,

@@ -16,7 +16,7 @@ from tradeoff.bench.load import LoadSpec
 from tradeoff.bench.session import run_benchmark
 from tradeoff.server.process import ServerProcess
 
-from .helpers import infer_json, model_metric, post_json, request, wait_for
+from .helpers import infer_json, model_metric, post_json, request, running_server, wait_for
 from .model_repo import VERSIONED_CONFIG, _write, add_constant_model, build_shutdown_repository
 
 pytestmark = pytest.mark.integration
@@ -47,14 +47,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(repo: Path) -> Iterator[ServerProcess]:
-    process = ServerProcess(repo, extra_args=("--allow-fault-injection",))
-    process.start()
-    try:
-        yield process
-    finally:
-        assert process.stop() == 0
-        process.log.close()
-        Path(process.log.name).unlink(missing_ok=True)
+    yield from running_server(repo, extra_args=("--allow-fault-injection",))
 
 
 def row(value: float) -> list[dict]:

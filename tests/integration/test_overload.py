@@ -21,7 +21,7 @@ from tradeoff.bench.session import run_benchmark
 from tradeoff.bench.soak import MemoryWatch, SoakPlan
 from tradeoff.server.process import ServerProcess
 
-from .helpers import infer_json, metric_samples, model_metric, request, wait_for
+from .helpers import infer_json, metric_samples, model_metric, request, running_server, wait_for
 from .model_repo import _write, add_constant_model, build_shutdown_repository
 
 pytestmark = pytest.mark.integration
@@ -50,14 +50,7 @@ def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]
     """A server that holds at most LIMIT inference requests at once."""
     repo = build_shutdown_repository(tmp_path_factory.mktemp("limited"))
     _write(repo, "timed", {1: add_constant_model(1.0)}, TIMED_CONFIG)
-    server = ServerProcess(repo, extra_args=("--max-inflight", str(LIMIT)))
-    server.start()
-    try:
-        yield server
-    finally:
-        assert server.stop() == 0
-        server.log.close()
-        Path(server.log.name).unlink(missing_ok=True)
+    yield from running_server(repo, extra_args=("--max-inflight", str(LIMIT)))
 
 
 def row(value: float) -> list[dict]:

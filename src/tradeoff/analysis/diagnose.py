@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from tradeoff.analysis.knee import find_knee
+from tradeoff.bench.result import endpoint_label
 from tradeoff.bench.sweep import point_summary
 
 LONG_TAIL_WARN = 3.0          # p99 / p50
@@ -43,11 +44,6 @@ class Finding:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def _subject(result: dict[str, Any]) -> str:
-    endpoint = result.get("endpoint") or {}
-    return str(endpoint.get("name") or endpoint.get("model") or endpoint.get("url") or "")
 
 
 def _latency(result: dict[str, Any]) -> dict[str, float]:
@@ -186,7 +182,7 @@ BENCH_RULES = (errors, client_bound, unstable, long_tail, server_bound, cold_sta
 def diagnose_bench(result: dict[str, Any]) -> list[Finding]:
     out = [f for rule in BENCH_RULES for f in rule(result)]
     for finding in out:
-        finding.subject = finding.subject or _subject(result)
+        finding.subject = finding.subject or endpoint_label(result)
     return out
 
 
@@ -274,7 +270,7 @@ def diagnose_sweep(sweep: dict[str, Any]) -> list[Finding]:
         out += [f for rule in (client_bound, long_tail, server_bound, unstable)
                 for f in rule(focus)]
         out += cold_start(sweep["points"][0])
-    subject = _subject(sweep)
+    subject = endpoint_label(sweep)
     for finding in out:
         finding.subject = finding.subject or subject
     return out
@@ -289,7 +285,7 @@ def diagnose(document: dict[str, Any]) -> list[Finding]:
         out = diagnose_sweep(document)
     elif schema.startswith("tradeoff.soak/"):
         out = [Finding(f"soak_{r['kind']}", r["severity"], r["text"], r.get("evidence", {}),
-                       r["action"], _subject(document)) for r in document["verdict"]["reasons"]]
+                       r["action"], endpoint_label(document)) for r in document["verdict"]["reasons"]]
     elif schema.startswith("tradeoff.compare/"):
         out = []
         for entry in document["endpoints"]:

@@ -41,6 +41,12 @@ def distribution(values: np.ndarray) -> dict[str, float] | None:
     return out
 
 
+def endpoint_label(document: dict[str, Any]) -> str:
+    """What to call the endpoint of a result document: its name, model or URL."""
+    endpoint = document.get("endpoint") or {}
+    return str(endpoint.get("name") or endpoint.get("model") or endpoint.get("url") or "")
+
+
 def environment() -> dict[str, Any]:
     """The machine the client ran on."""
     cpu = platform.processor() or ""

@@ -97,6 +97,11 @@ def point_summary(result: dict[str, Any]) -> dict[str, Any]:
             "requests": s["requests"]}
 
 
+def point_at(sweep: dict[str, Any], load: float) -> dict[str, Any] | None:
+    """The sweep's bench result at ``load`` (None when it was not measured)."""
+    return next((p for p in sweep["points"] if point_summary(p)["load"] == load), None)
+
+
 def knee_of(points: list[dict[str, Any]], min_gain: float = MIN_GAIN) -> dict[str, Any] | None:
     """The knee of a list of bench results (any order), with its figures."""
     rows = sorted((point_summary(p) for p in points), key=lambda r: r["load"])

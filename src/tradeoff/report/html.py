@@ -15,7 +15,8 @@ from matplotlib.figure import Figure
 
 from tradeoff import __version__
 from tradeoff.analysis.diagnose import diagnose
-from tradeoff.bench.sweep import KNEE_RULE, point_summary
+from tradeoff.bench.result import endpoint_label
+from tradeoff.bench.sweep import KNEE_RULE, point_at, point_summary
 from tradeoff.report import plots
 
 CSS = """
@@ -122,7 +123,7 @@ def _sweep_section(report: Report, sweeps: list[dict[str, Any]]) -> None:
             if sla:
                 sla_text = (f"<p>SLA p99 &le; {sla['p99_ms']:g} ms: highest load meeting it "
                             f"<b>{_num(sla['best_load'])}</b></p>")
-            name = _e(plots._label(sweep))
+            name = _e(endpoint_label(sweep))
             tables.append(
                 f"<h3>{name}</h3>" + _table([mode, "req/s", "p50 ms", "p99 ms", "errors %"],
                                             rows, classes)
@@ -191,7 +192,7 @@ def _soak_section(report: Report, soak: dict[str, Any]) -> None:
     reasons = "".join(f"<li>{_e(r['text'])}</li>" for r in verdict["reasons"]) or \
         "<li>no drift, error burst or memory growth found</li>"
     notes = "".join(f"<li class='muted'>{_e(n)}</li>" for n in verdict["notes"])
-    report.add(f"Soak: {plots._label(soak)}",
+    report.add(f"Soak: {endpoint_label(soak)}",
                report.figure(plots.soak_timeline(soak), "soak",
                              "Throughput and p99 per window; server memory below.")
                + f"<p>Verdict: <b class='{'ok' if verdict['stable'] else 'bad'}'>"
@@ -231,18 +232,17 @@ def build_report(documents: list[dict[str, Any]], png_dir: Path | None = None,
         _sweep_section(report, sweeps)
     for compare in compares:
         _compare_section(report, compare)
-    named = [(plots._label(b), b["summary"]["latency_ms"]) for b in benches]
+    named = [(endpoint_label(b), b["summary"]["latency_ms"]) for b in benches]
     named += [(e["name"], e["result"]["summary"]["latency_ms"]) for c in compares
               for e in c["endpoints"]]
     for sweep in sweeps:
         knee = sweep.get("knee")
-        point = next((p for p in sweep["points"] if knee and
-                      point_summary(p)["load"] == knee["load"]), None)
+        point = point_at(sweep, knee["load"]) if knee else None
         if point:
-            named.append((f"{plots._label(sweep)} at knee", point["summary"]["latency_ms"]))
+            named.append((f"{endpoint_label(sweep)} at knee", point["summary"]["latency_ms"]))
     named = [(n, lat) for n, lat in named if lat]
     if benches:
-        rows = [[_e(plots._label(b)), _e(b["load"]["mode"]), _num(p["load"]),
+        rows = [[_e(endpoint_label(b)), _e(b["load"]["mode"]), _num(p["load"]),
                  _num(p["throughput_rps"], 1), _num(p["p50_ms"]), _num(p["p99_ms"]),
                  _num(p["error_percent"], 1)]
                 for b in benches for p in [point_summary(b)]]

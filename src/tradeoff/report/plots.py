@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator  # noqa: E402
 
-from tradeoff.bench.result import PERCENTILES  # noqa: E402
+from tradeoff.bench.result import PERCENTILES, endpoint_label  # noqa: E402
 
 COLORS = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#4b5563")
 plt.rcParams.update({"svg.fonttype": "none", "font.size": 9, "axes.spines.top": False,
@@ -49,18 +49,13 @@ def _knee_marker(axes: Any, x: float | None, y: float | None, color: str) -> Non
                   fontweight="bold")
 
 
-def _label(sweep: dict[str, Any]) -> str:
-    endpoint = sweep["endpoint"]
-    return str(endpoint.get("name") or endpoint.get("model") or endpoint.get("url"))
-
-
 def throughput_vs_load(sweeps: list[dict[str, Any]]) -> Figure:
     figure, axes = _figure()
     mode = sweeps[0]["mode"]
     for color, sweep in zip(cycle(COLORS), sweeps):
         rows = sweep["rows"]
         axes.plot([r["load"] for r in rows], [r["throughput_rps"] for r in rows], "o-",
-                  color=color, label=_label(sweep))
+                  color=color, label=endpoint_label(sweep))
         if sweep.get("knee"):
             _knee_marker(axes, sweep["knee"]["load"], sweep["knee"]["throughput_rps"], color)
     axes.set_xscale("log", base=2)
@@ -78,9 +73,9 @@ def latency_vs_load(sweeps: list[dict[str, Any]]) -> Figure:
         rows = [r for r in sweep["rows"] if r["p99_ms"] is not None]
         loads = [r["load"] for r in rows]
         axes.plot(loads, [r["p50_ms"] for r in rows], "o-", color=color,
-                  label=f"{_label(sweep)} p50")
+                  label=f"{endpoint_label(sweep)} p50")
         axes.plot(loads, [r["p99_ms"] for r in rows], "s--", color=color, alpha=0.7,
-                  label=f"{_label(sweep)} p99")
+                  label=f"{endpoint_label(sweep)} p99")
         if sweep.get("knee"):
             _knee_marker(axes, sweep["knee"]["load"], sweep["knee"]["p99_ms"], color)
     axes.set_xscale("log", base=2)
@@ -98,7 +93,7 @@ def frontier(sweeps: list[dict[str, Any]]) -> Figure:
     for color, sweep in zip(cycle(COLORS), sweeps):
         rows = [r for r in sweep["rows"] if r["p99_ms"] is not None]
         axes.plot([r["throughput_rps"] for r in rows], [r["p99_ms"] for r in rows], "o-",
-                  color=color, label=_label(sweep))
+                  color=color, label=endpoint_label(sweep))
         for r in rows:
             axes.annotate(f"{r['load']:g}", (r["throughput_rps"], r["p99_ms"]), fontsize=7,
                           textcoords="offset points", xytext=(3, 3), color=color)

@@ -7,6 +7,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from tradeoff.bench.result import endpoint_label
+
 
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
@@ -73,11 +75,9 @@ def print_bench_result(result: dict[str, Any], console: Console) -> None:
 
 def print_sweep(sweep: dict[str, Any], console: Console) -> None:
     """The sweep's points, the knee highlighted, and why it stopped."""
-    endpoint = sweep["endpoint"]
     knee = sweep.get("knee")
     mode = sweep["mode"]
-    table = Table(title=f"{endpoint.get('name') or endpoint.get('model') or endpoint['url']}: "
-                        f"sweep over {mode}")
+    table = Table(title=f"{endpoint_label(sweep)}: sweep over {mode}")
     priced = any(row.get("cost_per_million") is not None for row in sweep["rows"])
     columns = [mode, "req/s", "infer/s", "p50 ms", "p99 ms", "errors %"]
     for column in columns + (["$ / 1M req"] if priced else []) + [""]:

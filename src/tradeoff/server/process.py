@@ -31,7 +31,8 @@ class ServerProcess:
 
     def __init__(self, repository: Path, *, host: str = "127.0.0.1",
                  extra_args: tuple[str, ...] = (), cpus: str | None = None,
-                 tls: bool = False) -> None:
+                 tls: bool = False, env: dict[str, str] | None = None) -> None:
+        self.env = env or {}  # added to this process's environment for the child
         self.repository = Path(repository)
         self.scheme = "https" if tls else "http"
         self.host = host
@@ -66,7 +67,7 @@ class ServerProcess:
         return cmd
 
     def start(self, timeout: float = 120.0) -> ServerProcess:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
         self.process = subprocess.Popen(self.command(), stdout=self.log, stderr=subprocess.STDOUT,
                                         env=env)
         deadline = time.monotonic() + timeout
