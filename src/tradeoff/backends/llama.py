@@ -177,6 +177,12 @@ class LlamaDecoder:
         heads, kv_heads, d = c.num_heads, c.num_kv_heads, c.head_dim
         x = w["model.embed_tokens.weight"][tokens]
         bounds = torch.tensor([0, *counts]).cumsum(0).tolist()
+        # per sequence, the same for every layer: the cache slots it reads, and which of
+        # them each new token may see (causal)
+        seen = [s.slots[:s.start + n].to(self.device) for s, n in zip(steps, counts)]
+        masks = [torch.arange(s.start + n, device=self.device)[None, :]
+                 <= torch.arange(s.start, s.start + n, device=self.device)[:, None]
+                 for s, n in zip(steps, counts)]
         for layer in range(c.num_layers):
             p = f"model.layers.{layer}."
             h = _rms_norm(x, w[p + "input_layernorm.weight"], c.rms_norm_eps)
@@ -188,17 +194,13 @@ class LlamaDecoder:
             cache.keys[layer].index_copy_(0, new_slots, k)
             cache.values[layer].index_copy_(0, new_slots, v)
             outputs = []
-            for i, s in enumerate(steps):  # attention per sequence (lengths differ)
-                n = counts[i]
-                slots = s.slots[:s.start + n].to(self.device)
-                keys = cache.keys[layer].index_select(0, slots)        # [L, kvh, d]
-                values = cache.values[layer].index_select(0, slots)
+            for i, n in enumerate(counts):  # attention per sequence (lengths differ)
+                keys = cache.keys[layer].index_select(0, seen[i])      # [L, kvh, d]
+                values = cache.values[layer].index_select(0, seen[i])
                 query = q[bounds[i]:bounds[i + 1]]                     # [n, h, d]
-                visible = (torch.arange(s.start + n, device=self.device)[None, :]
-                           <= torch.arange(s.start, s.start + n, device=self.device)[:, None])
                 attended = F.scaled_dot_product_attention(
                     query.transpose(0, 1)[None], keys.transpose(0, 1)[None],
-                    values.transpose(0, 1)[None], attn_mask=visible, enable_gqa=True)
+                    values.transpose(0, 1)[None], attn_mask=masks[i], enable_gqa=True)
                 outputs.append(attended[0].transpose(0, 1).reshape(n, heads * d))
             x = x + torch.cat(outputs) @ w[p + "self_attn.o_proj.weight"].T
             h = _rms_norm(x, w[p + "post_attention_layernorm.weight"], c.rms_norm_eps)

@@ -11,6 +11,7 @@ prebuilt request bytes and lets httptools' C parser read the response.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import httptools
@@ -39,6 +40,7 @@ class _ResponseProtocol(asyncio.Protocol):
         self._headers: dict[bytes, bytes] = {}
         self._body: list[bytes] = []
         self.closed = False
+        self.sink: Callable[[int, bytes], None] | None = None  # streams the body when set
 
     # asyncio callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -59,7 +61,10 @@ class _ResponseProtocol(asyncio.Protocol):
         self._headers[name.lower()] = value
 
     def on_body(self, body: bytes) -> None:
-        self._body.append(body)
+        if self.sink is not None:
+            self.sink(self.parser.get_status_code(), body)
+        else:
+            self._body.append(body)
 
     def on_message_complete(self) -> None:
         waiter, self.waiter = self.waiter, None
@@ -91,16 +96,28 @@ class Connection:
             loop.create_connection(_ResponseProtocol, self.host, self.port), self.timeout)
         return protocol
 
-    async def request(self, raw: bytes) -> Response:
-        """Send prebuilt request bytes; raises OSError/TimeoutError on failure."""
+    async def request(self, raw: bytes,
+                      on_body: Callable[[int, bytes], None] | None = None) -> Response:
+        """Send prebuilt request bytes; raises OSError/TimeoutError on failure. With
+        ``on_body`` the body goes to it piece by piece as it arrives, with the status
+        (for server-sent events), and the response's ``body`` stays empty; the timeout
+        then counts from the last piece."""
         protocol = self._protocol
         if protocol is None or protocol.closed:
             protocol = self._protocol = await self._connect()
         loop = asyncio.get_running_loop()
         waiter = protocol.waiter = loop.create_future()
+        timer = loop.call_later(self.timeout, _expire, waiter)
+        if on_body is not None:
+            def sink(status: int, data: bytes) -> None:
+                nonlocal timer
+                timer.cancel()
+                timer = loop.call_later(self.timeout, _expire, waiter)
+                on_body(status, data)
+
+            protocol.sink = sink
         assert protocol.transport is not None
         protocol.transport.write(raw)
-        timer = loop.call_later(self.timeout, _expire, waiter)
         try:
             response = await waiter
         except BaseException:
@@ -108,6 +125,7 @@ class Connection:
             raise
         finally:
             timer.cancel()
+            protocol.sink = None
         if response.headers.get(b"connection", b"").lower() == b"close":
             self.close()
         return response

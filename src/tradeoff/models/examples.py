@@ -5,6 +5,8 @@
   dynamic batching on.
 * ``tiny_nobatch``, ``mlp_nobatch``: the same files with dynamic batching off, to show
   what batching buys.
+
+Generative models (``tinyllama``, ``smollm2-135m``) come from :mod:`tradeoff.models.generative`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+from tradeoff.models.generative import (
+    GENERATIVE_MODELS,
+    available_generative_models,
+    write_generative,
+)
 
 OPSET = 17
 IR_VERSION = 8  # readable by every onnxruntime release tradeoff supports
@@ -97,15 +105,21 @@ def _write(root: Path, name: str, model: onnx.ModelProto, config: str) -> Path:
     return directory
 
 
+def default_models() -> tuple[str, ...]:
+    """What ``tradeoff models build`` writes by default: the tensor models, plus the
+    generative ones this installation can serve."""
+    return EXAMPLE_MODELS + available_generative_models()
+
+
 def build_repository(root: Path, names: tuple[str, ...] = EXAMPLE_MODELS) -> list[Path]:
-    """Write the example models into a Triton-style repository at ``root``."""
+    """Write the example models (tensor and generative) into a repository at ``root``."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     written = []
-    unknown = set(names) - set(EXAMPLE_MODELS)
+    unknown = set(names) - set(EXAMPLE_MODELS) - set(GENERATIVE_MODELS)
     if unknown:
         raise ValueError(f"unknown example models {sorted(unknown)}; "
-                         f"choose from {', '.join(EXAMPLE_MODELS)}")
+                         f"choose from {', '.join(EXAMPLE_MODELS + GENERATIVE_MODELS)}")
     builders = {"tiny": (tiny_model, TINY_CONFIG), "mlp": (mlp_model, MLP_CONFIG)}
     for base, (make, template) in builders.items():
         wanted = [n for n in (base, f"{base}_nobatch") if n in names]
@@ -116,4 +130,5 @@ def build_repository(root: Path, names: tuple[str, ...] = EXAMPLE_MODELS) -> lis
             batching = "" if name.endswith("_nobatch") else _BATCHING
             written.append(_write(root, name, model, template.format(name=name,
                                                                      batching=batching)))
+    written += [write_generative(root, name) for name in GENERATIVE_MODELS if name in names]
     return written

@@ -101,7 +101,7 @@ class GenerationEngine:
                 prefill += n
         decoded, finished = [], []
         if ready:
-            rows = torch.stack([row for _, row in ready])
+            rows = torch.stack([row for _, row in ready]).cpu()  # sampling runs on the CPU
             params = [self.params[s.seq_id] for s, _ in ready]
             tokens = sample(rows, params, [self.generators.get(s.seq_id) for s, _ in ready])
             for (seq, _), token, p in zip(ready, tokens, params):

@@ -13,6 +13,7 @@ A generative model is a repository directory with a ``generate.yaml``::
     block_size: 16              # ... of this many tokens
     scheduling: fcfs            # fcfs | priority
     batching: continuous        # continuous | static (the baseline)
+    device: auto                # auto (cuda when torch sees a GPU) | cpu | cuda | cuda:N
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class GenerativeConfig:
     block_size: int = 16
     scheduling: str = "fcfs"
     batching: str = "continuous"
+    device: str = "auto"
 
     @classmethod
     def read(cls, path: Path) -> GenerativeConfig:
@@ -73,7 +75,9 @@ class GenerativeConfig:
         config = cls(**values)
         checks = {"format": config.format in ("hf", "gguf"),
                   "scheduling": config.scheduling in ("fcfs", "priority"),
-                  "batching": config.batching in ("continuous", "static")}
+                  "batching": config.batching in ("continuous", "static"),
+                  "device": config.device in ("auto", "cpu", "cuda")
+                  or config.device.startswith("cuda:")}
         for key, ok in checks.items():
             if not ok:
                 raise ConfigError(source, key, f"unsupported value {getattr(config, key)!r}")
@@ -82,6 +86,19 @@ class GenerativeConfig:
             if getattr(config, key) < 1:
                 raise ConfigError(source, key, "must be >= 1")
         return config
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` -> ``cuda`` when torch sees a GPU, else ``cpu``; a CUDA device that is not
+    there is a load error."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelLoadError(f"device {device!r}: torch sees no CUDA GPU "
+                             f"(torch {torch.__version__}); use device: cpu or auto")
+    return device
 
 
 @dataclass
@@ -289,12 +306,13 @@ class GenerativeModels:
             raise ModelLoadError(f"generative models need torch: pip install "
                                  f"'tradeoff[llm]' ({exc})") from None
         path = Path(config.path) if Path(config.path).is_absolute() else directory / config.path
+        device = resolve_device(config.device)
         if config.format == "gguf":
             from tradeoff.backends.gguf_file import load_gguf
 
-            decoder, tokenizer = load_gguf(path)
+            decoder, tokenizer = load_gguf(path, device=device)
         else:
-            decoder = load_hf_directory(path)
+            decoder = load_hf_directory(path, device=device)
             tokenizer = Tokenizer.from_directory(path)
         return GenerativeModel(name, config, decoder, tokenizer, loop)
 
