@@ -5,7 +5,8 @@
 (max_num_seqs 1). A client on another core sends the same Poisson arrivals to each, with
 output lengths drawn uniformly from --min-tokens..--max-tokens (`ignore_eos`, so every
 request generates exactly what it asked for), streams every answer and times it. Then the
-in-process ceiling: the engine alone, all of the first --ceiling-requests at once.
+in-process ceiling: the engine alone with a full batch (max_num_seqs prompts of the workload,
+--ceiling-tokens each, submitted at once), the most tokens/s it can give.
 
 Reports output tokens/s, p50/p99 TTFT, p50/p99 TPOT and end-to-end latency, and writes JSON.
 
@@ -88,7 +89,7 @@ def summarize(timings: list[GenerationTiming], asked: list[int]) -> dict[str, An
 
 def ceiling(model_dir: Path, work: list[tuple[float, str, int]], cpu: int,
             device: str) -> dict[str, Any]:
-    """Tokens/s of the engine alone, every request submitted at once (no server)."""
+    """Tokens/s of the engine alone (no server), every request of ``work`` at once."""
     import torch
 
     from tradeoff.backends.gguf_file import load_gguf
@@ -132,7 +133,8 @@ def main() -> None:
                         help="requests for continuous and static batching")
     parser.add_argument("--one-requests", type=int, default=10,
                         help="requests one at a time (the first N of the same workload)")
-    parser.add_argument("--ceiling-requests", type=int, default=16)
+    parser.add_argument("--ceiling-tokens", type=int, default=128,
+                        help="output tokens per sequence of the ceiling's full batch")
     parser.add_argument("--min-tokens", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--max-num-seqs", type=int, default=16)
@@ -162,9 +164,10 @@ def main() -> None:
                 print(f"{name}: {len(subset)} requests at {args.rate}/s ...", flush=True)
                 timings = asyncio.run(drive(server.url, name, subset))
                 rows[name] = summarize(timings, asked[:len(subset)])
-        print("ceiling: the engine alone, all requests at once ...", flush=True)
-        rows["ceiling"] = ceiling(repo / "continuous", work[:args.ceiling_requests],
-                                  server_cpu, args.device)
+        print("ceiling: the engine alone, a full batch ...", flush=True)
+        full_batch = [(0.0, prompt, args.ceiling_tokens)
+                      for _, prompt, _ in work[:args.max_num_seqs]]
+        rows["ceiling"] = ceiling(repo / "continuous", full_batch, server_cpu, args.device)
 
     print(f"\n{args.model} on {args.device}, Poisson {args.rate} req/s, output "
           f"{args.min_tokens}-{args.max_tokens} tokens, one run each")

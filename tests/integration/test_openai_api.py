@@ -12,29 +12,34 @@ import pytest
 pytest.importorskip("torch")
 openai = pytest.importorskip("openai")
 
-from tradeoff.models.tinyllama import write_tinyllama  # noqa: E402
+import asyncio  # noqa: E402
+
+import torch  # noqa: E402
+
+from tradeoff.bench.adapters import split_url  # noqa: E402
+from tradeoff.bench.openai_stream import (  # noqa: E402
+    generation_body,
+    generation_request,
+    stream_once,
+)
+from tradeoff.models.generative import write_generative  # noqa: E402
 from tradeoff.server.process import ServerProcess  # noqa: E402
 
 from .helpers import get_text, request, running_server  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
-GENERATE_YAML = """\
-format: hf
-path: "1"
-max_num_seqs: 4
-max_num_batched_tokens: 64
-num_blocks: 64
-block_size: 8
-"""
+SMALL = {"max_num_seqs": 4, "max_num_batched_tokens": 64, "num_blocks": 64, "block_size": 8}
 GREEDY = {"temperature": 0, "max_tokens": 12, "extra_body": {"ignore_eos": True}}
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = Path(tmp_path_factory.mktemp("llm")) / "models"
-    write_tinyllama(repo / "tinyllama" / "1")
-    (repo / "tinyllama" / "generate.yaml").write_text(GENERATE_YAML)
+    write_generative(repo, "tinyllama", **SMALL)
+    write_generative(repo, "tinyllama", "tinyllama_static", batching="static", **SMALL)
+    if not torch.cuda.is_available():  # a model asking for a GPU that is not there
+        write_generative(repo, "tinyllama", "tinyllama_gpu", device="cuda", **SMALL)
     yield from running_server(repo)
 
 
@@ -45,7 +50,40 @@ def client(server: ServerProcess) -> Iterator:
 
 
 def test_models_are_listed(client: object) -> None:
-    assert [m.id for m in client.models.list()] == ["tinyllama"]  # type: ignore[attr-defined]
+    listed = [m.id for m in client.models.list()]  # type: ignore[attr-defined]
+    assert listed == ["tinyllama", "tinyllama_static"]
+
+
+def test_a_model_that_failed_to_load_says_why(client: object) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(openai.InternalServerError) as refused:
+        client.completions.create(model="tinyllama_gpu", prompt="x", max_tokens=2)  # type: ignore[attr-defined]
+    assert refused.value.status_code == 503
+    assert "torch sees no CUDA GPU" in str(refused.value)
+
+
+def test_static_batching_gives_the_same_greedy_text(client: object) -> None:
+    def complete(model: str) -> str:
+        return client.completions.create(model=model, prompt="same",  # type: ignore[attr-defined]
+                                         **GREEDY).choices[0].text
+
+    assert complete("tinyllama_static") == complete("tinyllama")
+
+
+def test_the_bench_stream_client_times_every_event(client: object,
+                                                   server: ServerProcess) -> None:
+    host, port, _ = split_url(server.url)
+    body = generation_body("tinyllama", prompt="abc", max_tokens=12, ignore_eos=True)
+    timing = asyncio.run(stream_once(host, port, generation_request(host, "/v1", body, False),
+                                     chat=False))
+    assert timing.error is None, timing.error
+    assert timing.output_tokens == 12 and timing.tokens_from_usage
+    assert timing.finish_reason == "length"
+    whole = client.completions.create(model="tinyllama", prompt="abc", **GREEDY)  # type: ignore[attr-defined]
+    assert timing.text == whole.choices[0].text
+    assert 0 < timing.ttft_s <= timing.latency_s  # type: ignore[operator]
+    assert len(timing.itl_s) == len(timing.text_ns) - 1 and min(timing.itl_s) >= 0
 
 
 def test_completion_with_usage(client: object) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+import yaml
 from click.testing import CliRunner
 
 from tradeoff.cli import main
@@ -37,3 +39,19 @@ def test_serve_without_a_repository_says_what_to_do(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert "does not exist" in result.output
     assert "Traceback" not in result.output
+
+
+def test_models_build_writes_generative_models(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from tradeoff.models import available_generative_models
+
+    result = CliRunner().invoke(main, ["models", "build", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    for name in available_generative_models():
+        settings = yaml.safe_load((tmp_path / name / "generate.yaml").read_text())
+        assert settings["max_num_seqs"] >= 1, name
+        assert f"wrote {tmp_path / name}" in result.output
+    assert (tmp_path / "tinyllama" / "1" / "model.safetensors").is_file()
+    if "smollm2-135m" in available_generative_models():
+        settings = yaml.safe_load((tmp_path / "smollm2-135m" / "generate.yaml").read_text())
+        assert settings["format"] == "gguf" and Path(settings["path"]).is_file()
