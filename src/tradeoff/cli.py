@@ -254,11 +254,13 @@ def _apply(options: list[Any]) -> Any:
 
 # What to send and to whom: shared by bench, sweep, soak and compare.
 endpoint_options = _apply([
-    click.option("--protocol", type=click.Choice(["v2", "v2-grpc", "http"]), default="v2",
-                 show_default=True,
+    click.option("--protocol", type=click.Choice(["v2", "v2-grpc", "http", "openai"]),
+                 default="v2", show_default=True,
                  help="v2: Open Inference Protocol over HTTP; v2-grpc: the same over gRPC "
-                      "(URL host:port); http: any JSON-over-HTTP endpoint."),
-    click.option("--model", "-m", help="Model name (v2)."),
+                      "(URL host:port); http: any JSON-over-HTTP endpoint; openai: an "
+                      "OpenAI-compatible API, streamed (URL: its base, e.g. "
+                      "http://host:8000/v1)."),
+    click.option("--model", "-m", help="Model name (v2, openai)."),
     click.option("--model-version", default="", help="Model version (v2; default: the "
                                                      "server's)."),
     click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=30.0,
@@ -278,6 +280,28 @@ endpoint_options = _apply([
                  help="http: a request body, or a .jsonl file of bodies used round-robin."),
     click.option("--seed", type=int, default=0, show_default=True,
                  help="Seed for random inputs and Poisson arrivals."),
+    click.option("--chat", is_flag=True,
+                 help="openai: /chat/completions (messages) instead of /completions."),
+    click.option("--prompts", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                 help="openai: a JSONL of {\"prompt\"} or {\"messages\"} lines (optional "
+                      "max_tokens) instead of synthetic prompts."),
+    click.option("--input-tokens", default="128", show_default=True,
+                 help="openai, synthetic prompts: input length, N or LO:HI (uniform)."),
+    click.option("--output-tokens", default="128", show_default=True,
+                 help="openai: output length to ask for (max_tokens), N or LO:HI."),
+    click.option("--num-prompts", type=click.IntRange(1), default=256, show_default=True,
+                 help="openai: synthetic prompts to make (used round-robin)."),
+    click.option("--ignore-eos", is_flag=True,
+                 help="openai: ask the server not to stop at EOS, so every answer is as "
+                      "long as asked (vLLM and tradeoff serve honour it)."),
+    click.option("--temperature", type=click.FloatRange(0), default=0.0, show_default=True,
+                 help="openai: sampling temperature."),
+    click.option("--api-key-env", default="OPENAI_API_KEY", show_default=True,
+                 help="openai: the environment variable holding the API key (sent as a "
+                      "Bearer token, never printed or stored)."),
+    click.option("--slo", default="",
+                 help="openai: goodput counts requests meeting all of these, e.g. "
+                      "ttft_ms=500,tpot_ms=50 (keys ttft_ms, tpot_ms, e2e_ms)."),
 ])
 
 measure_options = _apply([
@@ -292,14 +316,23 @@ measure_options = _apply([
 
 def _endpoint(url: str, options: dict[str, Any]) -> Any:
     """The EndpointSpec named by the endpoint options (consumed from ``options``)."""
-    from tradeoff.bench.endpoint import EndpointSpec
+    from tradeoff.bench.endpoint import EndpointSpec, GenerationOptions, parse_slo
+    from tradeoff.bench.prompts import parse_length
 
+    generation = GenerationOptions(
+        chat=options.pop("chat"), prompts=options.pop("prompts"),
+        input_tokens=parse_length(options.pop("input_tokens"), "--input-tokens"),
+        output_tokens=parse_length(options.pop("output_tokens"), "--output-tokens"),
+        num_prompts=options.pop("num_prompts"), ignore_eos=options.pop("ignore_eos"),
+        temperature=options.pop("temperature"), api_key_env=options.pop("api_key_env"),
+        slo=parse_slo(options.pop("slo")))
     return EndpointSpec(
         url, options.pop("protocol"), options.pop("model"), version=options.pop("model_version"),
         json_tensors=options.pop("json_tensors"), shapes=_parse_shapes(options.pop("shapes")),
         batch_size=options.pop("batch_size"), input_data=options.pop("input_data"),
         method=options.pop("method"), headers=_parse_headers(options.pop("headers")),
-        body=options.pop("body"), seed=options.pop("seed"), timeout_s=options.pop("timeout"))
+        body=options.pop("body"), seed=options.pop("seed"), timeout_s=options.pop("timeout"),
+        generation=generation)
 
 
 def _user_errors() -> tuple[type[Exception], ...]:

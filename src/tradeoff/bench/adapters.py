@@ -40,13 +40,14 @@ class BenchSetupError(Exception):
 
 
 def split_url(url: str) -> tuple[str, int, str]:
-    """(host, port, path prefix) of an http:// URL."""
+    """(host, port, path prefix) of an http:// or https:// URL."""
     parts = urlsplit(url if "://" in url else f"http://{url}")
-    if parts.scheme != "http":
-        raise BenchSetupError(f"{url}: only http:// endpoints are supported here")
+    if parts.scheme not in ("http", "https"):
+        raise BenchSetupError(f"{url}: only http:// and https:// endpoints are supported here")
     if not parts.hostname:
         raise BenchSetupError(f"{url}: no host in the URL")
-    return parts.hostname, parts.port or 80, parts.path.rstrip("/")
+    return (parts.hostname, parts.port or (443 if parts.scheme == "https" else 80),
+            parts.path.rstrip("/"))
 
 
 def parse_server_timing(value: bytes) -> tuple[float, float, float, float] | None:
@@ -70,17 +71,24 @@ class Adapter(ABC):
     """One endpoint under test."""
 
     protocol = "?"
+    streaming = False  # streamed generations: the runner reads them with reader()
+    asked_tokens: list[int] = []  # streaming: the output length each prepared request asks
 
     def __init__(self, url: str, timeout_s: float = 10.0) -> None:
         self.url = url
         self.host, self.port, self.prefix = split_url(url)
+        self.tls = url.startswith("https://")
         self.timeout_s = timeout_s
         self.rows_per_request = 1
         self.input_fingerprint = ""  # sha256 of what prepare() sends, endpoint-independent
 
     def connect(self, timeout_s: float) -> Connection:
         """A new connection to the endpoint (keep-alive HTTP/1.1 unless overridden)."""
-        return HttpConnection(self.host, self.port, timeout_s)
+        return HttpConnection(self.host, self.port, timeout_s, tls=self.tls)
+
+    def reader(self) -> Any:
+        """Streaming adapters: a fresh reader of one answer's body."""
+        raise NotImplementedError
 
     @abstractmethod
     def prepare(self) -> list[bytes]:
@@ -102,7 +110,8 @@ class Adapter(ABC):
         return {"protocol": self.protocol, "url": self.url}
 
     def _get_json(self, path: str) -> Any:
-        url = f"http://{self.host}:{self.port}{self.prefix}{path}"
+        scheme = "https" if self.tls else "http"
+        url = f"{scheme}://{self.host}:{self.port}{self.prefix}{path}"
         headers = getattr(self, "headers", None) or {}
         try:
             with urllib.request.urlopen(urllib.request.Request(url, headers=headers),

@@ -2,6 +2,8 @@
 
     adapter = make_adapter(EndpointSpec("http://127.0.0.1:8000", model="mlp"))
     spec = parse_endpoint("b=127.0.0.1:8001,model=mlp,protocol=v2-grpc")
+    llm = EndpointSpec("http://127.0.0.1:8000/v1", "openai", "smollm2-135m",
+                       generation=GenerationOptions(output_tokens=(16, 256), ignore_eos=True))
 """
 
 from __future__ import annotations
@@ -13,7 +15,40 @@ from typing import Any
 
 from tradeoff.bench.adapters import Adapter, BenchSetupError, HttpJsonAdapter, V2Adapter
 
-PROTOCOLS = ("v2", "v2-grpc", "http")
+PROTOCOLS = ("v2", "v2-grpc", "http", "openai")
+SLO_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    """What to ask an OpenAI-compatible endpoint: the prompts (a JSONL file, or synthetic
+    ones of given lengths) and how to generate, plus the SLO that goodput counts against."""
+
+    chat: bool = False
+    prompts: Path | None = None
+    input_tokens: tuple[int, int] = (128, 128)
+    output_tokens: tuple[int, int] = (128, 128)
+    num_prompts: int = 256
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    api_key_env: str = "OPENAI_API_KEY"
+    slo: dict[str, float] = field(default_factory=dict)
+
+
+def parse_slo(text: str) -> dict[str, float]:
+    """``ttft_ms=500,tpot_ms=50[,e2e_ms=...]`` -> bounds in milliseconds."""
+    slo: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        try:
+            number = float(value)
+        except ValueError:
+            number = -1.0
+        if not sep or key not in SLO_KEYS or not number > 0:
+            raise BenchSetupError(f"--slo {text!r}: use KEY=MS,... with keys "
+                                  f"{', '.join(SLO_KEYS)}, e.g. ttft_ms=500,tpot_ms=50")
+        slo[key] = number
+    return slo
 
 
 @dataclass(frozen=True)
@@ -34,6 +69,7 @@ class EndpointSpec:
     body: Path | None = None
     seed: int = 0
     timeout_s: float = 30.0
+    generation: GenerationOptions = field(default_factory=GenerationOptions)
 
     @property
     def label(self) -> str:
@@ -49,6 +85,8 @@ def make_adapter(spec: EndpointSpec) -> Adapter:
                                body=spec.body, timeout_s=spec.timeout_s)
     if not spec.model:
         raise BenchSetupError(f"{spec.label}: protocol {spec.protocol} needs a model name")
+    if spec.protocol == "openai":
+        return _openai_adapter(spec, spec.model)
     options: dict[str, Any] = dict(version=spec.version, shapes=spec.shapes,
                                    batch_size=spec.batch_size, input_data=spec.input_data,
                                    seed=spec.seed, timeout_s=spec.timeout_s)
@@ -60,6 +98,32 @@ def make_adapter(spec: EndpointSpec) -> Adapter:
         return GrpcV2Adapter(spec.url, spec.model, **options)
     return V2Adapter(spec.url, spec.model, json_tensors=spec.json_tensors,
                      headers=spec.headers, **options)
+
+
+def _openai_adapter(spec: EndpointSpec, model: str) -> Adapter:
+    from tradeoff.bench.openai_adapter import OpenAIAdapter
+    from tradeoff.bench.prompts import DatasetError, read_prompts, synthetic_prompts
+
+    g = spec.generation
+    try:
+        if g.prompts is not None:
+            items = read_prompts(g.prompts, g.output_tokens, spec.seed, g.chat)
+            source = str(g.prompts)
+        else:
+            items = synthetic_prompts(g.num_prompts, g.input_tokens, g.output_tokens,
+                                      spec.seed, g.chat)
+            source = (f"synthetic: input {_span(g.input_tokens)} words, output "
+                      f"{_span(g.output_tokens)} tokens, seed {spec.seed}")
+    except DatasetError as exc:
+        raise BenchSetupError(str(exc)) from None
+    return OpenAIAdapter(spec.url, model, items, chat=g.chat, ignore_eos=g.ignore_eos,
+                         api_key_env=g.api_key_env, headers=spec.headers,
+                         temperature=g.temperature, dataset=source, slo=g.slo,
+                         timeout_s=spec.timeout_s)
+
+
+def _span(bounds: tuple[int, int]) -> str:
+    return str(bounds[0]) if bounds[0] == bounds[1] else f"{bounds[0]}-{bounds[1]}"
 
 
 def parse_endpoint(text: str, defaults: EndpointSpec) -> EndpointSpec:

@@ -11,6 +11,8 @@ prebuilt request bytes and lets httptools' C parser read the response.
 from __future__ import annotations
 
 import asyncio
+import functools
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -84,16 +86,18 @@ class _ResponseProtocol(asyncio.Protocol):
 class Connection:
     """One keep-alive connection, one request at a time; reconnects when closed."""
 
-    def __init__(self, host: str, port: int, timeout: float = 30.0) -> None:
+    def __init__(self, host: str, port: int, timeout: float = 30.0, tls: bool = False) -> None:
         self.host = host
         self.port = port
         self.timeout = timeout
+        self.tls = _tls_context() if tls else None
         self._protocol: _ResponseProtocol | None = None
 
     async def _connect(self) -> _ResponseProtocol:
         loop = asyncio.get_running_loop()
         _, protocol = await asyncio.wait_for(
-            loop.create_connection(_ResponseProtocol, self.host, self.port), self.timeout)
+            loop.create_connection(_ResponseProtocol, self.host, self.port, ssl=self.tls),
+            self.timeout)
         return protocol
 
     async def request(self, raw: bytes,
@@ -134,6 +138,12 @@ class Connection:
         if self._protocol is not None and self._protocol.transport is not None:
             self._protocol.transport.close()
         self._protocol = None
+
+
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """HTTPS with the system's certificate store (SSL_CERT_FILE adds one), made once."""
+    return ssl.create_default_context()
 
 
 def _expire(waiter: asyncio.Future) -> None:

@@ -62,12 +62,14 @@ class StreamReader:
     usage: dict[str, Any] | None = None
     error: str | None = None
     done: bool = False  # saw ``data: [DONE]``
+    received: int = 0  # body bytes
     _buffer: bytes = b""
     _error_body: bytes = b""
 
     def __call__(self, status: int, data: bytes) -> None:
         now = time.perf_counter_ns()
         self.status = status
+        self.received += len(data)
         if status != 200:
             self._error_body += data
             return

@@ -2,7 +2,8 @@
 
 One record per request, as numpy columns (no Python object per request once a run ends):
 scheduled and actual send time, end time, outcome, bytes, batch rows and the server's own
-timings when it sent them (``Server-Timing``).
+timings when it sent them (``Server-Timing``). A streamed generation adds the time of its
+first text, its token counts and its inter-token gaps (one flat column for all requests).
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from pathlib import Path
 
 import numpy as np
 
-# Outcome classes. 0 is success; HTTP error statuses are kept in ``status``.
-OK, HTTP_ERROR, TIMEOUT, REFUSED, RESET, OTHER = range(6)
+# Outcome classes. 0 is success; HTTP error statuses are kept in ``status``. STREAM: a
+# streamed answer that began (200) but failed or broke off before its end.
+OK, HTTP_ERROR, TIMEOUT, REFUSED, RESET, OTHER, STREAM = range(7)
 OUTCOME_NAMES = {OK: "ok", HTTP_ERROR: "http", TIMEOUT: "timeout", REFUSED: "refused",
-                 RESET: "reset", OTHER: "other"}
+                 RESET: "reset", OTHER: "other", STREAM: "stream"}
 SERVER_PARTS = ("queue", "compute_input", "compute_infer", "compute_output")
 
 
@@ -45,10 +47,18 @@ class RecordBuffer:
     bytes_received: list[int] = field(default_factory=list)
     rows: list[int] = field(default_factory=list)
     server_ms: list[tuple[float, float, float, float]] = field(default_factory=list)
+    first_ns: list[int] = field(default_factory=list)
+    out_tokens: list[int] = field(default_factory=list)
+    in_tokens: list[int] = field(default_factory=list)
+    asked_tokens: list[int] = field(default_factory=list)
+    usage_tokens: list[bool] = field(default_factory=list)
+    gap_count: list[int] = field(default_factory=list)
+    gaps_ns: list[int] = field(default_factory=list)
 
     def add(self, scheduled: int, sent: int, end: int, outcome: int, status: int,
             sent_bytes: int, received_bytes: int, rows: int,
-            server: tuple[float, float, float, float] | None) -> None:
+            server: tuple[float, float, float, float] | None,
+            generation: Generated | None = None) -> None:
         self.scheduled_ns.append(scheduled)
         self.sent_ns.append(sent)
         self.end_ns.append(end)
@@ -58,6 +68,14 @@ class RecordBuffer:
         self.bytes_received.append(received_bytes)
         self.rows.append(rows)
         self.server_ms.append(server or _NO_SERVER)
+        g = generation or _NOT_GENERATED
+        self.first_ns.append(g.first_ns)
+        self.out_tokens.append(g.output_tokens)
+        self.in_tokens.append(g.input_tokens)
+        self.asked_tokens.append(g.asked_tokens)
+        self.usage_tokens.append(g.from_usage)
+        self.gap_count.append(len(g.gaps_ns))
+        self.gaps_ns.extend(g.gaps_ns)
 
     def freeze(self) -> Records:
         server = np.asarray(self.server_ms, dtype=np.float64).reshape(-1, 4)
@@ -71,10 +89,33 @@ class RecordBuffer:
             bytes_received=np.asarray(self.bytes_received, np.int64),
             rows=np.asarray(self.rows, np.int32),
             server_ms=server,
+            first_ns=np.asarray(self.first_ns, np.int64),
+            out_tokens=np.asarray(self.out_tokens, np.int32),
+            in_tokens=np.asarray(self.in_tokens, np.int32),
+            asked_tokens=np.asarray(self.asked_tokens, np.int32),
+            usage_tokens=np.asarray(self.usage_tokens, bool),
+            gap_count=np.asarray(self.gap_count, np.int32),
+            gaps_ns=np.asarray(self.gaps_ns, np.int64),
         )
 
 
+@dataclass(frozen=True)
+class Generated:
+    """What a streamed generation adds to its record: the first text's time (0: none),
+    output tokens (from usage, else counted events: ``from_usage`` False), prompt tokens
+    (-1: not reported), the output length asked for (-1: none) and the gaps between
+    consecutive text events."""
+
+    first_ns: int = 0
+    output_tokens: int = -1
+    input_tokens: int = -1
+    asked_tokens: int = -1
+    from_usage: bool = False
+    gaps_ns: tuple[int, ...] = ()
+
+
 _NO_SERVER = (np.nan, np.nan, np.nan, np.nan)
+_NOT_GENERATED = Generated()
 
 
 @dataclass
@@ -90,9 +131,38 @@ class Records:
     bytes_received: np.ndarray
     rows: np.ndarray
     server_ms: np.ndarray  # (n, 4): queue, compute_input, compute_infer, compute_output
+    first_ns: np.ndarray  # first text of a streamed generation (0: none)
+    out_tokens: np.ndarray  # -1 where the request generated nothing countable
+    in_tokens: np.ndarray
+    asked_tokens: np.ndarray
+    usage_tokens: np.ndarray
+    gap_count: np.ndarray  # inter-token gaps of each request, in order, in ``gaps_ns``
+    gaps_ns: np.ndarray  # flat: not one entry per request
 
     def __len__(self) -> int:
         return int(self.scheduled_ns.size)
+
+    @property
+    def generated(self) -> bool:
+        """Whether these are streamed generations (an OpenAI-compatible endpoint)."""
+        return bool((self.out_tokens >= 0).any())
+
+    @property
+    def ttft_ms(self) -> np.ndarray:
+        """Scheduled send -> first text (NaN without text)."""
+        return np.where(self.first_ns > 0, (self.first_ns - self.scheduled_ns) / 1e6, np.nan)
+
+    @property
+    def tpot_ms(self) -> np.ndarray:
+        """(latency - TTFT) / (output tokens - 1); NaN below two tokens."""
+        tokens = self.out_tokens.astype(np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            tpot = (self.end_ns - self.first_ns) / 1e6 / (tokens - 1)
+        return np.where((tokens >= 2) & (self.first_ns > 0), tpot, np.nan)
+
+    def gaps_of(self, mask: np.ndarray) -> np.ndarray:
+        """The inter-token gaps (ns) of the requests ``mask`` selects."""
+        return self.gaps_ns[np.repeat(mask, self.gap_count)]
 
     @property
     def latency_ms(self) -> np.ndarray:
@@ -104,7 +174,15 @@ class Records:
         return (self.sent_ns - self.scheduled_ns) / 1e6
 
     def select(self, mask: np.ndarray) -> Records:
-        return Records(**{f.name: getattr(self, f.name)[mask] for f in fields(self)})
+        """The requests ``mask`` (booleans or indices) picks, in its order."""
+        index = np.arange(len(self))[mask]
+        starts = np.concatenate(([0], np.cumsum(self.gap_count)[:-1])).astype(np.int64)
+        counts = self.gap_count[index].astype(np.int64)
+        # positions of each picked request's gaps in the flat column, request by request
+        shift = np.repeat(starts[index] - np.concatenate(([0], np.cumsum(counts)[:-1])), counts)
+        gaps = self.gaps_ns[shift + np.arange(int(counts.sum()))]
+        return Records(**{f.name: gaps if f.name == "gaps_ns" else getattr(self, f.name)[index]
+                          for f in fields(self)})
 
     @staticmethod
     def merge(parts: list[Records], offsets_ns: list[int] | None = None) -> Records:
@@ -115,7 +193,9 @@ class Records:
             columns = []
             for part, offset in zip(parts, offsets_ns):
                 column = getattr(part, f.name)
-                if f.name.endswith("_ns"):
+                if f.name == "first_ns":
+                    column = np.where(column > 0, column + offset, 0)
+                elif f.name.endswith("_ns") and f.name != "gaps_ns":
                     column = column + offset
                 columns.append(column)
             merged[f.name] = np.concatenate(columns) if columns else np.empty(0)
@@ -137,6 +217,12 @@ class Records:
             "rows": self.rows,
             **{f"server_{p}_ms": self.server_ms[:, i] for i, p in enumerate(SERVER_PARTS)},
         }
+        if self.generated:
+            columns.update({"ttft_ms": self.ttft_ms, "tpot_ms": self.tpot_ms,
+                            "output_tokens": self.out_tokens, "input_tokens": self.in_tokens,
+                            "asked_tokens": self.asked_tokens,
+                            "tokens_from_usage": self.usage_tokens,
+                            "token_gaps": self.gap_count})
         if path.suffix == ".parquet":
             try:
                 import pyarrow as pa

@@ -130,6 +130,54 @@ def _window_dicts(outcome: RunOutcome) -> list[dict[str, Any]]:
     return out
 
 
+def meets_slo(records: Records, slo: dict[str, float]) -> np.ndarray:
+    """Which requests meet every bound of ``slo`` (ttft_ms, tpot_ms, e2e_ms)."""
+    meets = np.ones(len(records), bool)
+    with np.errstate(invalid="ignore"):
+        if "ttft_ms" in slo:
+            meets &= records.ttft_ms <= slo["ttft_ms"]
+        if "tpot_ms" in slo:  # a one-token answer has no TPOT: nothing to miss
+            meets &= ~(records.tpot_ms > slo["tpot_ms"])
+        if "e2e_ms" in slo:
+            meets &= records.latency_ms <= slo["e2e_ms"]
+    return meets
+
+
+def _generation_summary(adapter: Adapter, measured: Records, ok: np.ndarray,
+                        in_window: np.ndarray, seconds: float) -> dict[str, Any]:
+    """TTFT, ITL, TPOT, token counts, tokens/s and goodput of streamed generations."""
+    per_s = (lambda n: float(n / seconds)) if seconds > 0 else (lambda n: 0.0)
+    counted = ok & (measured.out_tokens >= 0)
+    inputs = measured.in_tokens[ok & (measured.in_tokens >= 0)]
+    outputs = measured.out_tokens[counted]
+    asked = ok & (measured.asked_tokens >= 0)
+    got, wanted = measured.out_tokens[asked], measured.asked_tokens[asked]
+    ignore_eos = bool(adapter.describe().get("ignore_eos"))
+    shorter, longer = int((got < wanted).sum()), int((got > wanted).sum())
+    slo = getattr(adapter, "slo", None) or {}
+    from_usage = int(measured.usage_tokens[counted].sum())
+    return {
+        "ttft_ms": distribution(measured.ttft_ms[ok]),
+        "itl_ms": distribution(measured.gaps_of(ok) / 1e6),
+        "tpot_ms": distribution(measured.tpot_ms[ok]),
+        "output_tokens_per_s": per_s(int(measured.out_tokens[in_window].clip(0).sum())),
+        "input_tokens": {"total": int(inputs.sum()), "per_request": distribution(
+            inputs.astype(np.float64))} if inputs.size else None,
+        "output_tokens": {"total": int(outputs.sum()),
+                          "per_request": distribution(outputs.astype(np.float64)),
+                          "from_usage": from_usage, "counted_events": int(counted.sum()) -
+                          from_usage},
+        "output_length": {"asked": int(asked.sum()), "exact": int((got == wanted).sum()),
+                          "shorter": shorter, "longer": longer, "ignore_eos": ignore_eos,
+                          # with ignore_eos every answer should be exactly as long as asked;
+                          # without it, stopping early at EOS is allowed
+                          "honoured": longer == 0 and (shorter == 0 or not ignore_eos)},
+        "slo": slo or None,
+        "goodput_rps": per_s(int((in_window & meets_slo(measured, slo)).sum()))
+        if slo else None,
+    }
+
+
 def build_result(adapter: Adapter, spec: LoadSpec, outcome: RunOutcome,
                  workers: int = 1) -> dict[str, Any]:
     """The JSON-ready result document."""
@@ -151,7 +199,7 @@ def build_result(adapter: Adapter, spec: LoadSpec, outcome: RunOutcome,
         if count:
             errors[name] = count
     for status in np.unique(measured.status[measured.outcome != OK]):
-        if status:
+        if status and not 200 <= status < 300:  # a stream can fail after a 200
             errors[f"http_{int(status)}"] = int((measured.status == status).sum())
 
     send_lag = distribution(measured.send_lag_ms) if spec.mode != "closed" else None
@@ -185,6 +233,8 @@ def build_result(adapter: Adapter, spec: LoadSpec, outcome: RunOutcome,
         "achieved_rate_rps": achieved if spec.mode != "closed" else None,
         "duration_s": seconds,
     }
+    if adapter.streaming:
+        summary.update(_generation_summary(adapter, measured, ok, in_window, seconds))
     return {
         "schema": SCHEMA,
         "endpoint": adapter.describe(),

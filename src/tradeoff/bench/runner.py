@@ -21,7 +21,16 @@ import numpy as np
 
 from tradeoff.bench.adapters import Adapter, Connection
 from tradeoff.bench.load import LoadSpec, arrival_offsets_ns
-from tradeoff.bench.records import HTTP_ERROR, OK, RecordBuffer, Records, classify
+from tradeoff.bench.openai_stream import StreamReader
+from tradeoff.bench.records import (
+    HTTP_ERROR,
+    OK,
+    STREAM,
+    Generated,
+    RecordBuffer,
+    Records,
+    classify,
+)
 
 DEFAULT_WINDOW_S = 5.0
 
@@ -128,27 +137,58 @@ class Runner:
         self._waiters: deque[asyncio.Future[Connection]] = deque()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._load_done = False
+        self.streaming = adapter.streaming
+        self.failures: dict[str, int] = {}  # streamed answers: why each failed, counted
 
-    def _request_bytes(self) -> bytes:
-        raw = self.requests[self._next_request % len(self.requests)]
+    def _request_bytes(self) -> tuple[int, bytes]:
+        index = self._next_request % len(self.requests)
         self._next_request += 1
-        return raw
+        return index, self.requests[index]
 
     async def _send(self, connection: Connection, scheduled: int) -> None:
-        raw = self._request_bytes()
+        index, raw = self._request_bytes()
         sent = self.clock()
         rows = self.adapter.rows_per_request
+        reader = self.adapter.reader() if self.streaming else None
         try:
-            response = await connection.request(raw)
+            response = await (connection.request(raw) if reader is None else
+                              connection.request(raw, on_body=reader))  # type: ignore[call-arg]
         except (OSError, EOFError, asyncio.IncompleteReadError) as exc:
-            self.buffer.add(scheduled, sent, self.clock(), classify(exc), 0, len(raw), 0, rows,
-                            None)
+            if reader is not None:
+                self._failed(f"{type(exc).__name__} after {len(reader.text_ns)} text "
+                             f"event(s): {exc}")
+            self.buffer.add(scheduled, sent, self.clock(), classify(exc), 0, len(raw),
+                            0 if reader is None else reader.received, rows, None,
+                            None if reader is None else self._generated(reader, index))
             return
         end = self.clock()
         ok = 200 <= response.status < 300
-        self.buffer.add(scheduled, sent, end, OK if ok else HTTP_ERROR, response.status,
-                        len(raw), len(response.body), rows,
-                        self.adapter.server_timing(response) if ok else None)
+        if reader is None:
+            self.buffer.add(scheduled, sent, end, OK if ok else HTTP_ERROR, response.status,
+                            len(raw), len(response.body), rows,
+                            self.adapter.server_timing(response) if ok else None)
+            return
+        failure = reader.failure()
+        if failure is not None:
+            self._failed(failure)
+        outcome = OK if failure is None else STREAM if ok else HTTP_ERROR
+        self.buffer.add(scheduled, sent, end, outcome, response.status, len(raw),
+                        reader.received, rows, None, self._generated(reader, index))
+
+    def _failed(self, why: str) -> None:
+        self.failures[why[:120]] = self.failures.get(why[:120], 0) + 1
+
+    def _generated(self, reader: StreamReader, index: int) -> Generated:
+        stamps = reader.text_ns
+        usage = reader.usage or {}
+        counted = usage.get("completion_tokens")
+        prompt = usage.get("prompt_tokens")
+        asked = self.adapter.asked_tokens
+        return Generated(stamps[0] if stamps else 0,
+                         counted if isinstance(counted, int) else len(stamps),
+                         prompt if isinstance(prompt, int) else -1, asked[index],
+                         isinstance(counted, int),
+                         tuple(b - a for a, b in zip(stamps, stamps[1:])))
 
     # -------------------------------------------------------------- closed loop
 
@@ -379,7 +419,9 @@ class Runner:
                 stable = is_stable(windows, spec.stability_percent)
         return RunOutcome(records, cold, start, self._measure_start, measure_end, windows,
                           stable, reason, cpu, server_before, server_after,
-                          server_snapshots=snapshots, loop_lag_ms=np.asarray(lags))
+                          server_snapshots=snapshots, loop_lag_ms=np.asarray(lags),
+                          notes=[f"{n} answer(s) failed: {why}" for why, n in
+                                 sorted(self.failures.items(), key=lambda kv: -kv[1])[:5]])
 
 
 def fixed_end(spec: LoadSpec, records: Records, measure_start: int, stop_at: int) -> int:

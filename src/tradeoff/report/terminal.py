@@ -38,6 +38,8 @@ def print_bench_result(result: dict[str, Any], console: Console) -> None:
     lat = s["latency_ms"] or {}
     for key in ("p50", "p90", "p99", "p999", "mean", "max"):
         table.add_row(f"latency {key} ms", _ms(lat.get(key)))
+    if "ttft_ms" in s:
+        _generation_rows(s, table)
     server = s.get("server_ms")
     if server:
         for part in ("queue", "compute_input", "compute_infer", "compute_output", "overhead"):
@@ -71,6 +73,42 @@ def print_bench_result(result: dict[str, Any], console: Console) -> None:
     if stable is False:
         console.print(f"[yellow]unstable[/]: {result['stop_reason']}; last windows disagree "
                       f"by more than {load['stability_percent']:g}%.")
+    length = s.get("output_length")
+    if length and not length["honoured"]:
+        console.print(f"[bold yellow]output length not honoured[/]: of {length['asked']} "
+                      f"answers, {length['shorter']} were shorter and {length['longer']} "
+                      "longer than the max_tokens asked"
+                      + (" despite ignore_eos" if length["ignore_eos"] else "")
+                      + "; tokens/s and TPOT compare unequal work.")
+    for note in client.get("notes") or []:
+        console.print(f"[yellow]note[/]: {note}")
+
+
+def _generation_rows(s: dict[str, Any], table: Table) -> None:
+    """TTFT, ITL, TPOT, tokens and goodput of an LLM benchmark."""
+    for metric in ("ttft_ms", "itl_ms", "tpot_ms"):
+        values = s[metric] or {}
+        table.add_row(f"{metric[:-3].upper()} p50 / p99 ms",
+                      f"{_ms(values.get('p50'))} / {_ms(values.get('p99'))}")
+    table.add_row("output tokens/s", f"{s['output_tokens_per_s']:,.1f}")
+    out = s["output_tokens"]
+    per = out["per_request"] or {}
+    table.add_row("output tokens (mean per request)",
+                  f"{out['total']:,} ({per.get('mean', 0):,.1f})"
+                  + (f", {out['counted_events']} counted from events: no usage"
+                     if out["counted_events"] else ""))
+    if s["input_tokens"]:
+        table.add_row("input tokens (mean per request)",
+                      f"{s['input_tokens']['total']:,} "
+                      f"({s['input_tokens']['per_request']['mean']:,.1f})")
+    length = s["output_length"]
+    if length["asked"]:
+        table.add_row("output length as asked",
+                      f"{length['exact']:,} of {length['asked']:,} exact, "
+                      f"{length['shorter']:,} shorter, {length['longer']:,} longer")
+    if s["goodput_rps"] is not None:
+        bounds = ", ".join(f"{k} <= {v:g}" for k, v in s["slo"].items())
+        table.add_row("goodput", f"{s['goodput_rps']:,.2f} req/s ({bounds})")
 
 
 def print_sweep(sweep: dict[str, Any], console: Console) -> None:

@@ -1,0 +1,117 @@
+"""`tradeoff bench --protocol openai` against a streaming server whose token timing the
+test controls: TTFT, ITL and TPOT as scheduled, exact token counts, a server that does
+not honour the asked length, errors mid-stream, goodput, and the API key kept secret."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from tradeoff.bench.endpoint import EndpointSpec, GenerationOptions, make_adapter
+from tradeoff.bench.load import LoadSpec
+from tradeoff.bench.session import run_benchmark
+from tradeoff.cli import main
+
+from .streaming_server import StreamingServer
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def streaming() -> Iterator[StreamingServer]:
+    with StreamingServer() as server:
+        yield server
+
+
+def bench(url: str, requests: int = 8, concurrency: int = 2, **generation: Any) -> dict:
+    options = GenerationOptions(**{"output_tokens": (10, 10), "ignore_eos": True,
+                                   **generation})
+    adapter = make_adapter(EndpointSpec(url, "openai", "test-model", generation=options))
+    result, _, _ = run_benchmark(adapter, LoadSpec(concurrency=concurrency, requests=requests))
+    return result
+
+
+def test_timings_follow_the_servers_schedule(streaming: StreamingServer) -> None:
+    s = bench(streaming.url(first=200, every=40))["summary"]
+    assert s["errors"] == 0 and s["successes"] == 8
+    assert s["ttft_ms"]["p50"] == pytest.approx(200, rel=0.10)
+    assert s["itl_ms"]["p50"] == pytest.approx(40, rel=0.10)
+    assert s["tpot_ms"]["p50"] == pytest.approx(40, rel=0.10)
+    assert s["output_tokens"] == {**s["output_tokens"], "total": 80, "from_usage": 8,
+                                  "counted_events": 0}
+    assert s["input_tokens"]["total"] == 8 * 7  # the server's usage.prompt_tokens
+    assert s["output_length"]["exact"] == 8 and s["output_length"]["honoured"]
+    for key in ("p50", "p90", "p99", "p999", "mean", "max"):
+        assert key in s["ttft_ms"] and key in s["itl_ms"] and key in s["tpot_ms"]
+    assert s["output_tokens_per_s"] > 0 and s["goodput_rps"] is None
+
+
+def test_a_server_that_ignores_the_asked_length_is_reported(streaming: StreamingServer) -> None:
+    s = bench(streaming.url(cap=5))["summary"]
+    assert s["errors"] == 0 and s["output_tokens"]["total"] == 8 * 5
+    assert s["output_length"] == {"asked": 8, "exact": 0, "shorter": 8, "longer": 0,
+                                  "ignore_eos": True, "honoured": False}
+
+
+def test_errors_mid_stream_are_counted(streaming: StreamingServer) -> None:
+    failed = bench(streaming.url(fail=3), requests=4)
+    assert failed["summary"]["errors_by_class"] == {"stream": 4}
+    assert "the engine failed mid-stream" in failed["client"]["notes"][0]
+    cut = bench(streaming.url(cut=3), requests=4)
+    assert cut["summary"]["errors_by_class"] == {"reset": 4}
+    assert "after 3 text event(s)" in cut["client"]["notes"][0]
+
+
+def test_without_usage_tokens_are_counted_from_events_and_flagged(
+        streaming: StreamingServer) -> None:
+    out = bench(streaming.url(nousage=1), requests=4)["summary"]["output_tokens"]
+    assert out["total"] == 40 and out["counted_events"] == 4 and out["from_usage"] == 0
+
+
+def test_goodput_counts_requests_within_the_slo(streaming: StreamingServer) -> None:
+    url = streaming.url(first=150, every=10)
+    missed = bench(url, requests=4, slo={"ttft_ms": 100})["summary"]
+    assert missed["goodput_rps"] == 0 and missed["throughput_rps"] > 0
+    met = bench(url, requests=4, slo={"ttft_ms": 1000, "tpot_ms": 100})["summary"]
+    assert met["goodput_rps"] == pytest.approx(met["throughput_rps"])
+
+
+def test_cli_keeps_the_api_key_out_of_the_result(streaming: StreamingServer,
+                                                 tmp_path: Path) -> None:
+    key = "sk-test-0123456789abcdef"
+    out = tmp_path / "llm.json"
+    records = tmp_path / "llm.csv"
+    result = CliRunner(env={"MY_PROVIDER_KEY": key}).invoke(main, [
+        "bench", streaming.url(first=20, every=5), "--protocol", "openai", "--model",
+        "test-model", "--chat", "--api-key-env", "MY_PROVIDER_KEY", "--requests", "4",
+        "--output-tokens", "6", "--input-tokens", "16:32", "--slo", "ttft_ms=500",
+        "--json", str(out), "--records", str(records)])
+    assert result.exit_code == 0, result.output
+    assert f"Bearer {key}" in streaming.authorization
+    assert key not in out.read_text() and key not in records.read_text()
+    assert key not in result.output
+    doc = json.loads(out.read_text())
+    assert doc["endpoint"]["api_key"] == "$MY_PROVIDER_KEY"
+    assert doc["endpoint"]["api"] == "chat/completions"
+    assert doc["summary"]["output_tokens"]["total"] == 4 * 6
+    assert "TTFT p50 / p99 ms" in result.output and "goodput" in result.output
+    assert "ttft_ms" in records.read_text().splitlines()[0]
+
+
+def test_cli_mistakes_are_one_line(streaming: StreamingServer) -> None:
+    runner = CliRunner()
+    for args, message in ((["--slo", "ttft=5"], "--slo 'ttft=5'"),
+                          (["--output-tokens", "9:3"], "need 1 <= LO <= HI"),
+                          (["--model", "other"], "no model 'other'")):
+        argv = ["bench", streaming.url(), "--protocol", "openai", "--model", "test-model",
+                "--requests", "1", *args]
+        result = runner.invoke(main, argv)
+        assert result.exit_code == 1, result.output
+        assert message in result.output and "Traceback" not in result.output
+    assert os.environ.get("MY_PROVIDER_KEY") is None
