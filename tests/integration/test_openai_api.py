@@ -164,3 +164,26 @@ def test_generation_metrics(client: object, server: ServerProcess) -> None:
     line = next(l for l in text.splitlines()
                 if l.startswith("tradeoff_generation_generation_tokens_total{"))
     assert float(line.split()[-1]) >= 12
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_bench_measures_our_server(server: ServerProcess, chat: bool) -> None:
+    from tradeoff.bench.endpoint import EndpointSpec, GenerationOptions, make_adapter
+    from tradeoff.bench.load import LoadSpec
+    from tradeoff.bench.session import run_benchmark
+
+    options = GenerationOptions(chat=chat, input_tokens=(4, 16), output_tokens=(4, 12),
+                                ignore_eos=True, slo={"ttft_ms": 10_000})
+    adapter = make_adapter(EndpointSpec(f"{server.url}/v1", "openai", "tinyllama",
+                                        generation=options))
+    result, records, _ = run_benchmark(adapter, LoadSpec(rate=20, arrival="poisson",
+                                                         requests=12))
+    s = result["summary"]
+    assert s["errors"] == 0 and s["successes"] == 12, s["errors_by_class"]
+    assert s["output_length"]["honoured"] and s["output_length"]["exact"] == 12
+    assert s["output_tokens"]["from_usage"] == 12
+    assert s["output_tokens"]["total"] == int(records.out_tokens.sum()) \
+        == int(records.asked_tokens.sum())
+    assert 0 < s["ttft_ms"]["p50"] <= s["latency_ms"]["p50"]
+    assert s["goodput_rps"] == pytest.approx(s["throughput_rps"])
+    assert result["endpoint"]["server"]["name"] == "tradeoff"
