@@ -187,3 +187,44 @@ def test_bench_measures_our_server(server: ServerProcess, chat: bool) -> None:
     assert 0 < s["ttft_ms"]["p50"] <= s["latency_ms"]["p50"]
     assert s["goodput_rps"] == pytest.approx(s["throughput_rps"])
     assert result["endpoint"]["server"]["name"] == "tradeoff"
+
+
+def test_compare_sweep_diagnose_and_report_understand_generations(
+        server: ServerProcess, tmp_path: Path) -> None:
+    from tradeoff.analysis.compare import run_compare
+    from tradeoff.analysis.diagnose import diagnose
+    from tradeoff.bench.endpoint import EndpointSpec, GenerationOptions, make_adapter
+    from tradeoff.bench.load import LoadSpec
+    from tradeoff.bench.sweep import Sweep, SweepPlan
+    from tradeoff.report.html import write_report
+
+    options = GenerationOptions(input_tokens=(8, 24), output_tokens=(8, 24),
+                                ignore_eos=True, slo={"ttft_ms": 5000})
+    endpoints = [EndpointSpec(f"{server.url}/v1", "openai", model, name=name,
+                              generation=options)
+                 for name, model in (("continuous", "tinyllama"),
+                                     ("static", "tinyllama_static"))]
+    spec = LoadSpec(concurrency=4, duration_s=2.0, window_s=1.0)
+    compare = run_compare(endpoints, spec, rounds=2)
+    ratios = {r["name"]: r for r in compare["ratios"]}
+    for metric in ("output_tokens_per_s", "ttft_p50", "ttft_p99", "tpot_p50"):
+        assert ratios["static"][metric]["ratio"] is not None, metric
+        assert ratios["static"][metric]["ci95"] is not None, metric
+    checks = {c["check"]: c for c in compare["fairness"]["checks"]}
+    assert checks["same inputs"]["ok"] and checks["output lengths as asked"]["ok"]
+    merged = compare["endpoints"][0]["result"]["summary"]
+    assert merged["output_length"]["asked"] == sum(
+        r["output_length"]["asked"] for r in compare["endpoints"][0]["rounds"])
+
+    sweep = Sweep(make_adapter(endpoints[0]), LoadSpec(concurrency=1, duration_s=1.5),
+                  SweepPlan("concurrency", [1.0, 2.0, 4.0])).run()
+    assert all(r["output_tokens_per_s"] > 0 and r["ttft_p50_ms"] for r in sweep["rows"])
+    findings = diagnose(compare) + diagnose(sweep)
+    assert all(f.rule != "long_tail" for f in findings)  # spread lengths are not a tail
+
+    report = tmp_path / "llm.html"
+    write_report([compare, sweep, sweep["points"][0]], report)
+    html = report.read_text()
+    for text in ("Generations", "TTFT p50", "time to first token", "output tokens/s",
+                 "lengths as asked"):
+        assert text in html, text

@@ -204,7 +204,7 @@ def test_bootstrap_needs_samples() -> None:
 def test_merged_rounds_pool_counts_and_time() -> None:
     rounds = [bench_result(throughput=100.0, requests=500), bench_result(throughput=300.0,
                                                                           requests=1500)]
-    merged = merge_rounds(rounds, np.array([1.0, 2.0, 3.0]))
+    merged = merge_rounds(rounds, {"latency": np.array([1.0, 2.0, 3.0])})
     s = merged["summary"]
     assert s["requests"] == 2000 and s["duration_s"] == 10.0
     assert s["throughput_rps"] == pytest.approx(200.0)

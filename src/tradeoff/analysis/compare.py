@@ -34,15 +34,24 @@ MIN_FILE_WINDOWS = 8  # fewer windows give too few distinct resamples for an int
 
 
 def _measured(records: Records, start_ns: int, spec: LoadSpec, duration_s: float
-              ) -> tuple[np.ndarray, np.ndarray]:
-    """Latencies of the measured successes, and successes per one-second bin."""
+              ) -> dict[str, np.ndarray]:
+    """Raw samples of the measured successes: latencies, successes per one-second bin and,
+    for generations, TTFT, TPOT, inter-token gaps and output tokens per bin."""
     measure_start = start_ns + int(spec.warmup_s * 1e9)
     measured = records.select(records.scheduled_ns >= measure_start)
     ok = measured.outcome == OK
     bins = max(int(duration_s), 1)
     ends = (measured.end_ns[ok] - measure_start) / 1e9
-    counts = np.bincount(ends[(ends >= 0) & (ends < bins)].astype(np.int64), minlength=bins)
-    return measured.latency_ms[ok], counts[:bins].astype(float)
+    inside = (ends >= 0) & (ends < bins)
+    slot = ends[inside].astype(np.int64)
+    samples = {"latency": measured.latency_ms[ok],
+               "bins": np.bincount(slot, minlength=bins)[:bins].astype(float)}
+    if measured.generated:
+        tokens = measured.out_tokens[ok][inside].clip(0)
+        samples.update(ttft=measured.ttft_ms[ok], tpot=measured.tpot_ms[ok],
+                       itl=measured.gaps_of(ok) / 1e6,
+                       token_bins=np.bincount(slot, weights=tokens, minlength=bins)[:bins])
+    return samples
 
 
 def bootstrap_ratio(a: np.ndarray, b: np.ndarray, statistic: Callable[..., np.ndarray],
@@ -60,7 +69,8 @@ def bootstrap_ratio(a: np.ndarray, b: np.ndarray, statistic: Callable[..., np.nd
         n = min(chunk, BOOTSTRAP_ROUNDS - first)
         sa = statistic(a[rng.integers(0, a.size, (n, a.size), dtype=np.int32)], axis=1)
         sb = statistic(b[rng.integers(0, b.size, (n, b.size), dtype=np.int32)], axis=1)
-        ratios.append(sb / sa)
+        with np.errstate(invalid="ignore", divide="ignore"):  # 0/0: dropped below
+            ratios.append(sb / sa)
     values = np.concatenate(ratios)
     values = values[np.isfinite(values)]
     if not values.size:
@@ -78,11 +88,24 @@ def _p99(x: np.ndarray, axis: int) -> np.ndarray:
 
 STATISTICS: dict[str, Callable[..., np.ndarray]] = {"throughput": np.mean, "p50": _p50,
                                                    "p99": _p99}
+# generations: metric -> (summary key, statistic, sample source); a token rate is
+# better when higher, the times when lower
+GENERATION_METRICS: dict[str, tuple[str, str, str]] = {
+    "output_tokens_per_s": ("output_tokens_per_s", "mean", "token_bins"),
+    "ttft_p50": ("ttft_ms", "p50", "ttft"), "ttft_p99": ("ttft_ms", "p99", "ttft"),
+    "tpot_p50": ("tpot_ms", "p50", "tpot")}
+_STAT: dict[str, Callable[..., np.ndarray]] = {"mean": np.mean, "p50": _p50, "p99": _p99}
 
 
-def merge_rounds(rounds: list[dict[str, Any]], latencies: np.ndarray) -> dict[str, Any]:
+def _finite(values: np.ndarray) -> np.ndarray:
+    return values[np.isfinite(values)]
+
+
+def merge_rounds(rounds: list[dict[str, Any]], samples: dict[str, np.ndarray]
+                 ) -> dict[str, Any]:
     """One bench result for an endpoint from its rounds: counts summed, throughput pooled
-    over the measured time, latency percentiles over every round's samples."""
+    over the measured time, latency percentiles over every round's samples (``samples``:
+    the pooled raw samples of :func:`_measured`)."""
     merged = copy.deepcopy(rounds[0])
     s = merged["summary"]
     seconds = sum(r["summary"]["duration_s"] for r in rounds)
@@ -99,7 +122,9 @@ def merge_rounds(rounds: list[dict[str, Any]], latencies: np.ndarray) -> dict[st
     s["duration_s"] = seconds
     s["throughput_rps"] = successes / seconds if seconds else 0.0
     s["inferences_per_s"] = inferences / seconds if seconds else 0.0
-    s["latency_ms"] = distribution(latencies)
+    s["latency_ms"] = distribution(samples["latency"])
+    if "ttft" in samples:
+        _merge_generations(rounds, samples, s, seconds)
     counts = [r["summary"].get("server_counts") for r in rounds]
     if all(counts):
         s["server_counts"] = {k: sum(c[k] for c in counts if c) for k in ("requests",
@@ -113,6 +138,30 @@ def merge_rounds(rounds: list[dict[str, Any]], latencies: np.ndarray) -> dict[st
     merged["client"]["reasons"] = sorted({x for r in rounds for x in r["client"]["reasons"]})
     merged["merged_rounds"] = len(rounds)
     return merged
+
+
+def _merge_generations(rounds: list[dict[str, Any]], samples: dict[str, np.ndarray],
+                       s: dict[str, Any], seconds: float) -> None:
+    """The generation figures of merged rounds: distributions from the pooled samples,
+    rates pooled over the measured time, counts summed."""
+    s["ttft_ms"] = distribution(samples["ttft"])
+    s["tpot_ms"] = distribution(samples["tpot"])
+    s["itl_ms"] = distribution(samples["itl"])
+    for key in ("output_tokens_per_s", "goodput_rps"):
+        if s.get(key) is not None:
+            s[key] = sum(r["summary"][key] * r["summary"]["duration_s"] for r in rounds) \
+                / seconds if seconds else 0.0
+    for key in ("asked", "exact", "shorter", "longer"):
+        s["output_length"][key] = sum(r["summary"]["output_length"][key] for r in rounds)
+    s["output_length"]["honoured"] = all(r["summary"]["output_length"]["honoured"]
+                                         for r in rounds)
+    for part in ("output_tokens", "input_tokens"):
+        if s.get(part):
+            s[part]["total"] = sum((r["summary"][part] or {}).get("total", 0) for r in rounds)
+    s["output_tokens"]["from_usage"] = sum(r["summary"]["output_tokens"]["from_usage"]
+                                           for r in rounds)
+    s["output_tokens"]["counted_events"] = sum(
+        r["summary"]["output_tokens"]["counted_events"] for r in rounds)
 
 
 def _fairness(entries: list[dict[str, Any]], interleaved: bool) -> dict[str, Any]:
@@ -146,6 +195,13 @@ def _fairness(entries: list[dict[str, Any]], interleaved: bool) -> dict[str, Any
     check("same load and warmup", loads, "same load spec, warmup and timeout")
     batch = [e["result"]["endpoint"].get("batch_size") for e in entries]
     check("same rows per request", batch, f"batch size {batch[0]}")
+    if all("output_length" in e["result"]["summary"] for e in entries):
+        lengths = [e["result"]["summary"]["output_length"] for e in entries]
+        bad = [f"{e['name']}: {n['shorter']} shorter, {n['longer']} longer of {n['asked']}"
+               for e, n in zip(entries, lengths) if not n["honoured"]]
+        checks.append({"check": "output lengths as asked", "ok": not bad,
+                       "detail": "; ".join(bad) if bad else
+                       "every endpoint generated the max_tokens asked"})
     hosts = [e["result"]["environment"]["client_host"] for e in entries]
     check("same client machine", hosts, f"all measured from {hosts[0]}")
     checks.append({"check": "interleaved", "ok": interleaved,
@@ -182,6 +238,16 @@ def _ratios(entries: list[dict[str, Any]], samples: list[dict[str, np.ndarray]] 
                 if wa.size >= MIN_FILE_WINDOWS and wb.size >= MIN_FILE_WINDOWS:
                     ci = bootstrap_ratio(wa, wb, np.mean, seed=index)
             row[metric] = {"ratio": ratio, "ci95": ci}
+        if "ttft_ms" in base and "ttft_ms" in s:
+            for metric, (key, stat, source) in GENERATION_METRICS.items():
+                a, b = ((x[key] or {}).get(stat) if stat != "mean" else x[key]
+                        for x in (base, s))
+                ci = None
+                if index and samples is not None and source in samples[index]:
+                    ci = bootstrap_ratio(_finite(samples[0][source]),
+                                         _finite(samples[index][source]), _STAT[stat],
+                                         seed=index)
+                row[metric] = {"ratio": b / a if a and b is not None else None, "ci95": ci}
         out.append(row)
     return out
 
@@ -227,8 +293,7 @@ def run_compare(endpoints: list[EndpointSpec], spec: LoadSpec, rounds: int = 3,
         raise ValueError("compare needs --duration (each round measures that long)")
     adapters = [make_adapter(e) for e in endpoints]
     per_round: list[list[dict[str, Any]]] = [[] for _ in endpoints]
-    latencies: list[list[np.ndarray]] = [[] for _ in endpoints]
-    bins: list[list[np.ndarray]] = [[] for _ in endpoints]
+    measured: list[list[dict[str, np.ndarray]]] = [[] for _ in endpoints]
     for round_no in range(rounds):
         for i, adapter in enumerate(adapters):
             if console:
@@ -236,17 +301,17 @@ def run_compare(endpoints: list[EndpointSpec], spec: LoadSpec, rounds: int = 3,
             result, records, start_ns = run_benchmark(adapter, spec, console)
             result["endpoint"]["name"] = names[i]
             per_round[i].append(result)
-            lat, counts = _measured(records, start_ns, spec, result["summary"]["duration_s"])
-            latencies[i].append(lat)
-            bins[i].append(counts)
+            measured[i].append(_measured(records, start_ns, spec,
+                                         result["summary"]["duration_s"]))
     entries, samples = [], []
     for i, adapter in enumerate(adapters):
-        pooled = np.concatenate(latencies[i])
+        pooled = {key: np.concatenate([m[key] for m in measured[i]])
+                  for key in measured[i][0]}
         merged = merge_rounds(per_round[i], pooled)
         entries.append({"name": names[i], "input_fingerprint": adapter.input_fingerprint,
                         "profile": profile(adapter, (facts or {}).get(names[i])),
                         "rounds": [r["summary"] for r in per_round[i]], "result": merged})
-        samples.append({"latency": pooled, "bins": np.concatenate(bins[i])})
+        samples.append(pooled)
     return _document(entries, samples, rounds, prices or {}, alpha, sla_p99_ms,
                      max_error_percent)
 

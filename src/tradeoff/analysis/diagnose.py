@@ -27,6 +27,9 @@ LINEAR_LATENCY = 0.7          # ... and past it p50 grows at least 0.7x as fast 
 BATCHED_RATIO = 0.95          # executions / requests at or above this: nothing shared a batch
 SATURATION_DROP = 0.10        # throughput this far below the sweep's best
 ERROR_PERCENT = 1.0
+FIRST_TOKEN_SHARE = 0.5       # generations: TTFT p50 / end-to-end p50 at or above this
+GOODPUT_SHARE = 0.9           # goodput below this share of throughput: SLO misses
+DECODE_SLOWDOWN = 2.0         # TPOT p50 at the sweep's highest load / at its lowest
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 
@@ -53,6 +56,8 @@ def _latency(result: dict[str, Any]) -> dict[str, float]:
 # ----------------------------------------------------------------- one bench result
 
 def long_tail(result: dict[str, Any]) -> list[Finding]:
+    if "ttft_ms" in result["summary"]:
+        return []  # generations: output lengths spread end-to-end latency; see first_token
     lat = _latency(result)
     out = []
     if lat.get("p50") and lat.get("p99"):
@@ -176,7 +181,81 @@ def errors(result: dict[str, Any]) -> list[Finding]:
                     "add capacity; timeouts and resets point at overload or crashes")]
 
 
-BENCH_RULES = (errors, client_bound, unstable, long_tail, server_bound, cold_start)
+def first_token(result: dict[str, Any]) -> list[Finding]:
+    """Generations: most of the time passes before the first token, or TTFT has a long
+    tail: requests wait to be admitted."""
+    s = result["summary"]
+    ttft, lat = s.get("ttft_ms") or {}, s.get("latency_ms") or {}
+    if not ttft.get("p50") or not lat.get("p50"):
+        return []
+    out = []
+    share = ttft["p50"] / lat["p50"]
+    evidence = {"ttft_p50_ms": ttft["p50"], "ttft_p99_ms": ttft["p99"],
+                "e2e_p50_ms": lat["p50"], "tpot_p50_ms": (s.get("tpot_ms") or {}).get("p50"),
+                "share": share}
+    if share >= FIRST_TOKEN_SHARE:
+        out.append(Finding(
+            "waiting_for_first_token", "warning",
+            f"{share:.0%} of a request's time (p50) passes before its first token",
+            evidence,
+            "requests wait to be admitted: a batch that runs until all its sequences end "
+            "(static batching) or a full running batch holds them; continuous batching admits "
+            "at every step; raise max_num_seqs or KV cache blocks if the batch is full, "
+            "shorten prompts if prefill is the cost"))
+    elif ttft["p99"] / ttft["p50"] >= LONG_TAIL_WARN:
+        out.append(Finding(
+            "first_token_tail", "warning",
+            f"TTFT tail: p99 is {ttft['p99'] / ttft['p50']:.1f}x p50", evidence,
+            "some requests queue before admission: look at requests waiting and KV cache "
+            "usage on the server; lower the load or raise max_num_seqs"))
+    return out
+
+
+def output_length(result: dict[str, Any]) -> list[Finding]:
+    """Generations: answers not as long as asked, or counted without the server's usage."""
+    s = result["summary"]
+    length, tokens = s.get("output_length"), s.get("output_tokens")
+    out = []
+    if length and not length["honoured"]:
+        out.append(Finding(
+            "output_length_not_honoured", "warning",
+            f"output length not honoured: {length['shorter']} of {length['asked']} answers "
+            f"shorter and {length['longer']} longer than the max_tokens asked"
+            + (" despite ignore_eos" if length["ignore_eos"] else ""), length,
+            "tokens/s and latency compare unequal work between endpoints; use --ignore-eos "
+            "where the server supports it, or compare per output token (TPOT)"))
+    if tokens and tokens["counted_events"]:
+        out.append(Finding(
+            "tokens_counted_from_events", "info",
+            f"{tokens['counted_events']} answers had no usage: their tokens were counted as "
+            "text events", tokens,
+            "a server that sends several tokens per event is undercounted; ask for usage "
+            "(stream_options.include_usage) if the server supports it"))
+    return out
+
+
+def slo_misses(result: dict[str, Any]) -> list[Finding]:
+    s = result["summary"]
+    if s.get("goodput_rps") is None or not s["throughput_rps"]:
+        return []
+    share = s["goodput_rps"] / s["throughput_rps"]
+    if share >= GOODPUT_SHARE:
+        return []
+    bounds = s["slo"]
+    evidence = {"goodput_rps": s["goodput_rps"], "throughput_rps": s["throughput_rps"],
+                "slo": bounds,
+                **{f"{k[:-3]}_p99_ms": (s.get(k) or {}).get("p99") for k in ("ttft_ms",
+                                                                              "tpot_ms")}}
+    return [Finding("slo_misses", "critical" if share < 0.5 else "warning",
+                    f"{1 - share:.0%} of answered requests miss the SLO "
+                    f"({', '.join(f'{k} <= {v:g}' for k, v in bounds.items())})", evidence,
+                    "lower the load (a sweep finds where goodput peaks); a TTFT miss is "
+                    "admission or prefill, a TPOT miss is a batch too large for the decode "
+                    "step")]
+
+
+BENCH_RULES = (errors, client_bound, unstable, long_tail, first_token, output_length,
+               slo_misses, server_bound, cold_start)
 
 
 def diagnose_bench(result: dict[str, Any]) -> list[Finding]:
@@ -259,15 +338,36 @@ def saturation(sweep: dict[str, Any]) -> list[Finding]:
                     "max_queue_size or a rate limit, or add capacity")]
 
 
+def decode_slowdown(sweep: dict[str, Any]) -> list[Finding]:
+    """Generations: each decode step slows as more sequences share it."""
+    rows = [r for r in (point_summary(p) for p in sweep["points"])
+            if r.get("tpot_p50_ms")]
+    if len(rows) < 2 or rows[0]["tpot_p50_ms"] <= 0:
+        return []
+    growth = rows[-1]["tpot_p50_ms"] / rows[0]["tpot_p50_ms"]
+    if growth < DECODE_SLOWDOWN:
+        return []
+    return [Finding("decode_slowdown", "info",
+                    f"TPOT p50 grew {growth:.1f}x from {sweep['mode']} {rows[0]['load']:g} to "
+                    f"{rows[-1]['load']:g}: decode steps slow down as batches grow",
+                    {"loads": [r["load"] for r in rows],
+                     "tpot_p50_ms": [r["tpot_p50_ms"] for r in rows],
+                     "output_tokens_per_s": [r["output_tokens_per_s"] for r in rows]},
+                    "the decode step is compute-bound at these batch sizes; a TPOT SLO caps "
+                    "the useful batch (max_num_seqs), faster hardware or a smaller model "
+                    "lowers the step")]
+
+
 def diagnose_sweep(sweep: dict[str, Any]) -> list[Finding]:
-    out = no_batching(sweep) + saturation(sweep)
+    out = no_batching(sweep) + saturation(sweep) + decode_slowdown(sweep)
     rows = [point_summary(p) for p in sweep["points"]]
     if rows:
         knee = sweep.get("knee")
         index = next((i for i, r in enumerate(rows) if knee and r["load"] == knee["load"]),
                      max(range(len(rows)), key=lambda i: rows[i]["throughput_rps"]))
         focus = sweep["points"][index]
-        out += [f for rule in (client_bound, long_tail, server_bound, unstable)
+        out += [f for rule in (client_bound, long_tail, server_bound, unstable, first_token,
+                               output_length, slo_misses)
                 for f in rule(focus)]
         out += cold_start(sweep["points"][0])
     subject = endpoint_label(sweep)

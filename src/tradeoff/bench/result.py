@@ -233,7 +233,7 @@ def build_result(adapter: Adapter, spec: LoadSpec, outcome: RunOutcome,
         "achieved_rate_rps": achieved if spec.mode != "closed" else None,
         "duration_s": seconds,
     }
-    if adapter.streaming:
+    if records.generated:
         summary.update(_generation_summary(adapter, measured, ok, in_window, seconds))
     return {
         "schema": SCHEMA,

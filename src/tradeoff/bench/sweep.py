@@ -29,7 +29,7 @@ from tradeoff.bench.session import run_benchmark
 
 SCHEMA = "tradeoff.sweep/1"
 KNEE_RULE = (f"first load from which every further point gains under {MIN_GAIN:.0%} "
-             "throughput per doubling of the load")
+             "throughput (output tokens/s for generations) per doubling of the load")
 
 
 def parse_levels(text: str, integer: bool = False) -> list[float]:
@@ -90,11 +90,23 @@ def point_summary(result: dict[str, Any]) -> dict[str, Any]:
     s = result["summary"]
     load = result["load"]
     latency = s["latency_ms"] or {}
-    return {"load": load["concurrency"] if load["mode"] == "closed" else load["rate"],
-            "throughput_rps": s["throughput_rps"], "inferences_per_s": s["inferences_per_s"],
-            "p50_ms": latency.get("p50"), "p99_ms": latency.get("p99"),
-            "error_percent": 100 * s["errors"] / s["requests"] if s["requests"] else 0.0,
-            "requests": s["requests"]}
+    row = {"load": load["concurrency"] if load["mode"] == "closed" else load["rate"],
+           "throughput_rps": s["throughput_rps"], "inferences_per_s": s["inferences_per_s"],
+           "p50_ms": latency.get("p50"), "p99_ms": latency.get("p99"),
+           "error_percent": 100 * s["errors"] / s["requests"] if s["requests"] else 0.0,
+           "requests": s["requests"]}
+    if "ttft_ms" in s:  # generations
+        ttft, tpot = s["ttft_ms"] or {}, s["tpot_ms"] or {}
+        row.update(output_tokens_per_s=s["output_tokens_per_s"],
+                   ttft_p50_ms=ttft.get("p50"), ttft_p99_ms=ttft.get("p99"),
+                   tpot_p50_ms=tpot.get("p50"), tpot_p99_ms=tpot.get("p99"),
+                   goodput_rps=s["goodput_rps"])
+    return row
+
+
+def work_rate(row: dict[str, Any]) -> float:
+    """What the knee is found on: output tokens/s for generations, else requests/s."""
+    return float(row.get("output_tokens_per_s", row["throughput_rps"]))
 
 
 def point_at(sweep: dict[str, Any], load: float) -> dict[str, Any] | None:
@@ -105,7 +117,7 @@ def point_at(sweep: dict[str, Any], load: float) -> dict[str, Any] | None:
 def knee_of(points: list[dict[str, Any]], min_gain: float = MIN_GAIN) -> dict[str, Any] | None:
     """The knee of a list of bench results (any order), with its figures."""
     rows = sorted((point_summary(p) for p in points), key=lambda r: r["load"])
-    index = find_knee([r["load"] for r in rows], [r["throughput_rps"] for r in rows], min_gain)
+    index = find_knee([r["load"] for r in rows], [work_rate(r) for r in rows], min_gain)
     if index is None:
         return None
     return {**rows[index], "rule": KNEE_RULE}
@@ -139,8 +151,11 @@ class Sweep:
         result, _, _ = run_benchmark(self.adapter, self._spec(load), self.console)
         if self.console:
             row = point_summary(result)
+            tokens = (f", {row['output_tokens_per_s']:,.1f} tok/s, TTFT p50 "
+                      f"{row['ttft_p50_ms'] or float('nan'):.0f} ms"
+                      if "output_tokens_per_s" in row else "")
             self.console.print(
-                f"  {self.plan.mode} {load:g}: {row['throughput_rps']:,.1f} req/s, p50 "
+                f"  {self.plan.mode} {load:g}: {row['throughput_rps']:,.1f} req/s{tokens}, p50 "
                 f"{row['p50_ms'] or float('nan'):.2f} ms, p99 {row['p99_ms'] or float('nan'):.2f}"
                 f" ms, errors {row['error_percent']:.1f}%")
         self.points.append(result)
@@ -173,7 +188,7 @@ class Sweep:
             if why:
                 return why
             loads = [point_summary(p)["load"] for p in self.points]
-            knee = find_knee(loads, [point_summary(p)["throughput_rps"] for p in self.points],
+            knee = find_knee(loads, [work_rate(point_summary(p)) for p in self.points],
                              self.plan.min_gain)
             if knee is not None and len(self.points) - 1 - knee >= self.plan.patience:
                 return (f"throughput stopped growing: {self.plan.patience} points past "

@@ -110,13 +110,21 @@ def _sweep_section(report: Report, sweeps: list[dict[str, Any]]) -> None:
                    report.figure(plots.frontier(group), f"frontier-{mode}",
                                  "Each point is one load level: lower and further right "
                                  "is better.")]
+        generated = all("ttft_p50_ms" in r for sweep in group for r in sweep["rows"])
+        if generated:
+            figures.append(report.figure(plots.generation_vs_load(group),
+                                         f"generation-vs-{mode}",
+                                         "TTFT and TPOT: p50 (solid), p99 (dashed)."))
         tables = []
         for sweep in group:
             knee = sweep.get("knee")
             rows, classes = [], []
             for r in sweep["rows"]:
-                rows.append([_num(r["load"]), _num(r["throughput_rps"], 1), _num(r["p50_ms"]),
-                             _num(r["p99_ms"]), _num(r["error_percent"], 1)])
+                extra = [_num(r.get("output_tokens_per_s"), 1), _num(r.get("ttft_p50_ms")),
+                         _num(r.get("ttft_p99_ms")), _num(r.get("tpot_p50_ms"))] \
+                    if generated else []
+                rows.append([_num(r["load"]), _num(r["throughput_rps"], 1), *extra,
+                             _num(r["p50_ms"]), _num(r["p99_ms"]), _num(r["error_percent"], 1)])
                 classes.append("knee" if knee and r["load"] == knee["load"] else "")
             sla = sweep.get("sla")
             sla_text = ""
@@ -125,8 +133,10 @@ def _sweep_section(report: Report, sweeps: list[dict[str, Any]]) -> None:
                             f"<b>{_num(sla['best_load'])}</b></p>")
             name = _e(endpoint_label(sweep))
             tables.append(
-                f"<h3>{name}</h3>" + _table([mode, "req/s", "p50 ms", "p99 ms", "errors %"],
-                                            rows, classes)
+                f"<h3>{name}</h3>" + _table(
+                    [mode, "req/s",
+                     *(["tok/s", "TTFT p50", "TTFT p99", "TPOT p50"] if generated else []),
+                     "p50 ms", "p99 ms", "errors %"], rows, classes)
                 + "<p class='muted'>knee: "
                 + (f"{_e(mode)} {knee['load']:g} ({knee['throughput_rps']:,.0f} req/s, p99 "
                    f"{_num(knee['p99_ms'])} ms)" if knee else "not reached")
@@ -156,6 +166,8 @@ def _compare_section(report: Report, compare: dict[str, Any]) -> None:
                      _num(s["errors"])])
     table = _table(["endpoint", "req/s", "x baseline [95% CI]", "p50 ms", "x baseline",
                     "p99 ms", "x baseline", "errors"], rows)
+    if all("output_tokens_per_s" in r for r in compare["ratios"]):
+        table += "<h3>Generations</h3>" + _generation_compare_table(compare)
     fair = compare["fairness"]
     checks = _table(["check", "result", "detail"], [
         [_e(c["check"]), "<span class='ok'>ok</span>" if c["ok"] else
@@ -185,6 +197,46 @@ def _compare_section(report: Report, compare: dict[str, Any]) -> None:
                                "Bars: pooled figures; whiskers: 95% bootstrap interval.")
                + "</div>" + table + "<h3>Fairness</h3>" + checks + "<h3>Endpoint profiles</h3>"
                + profiles + f"<h3>Cost and score (alpha {score['alpha']:g})</h3>" + ranking)
+
+
+def _ratio_html(value: dict[str, Any]) -> str:
+    text = _num(value["ratio"], 3)
+    if value["ci95"]:
+        text += f" <span class='muted'>[{value['ci95'][0]:.3f}, {value['ci95'][1]:.3f}]</span>"
+    return text
+
+
+def _generation_compare_table(compare: dict[str, Any]) -> str:
+    ratios = {r["name"]: r for r in compare["ratios"]}
+    rows = []
+    for entry in compare["endpoints"]:
+        s, r = entry["result"]["summary"], ratios[entry["name"]]
+        ttft, tpot = s["ttft_ms"] or {}, s["tpot_ms"] or {}
+        rows.append([_e(entry["name"]), _num(s["output_tokens_per_s"], 1),
+                     _ratio_html(r["output_tokens_per_s"]), _num(ttft.get("p50")),
+                     _ratio_html(r["ttft_p50"]), _num(ttft.get("p99")),
+                     _ratio_html(r["ttft_p99"]), _num(tpot.get("p50")),
+                     _ratio_html(r["tpot_p50"]), _num(s.get("goodput_rps"), 2)])
+    return _table(["endpoint", "tok/s", "x baseline [95% CI]", "TTFT p50 ms", "x baseline",
+                   "TTFT p99 ms", "x baseline", "TPOT p50 ms", "x baseline", "goodput req/s"],
+                  rows)
+
+
+def _generation_table(benches: list[dict[str, Any]]) -> str:
+    rows = []
+    for b in benches:
+        s = b["summary"]
+        d = {k: s[k] or {} for k in ("ttft_ms", "itl_ms", "tpot_ms")}
+        length = s["output_length"]
+        rows.append([_e(endpoint_label(b)), _num(s["throughput_rps"], 2),
+                     _num(s["output_tokens_per_s"], 1),
+                     *(_num(d[k].get(q)) for k in d for q in ("p50", "p99")),
+                     _num(s.get("goodput_rps"), 2),
+                     "yes" if length["honoured"] else
+                     f"<span class='bad'>{length['shorter']} short, {length['longer']} long"
+                     "</span>"])
+    return _table(["endpoint", "req/s", "tok/s", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99",
+                   "TPOT p50", "TPOT p99", "goodput", "lengths as asked"], rows, left=1)
 
 
 def _soak_section(report: Report, soak: dict[str, Any]) -> None:
@@ -246,8 +298,11 @@ def build_report(documents: list[dict[str, Any]], png_dir: Path | None = None,
                  _num(p["throughput_rps"], 1), _num(p["p50_ms"]), _num(p["p99_ms"]),
                  _num(p["error_percent"], 1)]
                 for b in benches for p in [point_summary(b)]]
+        generations = [b for b in benches if "ttft_ms" in b["summary"]]
         report.add("Benchmarks", _table(["endpoint", "mode", "load", "req/s", "p50 ms",
-                                         "p99 ms", "errors %"], rows, left=2))
+                                         "p99 ms", "errors %"], rows, left=2)
+                   + ("<h3>Generations (ms)</h3>" + _generation_table(generations)
+                      if generations else ""))
     if named:
         report.add("Latency distribution",
                    report.figure(plots.latency_cdf(named), "latency-cdf",

@@ -18,6 +18,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator  # noqa: E402
 
 from tradeoff.bench.result import PERCENTILES, endpoint_label  # noqa: E402
+from tradeoff.bench.sweep import work_rate  # noqa: E402
 
 COLORS = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#4b5563")
 plt.rcParams.update({"svg.fonttype": "none", "font.size": 9, "axes.spines.top": False,
@@ -52,15 +53,16 @@ def _knee_marker(axes: Any, x: float | None, y: float | None, color: str) -> Non
 def throughput_vs_load(sweeps: list[dict[str, Any]]) -> Figure:
     figure, axes = _figure()
     mode = sweeps[0]["mode"]
+    tokens = all("output_tokens_per_s" in r for s in sweeps for r in s["rows"])
     for color, sweep in zip(cycle(COLORS), sweeps):
         rows = sweep["rows"]
-        axes.plot([r["load"] for r in rows], [r["throughput_rps"] for r in rows], "o-",
+        axes.plot([r["load"] for r in rows], [work_rate(r) for r in rows], "o-",
                   color=color, label=endpoint_label(sweep))
         if sweep.get("knee"):
-            _knee_marker(axes, sweep["knee"]["load"], sweep["knee"]["throughput_rps"], color)
+            _knee_marker(axes, sweep["knee"]["load"], work_rate(sweep["knee"]), color)
     axes.set_xscale("log", base=2)
     axes.set_xlabel("concurrency" if mode == "concurrency" else "offered rate (req/s)")
-    axes.set_ylabel("throughput (req/s)")
+    axes.set_ylabel("output tokens/s" if tokens else "throughput (req/s)")
     axes.set_title(f"Throughput vs {mode}")
     axes.legend()
     return figure
@@ -150,24 +152,57 @@ def soak_timeline(soak: dict[str, Any]) -> Figure:
     return figure
 
 
-def comparison(compare: dict[str, Any]) -> Figure:
-    """Throughput and p99 per endpoint, with the confidence interval of each ratio."""
+def generation_vs_load(sweeps: list[dict[str, Any]]) -> Figure:
+    """TTFT (p50, p99) and TPOT (p50, p99) at each load of LLM sweeps."""
     figure, (left, right) = plt.subplots(1, 2, figsize=(6.4, 3.2), layout="constrained")
+    mode = sweeps[0]["mode"]
+    for color, sweep in zip(cycle(COLORS), sweeps):
+        rows = [r for r in sweep["rows"] if r.get("ttft_p50_ms") is not None]
+        loads = [r["load"] for r in rows]
+        for axes, key in ((left, "ttft"), (right, "tpot")):
+            axes.plot(loads, [r[f"{key}_p50_ms"] for r in rows], "o-", color=color,
+                      label=f"{endpoint_label(sweep)} p50")
+            axes.plot(loads, [r[f"{key}_p99_ms"] for r in rows], "s--", color=color,
+                      alpha=0.7, label=f"{endpoint_label(sweep)} p99")
+    for axes, title in ((left, "time to first token (ms)"),
+                        (right, "time per output token (ms)")):
+        axes.set_xscale("log", base=2)
+        axes.set_yscale("log")
+        axes.set_xlabel("concurrency" if mode == "concurrency" else "offered rate (req/s)")
+        axes.set_title(title)
+    left.legend(fontsize=6)
+    return figure
+
+
+def comparison(compare: dict[str, Any]) -> Figure:
+    """Pooled figures per endpoint with the 95% interval of each ratio to the baseline:
+    throughput and p99, or for generations tokens/s, TTFT p50/p99 and TPOT p50."""
     names = [e["name"] for e in compare["endpoints"]]
     summaries = [e["result"]["summary"] for e in compare["endpoints"]]
-    base = summaries[0]
-    for axes, metric, values, base_value, title in (
-            (left, "throughput", [s["throughput_rps"] for s in summaries],
-             base["throughput_rps"], "throughput (req/s)"),
-            (right, "p99", [(s["latency_ms"] or {}).get("p99") or 0 for s in summaries],
-             (base["latency_ms"] or {}).get("p99") or 0, "p99 latency (ms)")):
+    if all("ttft_ms" in s for s in summaries):
+        panels = [("output_tokens_per_s", lambda s: s["output_tokens_per_s"],
+                   "output tokens/s"),
+                  ("ttft_p50", lambda s: (s["ttft_ms"] or {}).get("p50"), "TTFT p50 (ms)"),
+                  ("ttft_p99", lambda s: (s["ttft_ms"] or {}).get("p99"), "TTFT p99 (ms)"),
+                  ("tpot_p50", lambda s: (s["tpot_ms"] or {}).get("p50"), "TPOT p50 (ms)")]
+        figure, grid = plt.subplots(2, 2, figsize=(6.4, 4.8), layout="constrained")
+        axes_list = list(grid.ravel())
+    else:
+        panels = [("throughput", lambda s: s["throughput_rps"], "throughput (req/s)"),
+                  ("p99", lambda s: (s["latency_ms"] or {}).get("p99"), "p99 latency (ms)")]
+        figure, pair = plt.subplots(1, 2, figsize=(6.4, 3.2), layout="constrained")
+        axes_list = list(pair)
+    for axes, (metric, value_of, title) in zip(axes_list, panels):
+        values = [value_of(s) or 0 for s in summaries]
+        base_value = values[0]
         errors = [[0.0] * len(names), [0.0] * len(names)]
         for i, ratio in enumerate(compare["ratios"]):
-            ci = ratio[metric]["ci95"]
+            ci = (ratio.get(metric) or {}).get("ci95")
             if ci and base_value:
                 errors[0][i] = max(values[i] - ci[0] * base_value, 0)
                 errors[1][i] = max(ci[1] * base_value - values[i], 0)
-        axes.bar(names, values, color=list(islice(cycle(COLORS), len(names))), yerr=errors, capsize=4)
+        axes.bar(names, values, color=list(islice(cycle(COLORS), len(names))), yerr=errors,
+                 capsize=4)
         axes.set_title(title)
     return figure
 

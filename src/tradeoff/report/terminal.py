@@ -117,14 +117,24 @@ def print_sweep(sweep: dict[str, Any], console: Console) -> None:
     mode = sweep["mode"]
     table = Table(title=f"{endpoint_label(sweep)}: sweep over {mode}")
     priced = any(row.get("cost_per_million") is not None for row in sweep["rows"])
-    columns = [mode, "req/s", "infer/s", "p50 ms", "p99 ms", "errors %"]
+    generated = any("output_tokens_per_s" in row for row in sweep["rows"])
+    columns = ([mode, "req/s", "tok/s", "TTFT p50", "TTFT p99", "TPOT p99", "p99 ms",
+                "errors %"] if generated else
+               [mode, "req/s", "infer/s", "p50 ms", "p99 ms", "errors %"])
     for column in columns + (["$ / 1M req"] if priced else []) + [""]:
         table.add_column(column, justify="right")
     for row in sweep["rows"]:
         at_knee = knee is not None and row["load"] == knee["load"]
-        cells = [f"{row['load']:g}", f"{row['throughput_rps']:,.1f}",
-                 f"{row['inferences_per_s']:,.1f}", _ms(row["p50_ms"]), _ms(row["p99_ms"]),
-                 f"{row['error_percent']:.1f}"]
+        if generated:
+            cells = [f"{row['load']:g}", f"{row['throughput_rps']:,.2f}",
+                     f"{row.get('output_tokens_per_s') or 0:,.1f}",
+                     _ms(row.get("ttft_p50_ms")), _ms(row.get("ttft_p99_ms")),
+                     _ms(row.get("tpot_p99_ms")), _ms(row["p99_ms"]),
+                     f"{row['error_percent']:.1f}"]
+        else:
+            cells = [f"{row['load']:g}", f"{row['throughput_rps']:,.1f}",
+                     f"{row['inferences_per_s']:,.1f}", _ms(row["p50_ms"]), _ms(row["p99_ms"]),
+                     f"{row['error_percent']:.1f}"]
         if priced:
             cost = row.get("cost_per_million")
             cells.append("-" if cost is None else f"{cost:,.4f}")
@@ -132,8 +142,10 @@ def print_sweep(sweep: dict[str, Any], console: Console) -> None:
                       style="bold" if at_knee else None)
     console.print(table)
     if knee:
-        console.print(f"knee at {mode} {knee['load']:g}: {knee['throughput_rps']:,.1f} req/s, "
-                      f"p99 {_ms(knee['p99_ms'])} ms ({knee['rule']})")
+        tokens = (f" ({knee['output_tokens_per_s']:,.1f} tok/s)"
+                  if "output_tokens_per_s" in knee else "")
+        console.print(f"knee at {mode} {knee['load']:g}: {knee['throughput_rps']:,.1f} req/s"
+                      f"{tokens}, p99 {_ms(knee['p99_ms'])} ms ({knee['rule']})")
     else:
         console.print("knee not reached: throughput was still growing")
     console.print(f"stopped: {sweep['stop_reason']}")
@@ -177,6 +189,19 @@ def print_compare(compare: dict[str, Any], console: Console) -> None:
                       _ms(lat.get("p50")), _ms(lat.get("p99")), _ratio_cell(r["p99"]),
                       f"{s['errors']:,}")
     console.print(table)
+    if all("output_tokens_per_s" in r for r in compare["ratios"]):
+        tokens = Table(title="Generations (x base: ratio to the baseline)")
+        for column in ("endpoint", "tok/s", "x base", "TTFT p50", "TTFT p99", "x base",
+                       "TPOT p50", "x base"):
+            tokens.add_column(column, justify="left" if column == "endpoint" else "right")
+        for entry in compare["endpoints"]:
+            s, r = entry["result"]["summary"], ratios[entry["name"]]
+            ttft, tpot = s["ttft_ms"] or {}, s["tpot_ms"] or {}
+            tokens.add_row(entry["name"], f"{s['output_tokens_per_s']:,.1f}",
+                           _ratio_cell(r["output_tokens_per_s"]), _ms(ttft.get("p50")),
+                           _ms(ttft.get("p99")), _ratio_cell(r["ttft_p99"]),
+                           _ms(tpot.get("p50")), _ratio_cell(r["tpot_p50"]))
+        console.print(tokens)
     profiles = Table(title="Endpoint profiles (unknown: not revealed, not given)")
     profiles.add_column("")
     for entry in compare["endpoints"]:
