@@ -395,6 +395,11 @@ def bench(url: str, concurrency: int | None, rate: float | None, arrival: str,
           --duration 10
       tradeoff bench http://127.0.0.1:9000/predict --protocol http --body req.json \\
           --header "Authorization:Bearer $TOKEN" --rate 100 --duration 20
+      tradeoff bench http://127.0.0.1:8000/v1 --protocol openai --model smollm2-135m \\
+          --concurrency 4 --duration 60 --output-tokens 16:256 --ignore-eos \\
+          --slo ttft_ms=2000,tpot_ms=300
+      tradeoff bench https://api.example.com/v1 --protocol openai --chat --model M \\
+          --api-key-env PROVIDER_KEY --rate 2 --arrival poisson --duration 120
     """
     from rich.console import Console
 

@@ -184,7 +184,7 @@ def _fairness(entries: list[dict[str, Any]], interleaved: bool) -> dict[str, Any
     fingerprints = [e.get("input_fingerprint") or "" for e in entries]
     if all(fingerprints):
         check("same inputs", [f[:12] for f in fingerprints],
-              f"every endpoint got the same input tensors (sha256 {fingerprints[0][:12]})")
+              f"every endpoint got the same inputs (sha256 {fingerprints[0][:12]})")
     else:
         checks.append({"check": "same inputs", "ok": None,
                        "detail": "not known for results read from files"})
