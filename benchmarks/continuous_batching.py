@@ -6,7 +6,8 @@
 output lengths drawn uniformly from --min-tokens..--max-tokens (`ignore_eos`, so every
 request generates exactly what it asked for), streams every answer and times it. Then the
 in-process ceiling: the engine alone with a full batch (max_num_seqs prompts of the workload,
---ceiling-tokens each, submitted at once), the most tokens/s it can give.
+--ceiling-tokens each, submitted at once), the most tokens/s it can give. --steps-only
+times one decode step at 1, 4 and max_num_seqs sequences instead.
 
 Reports output tokens/s, p50/p99 TTFT, p50/p99 TPOT and end-to-end latency, and writes JSON.
 
@@ -87,14 +88,12 @@ def summarize(timings: list[GenerationTiming], asked: list[int]) -> dict[str, An
             "latency_p99_ms": pct([t.latency_s for t in ok], 99)}
 
 
-def ceiling(model_dir: Path, work: list[tuple[float, str, int]], cpu: int,
-            device: str) -> dict[str, Any]:
-    """Tokens/s of the engine alone (no server), every request of ``work`` at once."""
+def _engine(model_dir: Path, cpu: int, device: str, max_queued: int) -> tuple[Any, Any]:
+    """The engine of ``model_dir`` in this process, on ``cpu`` with one torch thread."""
     import torch
 
     from tradeoff.backends.gguf_file import load_gguf
     from tradeoff.scheduling.engine import GenerationEngine
-    from tradeoff.scheduling.sampling import SamplingParams
     from tradeoff.server.generative import GenerativeConfig, resolve_device
 
     os.sched_setaffinity(0, {cpu})
@@ -112,7 +111,14 @@ def ceiling(model_dir: Path, work: list[tuple[float, str, int]], cpu: int,
     engine = GenerationEngine(decoder, num_blocks=config.num_blocks,
                               block_size=config.block_size, max_num_seqs=config.max_num_seqs,
                               max_num_batched_tokens=config.max_num_batched_tokens,
-                              max_num_queued=len(work))
+                              max_num_queued=max_queued)
+    return engine, tokenizer
+
+
+def ceiling(engine: Any, tokenizer: Any, work: list[tuple[float, str, int]]) -> dict[str, Any]:
+    """Tokens/s of the engine alone (no server), every request of ``work`` at once."""
+    from tradeoff.scheduling.sampling import SamplingParams
+
     seqs = [engine.add(tokenizer.encode(prompt),
                        SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True))
             for _, prompt, tokens in work]
@@ -123,6 +129,26 @@ def ceiling(model_dir: Path, work: list[tuple[float, str, int]], cpu: int,
     tokens = sum(len(s.output) for s in seqs)
     return {"requests": len(work), "output_tokens": tokens, "seconds": seconds,
             "output_tokens_per_s": tokens / seconds}
+
+
+def step_times(engine: Any, tokenizer: Any, prompts: list[str], sizes: list[int],
+               steps: int = 16) -> dict[int, float]:
+    """Median milliseconds of one decode step with ``n`` sequences, for each n in sizes."""
+    from tradeoff.scheduling.sampling import SamplingParams
+
+    out = {}
+    for n in sizes:
+        for prompt in prompts[:n]:
+            engine.add(tokenizer.encode(prompt),
+                       SamplingParams(max_tokens=steps + 1, temperature=0, ignore_eos=True))
+        engine.step()  # prefill
+        times = []
+        while engine.has_work():
+            report = engine.step()
+            if len(report.decoded) == n:
+                times.append(report.seconds)
+        out[n] = float(np.median(times)) * 1000
+    return out
 
 
 def main() -> None:
@@ -140,6 +166,8 @@ def main() -> None:
     parser.add_argument("--max-num-seqs", type=int, default=16)
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps-only", action="store_true",
+                        help="only time decode steps at 1, 4 and max-num-seqs sequences")
     parser.add_argument("--json", type=Path,
                         default=Path("benchmarks/results/continuous_batching.json"))
     args = parser.parse_args()
@@ -157,6 +185,14 @@ def main() -> None:
         repo = Path(tmp) / "models"
         for name, settings in configs.items():
             write_generative(repo, args.model, directory=name, device=args.device, **settings)
+        if args.steps_only:
+            engine, tokenizer = _engine(repo / "continuous", server_cpu, args.device, 64)
+            sizes = sorted({1, 4, args.max_num_seqs})
+            times = step_times(engine, tokenizer, [p for _, p, _ in work], sizes)
+            for n, ms in times.items():
+                print(f"decode step with {n:>2} sequences: {ms:6.1f} ms "
+                      f"({n / ms * 1000:5.1f} tokens/s)")
+            return
         with ServerProcess(repo, cpus=str(server_cpu)) as server:
             os.sched_setaffinity(0, {client_cpu})
             for name in configs:
@@ -167,7 +203,9 @@ def main() -> None:
         print("ceiling: the engine alone, a full batch ...", flush=True)
         full_batch = [(0.0, prompt, args.ceiling_tokens)
                       for _, prompt, _ in work[:args.max_num_seqs]]
-        rows["ceiling"] = ceiling(repo / "continuous", full_batch, server_cpu, args.device)
+        engine, tokenizer = _engine(repo / "continuous", server_cpu, args.device,
+                                    len(full_batch))
+        rows["ceiling"] = ceiling(engine, tokenizer, full_batch)
 
     print(f"\n{args.model} on {args.device}, Poisson {args.rate} req/s, output "
           f"{args.min_tokens}-{args.max_tokens} tokens, one run each")

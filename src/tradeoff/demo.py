@@ -27,6 +27,7 @@ from tradeoff.analysis.compare import compare_results
 from tradeoff.analysis.cost import Price
 from tradeoff.analysis.diagnose import SEVERITY_ORDER, diagnose
 from tradeoff.bench.adapters import V2Adapter, split_url
+from tradeoff.bench.endpoint import EndpointSpec, GenerationOptions, make_adapter
 from tradeoff.bench.load import LoadSpec
 from tradeoff.bench.openai_stream import (
     GenerationTiming,
@@ -87,6 +88,7 @@ def run_demo(options: DemoOptions) -> dict[str, Any]:
     output.mkdir(parents=True, exist_ok=True)
     repository = output / "models"
     generative = available_generative_models()
+    llm_results: list[dict[str, Any]] = []
     build_repository(repository, DEMO_MODELS + generative)
     server_cpus, client_cpus = _pinning()
     sweeps: dict[str, dict[str, Any]] = {}
@@ -118,8 +120,11 @@ def run_demo(options: DemoOptions) -> dict[str, Any]:
             sweeps[model] = sweep
             files.append(_save(sweep, output / f"sweep-{model}.json"))
         if generative:
-            llm = _generative_demo(server.url, generative, console)
-            files.append(_save(llm, output / "generative.json"))
+            answers, llm_results = _generative_demo(server.url, generative, console)
+            files.append(_save(answers, output / "generative-answers.json"))
+            for result in llm_results:
+                streams = result["load"]["concurrency"]
+                files.append(_save(result, output / f"generative-{streams}-at-once.json"))
         exit_code = server.stop()
     for sweep in sweeps.values():
         print_sweep(sweep, console)
@@ -157,9 +162,10 @@ def run_demo(options: DemoOptions) -> dict[str, Any]:
                       f"costs that much less.")
     for name in set(GENERATIVE_MODELS) - set(generative):
         console.print(f"[dim]{name} not shown: {missing_reason(name)}[/]")
-    report = write_report([baseline, *(sweeps[m] for m in DEMO_MODELS), compare],
-                          options.report,
-                          title="tradeoff demo: dynamic batching on vs off")
+    report = write_report([baseline, *(sweeps[m] for m in DEMO_MODELS), compare,
+                           *llm_results], options.report,
+                          title="tradeoff demo: dynamic batching on vs off"
+                          + (", continuous batching of an LLM" if llm_results else ""))
     console.print(f"\nserver exited with {exit_code} after SIGTERM")
     console.print(f"results: {output}/ ({', '.join(p.name for p in files)})")
     console.print(f"[bold green]report: {options.report.resolve()}[/] (open it in a browser)")
@@ -167,29 +173,22 @@ def run_demo(options: DemoOptions) -> dict[str, Any]:
             "findings": [f.to_dict() for f in findings], "figures": len(report.sections)}
 
 
-def _generative_demo(url: str, names: tuple[str, ...], console: Console) -> dict[str, Any]:
-    """One streamed chat answer per model, then ``STREAMS`` generations at once against
-    one alone on the largest model: what continuous batching buys."""
+def _generative_demo(url: str, names: tuple[str, ...], console: Console
+                     ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One streamed chat answer per model, then ``tradeoff bench --protocol openai`` on the
+    largest model: one stream at a time against ``STREAMS`` at once (continuous batching).
+    Returns the answers and the two bench results."""
     host, port, _ = split_url(url)
-
-    def run(model: str, chat: bool, count: int, max_tokens: int) -> list[GenerationTiming]:
-        body = generation_body(model, max_tokens=max_tokens, ignore_eos=not chat,
-                               messages=[{"role": "user", "content": QUESTION}] if chat
-                               else None, prompt=None if chat else "Once upon a time")
-        raw = generation_request(host, "/v1", body, chat)
-
-        async def together() -> list[GenerationTiming]:
-            return list(await asyncio.gather(*(stream_once(host, port, raw, chat)
-                                               for _ in range(count))))
-        return asyncio.run(together())
-
     table = Table(title=f"7. generative models, OpenAI-compatible API: {QUESTION!r}")
     for column in ("model", "answer", "TTFT ms", "tokens", "tokens/s"):
         table.add_column(column, justify="left" if column in ("model", "answer") else "right")
     answers = {}
     for name in names:
+        body = generation_body(name, max_tokens=32,
+                               messages=[{"role": "user", "content": QUESTION}])
         with console.status(f"7. {name}: streaming a chat answer"):
-            timing = run(name, True, 1, 32)[0]
+            timing = asyncio.run(stream_once(host, port, generation_request(
+                host, "/v1", body, chat=True), chat=True))
         answers[name] = _timing_doc(timing)
         if timing.error:
             table.add_row(name, f"[red]{timing.error}[/]", "-", "-", "-")
@@ -199,23 +198,35 @@ def _generative_demo(url: str, names: tuple[str, ...], console: Console) -> dict
                       f"{timing.output_tokens / timing.latency_s:.1f}")
     console.print(table)
     model = names[-1]
-    with console.status(f"8. {model}: one stream alone, then {STREAMS} at once"):
-        alone, batch = run(model, False, 1, 32), run(model, False, STREAMS, 32)
-    rates = {}
-    for label, timings in (("alone", alone), ("together", batch)):
-        span = (max(t.end_ns for t in timings) - min(t.start_ns for t in timings)) / 1e9
-        rates[label] = sum(t.output_tokens for t in timings if t.error is None) / span
-    ttft = sorted((t.ttft_s or 0) * 1000 for t in batch)
-    console.print(f"8. continuous batching ({model}): one stream alone "
-                  f"{rates['alone']:.1f} tokens/s; {STREAMS} streams at once "
-                  f"{rates['together']:.1f} tokens/s together "
-                  f"([bold]{rates['together'] / rates['alone']:.1f}x[/]), TTFT "
-                  f"{ttft[0]:.0f}-{ttft[-1]:.0f} ms. `tradeoff serve` decodes the running "
-                  "sequences as one batch each step, and a finished one's slot is reused "
-                  "at the next.")
-    return {"schema": "tradeoff.demo.generative/1", "answers": answers, "model": model,
-            "streams": STREAMS, "tokens_per_s": rates,
-            "together": [_timing_doc(t) for t in batch]}
+    options = GenerationOptions(input_tokens=(16, 32), output_tokens=(32, 32), ignore_eos=True)
+    results = []
+    for streams in (1, STREAMS):
+        adapter = make_adapter(EndpointSpec(f"{url}/v1", "openai", model, generation=options))
+        with console.status(f"8. {model}: {streams} stream(s) at once"):
+            result, _, _ = run_benchmark(adapter, LoadSpec(concurrency=streams,
+                                                           requests=streams))
+        result["endpoint"]["name"] = f"{model}, {streams} at once"
+        results.append(result)
+    table = Table(title=f"8. continuous batching: {model}, 32 tokens per answer "
+                        "(tradeoff bench --protocol openai)")
+    for column in ("streams at once", "tokens/s", "TTFT p50 ms", "TPOT p50 ms"):
+        table.add_column(column, justify="right")
+    for streams, result in zip((1, STREAMS), results):
+        s = result["summary"]
+        table.add_row(str(streams), f"{s['output_tokens_per_s']:.1f}",
+                      _num((s["ttft_ms"] or {}).get("p50")), _num((s["tpot_ms"] or {}).get("p50")))
+    console.print(table)
+    alone, together = (r["summary"]["output_tokens_per_s"] for r in results)
+    if alone:
+        console.print(f"{STREAMS} streams at once get [bold]{together / alone:.1f}x[/] the "
+                      "tokens/s of one: each step decodes every running sequence as one "
+                      "batch, and a finished sequence's slot is reused at the next step; "
+                      "each stream's tokens come slower (TPOT), the trade-off.")
+    return {"schema": "tradeoff.demo.generative/1", "answers": answers}, results
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
 
 
 def _timing_doc(timing: GenerationTiming) -> dict[str, Any]:

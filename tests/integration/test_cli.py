@@ -37,6 +37,18 @@ def test_demo_sweeps_both_models_and_writes_the_report(tmp_path: Path) -> None:
     assert [e["name"] for e in compare["endpoints"]] == ["mlp", "mlp_nobatch"]
     page = report.read_text()
     assert page.count('<figure class="plot"') >= 4 and "Findings" in page
+    from tradeoff.models import available_generative_models
+
+    if available_generative_models():  # torch installed: the LLM part ran too
+        assert "generative models" in text and "continuous batching" in text
+        answers = json.loads((out / "generative-answers.json").read_text())["answers"]
+        assert set(answers) == set(available_generative_models())
+        assert all(a["error"] is None and a["output_tokens"] > 0 for a in answers.values())
+        if "smollm2-135m" in answers:
+            assert "Paris" in answers["smollm2-135m"]["text"]
+        together = json.loads((out / "generative-8-at-once.json").read_text())["summary"]
+        assert together["errors"] == 0 and together["output_length"]["exact"] == 8
+        assert "Generations (ms)" in page
 
 
 def test_serve_on_a_taken_port_is_one_line(tmp_path: Path) -> None:

@@ -228,3 +228,16 @@ def test_compare_sweep_diagnose_and_report_understand_generations(
     for text in ("Generations", "TTFT p50", "time to first token", "output tokens/s",
                  "lengths as asked"):
         assert text in html, text
+
+
+def test_a_repeated_prompt_reports_cached_tokens(client: object, server: ServerProcess) -> None:
+    prompt = "a prompt long enough to fill a few KV blocks of eight tokens"
+    first = client.completions.create(model="tinyllama", prompt=prompt, **GREEDY)  # type: ignore[attr-defined]
+    again = client.completions.create(model="tinyllama", prompt=prompt, **GREEDY)  # type: ignore[attr-defined]
+    assert again.choices[0].text == first.choices[0].text
+    blocks = (len(prompt.encode()) + 1 - 1) // 8  # prompt + <|bos|>, the last one computed
+    assert again.usage.prompt_tokens_details.cached_tokens == 8 * blocks
+    text = get_text(server.metrics_url)
+    hits = next(l for l in text.splitlines()
+                if l.startswith('tradeoff_generation_prefix_cache_hits_total{model="tinyllama"}'))
+    assert float(hits.split()[-1]) >= 8 * blocks

@@ -41,13 +41,15 @@ def _measured(records: Records, start_ns: int, spec: LoadSpec, duration_s: float
     measured = records.select(records.scheduled_ns >= measure_start)
     ok = measured.outcome == OK
     bins = max(int(duration_s), 1)
-    ends = (measured.end_ns[ok] - measure_start) / 1e9
+    # completions per bin count whenever the request was sent, as the summary does
+    done = records.outcome == OK
+    ends = (records.end_ns[done] - measure_start) / 1e9
     inside = (ends >= 0) & (ends < bins)
     slot = ends[inside].astype(np.int64)
     samples = {"latency": measured.latency_ms[ok],
                "bins": np.bincount(slot, minlength=bins)[:bins].astype(float)}
     if measured.generated:
-        tokens = measured.out_tokens[ok][inside].clip(0)
+        tokens = records.out_tokens[done][inside].clip(0)
         samples.update(ttft=measured.ttft_ms[ok], tpot=measured.tpot_ms[ok],
                        itl=measured.gaps_of(ok) / 1e6,
                        token_bins=np.bincount(slot, weights=tokens, minlength=bins)[:bins])

@@ -144,8 +144,9 @@ def meets_slo(records: Records, slo: dict[str, float]) -> np.ndarray:
 
 
 def _generation_summary(adapter: Adapter, measured: Records, ok: np.ndarray,
-                        in_window: np.ndarray, seconds: float) -> dict[str, Any]:
-    """TTFT, ITL, TPOT, token counts, tokens/s and goodput of streamed generations."""
+                        ended: Records, seconds: float) -> dict[str, Any]:
+    """TTFT, ITL, TPOT, token counts, tokens/s and goodput of streamed generations
+    (``ended``: the successes that ended inside the measurement)."""
     per_s = (lambda n: float(n / seconds)) if seconds > 0 else (lambda n: 0.0)
     counted = ok & (measured.out_tokens >= 0)
     inputs = measured.in_tokens[ok & (measured.in_tokens >= 0)]
@@ -160,7 +161,7 @@ def _generation_summary(adapter: Adapter, measured: Records, ok: np.ndarray,
         "ttft_ms": distribution(measured.ttft_ms[ok]),
         "itl_ms": distribution(measured.gaps_of(ok) / 1e6),
         "tpot_ms": distribution(measured.tpot_ms[ok]),
-        "output_tokens_per_s": per_s(int(measured.out_tokens[in_window].clip(0).sum())),
+        "output_tokens_per_s": per_s(int(ended.out_tokens.clip(0).sum())),
         "input_tokens": {"total": int(inputs.sum()), "per_request": distribution(
             inputs.astype(np.float64))} if inputs.size else None,
         "output_tokens": {"total": int(outputs.sum()),
@@ -173,7 +174,7 @@ def _generation_summary(adapter: Adapter, measured: Records, ok: np.ndarray,
                           # without it, stopping early at EOS is allowed
                           "honoured": longer == 0 and (shorter == 0 or not ignore_eos)},
         "slo": slo or None,
-        "goodput_rps": per_s(int((in_window & meets_slo(measured, slo)).sum()))
+        "goodput_rps": per_s(int(meets_slo(ended, slo).sum()))
         if slo else None,
     }
 
@@ -187,9 +188,12 @@ def build_result(adapter: Adapter, spec: LoadSpec, outcome: RunOutcome,
     warmup = records.select(~measured_mask)
     ok = measured.outcome == OK
     seconds = (outcome.measure_end_ns - outcome.measure_start_ns) / 1e9
-    in_window = ok & (measured.end_ns >= outcome.measure_start_ns) & \
-        (measured.end_ns <= outcome.measure_end_ns)
-    throughput = float(in_window.sum() / seconds) if seconds > 0 else 0.0
+    # completions inside the measurement, whenever they were sent: a request sent during
+    # warmup that ends inside counts, one sent inside that ends after does not, so
+    # requests as long as the measurement (LLM answers) are not undercounted
+    ended = (records.outcome == OK) & (records.end_ns >= outcome.measure_start_ns) & \
+        (records.end_ns <= outcome.measure_end_ns)
+    throughput = float(ended.sum() / seconds) if seconds > 0 else 0.0
     rows = float(measured.rows[ok].mean()) if ok.any() else float(adapter.rows_per_request)
     errors: dict[str, int] = {}
     for code, name in OUTCOME_NAMES.items():
@@ -234,7 +238,8 @@ def build_result(adapter: Adapter, spec: LoadSpec, outcome: RunOutcome,
         "duration_s": seconds,
     }
     if records.generated:
-        summary.update(_generation_summary(adapter, measured, ok, in_window, seconds))
+        summary.update(_generation_summary(adapter, measured, ok, records.select(ended),
+                                           seconds))
     return {
         "schema": SCHEMA,
         "endpoint": adapter.describe(),

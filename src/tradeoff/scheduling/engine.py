@@ -41,9 +41,10 @@ class GenerationEngine:
     def __init__(self, decoder: LlamaDecoder, *, num_blocks: int = 512, block_size: int = 16,
                  max_num_seqs: int = 16, max_num_batched_tokens: int = 512,
                  max_num_queued: int = 256, policy: str = "fcfs", mode: str = "continuous",
+                 prefix_caching: bool = False,
                  detokenize: Callable[[list[int]], str] | None = None) -> None:
         self.decoder = decoder
-        self.blocks = BlockAllocator(num_blocks, block_size)
+        self.blocks = BlockAllocator(num_blocks, block_size, prefix_caching)
         self.cache = decoder.new_cache(num_blocks, block_size)
         self.scheduler = IterationScheduler(
             self.blocks, max_num_seqs=max_num_seqs,
@@ -95,6 +96,7 @@ class GenerationEngine:
         prefill = 0
         for (seq, n), row in zip(plan.work, logits):
             seq.computed += n
+            self.scheduler.cache_full_blocks(seq)
             if seq.pending == 0:  # everything is in the cache: this row predicts the next
                 ready.append((seq, row))
             if n > 1 or not seq.output:

@@ -13,7 +13,9 @@ Every step, in order:
    blocks hold their prompt chunk. A prompt longer than the budget is prefilled in chunks.
 
 Finished sequences are retired by the engine at once, so their slots and blocks serve the
-next step. ``static`` mode is the baseline: a batch is admitted only when nothing runs,
+next step. With prefix caching, an admitted sequence first takes the cached blocks of the
+longest cached prefix of its prompt (all but its last token) and computes only the rest;
+the engine registers every block it fills (``cache_full_blocks``). ``static`` mode is the baseline: a batch is admitted only when nothing runs,
 and runs until all its sequences end.
 """
 
@@ -25,7 +27,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from tradeoff.errors import Unavailable
-from tradeoff.scheduling.kv_blocks import BlockAllocator
+from tradeoff.scheduling.kv_blocks import BlockAllocator, BlockKey, block_key
 
 
 class SeqState(enum.Enum):
@@ -50,6 +52,8 @@ class GenSequence:
     state: SeqState = SeqState.WAITING
     preemptions: int = 0
     finish_reason: str | None = None
+    cached_tokens: int = 0     # prompt tokens found in the prefix cache at admission
+    block_keys: list[BlockKey] = field(default_factory=list)  # keys of its full blocks
     seq_id: int = field(default_factory=lambda: next(_ids))
 
     @property
@@ -139,11 +143,38 @@ class IterationScheduler:
         self.running.remove(victim)
         self.blocks.free(victim.blocks)
         victim.blocks = []
+        victim.block_keys = []
         victim.computed = 0  # recompute prompt and output so far when readmitted
         victim.state = SeqState.WAITING
         victim.preemptions += 1
         self.preemptions += 1
         self.waiting.appendleft(victim)
+
+    def _take_cached_prefix(self, seq: GenSequence) -> None:
+        """Share the cached blocks of the sequence's longest cached prefix; at least the
+        last token is left to compute (its logits give the next token)."""
+        blocks, keys = self.blocks.match(seq.tokens, len(seq.tokens) - 1)
+        seq.blocks, seq.block_keys = blocks, keys
+        seq.computed = len(blocks) * self.blocks.block_size
+        if not seq.preemptions:
+            seq.cached_tokens = seq.computed
+
+    def _release(self, seq: GenSequence) -> None:
+        """A sequence that could not be admitted gives back what it held."""
+        self.blocks.free(seq.blocks)
+        seq.blocks, seq.block_keys, seq.computed = [], [], 0
+
+    def cache_full_blocks(self, seq: GenSequence) -> None:
+        """Register the blocks ``seq`` has filled since the last call (prefix caching)."""
+        if not self.blocks.prefix_caching:
+            return
+        size = self.blocks.block_size
+        tokens = seq.tokens
+        for index in range(len(seq.block_keys), seq.computed // size):
+            key = block_key(seq.block_keys[-1] if seq.block_keys else None,
+                            tokens[index * size:(index + 1) * size])
+            seq.block_keys.append(key)
+            self.blocks.register(seq.blocks[index], key)
 
     def _victim_order(self) -> list[GenSequence]:
         """Running sequences, the first to give way first: lowest priority (highest
@@ -183,8 +214,11 @@ class IterationScheduler:
                                                                          s.seq_id)))
             while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
                 seq = self.waiting[0]
+                if not seq.blocks:
+                    self._take_cached_prefix(seq)
                 n = min(seq.pending, budget)
                 if not self._grow(seq, n):
+                    self._release(seq)
                     break
                 self.waiting.popleft()
                 seq.state = SeqState.RUNNING

@@ -1,45 +1,110 @@
-"""The KV cache's block accounting: fixed-size blocks, a free list, and each sequence's
-block table. Pure bookkeeping; the tensors live with the decoder.
+"""The KV cache's block accounting: fixed-size blocks, a free list, each sequence's block
+table, and (optionally) a prefix cache. Pure bookkeeping; the tensors live with the
+decoder.
 
     blocks = BlockAllocator(num_blocks=256, block_size=16)
     table = blocks.allocate(blocks.needed(prompt_len))
     blocks.free(table)
+
+With ``prefix_caching``, a full block whose keys and values are computed is registered
+under its content: the tokens it holds and the key of the block before it. A later
+sequence whose prompt starts with the same blocks shares them (reference counted)
+instead of computing them again. A cached block nobody uses stays cached until its
+memory is needed: free blocks are handed out first, then the least recently released
+cached ones.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
+
+BlockKey = tuple[int, tuple[int, ...]]  # (hash of the previous block's key, tokens)
+
+
+def block_key(previous: BlockKey | None, tokens: list[int]) -> BlockKey:
+    """The cache key of a full block: its tokens and everything before them (by hash)."""
+    return (hash(previous) if previous is not None else 0, tuple(tokens))
 
 
 class BlockAllocator:
-    """Hands out KV cache blocks; ``usage`` is the fraction in use."""
+    """Hands out KV cache blocks; ``usage`` is the fraction held by sequences."""
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = False) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError("the KV cache needs at least one block of at least one token")
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.prefix_caching = prefix_caching
         self._free: deque[int] = deque(range(num_blocks))
+        self._refs = [0] * num_blocks
+        self._key_of: dict[int, BlockKey] = {}
+        self._cached: dict[BlockKey, int] = {}
+        self._unused: OrderedDict[int, None] = OrderedDict()  # cached, no user; LRU first
+        self.hit_tokens = 0    # prompt tokens found in the prefix cache
+        self.query_tokens = 0  # prompt tokens looked up
 
     @property
     def free_blocks(self) -> int:
-        return len(self._free)
+        return len(self._free) + len(self._unused)
 
     @property
     def usage(self) -> float:
-        return 1 - len(self._free) / self.num_blocks
+        return 1 - self.free_blocks / self.num_blocks
 
     def needed(self, tokens: int) -> int:
         """Blocks that hold ``tokens`` tokens."""
         return -(-tokens // self.block_size)
 
     def can_allocate(self, count: int) -> bool:
-        return count <= len(self._free)
+        return count <= self.free_blocks
 
     def allocate(self, count: int) -> list[int]:
-        if count > len(self._free):
-            raise MemoryError(f"{count} KV blocks asked, {len(self._free)} free")
-        return [self._free.popleft() for _ in range(count)]
+        if count > self.free_blocks:
+            raise MemoryError(f"{count} KV blocks asked, {self.free_blocks} free")
+        out = []
+        for _ in range(count):
+            if self._free:
+                block = self._free.popleft()
+            else:  # reuse the least recently released cached block
+                block, _ = self._unused.popitem(last=False)
+                del self._cached[self._key_of.pop(block)]
+            self._refs[block] = 1
+            out.append(block)
+        return out
 
     def free(self, blocks: list[int]) -> None:
-        self._free.extend(blocks)
+        for block in blocks:
+            self._refs[block] -= 1
+            if self._refs[block] == 0:
+                if block in self._key_of:
+                    self._unused[block] = None
+                else:
+                    self._free.append(block)
+
+    def match(self, tokens: list[int], limit: int) -> tuple[list[int], list[BlockKey]]:
+        """The cached blocks holding the longest cached prefix of ``tokens`` (at most
+        ``limit`` tokens), now shared with the caller, and their keys."""
+        if not self.prefix_caching:
+            return [], []
+        size = self.block_size
+        blocks: list[int] = []
+        keys: list[BlockKey] = []
+        for start in range(0, limit - size + 1, size):
+            key = block_key(keys[-1] if keys else None, tokens[start:start + size])
+            block = self._cached.get(key)
+            if block is None:
+                break
+            if self._refs[block] == 0:
+                del self._unused[block]
+            self._refs[block] += 1
+            blocks.append(block)
+            keys.append(key)
+        self.query_tokens += limit
+        self.hit_tokens += len(blocks) * size
+        return blocks, keys
+
+    def register(self, block: int, key: BlockKey) -> None:
+        """Cache a full, computed block under ``key`` (unless that content is cached)."""
+        if self.prefix_caching and key not in self._cached and block not in self._key_of:
+            self._cached[key] = block
+            self._key_of[block] = key

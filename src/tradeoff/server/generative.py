@@ -14,6 +14,7 @@ A generative model is a repository directory with a ``generate.yaml``::
     scheduling: fcfs            # fcfs | priority
     batching: continuous        # continuous | static (the baseline)
     device: auto                # auto (cuda when torch sees a GPU) | cpu | cuda | cuda:N
+    prefix_caching: true        # share the KV blocks of prompt prefixes seen before
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class GenerativeConfig:
     scheduling: str = "fcfs"
     batching: str = "continuous"
     device: str = "auto"
+    prefix_caching: bool = True
 
     @classmethod
     def read(cls, path: Path) -> GenerativeConfig:
@@ -66,7 +68,13 @@ class GenerativeConfig:
         for key, value in doc.items():
             if key not in known:
                 raise ConfigError(source, str(key), f"unknown setting; known: {sorted(known)}")
-            want = int if known[key].type == "int" else str
+            kind = known[key].type
+            if kind == "bool":
+                if not isinstance(value, bool):
+                    raise ConfigError(source, key, f"expected true or false, got {value!r}")
+                values[key] = value
+                continue
+            want = int if kind == "int" else str
             try:
                 values[key] = want(value)
             except (TypeError, ValueError):
@@ -132,7 +140,8 @@ class GenerativeModel:
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_num_queued=config.max_num_queued_requests, policy=config.scheduling,
-            mode=config.batching, detokenize=tokenizer.decode)
+            mode=config.batching, prefix_caching=config.prefix_caching,
+            detokenize=tokenizer.decode)
         self.inbox: queue.SimpleQueue[tuple[str, Handle]] = queue.SimpleQueue()
         self.pending = 0  # submitted, not yet taken by the engine thread
         self.handles: dict[int, Handle] = {}

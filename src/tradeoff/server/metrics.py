@@ -132,7 +132,8 @@ def _batch_bounds(max_batch: int) -> tuple[float, ...]:
 
 class GenerationCollector(Collector):
     """Generative models: requests running and waiting, TTFT, inter-token and end-to-end
-    latency histograms, prompt and generated tokens, KV cache usage, preemptions."""
+    latency histograms, prompt and generated tokens, KV cache usage, preemptions, prefix
+    cache lookups and hits (in tokens)."""
 
     def __init__(self, models: GenerativeModels) -> None:
         self.models = models
@@ -154,6 +155,12 @@ class GenerationCollector(Collector):
                                         labels=labels)
         finished = CounterMetricFamily("tradeoff_generation_requests_finished",
                                        "Requests that finished", labels=labels)
+        queries = CounterMetricFamily("tradeoff_generation_prefix_cache_queries",
+                                      "Prompt tokens looked up in the prefix cache",
+                                      labels=labels)
+        hits = CounterMetricFamily("tradeoff_generation_prefix_cache_hits",
+                                   "Prompt tokens found in the prefix cache (not computed)",
+                                   labels=labels)
         histograms = []
         for model in self.models.models.values():
             stats, engine, lv = model.stats, model.engine, [model.name]
@@ -164,6 +171,8 @@ class GenerationCollector(Collector):
             generated.add_metric(lv, stats.generation_tokens)
             preempted.add_metric(lv, stats.preemptions)
             finished.add_metric(lv, stats.requests_finished)
+            queries.add_metric(lv, engine.blocks.query_tokens)
+            hits.add_metric(lv, engine.blocks.hit_tokens)
             for name, doc, kind in (
                     ("tradeoff_generation_time_to_first_token_seconds",
                      "Arrival to first generated token", "ttft"),
@@ -178,7 +187,8 @@ class GenerationCollector(Collector):
                 family = HistogramMetricFamily(name, doc, labels=labels)
                 family.add_metric(lv, buckets, total[0])
                 histograms.append(family)
-        yield from (running, waiting, kv, prompt, generated, preempted, finished, *histograms)
+        yield from (running, waiting, kv, prompt, generated, preempted, finished, queries, hits,
+                    *histograms)
 
 
 def make_registry(manager: ModelManager, dataplane: DataPlane | None = None,

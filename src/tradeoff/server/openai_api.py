@@ -173,9 +173,11 @@ class _Reply:
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
 
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> dict[str, Any]:
+        cached = self.handle.seq.cached_tokens if self.handle.seq is not None else 0
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": len(self.tokens),
-                "total_tokens": self.prompt_tokens + len(self.tokens)}
+                "total_tokens": self.prompt_tokens + len(self.tokens),
+                "prompt_tokens_details": {"cached_tokens": cached}}
 
     def _delta(self, final: bool) -> str:
         """New text since the last piece sent, holding back a split UTF-8 character."""

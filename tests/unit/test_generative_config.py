@@ -1,0 +1,38 @@
+"""generate.yaml: defaults, types, and one clear error per wrong setting."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tradeoff.errors import ConfigError
+from tradeoff.server.generative import GenerativeConfig
+
+
+def read(tmp_path: Path, text: str) -> GenerativeConfig:
+    path = tmp_path / "generate.yaml"
+    path.write_text(text)
+    return GenerativeConfig.read(path)
+
+
+def test_defaults_and_values(tmp_path: Path) -> None:
+    config = read(tmp_path, "format: gguf\nmax_num_seqs: 4\nprefix_caching: false\n"
+                            "device: cuda:1\n")
+    assert (config.format, config.max_num_seqs, config.prefix_caching, config.device) == \
+        ("gguf", 4, False, "cuda:1")
+    assert read(tmp_path, "").prefix_caching and read(tmp_path, "").batching == "continuous"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("max_num_seq: 4", "unknown setting"),
+    ("max_num_seqs: many", "expected int"),
+    ("max_num_seqs: 0", "must be >= 1"),
+    ("prefix_caching: maybe", "expected true or false"),
+    ("batching: dynamic", "unsupported value 'dynamic'"),
+    ("device: tpu", "unsupported value 'tpu'"),
+    ("[1, 2]", "must be a mapping"),
+])
+def test_wrong_settings_name_the_setting(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        read(tmp_path, text)
