@@ -78,9 +78,10 @@ class StreamingServer:
                 self.requests += 1
                 if not await self._stream(writer, json.loads(body), behaviour, arrived,
                                           chat=route == "chat/completions"):
-                    writer.close()
                     return
         except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:  # also when the server stops and cancels this handler
             writer.close()
 
     async def _stream(self, writer: asyncio.StreamWriter, request: dict, behaviour: dict,

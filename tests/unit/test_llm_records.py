@@ -95,3 +95,13 @@ def test_length_and_slo_options() -> None:
     for bad in ("ttft=5", "ttft_ms=-1", "ttft_ms", "e2e_ms=x"):
         with pytest.raises(BenchSetupError):
             parse_slo(bad)
+
+
+def test_text_events_rebuild_every_arrival() -> None:
+    buffer = RecordBuffer()
+    buffer.add(0, 0, 900, OK, 200, 1, 1, 1, None, Generated(100, 3, 1, 3, True, (10, 20)))
+    buffer.add(0, 0, 900, OK, 200, 1, 1, 1, None, Generated(0, 0, 1, 3, True, ()))
+    buffer.add(0, 0, 900, OK, 200, 1, 1, 1, None, Generated(500, 4, 1, 3, True, (5,)))
+    times, weights = buffer.freeze().text_events(np.ones(3, bool))
+    assert times.tolist() == [100, 110, 130, 500, 505]
+    assert weights.tolist() == [1, 1, 1, 2, 2]  # 4 tokens in 2 events: 2 each

@@ -48,11 +48,14 @@ def _measured(records: Records, start_ns: int, spec: LoadSpec, duration_s: float
     slot = ends[inside].astype(np.int64)
     samples = {"latency": measured.latency_ms[ok],
                "bins": np.bincount(slot, minlength=bins)[:bins].astype(float)}
-    if measured.generated:
-        tokens = records.out_tokens[done][inside].clip(0)
+    if measured.generated:  # tokens per bin: where their text events fell
+        times, weights = records.text_events(done)
+        at = (times - measure_start) / 1e9
+        within = (at >= 0) & (at < bins)
         samples.update(ttft=measured.ttft_ms[ok], tpot=measured.tpot_ms[ok],
                        itl=measured.gaps_of(ok) / 1e6,
-                       token_bins=np.bincount(slot, weights=tokens, minlength=bins)[:bins])
+                       token_bins=np.bincount(at[within].astype(np.int64),
+                                              weights=weights[within], minlength=bins)[:bins])
     return samples
 
 

@@ -160,6 +160,24 @@ class Records:
             tpot = (self.end_ns - self.first_ns) / 1e6 / (tokens - 1)
         return np.where((tokens >= 2) & (self.first_ns > 0), tpot, np.nan)
 
+    def text_events(self, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Arrival times (ns) of every text event of the requests ``mask`` selects, and
+        the tokens each stands for (the answer's output tokens / its events)."""
+        picked = self.select(mask & (self.first_ns > 0))
+        if not len(picked):
+            return np.empty(0, np.int64), np.empty(0)
+        events = picked.gap_count.astype(np.int64) + 1
+        owner = np.repeat(np.arange(len(picked)), events)
+        steps = np.zeros(int(events.sum()), np.int64)
+        starts = np.concatenate(([0], np.cumsum(events)[:-1])).astype(np.int64)
+        first = np.zeros(steps.size, bool)
+        first[starts] = True
+        steps[~first] = picked.gaps_ns
+        running = np.cumsum(steps)
+        times = picked.first_ns[owner] + running - running[starts][owner]
+        weights = (picked.out_tokens.clip(0) / events)[owner]
+        return times, weights
+
     def gaps_of(self, mask: np.ndarray) -> np.ndarray:
         """The inter-token gaps (ns) of the requests ``mask`` selects."""
         return self.gaps_ns[np.repeat(mask, self.gap_count)]

@@ -144,9 +144,15 @@ def meets_slo(records: Records, slo: dict[str, float]) -> np.ndarray:
 
 
 def _generation_summary(adapter: Adapter, measured: Records, ok: np.ndarray,
-                        ended: Records, seconds: float) -> dict[str, Any]:
+                        ended: Records, outcome: RunOutcome, seconds: float
+                        ) -> dict[str, Any]:
     """TTFT, ITL, TPOT, token counts, tokens/s and goodput of streamed generations
-    (``ended``: the successes that ended inside the measurement)."""
+    (``ended``: the successes that ended inside the measurement). Tokens/s counts the
+    tokens generated inside the measurement: the text events stamped inside it, of every
+    successful answer, each worth its answer's tokens / events."""
+    records = outcome.records
+    times, weights = records.text_events(records.outcome == OK)
+    inside = (times >= outcome.measure_start_ns) & (times <= outcome.measure_end_ns)
     per_s = (lambda n: float(n / seconds)) if seconds > 0 else (lambda n: 0.0)
     counted = ok & (measured.out_tokens >= 0)
     inputs = measured.in_tokens[ok & (measured.in_tokens >= 0)]
@@ -161,7 +167,7 @@ def _generation_summary(adapter: Adapter, measured: Records, ok: np.ndarray,
         "ttft_ms": distribution(measured.ttft_ms[ok]),
         "itl_ms": distribution(measured.gaps_of(ok) / 1e6),
         "tpot_ms": distribution(measured.tpot_ms[ok]),
-        "output_tokens_per_s": per_s(int(ended.out_tokens.clip(0).sum())),
+        "output_tokens_per_s": per_s(float(weights[inside].sum())),
         "input_tokens": {"total": int(inputs.sum()), "per_request": distribution(
             inputs.astype(np.float64))} if inputs.size else None,
         "output_tokens": {"total": int(outputs.sum()),
@@ -239,7 +245,7 @@ def build_result(adapter: Adapter, spec: LoadSpec, outcome: RunOutcome,
     }
     if records.generated:
         summary.update(_generation_summary(adapter, measured, ok, records.select(ended),
-                                           seconds))
+                                           outcome, seconds))
     return {
         "schema": SCHEMA,
         "endpoint": adapter.describe(),
