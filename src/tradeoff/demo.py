@@ -193,7 +193,9 @@ def _generative_demo(url: str, names: tuple[str, ...], console: Console
         if timing.error:
             table.add_row(name, f"[red]{timing.error}[/]", "-", "-", "-")
             continue
-        table.add_row(name, timing.text.strip()[:60], f"{(timing.ttft_s or 0) * 1000:.0f}",
+        shown = "".join(c if c.isprintable() else "·" for c in timing.text.strip())[:40]
+        label = f"{name} (random weights)" if name == "tinyllama" else name
+        table.add_row(label, shown, f"{(timing.ttft_s or 0) * 1000:.0f}",
                       str(timing.output_tokens),
                       f"{timing.output_tokens / timing.latency_s:.1f}")
     console.print(table)
