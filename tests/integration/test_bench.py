@@ -67,7 +67,10 @@ def test_a_frozen_server_is_charged_from_the_scheduled_time(tmp_path: Path) -> N
     with records.open() as handle:
         latencies = [float(row["latency_ms"]) for row in csv.DictReader(handle)]
     slow = sum(latency >= 500 for latency in latencies)
-    assert 40 <= slow <= 60, slow
+    # the first half second of the freeze: ~50 requests; a stall of this VM on top can
+    # only add late requests, never remove them (a client that hid the freeze would
+    # report a handful)
+    assert 40 <= slow <= 100, slow
 
 
 def test_errors_are_counted_by_class(tmp_path: Path) -> None:
