@@ -88,31 +88,17 @@ def summarize(timings: list[GenerationTiming], asked: list[int]) -> dict[str, An
             "latency_p99_ms": pct([t.latency_s for t in ok], 99)}
 
 
-def _engine(model_dir: Path, cpu: int, device: str, max_queued: int) -> tuple[Any, Any]:
-    """The engine of ``model_dir`` in this process, on ``cpu`` with one torch thread."""
+def _engine(model_dir: Path, cpu: int) -> tuple[Any, Any]:
+    """The engine of ``model_dir`` (its generate.yaml names the device) in this process,
+    on ``cpu`` with one torch thread."""
     import torch
 
-    from tradeoff.backends.gguf_file import load_gguf
-    from tradeoff.scheduling.engine import GenerationEngine
-    from tradeoff.server.generative import GenerativeConfig, resolve_device
+    from tradeoff.server.generative import load_generative, new_engine
 
     os.sched_setaffinity(0, {cpu})
     torch.set_num_threads(1)
-    config = GenerativeConfig.read(model_dir / "generate.yaml")
-    device = resolve_device(device)
-    if config.format == "gguf":
-        decoder, tokenizer = load_gguf(Path(config.path), device=device)
-    else:
-        from tradeoff.backends.llama import load_hf_directory
-        from tradeoff.backends.text import Tokenizer
-
-        decoder = load_hf_directory(model_dir / config.path, device=device)
-        tokenizer = Tokenizer.from_directory(model_dir / config.path)
-    engine = GenerationEngine(decoder, num_blocks=config.num_blocks,
-                              block_size=config.block_size, max_num_seqs=config.max_num_seqs,
-                              max_num_batched_tokens=config.max_num_batched_tokens,
-                              max_num_queued=max_queued)
-    return engine, tokenizer
+    config, decoder, tokenizer = load_generative(model_dir)
+    return new_engine(config, decoder, tokenizer), tokenizer
 
 
 def ceiling(engine: Any, tokenizer: Any, work: list[tuple[float, str, int]]) -> dict[str, Any]:
@@ -186,7 +172,7 @@ def main() -> None:
         for name, settings in configs.items():
             write_generative(repo, args.model, directory=name, device=args.device, **settings)
         if args.steps_only:
-            engine, tokenizer = _engine(repo / "continuous", server_cpu, args.device, 64)
+            engine, tokenizer = _engine(repo / "continuous", server_cpu)
             sizes = sorted({1, 4, args.max_num_seqs})
             times = step_times(engine, tokenizer, [p for _, p, _ in work], sizes)
             for n, ms in times.items():
@@ -203,8 +189,7 @@ def main() -> None:
         print("ceiling: the engine alone, a full batch ...", flush=True)
         full_batch = [(0.0, prompt, args.ceiling_tokens)
                       for _, prompt, _ in work[:args.max_num_seqs]]
-        engine, tokenizer = _engine(repo / "continuous", server_cpu, args.device,
-                                    len(full_batch))
+        engine, tokenizer = _engine(repo / "continuous", server_cpu)
         rows["ceiling"] = ceiling(engine, tokenizer, full_batch)
 
     print(f"\n{args.model} on {args.device}, Poisson {args.rate} req/s, output "

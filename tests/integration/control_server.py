@@ -14,20 +14,23 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from typing import TypeVar
 from urllib.parse import parse_qs, urlsplit
 
+_Server = TypeVar("_Server", bound="ThreadedServer")
 
-class ControlServer:
+
+class ThreadedServer:
+    """An asyncio server on 127.0.0.1 (a free port) in a thread of its own, for the
+    length of a ``with`` block; subclasses answer connections in ``_handle``."""
+
     def __init__(self) -> None:
-        self.count = 0
         self.port = 0
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._server: asyncio.AbstractServer | None = None
-        self._serial: asyncio.Lock | None = None
 
-    def __enter__(self) -> ControlServer:
+    def __enter__(self: _Server) -> _Server:
         self._thread.start()
         self._ready.wait(10)
         return self
@@ -36,23 +39,33 @@ class ControlServer:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        raise NotImplementedError
 
     def _serve(self) -> None:
         asyncio.set_event_loop(self._loop)
-        self._server = self._loop.run_until_complete(
+        server = self._loop.run_until_complete(
             asyncio.start_server(self._handle, "127.0.0.1", 0, backlog=1024))
-        self.port = self._server.sockets[0].getsockname()[1]
+        self.port = server.sockets[0].getsockname()[1]
         self._ready.set()
         self._loop.run_forever()
-        self._server.close()
+        server.close()
         tasks = asyncio.all_tasks(self._loop)
         for task in tasks:
             task.cancel()
         self._loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
         self._loop.close()
+
+
+class ControlServer(ThreadedServer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+        self._serial: asyncio.Lock | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:

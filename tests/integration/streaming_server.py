@@ -14,44 +14,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
+
+from .control_server import ThreadedServer
 
 
-class StreamingServer:
+class StreamingServer(ThreadedServer):
     def __init__(self) -> None:
-        self.port = 0
+        super().__init__()
         self.requests = 0
         self.authorization: set[str] = set()  # Authorization headers seen
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-
-    def __enter__(self) -> StreamingServer:
-        self._thread.start()
-        self._ready.wait(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
 
     def url(self, **behaviour: int) -> str:
         path = "".join(f"/{key}/{value}" for key, value in behaviour.items())
         return f"http://127.0.0.1:{self.port}{path}/v1"
-
-    def _serve(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        server = self._loop.run_until_complete(
-            asyncio.start_server(self._handle, "127.0.0.1", 0))
-        self.port = server.sockets[0].getsockname()[1]
-        self._ready.set()
-        self._loop.run_forever()
-        server.close()
-        tasks = asyncio.all_tasks(self._loop)
-        for task in tasks:
-            task.cancel()
-        self._loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
-        self._loop.close()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:

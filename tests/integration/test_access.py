@@ -177,3 +177,17 @@ def test_tls_on_http_and_grpc(tmp_path: Path) -> None:
         assert server.url.startswith("https://")
         assert json.loads(out.read_text())["summary"]["successes"] == 5
         assert server.stop() == 0
+
+
+def test_llm_bench_names_the_key_variable_when_refused(secured: ServerProcess) -> None:
+    from tradeoff.bench.adapters import BenchSetupError
+    from tradeoff.bench.endpoint import EndpointSpec, GenerationOptions, make_adapter
+
+    for variable, env in (("NO_SUCH_KEY", {}), ("WRONG_KEY", {"WRONG_KEY": "wrong-key-000"})):
+        spec = EndpointSpec(f"{secured.url}/v1", "openai", "m",
+                            generation=GenerationOptions(api_key_env=variable))
+        with pytest.MonkeyPatch.context() as patch:
+            for name, value in env.items():
+                patch.setenv(name, value)
+            with pytest.raises(BenchSetupError, match=f"refused the API key.*\\${variable}"):
+                make_adapter(spec).prepare()

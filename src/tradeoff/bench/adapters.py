@@ -36,7 +36,12 @@ class Connection(Protocol):
 
 
 class BenchSetupError(Exception):
-    """The run cannot be carried out (bad arguments, endpoint unreachable, ...)."""
+    """The run cannot be carried out (bad arguments, endpoint unreachable, ...);
+    ``status`` is the HTTP status when the endpoint refused a setup request."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def split_url(url: str) -> tuple[str, int, str]:
@@ -119,7 +124,8 @@ class Adapter(ABC):
                 return json.loads(response.read())
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode(errors="replace")[:300]
-            raise BenchSetupError(f"GET {self.url}{path}: HTTP {exc.code} {detail}") from None
+            raise BenchSetupError(f"GET {self.url}{path}: HTTP {exc.code} {detail}",
+                                  exc.code) from None
         except (urllib.error.URLError, OSError) as exc:
             raise BenchSetupError(f"GET {self.url}{path}: {exc}") from None
 

@@ -67,13 +67,13 @@ class OpenAIAdapter(Adapter):
         try:
             listing = self._get_json("/models")
         except BenchSetupError as exc:
-            if "HTTP 401" in str(exc) or "HTTP 403" in str(exc):
+            if exc.status in (401, 403):
                 where = f"${self.api_key_env}" if os.environ.get(self.api_key_env) else \
                     f"no key: ${self.api_key_env} is not set"
                 raise BenchSetupError(f"{self.url}: the endpoint refused the API key "
                                       f"({where}); set it, or name another variable "
                                       "with --api-key-env") from None
-            if "HTTP 404" in str(exc) or "HTTP 405" in str(exc):
+            if exc.status in (404, 405):
                 return  # no model listing here; the first request will tell
             raise
         models = listing.get("data") if isinstance(listing, dict) else None

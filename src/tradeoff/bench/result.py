@@ -159,7 +159,7 @@ def _generation_summary(adapter: Adapter, measured: Records, ok: np.ndarray,
     outputs = measured.out_tokens[counted]
     asked = ok & (measured.asked_tokens >= 0)
     got, wanted = measured.out_tokens[asked], measured.asked_tokens[asked]
-    ignore_eos = bool(adapter.describe().get("ignore_eos"))
+    ignore_eos = bool(getattr(adapter, "ignore_eos", False))
     shorter, longer = int((got < wanted).sum()), int((got > wanted).sum())
     slo = getattr(adapter, "slo", None) or {}
     from_usage = int(measured.usage_tokens[counted].sum())

@@ -109,6 +109,39 @@ def resolve_device(device: str) -> str:
     return device
 
 
+def load_generative(directory: Path) -> tuple[GenerativeConfig, Any, Any]:
+    """Read a generative model directory: its ``generate.yaml``, decoder and tokenizer."""
+    config = GenerativeConfig.read(directory / GENERATIVE_FILE)
+    try:
+        from tradeoff.backends.llama import load_hf_directory
+        from tradeoff.backends.text import Tokenizer
+    except ImportError as exc:
+        raise ModelLoadError(f"generative models need torch: pip install "
+                             f"'tradeoff[llm]' ({exc})") from None
+    path = Path(config.path) if Path(config.path).is_absolute() else directory / config.path
+    device = resolve_device(config.device)
+    if config.format == "gguf":
+        from tradeoff.backends.gguf_file import load_gguf
+
+        decoder, tokenizer = load_gguf(path, device=device)
+    else:
+        decoder = load_hf_directory(path, device=device)
+        tokenizer = Tokenizer.from_directory(path)
+    return config, decoder, tokenizer
+
+
+def new_engine(config: GenerativeConfig, decoder: Any, tokenizer: Any) -> Any:
+    """A :class:`GenerationEngine` with the settings of ``config``."""
+    from tradeoff.scheduling.engine import GenerationEngine
+
+    return GenerationEngine(
+        decoder, num_blocks=config.num_blocks, block_size=config.block_size,
+        max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
+        max_num_queued=config.max_num_queued_requests, policy=config.scheduling,
+        mode=config.batching, prefix_caching=config.prefix_caching,
+        detokenize=tokenizer.decode)
+
+
 @dataclass
 class Handle:
     """One request's link to the engine: events arrive on ``events`` in order:
@@ -127,21 +160,13 @@ class GenerativeModel:
 
     def __init__(self, name: str, config: GenerativeConfig, decoder: Any, tokenizer: Any,
                  loop: asyncio.AbstractEventLoop) -> None:
-        from tradeoff.scheduling.engine import GenerationEngine
-
         self.name = name
         self.config = config
         self.decoder = decoder
         self.tokenizer = tokenizer
         self.loop = loop
         self.created = int(time.time())
-        self.engine = GenerationEngine(
-            decoder, num_blocks=config.num_blocks, block_size=config.block_size,
-            max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            max_num_queued=config.max_num_queued_requests, policy=config.scheduling,
-            mode=config.batching, prefix_caching=config.prefix_caching,
-            detokenize=tokenizer.decode)
+        self.engine = new_engine(config, decoder, tokenizer)
         self.inbox: queue.SimpleQueue[tuple[str, Handle]] = queue.SimpleQueue()
         self.pending = 0  # submitted, not yet taken by the engine thread
         self.handles: dict[int, Handle] = {}
@@ -306,23 +331,7 @@ class GenerativeModels:
                 log.error("generative model %s: load failed: %s", name, exc)
 
     def _load(self, name: str, loop: asyncio.AbstractEventLoop) -> GenerativeModel:
-        directory = self.repository.root / name
-        config = GenerativeConfig.read(directory / GENERATIVE_FILE)
-        try:
-            from tradeoff.backends.llama import load_hf_directory
-            from tradeoff.backends.text import Tokenizer
-        except ImportError as exc:
-            raise ModelLoadError(f"generative models need torch: pip install "
-                                 f"'tradeoff[llm]' ({exc})") from None
-        path = Path(config.path) if Path(config.path).is_absolute() else directory / config.path
-        device = resolve_device(config.device)
-        if config.format == "gguf":
-            from tradeoff.backends.gguf_file import load_gguf
-
-            decoder, tokenizer = load_gguf(path, device=device)
-        else:
-            decoder = load_hf_directory(path, device=device)
-            tokenizer = Tokenizer.from_directory(path)
+        config, decoder, tokenizer = load_generative(self.repository.root / name)
         return GenerativeModel(name, config, decoder, tokenizer, loop)
 
     def get(self, name: str) -> GenerativeModel:
