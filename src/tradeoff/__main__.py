@@ -1,3 +1,6 @@
+"""``python -m tradeoff``: the same command line as ``tradeoff``."""
+
 from tradeoff.cli import main
 
-main()
+if __name__ == "__main__":
+    main()

@@ -24,7 +24,6 @@ from rich.panel import Panel
 from rich.table import Table
 
 from tradeoff.analysis.compare import compare_results
-from tradeoff.analysis.cost import Price
 from tradeoff.analysis.diagnose import SEVERITY_ORDER, diagnose
 from tradeoff.bench.adapters import V2Adapter, split_url
 from tradeoff.bench.endpoint import EndpointSpec, GenerationOptions, make_adapter
@@ -36,12 +35,15 @@ from tradeoff.bench.openai_stream import (
     stream_once,
 )
 from tradeoff.bench.session import run_benchmark
-from tradeoff.bench.sweep import Sweep, SweepPlan, parse_levels, point_at
+from tradeoff.bench.sweep import Sweep, SweepPlan, parse_levels
 from tradeoff.models import GENERATIVE_MODELS, available_generative_models, build_repository
 from tradeoff.models.generative import missing_reason
+from tradeoff.report import plots
 from tradeoff.report.html import write_report
 from tradeoff.report.terminal import print_compare, print_findings, print_sweep
+from tradeoff.results import BenchResult, ResultDocument, SweepResult, SweepRow, write_json
 from tradeoff.server.process import ServerProcess
+from tradeoff.stats.cost import Price
 
 DEMO_MODELS = ("mlp_nobatch", "mlp")
 QUESTION = "What is the capital of France?"
@@ -71,13 +73,18 @@ def _spec(duration_s: float) -> LoadSpec:
                     window_s=duration_s / 3)
 
 
-def _save(document: dict[str, Any], path: Path) -> Path:
-    path.write_text(json.dumps(document, indent=2))
+def _save(document: ResultDocument, path: Path) -> Path:
+    write_json(document, path)
     return path
 
 
 def run_demo(options: DemoOptions) -> dict[str, Any]:
-    """Run the demo; returns the paths and figures it produced."""
+    """Run the demo; returns the paths and figures it produced.
+
+    The report comes last: a missing ``report`` extra (matplotlib) is refused before any
+    model is built or measured.
+    """
+    plots.require()
     console = Console()
     console.print(Panel.fit(
         "[bold]tradeoff demo[/]: what does dynamic batching buy, and what does it cost in "
@@ -88,10 +95,10 @@ def run_demo(options: DemoOptions) -> dict[str, Any]:
     output.mkdir(parents=True, exist_ok=True)
     repository = output / "models"
     generative = available_generative_models()
-    llm_results: list[dict[str, Any]] = []
+    llm_results: list[BenchResult] = []
     build_repository(repository, DEMO_MODELS + generative)
     server_cpus, client_cpus = _pinning()
-    sweeps: dict[str, dict[str, Any]] = {}
+    sweeps: dict[str, SweepResult] = {}
     files: list[Path] = []
     with ServerProcess(repository, cpus=server_cpus) as server:
         if client_cpus:
@@ -102,12 +109,12 @@ def run_demo(options: DemoOptions) -> dict[str, Any]:
         spec = _spec(options.duration_s)
         with console.status("2. latency baseline: one request at a time"):
             baseline, _, _ = run_benchmark(V2Adapter(server.url, "mlp"), spec)
-        lat = baseline["summary"]["latency_ms"]
+        lat = baseline.summary.latency_ms
         if lat is None:
             raise RuntimeError("the baseline measurement got no successful answer; see "
                                f"the server log {server.log.name}")
         console.print(f"2. latency baseline at concurrency 1 (mlp): p50 {lat['p50']:.2f} ms, "
-                      f"p99 {lat['p99']:.2f} ms, {baseline['summary']['throughput_rps']:,.0f} "
+                      f"p99 {lat['p99']:.2f} ms, {baseline.summary.throughput_rps:,.0f} "
                       "req/s")
         files.append(_save(baseline, output / "baseline.json"))
         levels = parse_levels(f"1:{options.max_concurrency}", integer=True)
@@ -115,22 +122,23 @@ def run_demo(options: DemoOptions) -> dict[str, Any]:
             console.print(f"3. sweeping concurrency for [cyan]{model}[/] until throughput "
                           "stops growing")
             sweep = Sweep(V2Adapter(server.url, model), spec, SweepPlan("concurrency", levels),
-                          console).run()
-            sweep["endpoint"]["name"] = model
+                          console).run().named(model)
             sweeps[model] = sweep
             files.append(_save(sweep, output / f"sweep-{model}.json"))
         if generative:
             answers, llm_results = _generative_demo(server.url, generative, console)
-            files.append(_save(answers, output / "generative-answers.json"))
+            answers_file = output / "generative-answers.json"
+            answers_file.write_text(json.dumps(answers, indent=2))
+            files.append(answers_file)
             for result in llm_results:
-                streams = result["load"]["concurrency"]
+                streams = result.load["concurrency"]
                 files.append(_save(result, output / f"generative-{streams}-at-once.json"))
         exit_code = server.stop()
     for sweep in sweeps.values():
         print_sweep(sweep, console)
 
     # side by side at one load both sweeps measured: the highest such concurrency
-    common = max(set.intersection(*({r["load"] for r in s["rows"]} for s in sweeps.values())))
+    common = max(set.intersection(*({r.load for r in s.rows} for s in sweeps.values())))
     price = Price(per_hour=options.price_per_hour)
     compare = compare_results([(m, _point_at(sweeps[m], common)) for m in ("mlp",
                                                                             "mlp_nobatch")],
@@ -150,14 +158,15 @@ def run_demo(options: DemoOptions) -> dict[str, Any]:
         if row is None:
             console.print(f"{model}: no measured load met p99 <= {options.sla_p99_ms:g} ms")
             continue
-        cost = price.per_million(row["throughput_rps"])
-        console.print(f"{model}: {row['throughput_rps']:,.0f} req/s at concurrency "
-                      f"{row['load']:g} (p99 {row['p99_ms']:.2f} ms) -> "
-                      f"[bold]${cost:.4f}[/] per million requests at "
+        cost = price.per_million(row.throughput_rps)
+        console.print(f"{model}: {row.throughput_rps:,.0f} req/s at concurrency "
+                      f"{row.load:g} (p99 {row.p99_ms or 0:.2f} ms) -> "
+                      f"[bold]${cost or 0:.4f}[/] per million requests at "
                       f"${options.price_per_hour:.2f}/hour")
-    if best["mlp"] and best["mlp_nobatch"]:
+    batched, unbatched = best["mlp"], best["mlp_nobatch"]
+    if batched and unbatched:
         console.print(f"Within the SLA, dynamic batching serves "
-                      f"[bold]{best['mlp']['throughput_rps'] / best['mlp_nobatch']['throughput_rps']:.2f}x"
+                      f"[bold]{batched.throughput_rps / unbatched.throughput_rps:.2f}x"
                       f"[/] the requests per second on the same machine, so each request "
                       f"costs that much less.")
     for name in set(GENERATIVE_MODELS) - set(generative):
@@ -174,7 +183,7 @@ def run_demo(options: DemoOptions) -> dict[str, Any]:
 
 
 def _generative_demo(url: str, names: tuple[str, ...], console: Console
-                     ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+                     ) -> tuple[dict[str, Any], list[BenchResult]]:
     """One streamed chat answer per model, then ``tradeoff bench --protocol openai`` on the
     largest model: one stream at a time against ``STREAMS`` at once (continuous batching).
     Returns the answers and the two bench results."""
@@ -207,18 +216,19 @@ def _generative_demo(url: str, names: tuple[str, ...], console: Console
         with console.status(f"8. {model}: {streams} stream(s) at once"):
             result, _, _ = run_benchmark(adapter, LoadSpec(concurrency=streams,
                                                            requests=streams))
-        result["endpoint"]["name"] = f"{model}, {streams} at once"
-        results.append(result)
+        results.append(result.named(f"{model}, {streams} at once"))
     table = Table(title=f"8. continuous batching: {model}, 32 tokens per answer "
                         "(tradeoff bench --protocol openai)")
     for column in ("streams at once", "tokens/s", "TTFT p50 ms", "TPOT p50 ms"):
         table.add_column(column, justify="right")
-    for streams, result in zip((1, STREAMS), results):
-        s = result["summary"]
-        table.add_row(str(streams), f"{s['output_tokens_per_s']:.1f}",
-                      _num((s["ttft_ms"] or {}).get("p50")), _num((s["tpot_ms"] or {}).get("p50")))
+    for streams, result in zip((1, STREAMS), results, strict=True):
+        g = result.summary.generation
+        table.add_row(str(streams), f"{g.output_tokens_per_s if g else 0:.1f}",
+                      _num((g.ttft_ms or {}).get("p50") if g else None),
+                      _num((g.tpot_ms or {}).get("p50") if g else None))
     console.print(table)
-    alone, together = (r["summary"]["output_tokens_per_s"] for r in results)
+    alone, together = (r.summary.generation.output_tokens_per_s if r.summary.generation
+                       else 0.0 for r in results)
     if alone:
         console.print(f"{STREAMS} streams at once get [bold]{together / alone:.1f}x[/] the "
                       "tokens/s of one: each step decodes every running sequence as one "
@@ -237,15 +247,16 @@ def _timing_doc(timing: GenerationTiming) -> dict[str, Any]:
             "output_tokens": timing.output_tokens, "error": timing.error}
 
 
-def _point_at(sweep: dict[str, Any], load: float) -> dict[str, Any]:
-    """A copy of the sweep's bench result at ``load``, named after the sweep's endpoint."""
-    point = json.loads(json.dumps(point_at(sweep, load)))
-    point["endpoint"]["name"] = sweep["endpoint"]["name"]
-    return point
+def _point_at(sweep: SweepResult, load: float) -> BenchResult:
+    """The sweep's bench result at ``load``, named after the sweep's endpoint."""
+    point = sweep.point_at(load)
+    if point is None:
+        raise RuntimeError(f"{sweep.label}: no point at load {load:g}")
+    return point.named(sweep.label)
 
 
-def _best_within_sla(sweep: dict[str, Any], sla_p99_ms: float) -> dict[str, Any] | None:
+def _best_within_sla(sweep: SweepResult, sla_p99_ms: float) -> SweepRow | None:
     """The measured point with the most throughput whose p99 meets the SLA, error-free."""
-    meeting = [r for r in sweep["rows"] if r["p99_ms"] is not None and
-               r["p99_ms"] <= sla_p99_ms and r["error_percent"] == 0]
-    return max(meeting, key=lambda r: r["throughput_rps"]) if meeting else None
+    meeting = [r for r in sweep.rows if r.p99_ms is not None and
+               r.p99_ms <= sla_p99_ms and r.error_percent == 0]
+    return max(meeting, key=lambda r: r.throughput_rps) if meeting else None

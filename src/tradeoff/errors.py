@@ -3,6 +3,8 @@
     TradeoffError
     ├── ConfigError              a model configuration is invalid (names file and field)
     ├── ModelLoadError           a model could not be loaded
+    ├── MissingDependency        an optional extra is not installed (names the pip command)
+    ├── ResultFormatError        a file is not a result this version reads; also a ValueError
     └── RequestError             something a client caused or must be told; has .status
         ├── InvalidInput         400: malformed body, wrong dtype/shape, missing input
         ├── Unauthorized         401: a protected call without a valid API key
@@ -42,6 +44,29 @@ class ConfigError(TradeoffError):
 
 class ModelLoadError(TradeoffError):
     """A model could not be loaded (missing file, runtime refused the model, ...)."""
+
+
+class MissingDependency(TradeoffError):
+    """A feature needs a package of an optional extra that is not installed.
+
+    The message is one line naming what to install, e.g.
+    ``the HTML report needs matplotlib: pip install 'tradeoff[report]'``.
+    """
+
+    def __init__(self, feature: str, package: str, extra: str) -> None:
+        self.feature = feature
+        self.package = package
+        self.extra = extra
+        super().__init__(f"{feature} needs {package}: pip install 'tradeoff[{extra}]'")
+
+
+class ResultFormatError(TradeoffError, ValueError):
+    """A document that is not a tradeoff result this version can read.
+
+    The message names the file (or the given name) and the field, e.g.
+    ``sweep.json.points[1].summary: field 'requests' is missing``. It is also a
+    ``ValueError``, so handlers of bad values catch it too.
+    """
 
 
 class RequestError(TradeoffError):

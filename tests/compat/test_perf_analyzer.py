@@ -17,9 +17,11 @@ pytestmark = pytest.mark.integration
 
 
 def run_perf_analyzer(binary: Path, *args: str) -> str:
+    """perf_analyzer with 1 s windows; up to 30 of them to agree within 20% (on this
+    2-core machine, latency at a low fixed rate can need more than 15)."""
     run = subprocess.run([str(binary), *args, "--measurement-interval", "1000",
-                          "--max-trials", "15", "--stability-percentage", "20"],
-                         capture_output=True, text=True, timeout=300)
+                          "--max-trials", "30", "--stability-percentage", "20"],
+                         capture_output=True, text=True, timeout=300, check=False)
     assert run.returncode == 0, run.stdout + run.stderr
     return run.stdout
 

@@ -108,13 +108,14 @@ class References:
             ) -> dict[str, np.ndarray]:
         session = self.session(model, version)
         names = [o.name for o in session.get_outputs()]
-        return dict(zip(names, session.run(names, inputs)))
+        return dict(zip(names, session.run(names, inputs), strict=True))
 
 
-def running_server(repository: Path, **options: Any) -> Iterator[ServerProcess]:
-    """A `tradeoff serve` for a fixture's lifetime (``options`` as ServerProcess takes
-    them); it must stop with exit code 0."""
-    process = ServerProcess(repository, **options).start()
+def running_server(repository: Path, cls: type[ServerProcess] = ServerProcess,
+                   **options: Any) -> Iterator[ServerProcess]:
+    """A `tradeoff serve` for a fixture's lifetime (``options`` as ServerProcess, or the
+    subclass ``cls``, takes them); it must stop with exit code 0."""
+    process = cls(repository, **options).start()
     try:
         yield process
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -26,6 +27,7 @@ INFERENCE_KEY = "inference-key-0123"
 FILE_KEY = "file-key-456789"
 ENV_KEY = "env-key-abcdef"
 ADMIN_KEY = "admin-key-98765"
+METRICS_KEY = "metrics-key-24680"
 MLP_BODY = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 256],
                                    "data": [0.5] * 256}]}).encode()
 
@@ -38,7 +40,8 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]
     key_file.write_text(f"# inference keys\n{FILE_KEY}\n\n")
     yield from running_server(repo, env={"TRADEOFF_API_KEY": ENV_KEY},
                               extra_args=("--api-key", INFERENCE_KEY, "--api-key-file",
-                                          str(key_file), "--admin-key", ADMIN_KEY))
+                                          str(key_file), "--admin-key", ADMIN_KEY,
+                                          "--metrics-key", METRICS_KEY))
 
 
 def call(server: ServerProcess, method: str, path: str, key: str | None = None,
@@ -57,6 +60,17 @@ def test_health_stays_open(secured: ServerProcess) -> None:
         assert call(secured, "GET", path)[0] == 200, path
 
 
+def test_without_a_key_the_api_cannot_be_mapped(secured: ServerProcess) -> None:
+    """Unknown routes and wrong methods answer 401 without a key, so a caller without
+    one learns nothing but the open routes."""
+    for method, path in (("GET", "/v2/nope"), ("GET", "/v2/models/mlp/infer"),
+                         ("GET", "/v1/nope"), ("POST", "/v1/models")):
+        assert call(secured, method, path)[0] == 401, (method, path)
+    assert call(secured, "GET", "/v2/nope", INFERENCE_KEY)[0] == 404
+    assert call(secured, "GET", "/v2/models/mlp/infer", INFERENCE_KEY)[0] == 405
+    assert call(secured, "POST", "/v2/health/ready")[0] == 405  # an open route
+
+
 @pytest.mark.parametrize("path", ["/v2", "/v2/models/mlp", "/v2/models/mlp/config",
                                   "/v2/models/mlp/stats", "/v2/models/stats"])
 def test_metadata_needs_a_key(secured: ServerProcess, path: str) -> None:
@@ -71,6 +85,7 @@ def test_inference_accepts_every_kind_of_inference_key_and_the_admin_key(
     path = "/v2/models/mlp/infer"
     for key in (INFERENCE_KEY, FILE_KEY, ENV_KEY, ADMIN_KEY):
         assert call(secured, "POST", path, key, MLP_BODY)[0] == 200, key
+    assert call(secured, "POST", path, METRICS_KEY, MLP_BODY)[0] == 401  # scrapes only
     wrong = "wrong-key-000000"
     status, doc, _ = call(secured, "POST", path, wrong, MLP_BODY)
     assert status == 401 and wrong not in json.dumps(doc)
@@ -110,10 +125,26 @@ def test_grpc_uses_the_same_keys(secured: ServerProcess) -> None:
         client.close()
 
 
+def test_metrics_take_the_metrics_key(secured: ServerProcess,
+                                      open_server: ServerProcess) -> None:
+    """/metrics names every model and its traffic: with --metrics-key a scrape needs that
+    key (or an admin key), as Prometheus sends it; without, it stays open."""
+    def scrape(server: ServerProcess, key: str | None) -> int:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return request(server.metrics_url.removesuffix("/metrics"), "GET", "/metrics",
+                       headers=headers).status
+
+    assert scrape(secured, None) == 401
+    assert scrape(secured, INFERENCE_KEY) == 401
+    assert scrape(secured, METRICS_KEY) == 200
+    assert scrape(secured, ADMIN_KEY) == 200
+    assert scrape(open_server, None) == 200
+
+
 def test_keys_never_reach_the_log(secured: ServerProcess) -> None:
     log = secured.log_text()
     assert "access: 3 inference key(s), 1 admin key(s)" in log
-    for key in (INFERENCE_KEY, FILE_KEY, ENV_KEY, ADMIN_KEY):
+    for key in (INFERENCE_KEY, FILE_KEY, ENV_KEY, ADMIN_KEY, METRICS_KEY):
         assert key not in log
 
 
@@ -121,19 +152,20 @@ def test_bench_sends_the_key(secured: ServerProcess, tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     run = subprocess.run([sys.executable, "-m", "tradeoff", "bench", secured.url, "-m", "mlp",
                           "--requests", "20", "--header", f"Authorization:Bearer {ENV_KEY}",
-                          "--json", str(out)], capture_output=True, text=True, timeout=120)
+                          "--json", str(out)], capture_output=True, text=True, timeout=120,
+                         check=False)
     assert run.returncode == 0, run.stdout + run.stderr
     assert json.loads(out.read_text())["summary"]["errors"] == 0
     unauthorized = subprocess.run([sys.executable, "-m", "tradeoff", "bench", secured.url,
                                    "-m", "mlp", "--requests", "5"], capture_output=True,
-                                  text=True, timeout=120)
+                                  text=True, timeout=120, check=False)
     assert unauthorized.returncode != 0 and "HTTP 401" in unauthorized.stderr
 
 
 def test_short_keys_are_refused_at_start(tmp_path: Path) -> None:
     run = subprocess.run([sys.executable, "-m", "tradeoff", "serve", "--model-repository",
                           str(tmp_path), "--api-key", "short"], capture_output=True, text=True,
-                         timeout=60)
+                         timeout=60, check=False)
     assert run.returncode != 0 and "at least 8 characters" in run.stderr
     assert "Traceback" not in run.stderr
 
@@ -172,7 +204,7 @@ def test_tls_on_http_and_grpc(tmp_path: Path) -> None:
         bench = subprocess.run([sys.executable, "-m", "tradeoff", "bench", server.url,
                                 "--model", "mlp", "--requests", "5", "--json", str(out)],
                                capture_output=True, text=True, timeout=120,
-                               env={**os.environ, "SSL_CERT_FILE": str(cert)})
+                               env={**os.environ, "SSL_CERT_FILE": str(cert)}, check=False)
         assert bench.returncode == 0, bench.stdout + bench.stderr
         assert server.url.startswith("https://")
         assert json.loads(out.read_text())["summary"]["successes"] == 5
@@ -191,3 +223,70 @@ def test_llm_bench_names_the_key_variable_when_refused(secured: ServerProcess) -
                 patch.setenv(name, value)
             with pytest.raises(BenchSetupError, match=f"refused the API key.*\\${variable}"):
                 make_adapter(spec).prepare()
+
+
+# ---------------------------------------------------- browsers: DNS rebinding, cross-site
+
+@pytest.fixture(scope="module")
+def open_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """Keys off (the default), bound to 127.0.0.1."""
+    yield from running_server(build_shutdown_repository(
+        tmp_path_factory.mktemp("browsers") / "models"))
+
+
+def raw(server: ServerProcess, method: str, path: str, headers: dict[str, str],
+        body: bytes = b"") -> tuple[int, dict]:
+    """One request with exactly these headers (http.client would add its own Host)."""
+    connection = http.client.HTTPConnection(server.host, server.http_port, timeout=30)
+    try:
+        connection.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
+        for name, value in {**headers, "Content-Length": str(len(body))}.items():
+            connection.putheader(name, value)
+        connection.endheaders(body)
+        response = connection.getresponse()
+        payload = response.read()
+        return response.status, json.loads(payload) if payload else {}
+    finally:
+        connection.close()
+
+
+def test_a_cross_site_form_cannot_unload_a_model(open_server: ServerProcess) -> None:
+    """A text/plain POST (no CORS preflight) from a foreign page, with keys off, used to
+    unload a model; refused with 403 and the model keeps serving."""
+    own = f"127.0.0.1:{open_server.http_port}"
+    status, doc = raw(open_server, "POST", "/v2/repository/models/mlp/unload",
+                      {"Host": own, "Origin": "https://evil.example.com",
+                       "Content-Type": "text/plain"}, b"{}")
+    assert status == 403 and "--allowed-origin" in doc["error"], doc
+    assert call(open_server, "GET", "/v2/models/mlp/ready")[0] == 200
+    # a page served from the server itself may; clients that send no Origin are unchanged
+    status, _ = raw(open_server, "POST", "/v2/models/mlp/infer",
+                    {"Host": own, "Origin": f"http://{own}",
+                     "Content-Type": "application/json"}, MLP_BODY)
+    assert status == 200
+    assert call(open_server, "POST", "/v2/models/mlp/infer", body=MLP_BODY)[0] == 200
+
+
+def test_a_rebound_host_name_is_refused(open_server: ServerProcess) -> None:
+    """Any Host used to be served: a site that re-points its name to 127.0.0.1 could
+    read and change the server from its visitors' browsers."""
+    status, doc = raw(open_server, "GET", "/v2/models/mlp",
+                      {"Host": f"rebind.example.com:{open_server.http_port}"})
+    assert status == 403 and "--allowed-host" in doc["error"], doc
+    for host in (f"localhost:{open_server.http_port}", f"127.0.0.1:{open_server.http_port}"):
+        assert raw(open_server, "GET", "/v2/models/mlp", {"Host": host})[0] == 200
+
+
+def test_allowed_hosts_and_origins_are_served(tmp_path: Path) -> None:
+    repo = build_shutdown_repository(tmp_path / "models")
+    with contextlib.contextmanager(running_server)(repo, extra_args=(
+            "--allowed-host", "models.internal", "--allowed-origin",
+            "https://dash.example.com")) as server:
+        host = {"Host": "models.internal:8000"}
+        assert raw(server, "GET", "/v2/models/mlp", host)[0] == 200
+        status, _ = raw(server, "POST", "/v2/models/mlp/infer",
+                        {**host, "Origin": "https://dash.example.com"}, MLP_BODY)
+        assert status == 200
+        status, _ = raw(server, "POST", "/v2/models/mlp/infer",
+                        {**host, "Origin": "https://other.example.com"}, MLP_BODY)
+        assert status == 403

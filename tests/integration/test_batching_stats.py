@@ -61,7 +61,7 @@ def test_concurrent_requests_are_batched_and_match_unbatched_results(
         return own.infer("mlp", [tensor], request_id=str(i))
 
     results = together(server, CONCURRENCY, send)
-    for i, (data, result) in enumerate(zip(inputs, results)):
+    for i, (data, result) in enumerate(zip(inputs, results, strict=True)):
         assert result.get_response()["id"] == str(i)
         alone = references.run("mlp", {"INPUT0": data})["OUTPUT0"]  # one row, unbatched
         np.testing.assert_allclose(result.as_numpy("OUTPUT0"), alone, rtol=1e-5, atol=1e-5,

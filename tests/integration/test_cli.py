@@ -1,4 +1,5 @@
-"""`tradeoff demo` end to end, and `tradeoff serve` refusing a port that is taken."""
+"""`tradeoff demo` end to end, `tradeoff serve` refusing a port that is taken, and the
+shared flags (durations with units, one set of defaults) through the real entry point."""
 
 from __future__ import annotations
 
@@ -10,6 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from tradeoff.bench.load import LOAD_DEFAULTS
+
+from .control_server import ControlServer
+
 pytestmark = pytest.mark.integration
 
 
@@ -18,7 +23,7 @@ def test_demo_sweeps_both_models_and_writes_the_report(tmp_path: Path) -> None:
     report = tmp_path / "demo-report.html"
     run = subprocess.run([sys.executable, "-m", "tradeoff", "demo", "--duration", "0.6",
                           "--max-concurrency", "8", "--output", str(out), "--report",
-                          str(report)], capture_output=True, text=True, timeout=300)
+                          str(report)], capture_output=True, text=True, timeout=300, check=False)
     assert run.returncode == 0, run.stdout + run.stderr
     text = " ".join(run.stdout.split())
     assert "server exited with 0 after SIGTERM" in text
@@ -59,7 +64,48 @@ def test_serve_on_a_taken_port_is_one_line(tmp_path: Path) -> None:
         (tmp_path / "empty").mkdir()
         run = subprocess.run([sys.executable, "-m", "tradeoff", "serve", "--model-repository",
                               str(tmp_path / "empty"), "--http-port", str(port)],
-                             capture_output=True, text=True, timeout=60)
+                             capture_output=True, text=True, timeout=60, check=False)
     assert run.returncode == 1
     assert f"cannot listen on 127.0.0.1:{port}" in run.stderr
     assert "Traceback" not in run.stderr
+
+
+def _tradeoff(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tradeoff", *args], capture_output=True,
+                          text=True, timeout=120, check=False)
+
+
+def test_durations_with_units_and_shared_defaults_reach_the_result(tmp_path: Path) -> None:
+    with ControlServer() as server:
+        url = f"{server.url}/fixed?ms=1"
+        bench = _tradeoff("bench", url, "--protocol", "http", "--method", "GET",
+                          "--concurrency", "2", "--duration", "800ms", "--warmup", "0.2s",
+                          "--timeout", "5s", "--json", str(tmp_path / "bench.json"))
+        assert bench.returncode == 0, bench.stdout + bench.stderr
+        sweep = _tradeoff("sweep", url, "--protocol", "http", "--method", "GET",
+                          "--concurrency-range", "1:2", "--duration", "500ms",
+                          "--json", str(tmp_path / "sweep.json"))
+        assert sweep.returncode == 0, sweep.stdout + sweep.stderr
+    load = json.loads((tmp_path / "bench.json").read_text())["load"]
+    assert (load["duration_s"], load["warmup_s"], load["timeout_s"]) == (0.8, 0.2, 5.0)
+    points = json.loads((tmp_path / "sweep.json").read_text())["points"]
+    assert [p["load"]["concurrency"] for p in points] == [1, 2]
+    for point in points:  # the flags not given take the same defaults as in bench
+        assert point["load"]["duration_s"] == 0.5
+        assert point["load"]["warmup_s"] == LOAD_DEFAULTS.warmup_s
+        assert point["load"]["timeout_s"] == LOAD_DEFAULTS.timeout_s
+        assert point["load"]["seed"] == LOAD_DEFAULTS.seed
+
+
+def test_a_bad_duration_is_one_line_from_every_command() -> None:
+    for args in (["bench", "http://127.0.0.1:9", "--duration", "5x"],
+                 ["sweep", "http://127.0.0.1:9", "--concurrency-range", "1:2", "--warmup",
+                  "-1"],
+                 ["soak", "http://127.0.0.1:9", "--window", "nan"],
+                 ["compare", "--endpoint", "a=http://127.0.0.1:9", "--timeout", ""]):
+        run = _tradeoff(*args)
+        assert run.returncode == 2, run.stderr
+        assert "Traceback" not in run.stderr
+        last = run.stderr.strip().splitlines()[-1]
+        assert last.startswith("Error: Invalid value for '--"), last
+        assert "write 90 (seconds)" in last or "must be" in last, last

@@ -14,6 +14,7 @@ import pytest
 from tradeoff.bench.adapters import V2Adapter
 from tradeoff.bench.load import LoadSpec
 from tradeoff.bench.session import run_benchmark
+from tradeoff.results import BenchResult
 from tradeoff.server.process import ServerProcess
 
 from .helpers import infer_json, model_metric, post_json, request, running_server, wait_for
@@ -114,7 +115,7 @@ def test_a_model_that_fails_to_load_can_be_loaded_once_fixed(server: ServerProce
 
 def test_swapping_in_a_new_version_under_load_fails_no_request(server: ServerProcess,
                                                                repo: Path) -> None:
-    results: list[dict] = []
+    results: list[BenchResult] = []
     thread = threading.Thread(target=lambda: results.append(run_benchmark(
         V2Adapter(server.url, "swappable"), LoadSpec(concurrency=8, duration_s=4.0))[0]))
     thread.start()
@@ -124,9 +125,9 @@ def test_swapping_in_a_new_version_under_load_fails_no_request(server: ServerPro
            VERSIONED_CONFIG.format(name="swappable", policy="{ latest: { num_versions: 1 } }"))
     assert post_json(server.url, "/v2/repository/models/swappable/load", {}).status == 200
     thread.join(60)
-    summary = results[0]["summary"]
-    assert summary["errors"] == 0, summary["errors_by_class"]
-    assert summary["successes"] > 100
+    summary = results[0].summary
+    assert summary.errors == 0, summary.errors_by_class
+    assert summary.successes > 100
     assert model_metric(server, "tradeoff_inference_request_success_total", "swappable",
                         version="2") > 0
     answer = infer_json(server.url, "swappable", row(1.0))

@@ -17,6 +17,7 @@ from tradeoff.bench.endpoint import EndpointSpec, GenerationOptions, make_adapte
 from tradeoff.bench.load import LoadSpec
 from tradeoff.bench.session import run_benchmark
 from tradeoff.cli import main
+from tradeoff.results import BenchResult, Generation, OutputLength
 
 from .streaming_server import StreamingServer
 
@@ -29,7 +30,8 @@ def streaming() -> Iterator[StreamingServer]:
         yield server
 
 
-def bench(url: str, requests: int = 8, concurrency: int = 2, **generation: Any) -> dict:
+def bench(url: str, requests: int = 8, concurrency: int = 2, **generation: Any
+          ) -> BenchResult:
     options = GenerationOptions(**{"output_tokens": (10, 10), "ignore_eos": True,
                                    **generation})
     adapter = make_adapter(EndpointSpec(url, "openai", "test-model", generation=options))
@@ -37,49 +39,57 @@ def bench(url: str, requests: int = 8, concurrency: int = 2, **generation: Any) 
     return result
 
 
+def generation_of(result: BenchResult) -> Generation:
+    assert result.summary.generation is not None, "no generation figures"
+    return result.summary.generation
+
+
 def test_timings_follow_the_servers_schedule(streaming: StreamingServer) -> None:
-    s = bench(streaming.url(first=200, every=40))["summary"]
-    assert s["errors"] == 0 and s["successes"] == 8
-    assert s["ttft_ms"]["p50"] == pytest.approx(200, rel=0.10)
-    assert s["itl_ms"]["p50"] == pytest.approx(40, rel=0.10)
-    assert s["tpot_ms"]["p50"] == pytest.approx(40, rel=0.10)
-    assert s["output_tokens"] == {**s["output_tokens"], "total": 80, "from_usage": 8,
-                                  "counted_events": 0}
-    assert s["input_tokens"]["total"] == 8 * 7  # the server's usage.prompt_tokens
-    assert s["output_length"]["exact"] == 8 and s["output_length"]["honoured"]
+    result = bench(streaming.url(first=200, every=40))
+    s, g = result.summary, generation_of(result)
+    assert s.errors == 0 and s.successes == 8
+    assert g.ttft_ms and g.itl_ms and g.tpot_ms
+    assert g.ttft_ms["p50"] == pytest.approx(200, rel=0.10)
+    assert g.itl_ms["p50"] == pytest.approx(40, rel=0.10)
+    assert g.tpot_ms["p50"] == pytest.approx(40, rel=0.10)
+    out = g.output_tokens
+    assert (out.total, out.from_usage, out.counted_events) == (80, 8, 0)
+    assert g.input_tokens and g.input_tokens.total == 8 * 7  # the server's usage.prompt_tokens
+    assert g.output_length.exact == 8 and g.output_length.honoured
     for key in ("p50", "p90", "p99", "p999", "mean", "max"):
-        assert key in s["ttft_ms"] and key in s["itl_ms"] and key in s["tpot_ms"]
-    assert s["output_tokens_per_s"] > 0 and s["goodput_rps"] is None
+        assert key in g.ttft_ms and key in g.itl_ms and key in g.tpot_ms
+    assert g.output_tokens_per_s > 0 and g.goodput_rps is None
 
 
 def test_a_server_that_ignores_the_asked_length_is_reported(streaming: StreamingServer) -> None:
-    s = bench(streaming.url(cap=5))["summary"]
-    assert s["errors"] == 0 and s["output_tokens"]["total"] == 8 * 5
-    assert s["output_length"] == {"asked": 8, "exact": 0, "shorter": 8, "longer": 0,
-                                  "ignore_eos": True, "honoured": False}
+    result = bench(streaming.url(cap=5))
+    g = generation_of(result)
+    assert result.summary.errors == 0 and g.output_tokens.total == 8 * 5
+    assert g.output_length == OutputLength(asked=8, exact=0, shorter=8, longer=0,
+                                           ignore_eos=True, honoured=False)
 
 
 def test_errors_mid_stream_are_counted(streaming: StreamingServer) -> None:
     failed = bench(streaming.url(fail=3), requests=4)
-    assert failed["summary"]["errors_by_class"] == {"stream": 4}
-    assert "the engine failed mid-stream" in failed["client"]["notes"][0]
+    assert failed.summary.errors_by_class == {"stream": 4}
+    assert "the engine failed mid-stream" in failed.client.notes[0]
     cut = bench(streaming.url(cut=3), requests=4)
-    assert cut["summary"]["errors_by_class"] == {"reset": 4}
-    assert "after 3 text event(s)" in cut["client"]["notes"][0]
+    assert cut.summary.errors_by_class == {"reset": 4}
+    assert "after 3 text event(s)" in cut.client.notes[0]
 
 
 def test_without_usage_tokens_are_counted_from_events_and_flagged(
         streaming: StreamingServer) -> None:
-    out = bench(streaming.url(nousage=1), requests=4)["summary"]["output_tokens"]
-    assert out["total"] == 40 and out["counted_events"] == 4 and out["from_usage"] == 0
+    out = generation_of(bench(streaming.url(nousage=1), requests=4)).output_tokens
+    assert out.total == 40 and out.counted_events == 4 and out.from_usage == 0
 
 
 def test_goodput_counts_requests_within_the_slo(streaming: StreamingServer) -> None:
     url = streaming.url(first=150, every=10)
-    missed = bench(url, requests=4, slo={"ttft_ms": 100})["summary"]
-    assert missed["goodput_rps"] == 0 and missed["throughput_rps"] > 0
-    met = bench(url, requests=4, slo={"ttft_ms": 1000, "tpot_ms": 100})["summary"]
-    assert met["goodput_rps"] == pytest.approx(met["throughput_rps"])
+    missed = bench(url, requests=4, slo={"ttft_ms": 100})
+    assert generation_of(missed).goodput_rps == 0 and missed.summary.throughput_rps > 0
+    met = bench(url, requests=4, slo={"ttft_ms": 1000, "tpot_ms": 100})
+    assert generation_of(met).goodput_rps == pytest.approx(met.summary.throughput_rps)
 
 
 def test_cli_keeps_the_api_key_out_of_the_result(streaming: StreamingServer,

@@ -161,8 +161,8 @@ def test_generation_metrics(client: object, server: ServerProcess) -> None:
                  "tradeoff_generation_inter_token_latency_seconds_count",
                  "tradeoff_generation_e2e_request_latency_seconds_sum"):
         assert f"{name}{{" in text, name
-    line = next(l for l in text.splitlines()
-                if l.startswith("tradeoff_generation_generation_tokens_total{"))
+    line = next(row for row in text.splitlines()
+                if row.startswith("tradeoff_generation_generation_tokens_total{"))
     assert float(line.split()[-1]) >= 12
 
 
@@ -178,15 +178,17 @@ def test_bench_measures_our_server(server: ServerProcess, chat: bool) -> None:
                                         generation=options))
     result, records, _ = run_benchmark(adapter, LoadSpec(rate=20, arrival="poisson",
                                                          requests=12))
-    s = result["summary"]
-    assert s["errors"] == 0 and s["successes"] == 12, s["errors_by_class"]
-    assert s["output_length"]["honoured"] and s["output_length"]["exact"] == 12
-    assert s["output_tokens"]["from_usage"] == 12
-    assert s["output_tokens"]["total"] == int(records.out_tokens.sum()) \
+    s = result.summary
+    g = s.generation
+    assert g is not None and g.ttft_ms is not None
+    assert s.errors == 0 and s.successes == 12, s.errors_by_class
+    assert g.output_length.honoured and g.output_length.exact == 12
+    assert g.output_tokens.from_usage == 12
+    assert g.output_tokens.total == int(records.out_tokens.sum()) \
         == int(records.asked_tokens.sum())
-    assert 0 < s["ttft_ms"]["p50"] <= s["latency_ms"]["p50"]
-    assert s["goodput_rps"] == pytest.approx(s["throughput_rps"])
-    assert result["endpoint"]["server"]["name"] == "tradeoff"
+    assert 0 < g.ttft_ms["p50"] <= (s.latency("p50") or 0)
+    assert g.goodput_rps == pytest.approx(s.throughput_rps)
+    assert result.endpoint["server"]["name"] == "tradeoff"
 
 
 def test_compare_sweep_diagnose_and_report_understand_generations(
@@ -206,24 +208,27 @@ def test_compare_sweep_diagnose_and_report_understand_generations(
                                      ("static", "tinyllama_static"))]
     spec = LoadSpec(concurrency=4, duration_s=2.0, window_s=1.0)
     compare = run_compare(endpoints, spec, rounds=2)
-    ratios = {r["name"]: r for r in compare["ratios"]}
+    static = compare.ratios_of("static").metrics
     for metric in ("output_tokens_per_s", "ttft_p50", "ttft_p99", "tpot_p50"):
-        assert ratios["static"][metric]["ratio"] is not None, metric
-        assert ratios["static"][metric]["ci95"] is not None, metric
-    checks = {c["check"]: c for c in compare["fairness"]["checks"]}
-    assert checks["same inputs"]["ok"] and checks["output lengths as asked"]["ok"]
-    merged = compare["endpoints"][0]["result"]["summary"]
-    assert merged["output_length"]["asked"] == sum(
-        r["output_length"]["asked"] for r in compare["endpoints"][0]["rounds"])
+        assert static[metric].ratio is not None, metric
+        assert static[metric].ci95 is not None, metric
+    checks = {c.check: c for c in compare.fairness.checks}
+    assert checks["same inputs"].ok and checks["output lengths as asked"].ok
+    first = compare.endpoints[0]
+    merged = first.result.summary.generation
+    assert merged is not None and all(r.generation for r in first.rounds)
+    assert merged.output_length.asked == sum(
+        r.generation.output_length.asked for r in first.rounds if r.generation)
 
     sweep = Sweep(make_adapter(endpoints[0]), LoadSpec(concurrency=1, duration_s=1.5),
                   SweepPlan("concurrency", [1.0, 2.0, 4.0])).run()
-    assert all(r["output_tokens_per_s"] > 0 and r["ttft_p50_ms"] for r in sweep["rows"])
+    assert all(r.tokens and r.tokens.output_tokens_per_s > 0 and r.tokens.ttft_p50_ms
+               for r in sweep.rows)
     findings = diagnose(compare) + diagnose(sweep)
     assert all(f.rule != "long_tail" for f in findings)  # spread lengths are not a tail
 
     report = tmp_path / "llm.html"
-    write_report([compare, sweep, sweep["points"][0]], report)
+    write_report([compare, sweep, sweep.points[0]], report)
     html = report.read_text()
     for text in ("Generations", "TTFT p50", "time to first token", "output tokens/s",
                  "lengths as asked"):
@@ -238,6 +243,6 @@ def test_a_repeated_prompt_reports_cached_tokens(client: object, server: ServerP
     blocks = (len(prompt.encode()) + 1 - 1) // 8  # prompt + <|bos|>, the last one computed
     assert again.usage.prompt_tokens_details.cached_tokens == 8 * blocks
     text = get_text(server.metrics_url)
-    hits = next(l for l in text.splitlines()
-                if l.startswith('tradeoff_generation_prefix_cache_hits_total{model="tinyllama"}'))
+    hits = next(row for row in text.splitlines()
+                if row.startswith('tradeoff_generation_prefix_cache_hits_total{model="tinyllama"}'))
     assert float(hits.split()[-1]) >= 8 * blocks

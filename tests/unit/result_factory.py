@@ -1,8 +1,11 @@
-"""Bench and sweep result documents with chosen figures, for the analysis rules' tests."""
+"""Bench and sweep results with chosen figures, for the analysis rules' tests."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from tradeoff.bench.sweep import knee_of, point_summary
+from tradeoff.results import BenchResult, SweepResult, load_as
 
 
 def bench_result(*, load: float = 8, mode: str = "closed", throughput: float = 1000.0,
@@ -11,7 +14,8 @@ def bench_result(*, load: float = 8, mode: str = "closed", throughput: float = 1
                  latency_mean: float | None = None, cold_start: float = 6.0,
                  stable: bool | None = True, client_bound: bool = False,
                  windows: list[dict[str, Any]] | None = None,
-                 executions: int | None = None, name: str = "m") -> dict[str, Any]:
+                 executions: int | None = None, name: str = "m") -> BenchResult:
+    """A bench result read from the document a run with these figures writes."""
     mean = latency_mean if latency_mean is not None else p50 * 1.1
     server = None
     if queue is not None and compute is not None:
@@ -19,7 +23,7 @@ def bench_result(*, load: float = 8, mode: str = "closed", throughput: float = 1
                   "compute_input": {"mean": 0.0}, "compute_infer": {"mean": compute},
                   "compute_output": {"mean": 0.0}, "server_total": {"mean": queue + compute},
                   "overhead": {"mean": mean - queue - compute}}
-    return {
+    return load_as(BenchResult, {
         "schema": "tradeoff.bench/1",
         "endpoint": {"protocol": "v2", "url": "http://127.0.0.1:8000", "model": name,
                      "batch_size": 1, "inputs": [], "platform": "onnxruntime_onnx"},
@@ -28,7 +32,9 @@ def bench_result(*, load: float = 8, mode: str = "closed", throughput: float = 1
                  "warmup_s": 1.0, "duration_s": 5.0, "stability_percent": 10.0},
         "environment": {"client_host": "test"},
         "cold_start_ms": cold_start,
+        "cold_start_ok": True,
         "warmup": {"requests": 10, "latency_ms": None},
+        "total_requests_sent": requests + 11,
         "windows": windows if windows is not None else [
             {"index": 0, "duration_s": 5.0, "completed": requests, "errors": errors,
              "throughput_rps": throughput, "p50_ms": p50, "p99_ms": p99}],
@@ -46,14 +52,15 @@ def bench_result(*, load: float = 8, mode: str = "closed", throughput: float = 1
                     "server_ms": server,
                     "server_counts": None if executions is None else
                     {"requests": requests, "executions": executions},
-                    "bytes_sent": 0, "bytes_received": 0, "duration_s": 5.0},
-    }
+                    "bytes_sent": 0, "bytes_received": 0, "asked_rate_rps": None,
+                    "achieved_rate_rps": None, "duration_s": 5.0},
+    })
 
 
-def sweep_result(points: list[dict[str, Any]], mode: str = "concurrency") -> dict[str, Any]:
-    from tradeoff.bench.sweep import knee_of, point_summary
-
-    return {"schema": "tradeoff.sweep/1", "endpoint": points[0]["endpoint"], "mode": mode,
-            "points": points, "rows": [point_summary(p) for p in points],
-            "knee": knee_of(points), "stop_reason": "last level reached", "sla": None,
-            "environment": {"client_host": "test"}}
+def sweep_result(points: list[BenchResult], mode: str = "concurrency") -> SweepResult:
+    """A sweep of these points, its rows and knee found as ``tradeoff sweep`` finds them."""
+    return SweepResult(endpoint=points[0].endpoint, mode=mode, plan={"mode": mode},
+                       environment={"client_host": "test"}, points=points,
+                       rows=[point_summary(p) for p in points], knee=knee_of(points),
+                       stop_reason="last level reached", sla=None, price=None, ranking=None,
+                       score={"alpha": 0.5, "sla_p99_ms": None, "max_error_percent": 1.0})

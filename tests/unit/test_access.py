@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tradeoff.errors import Forbidden, Unauthorized
+from tradeoff.errors import Forbidden, NotFound, Unauthorized
 from tradeoff.server.access import Access, read_keys
 
 API, ADMIN = "api-key-123456", "admin-key-123456"
@@ -63,18 +63,23 @@ def test_keys_from_flags_files_and_the_environment(tmp_path: Path) -> None:
 
 
 def test_only_exact_health_routes_are_open() -> None:
-    from tradeoff.server.http import _is_admin, _is_health
+    from tradeoff.server.routes import ADMIN, INFERENCE, OPEN, Router
 
-    def parts(path: str) -> list[str]:
-        return path.strip("/").split("/")
-
-    for path in ("/v2/health/live", "/v2/health/ready", "/v2/models/m/ready",
-                 "/v2/models/m/versions/1/ready"):
-        assert _is_health(parts(path)), path
-    for path in ("/v2", "/v2/health", "/v2/health/other", "/v2/models/m/versions/ready",
-                 "/v2/models/m/infer", "/v2/models/ready", "/v2/x/y/ready",
+    router = Router()
+    for method, path in (("GET", "/v2/health/live"), ("GET", "/v2/health/ready"),
+                         ("GET", "/v2/models/m/ready"), ("GET", "/v2/models/m/versions/1/ready")):
+        assert router.match(method, path)[0].access == OPEN, path
+    for method, path in (("GET", "/v2"), ("GET", "/v2/models/m/versions/1"),
+                         ("POST", "/v2/models/m/infer"), ("GET", "/v2/models/ready"),
+                         ("GET", "/v2/models/stats"), ("POST", "/v2/repository/index"),
+                         ("GET", "/v1/models"), ("POST", "/v1/completions"),
+                         ("POST", "/v1/chat/completions")):
+        assert router.match(method, path)[0].access == INFERENCE, path
+    # /v2/models/m/versions/ready is the metadata of a version named "ready": not open
+    assert router.match("GET", "/v2/models/m/versions/ready")[0].access == INFERENCE
+    for path in ("/v2/health", "/v2/health/other", "/v2/x/y/ready",
                  "/v2/models/m/config/ready", "/v2/repository/models/ready"):
-        assert not _is_health(parts(path)), path
-    assert _is_admin(parts("/v2/repository/models/m/load"))
-    assert _is_admin(parts("/v2/repository/models/m/unload"))
-    assert not _is_admin(parts("/v2/repository/index"))
+        with pytest.raises(NotFound):
+            router.match("GET", path)
+    assert router.match("POST", "/v2/repository/models/m/load")[0].access == ADMIN
+    assert router.match("POST", "/v2/repository/models/m/unload")[0].access == ADMIN

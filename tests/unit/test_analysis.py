@@ -3,18 +3,21 @@ intervals and endpoint profiles: the arithmetic behind sweep, soak and compare."
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 import pytest
 
-from tradeoff.analysis.compare import bootstrap_ratio, merge_rounds
-from tradeoff.analysis.cost import Price, rank
-from tradeoff.analysis.knee import find_knee, gain_per_doubling
+from tradeoff.analysis.compare import merge_rounds
 from tradeoff.analysis.profile import UNKNOWN, build_profile, parse_fact
-from tradeoff.analysis.trend import mann_kendall
 from tradeoff.bench.soak import verdict
 from tradeoff.bench.sweep import parse_levels
+from tradeoff.results import Window
+from tradeoff.stats.bootstrap import bootstrap_ratio
+from tradeoff.stats.cost import Price, parse_prices, rank
+from tradeoff.stats.knee import find_knee, gain_per_doubling
+from tradeoff.stats.trend import mann_kendall
 
 from .result_factory import bench_result
 
@@ -114,6 +117,18 @@ def test_without_prices_the_score_uses_throughput() -> None:
     assert ranked[0]["score_basis"] == "throughput (no prices)"
 
 
+def test_prices_per_endpoint_and_for_all() -> None:
+    prices = parse_prices(["a=2.5", "0.9"], ["b=0.01"], ["a", "b", "c"])
+    assert prices == {"a": Price(per_hour=2.5), "b": Price(per_hour=0.9),
+                      "c": Price(per_hour=0.9)}  # a price per hour wins
+    assert parse_prices([], ["0.01"], ["a"]) == {"a": Price(per_1k_requests=0.01)}
+    assert parse_prices([], [], ["a"]) == {}
+    with pytest.raises(ValueError, match=r"--price-per-hour 'a=x': use NAME=NUMBER or NUMBER"):
+        parse_prices(["a=x"], [], ["a"])
+    with pytest.raises(ValueError, match="prices name unknown endpoints: z"):
+        parse_prices([], ["z=1"], ["a"])
+
+
 # ------------------------------------------------------------------------ trend
 
 def test_mann_kendall_finds_a_rising_series_and_its_slope() -> None:
@@ -147,42 +162,41 @@ def test_mann_kendall_is_not_thrown_by_one_outlier() -> None:
     assert mann_kendall(np.arange(12.0), values).direction == "none"
 
 
-def soak_windows(p99: list[float], errors: list[int] | None = None) -> list[dict]:
+def soak_windows(p99: list[float], errors: list[int] | None = None) -> list[Window]:
     errors = errors or [0] * len(p99)
-    return [{"index": i, "duration_s": 60.0, "completed": 1000, "errors": e,
-             "throughput_rps": 100.0, "p50_ms": 5.0, "p99_ms": v}
-            for i, (v, e) in enumerate(zip(p99, errors))]
+    return [Window(index=i, duration_s=60.0, completed=1000, errors=e, throughput_rps=100.0,
+                   p50_ms=5.0, p99_ms=v) for i, (v, e) in enumerate(zip(p99, errors, strict=True))]
 
 
 def test_soak_verdict_stable() -> None:
     rng = np.random.default_rng(0)
     memory = [(float(t), 200e6 + rng.normal(0, 1e5)) for t in range(60)]
     result = verdict(soak_windows(list(rng.normal(10, 0.3, 8))), memory)
-    assert result["stable"], result["reasons"]
+    assert result.stable, result.reasons
 
 
 def test_soak_verdict_drift() -> None:
     result = verdict(soak_windows([10, 11, 12, 13, 14, 15, 16, 17]), [])
-    assert not result["stable"]
-    assert result["reasons"][0]["kind"] == "drift" and "p99" in result["reasons"][0]["text"]
+    assert not result.stable
+    assert result.reasons[0]["kind"] == "drift" and "p99" in result.reasons[0]["text"]
 
 
 def test_soak_verdict_error_burst() -> None:
     result = verdict(soak_windows([10.0] * 6, errors=[0, 0, 0, 80, 0, 0]), [])
-    assert [r["kind"] for r in result["reasons"]] == ["error_burst"]
-    assert result["reasons"][0]["evidence"]["windows"] == [3]
+    assert [r["kind"] for r in result.reasons] == ["error_burst"]
+    assert result.reasons[0]["evidence"]["windows"] == [3]
 
 
 def test_soak_verdict_memory_growth() -> None:
     memory = [(float(t), 200e6 + t * 1e6) for t in range(60)]  # +59 MB in a minute
     result = verdict(soak_windows([10.0] * 6), memory)
-    assert [r["kind"] for r in result["reasons"]] == ["memory_growth"]
-    assert result["trends"]["memory"]["growth_mib"] == pytest.approx(59e6 / 2**20, rel=0.01)
+    assert [r["kind"] for r in result.reasons] == ["memory_growth"]
+    assert result.trends["memory"]["growth_mib"] == pytest.approx(59e6 / 2**20, rel=0.01)
 
 
 def test_soak_with_too_few_windows_says_so() -> None:
     result = verdict(soak_windows([10, 30]), [])
-    assert result["stable"] and "too few" in result["notes"][0]
+    assert result.stable and "too few" in result.notes[0]
 
 
 # -------------------------------------------------------------------- bootstrap
@@ -202,14 +216,15 @@ def test_bootstrap_needs_samples() -> None:
 
 
 def test_merged_rounds_pool_counts_and_time() -> None:
-    rounds = [bench_result(throughput=100.0, requests=500), bench_result(throughput=300.0,
-                                                                          requests=1500)]
+    rounds = [bench_result(throughput=100.0, requests=500),
+              bench_result(throughput=300.0, requests=1500)]
     merged = merge_rounds(rounds, {"latency": np.array([1.0, 2.0, 3.0])})
-    s = merged["summary"]
-    assert s["requests"] == 2000 and s["duration_s"] == 10.0
-    assert s["throughput_rps"] == pytest.approx(200.0)
-    assert s["latency_ms"]["p50"] == 2.0
-    assert merged["merged_rounds"] == 2
+    s = merged.summary
+    assert s.requests == 2000 and s.duration_s == 10.0
+    assert s.throughput_rps == pytest.approx(200.0)
+    assert s.latency("p50") == 2.0
+    assert merged.merged_rounds == 2
+    assert [w.round for w in merged.windows] == [0, 1]
 
 
 # ---------------------------------------------------------------------- profile
@@ -250,7 +265,8 @@ def test_report_draws_a_sweep_with_a_point_that_served_nothing(tmp_path) -> None
     from .result_factory import sweep_result
 
     failed = bench_result(load=8, throughput=0.0, errors=10_000)
-    failed["summary"]["latency_ms"] = None
+    failed = dataclasses.replace(failed, summary=dataclasses.replace(failed.summary,
+                                                                     latency_ms=None))
     sweep = sweep_result([bench_result(load=1, throughput=500.0),
                           bench_result(load=2, throughput=900.0),
                           bench_result(load=4, throughput=910.0), failed])

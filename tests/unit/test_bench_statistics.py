@@ -11,8 +11,9 @@ import pytest
 from tradeoff.bench.adapters import parse_server_timing
 from tradeoff.bench.load import LoadSpec, arrival_offsets_ns, read_intervals
 from tradeoff.bench.records import HTTP_ERROR, OK, TIMEOUT, RecordBuffer, Records
-from tradeoff.bench.result import build_result, distribution
+from tradeoff.bench.result import build_result
 from tradeoff.bench.runner import RunOutcome, WindowReport, is_stable, window_report
+from tradeoff.stats.distribution import distribution
 
 
 def test_constant_and_poisson_schedules() -> None:
@@ -116,18 +117,18 @@ def _outcome(server_before: dict | None = None, server_after: dict | None = None
 def test_summary_from_records() -> None:
     result = build_result(_Adapter(), LoadSpec(concurrency=2, duration_s=1),  # type: ignore[arg-type]
                           _outcome())
-    s = result["summary"]
-    assert (s["requests"], s["successes"], s["errors"]) == (5, 3, 2)
-    assert s["errors_by_class"] == {"http": 1, "timeout": 1, "http_503": 1}
-    assert s["throughput_rps"] == pytest.approx(3.0)
-    assert s["inferences_per_s"] == pytest.approx(6.0)
-    assert s["latency_ms"]["p50"] == 20.0 and s["latency_ms"]["max"] == 30.0
-    assert s["server_ms"]["source"] == "server-timing"
-    assert s["server_ms"]["server_total"]["mean"] == pytest.approx(4.0)
-    assert s["server_ms"]["overhead"]["min"] == pytest.approx(6.0)
-    assert result["warmup"]["requests"] == 1
-    assert result["total_requests_sent"] == 6
-    assert s["bytes_sent"] == 50
+    s = result.summary
+    assert (s.requests, s.successes, s.errors) == (5, 3, 2)
+    assert s.errors_by_class == {"http": 1, "timeout": 1, "http_503": 1}
+    assert s.throughput_rps == pytest.approx(3.0)
+    assert s.inferences_per_s == pytest.approx(6.0)
+    assert s.latency("p50") == 20.0 and s.latency("max") == 30.0
+    assert s.server_ms is not None and s.server_ms["source"] == "server-timing"
+    assert s.server_ms["server_total"]["mean"] == pytest.approx(4.0)
+    assert s.server_ms["overhead"]["min"] == pytest.approx(6.0)
+    assert result.warmup.requests == 1
+    assert result.total_requests_sent == 6
+    assert s.bytes_sent == 50
 
 
 def test_breakdown_from_the_statistics_extension_when_no_server_timing() -> None:
@@ -139,7 +140,7 @@ def test_breakdown_from_the_statistics_extension_when_no_server_timing() -> None
 
     outcome = _outcome(stats(10, 1), stats(13, 4), with_timing=False)
     breakdown = build_result(_Adapter(), LoadSpec(concurrency=2, duration_s=1),  # type: ignore[arg-type]
-                             outcome)["summary"]["server_ms"]
+                             outcome).summary.server_ms
     assert breakdown["source"] == "statistics extension"
     assert breakdown["queue"]["mean"] == pytest.approx(2.0)  # 6 ms over 3 requests
     assert breakdown["compute_infer"]["mean"] == pytest.approx(4.0)

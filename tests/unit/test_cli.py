@@ -1,22 +1,20 @@
-"""The command line: help with examples, one-line errors for user mistakes."""
+"""The command line: help with examples, one-line errors for user mistakes, and the same
+flag with the same meaning and default in every command."""
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
+from typing import Any
 
+import click
 import pytest
 import yaml
 from click.testing import CliRunner
 
+from tradeoff.bench.load import LOAD_DEFAULTS, LoadSpec
 from tradeoff.cli import main
-
-
-def test_every_command_has_examples_in_help() -> None:
-    runner = CliRunner()
-    for args in ([], ["serve"], ["models", "build"], ["demo"]):
-        result = runner.invoke(main, [*args, "--help"])
-        assert result.exit_code == 0, result.output
-        assert "Examples:" in result.output
+from tradeoff.cli.options import seconds_text
 
 
 def test_models_build_writes_a_loadable_repository(tmp_path: Path) -> None:
@@ -55,3 +53,199 @@ def test_models_build_writes_generative_models(tmp_path: Path) -> None:
     if "smollm2-135m" in available_generative_models():
         settings = yaml.safe_load((tmp_path / "smollm2-135m" / "generate.yaml").read_text())
         assert settings["format"] == "gguf" and Path(settings["path"]).is_file()
+
+
+# ------------------------------------------------------ one set of flags and defaults
+
+LOAD_COMMANDS = ("bench", "sweep", "soak", "compare")
+# The same name means a different thing here, by nature: one endpoint's price against a
+# price per named endpoint, a searched SLA against a ranking filter, each command's schema.
+DIFFERENT_BY_NATURE = {"--price-per-hour", "--price-per-1k-requests", "--sla-p99-ms",
+                       "--json"}
+URL = "http://127.0.0.1:9"
+ARGV = {
+    "bench": ["bench", URL, "--model", "m"],
+    "sweep": ["sweep", URL, "--model", "m", "--concurrency-range", "1:4"],
+    "soak": ["soak", URL, "--model", "m", "--max-rate", "10"],
+    "compare": ["compare", "--endpoint", f"a={URL},model=m", "--endpoint", f"b={URL},model=n"],
+}
+
+
+class _Stop(Exception):
+    """Raised by a spy once it has what it came for, so that nothing is measured."""
+
+
+def _options(command: click.Command) -> dict[str, click.Option]:
+    return {p.opts[0]: p for p in command.params if isinstance(p, click.Option)}
+
+
+def test_every_command_has_examples_in_help() -> None:
+    runner = CliRunner()
+    for args in ([], ["serve"], ["models", "build"], ["demo"], ["bench"], ["sweep"],
+                 ["soak"], ["compare"], ["diagnose"], ["report"]):
+        result = runner.invoke(main, [*args, "--help"])
+        assert result.exit_code == 0, result.output
+        assert "Examples:" in result.output, args
+
+
+def test_a_flag_is_the_same_in_every_command() -> None:
+    commands = {name: _options(main.commands[name]) for name in LOAD_COMMANDS}
+    seen: dict[str, list[click.Option]] = {}
+    for options in commands.values():
+        for flag, option in options.items():
+            seen.setdefault(flag, []).append(option)
+    shared = {flag: options for flag, options in seen.items()
+              if len(options) > 1 and flag not in DIFFERENT_BY_NATURE}
+    assert {"--protocol", "--model", "--timeout", "--seed", "--arrival", "--duration",
+            "--warmup", "--max-connections", "--concurrency", "--alpha",
+            "--max-error-percent"} <= set(shared)
+    for flag, options in shared.items():
+        first = options[0]
+        for other in options[1:]:
+            assert other.opts == first.opts and other.help == first.help, flag
+            assert repr(other.type) == repr(first.type), flag
+            assert other.default == first.default, flag
+            assert other.multiple == first.multiple and other.is_flag == first.is_flag, flag
+
+
+def _spy_load(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> LoadSpec:
+    """The LoadSpec the command builds for ``argv``; nothing is sent."""
+    module = importlib.import_module(f"tradeoff.cli.{argv[0]}")
+    built: list[LoadSpec] = []
+    real = module.take_load
+
+    def spy(options: dict[str, Any], **kwargs: Any) -> LoadSpec:
+        built.append(real(options, **kwargs))
+        raise _Stop
+
+    monkeypatch.setattr(module, "take_load", spy)
+    result = CliRunner().invoke(main, argv)
+    assert isinstance(result.exception, _Stop), result.output
+    return built[0]
+
+
+def test_the_same_flag_has_the_same_default_in_every_command(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    specs = {name: _spy_load(monkeypatch, ARGV[name]) for name in LOAD_COMMANDS}
+    d = LOAD_DEFAULTS
+    for name, spec in specs.items():
+        assert spec.concurrency == d.concurrency and spec.rate is None, name
+        assert spec.arrival == d.arrival == "constant", name
+        assert spec.warmup_s == d.warmup_s == 0.0, name
+        assert spec.timeout_s == d.timeout_s and spec.seed == d.seed, name
+        assert spec.max_connections == d.max_connections, name
+        assert spec.stability_percent == d.stability_percent, name
+        assert spec.max_windows == d.max_windows, name
+    # --duration: until stable in bench; a fixed length per sweep level and compare round
+    assert specs["bench"].duration_s is None and not specs["bench"].fixed_length
+    assert specs["sweep"].duration_s == specs["compare"].duration_s == d.point_duration_s
+
+
+def test_the_same_values_give_the_same_load_in_every_command(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    given = ["--arrival", "poisson", "--warmup", "2s", "--timeout", "500ms", "--seed", "7",
+             "--max-connections", "64"]
+    specs = {name: _spy_load(monkeypatch, [*ARGV[name], *given, "--duration", "90s"])
+             for name in ("bench", "sweep", "compare")}
+    specs["soak"] = _spy_load(monkeypatch, [*ARGV["soak"], *given[:2], *given[4:]])
+    for name, spec in specs.items():
+        assert spec.arrival == "poisson" and spec.timeout_s == 0.5, name
+        assert spec.seed == 7 and spec.max_connections == 64, name
+    for name in ("bench", "sweep", "compare"):
+        assert specs[name].warmup_s == 2.0 and specs[name].duration_s == 90.0, name
+
+
+def test_soak_plan_defaults_and_time_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    import tradeoff.bench.soak
+
+    plans: list[Any] = []
+
+    def spy(adapter: Any, plan: Any, base: LoadSpec, console: Any) -> None:
+        plans.append((plan, base))
+        raise _Stop
+
+    monkeypatch.setattr(tradeoff.bench.soak, "run_soak", spy)
+    runner = CliRunner()
+    runner.invoke(main, ARGV["soak"])
+    runner.invoke(main, [*ARGV["soak"], "--duration", "1h", "--window", "90",
+                         "--probe-duration", "500ms", "--arrival", "poisson"])
+    (default, _), (given, base) = plans
+    assert default.duration_s == LOAD_DEFAULTS.soak_duration_s == 1800.0
+    assert default.window_s == LOAD_DEFAULTS.soak_window_s == 60.0
+    assert default.arrival == LOAD_DEFAULTS.arrival and default.probe_s == 5.0
+    assert (given.duration_s, given.window_s, given.probe_s) == (3600.0, 90.0, 0.5)
+    assert given.arrival == base.arrival == "poisson"
+
+
+def test_help_states_each_command_s_own_length() -> None:
+    runner = CliRunner()
+    point = seconds_text(LOAD_DEFAULTS.point_duration_s)
+    sweep = " ".join(runner.invoke(main, ["sweep", "--help"]).output.split())
+    assert f"by default {point} per level" in sweep
+    compare = " ".join(runner.invoke(main, ["compare", "--help"]).output.split())
+    assert f"by default {point} (rounds" in compare
+    soak = " ".join(runner.invoke(main, ["soak", "--help"]).output.split())
+    assert (f"defaults to {seconds_text(LOAD_DEFAULTS.soak_duration_s)} here and --window "
+            f"to {seconds_text(LOAD_DEFAULTS.soak_window_s)}") in soak
+    bench = " ".join(runner.invoke(main, ["bench", "--help"]).output.split())
+    assert (f"[default: bench until stable; sweep {point} per level; compare {point} per "
+            f"round; soak 30m]") in bench
+
+
+@pytest.mark.parametrize("flag", ["--duration", "--warmup", "--timeout"])
+@pytest.mark.parametrize("command", ["bench", "sweep", "compare"])
+def test_a_bad_time_is_one_line_in_every_command(command: str, flag: str) -> None:
+    for value in ("5x", "-3", "nan", ""):
+        result = CliRunner().invoke(main, [*ARGV[command], flag, value])
+        assert result.exit_code == 2, result.output
+        last = result.output.strip().splitlines()[-1]
+        assert last.startswith(f"Error: Invalid value for '{flag}': "), last
+        assert "write 90 (seconds)" in last or "must be" in last
+        assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(("argv", "flag"), [
+    (["soak", URL, "--window", "1 hour"], "--window"),
+    (["soak", URL, "--probe-duration", "0"], "--probe-duration"),
+    (["bench", URL, "--window", "-1"], "--window"),
+    (["demo", "--duration", "100ms"], "--duration"),
+    (["serve", "--model-repository", ".", "--shutdown-timeout", "soon"],
+     "--shutdown-timeout"),
+])
+def test_every_time_flag_reads_durations(argv: list[str], flag: str) -> None:
+    result = CliRunner().invoke(main, argv)
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for '{flag}'" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_request_option_mistakes_are_one_line() -> None:
+    for extra, message in ((["--shape", "INPUT0"], "--shape 'INPUT0': use NAME:d1,d2"),
+                           (["--header", "nocolon"], "--header 'nocolon': use KEY:VALUE")):
+        result = CliRunner().invoke(main, [*ARGV["bench"], *extra])
+        assert result.exit_code == 1, result.output
+        assert result.output == f"Error: {message}" + (
+            " (for example INPUT0:3,224)\n" if extra[0] == "--shape" else "\n")
+
+
+def test_shape_and_header_values_become_the_endpoint_spec_s() -> None:
+    from tradeoff.bench.endpoint import parse_headers, parse_shapes
+
+    assert parse_shapes(["INPUT0:3,224", "MASK:"]) == {"INPUT0": [3, 224], "MASK": []}
+    assert parse_headers([" X-Key : a:b ", "Empty:"]) == {"X-Key": "a:b", "Empty": ""}
+
+
+def test_every_import_the_commands_make_when_run_resolves() -> None:
+    """Commands import their domain modules when they run (a fast --help); a module that
+    moves must not break a command only when it is used."""
+    import ast
+
+    package = Path(importlib.import_module("tradeoff.cli").__file__ or "").parent
+    names = []
+    for source in sorted(package.glob("*.py")):
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tradeoff"):
+                names += [(node.module or "", alias.name) for alias in node.names]
+    assert len(names) > 20
+    for module, name in names:
+        assert hasattr(importlib.import_module(module), name), f"{module}.{name}"

@@ -202,7 +202,7 @@ def parse_mapping(data: object, name: str = "mlp") -> ModelConfig:
     return parse_config_mapping(data, source=YAML_SOURCE, default_name=name)
 
 
-def raises_config_error(source: str, field: str):  # noqa: ANN201 (pytest's private type)
+def raises_config_error(source: str, field: str):
     """The message must start with the file and the field: ``models/m/config.pbtxt: x: ...``."""
     return pytest.raises(ConfigError, match="^" + re.escape(f"{source}: {field}: "))
 
@@ -363,8 +363,9 @@ def test_tensor_datatypes(config_type: str, datatype: str) -> None:
 
 
 def test_full_shape_adds_batch_dim_only_when_batching() -> None:
-    batching = parse_text('max_batch_size: 4 input [ { name: "x" data_type: TYPE_FP32 dims: [ 3 ] } ]')
-    plain = parse_text('max_batch_size: 0 input [ { name: "x" data_type: TYPE_FP32 dims: [ 3 ] } ]')
+    one_input = 'input [ { name: "x" data_type: TYPE_FP32 dims: [ 3 ] } ]'
+    batching = parse_text(f"max_batch_size: 4 {one_input}")
+    plain = parse_text(f"max_batch_size: 0 {one_input}")
     assert batching.full_shape(batching.inputs[0]) == [-1, 3]
     assert plain.full_shape(plain.inputs[0]) == [3]
 

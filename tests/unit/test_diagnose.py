@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from pathlib import Path
+
 import pytest
+from click.testing import CliRunner
 
 from tradeoff.analysis.diagnose import diagnose
+from tradeoff.cli import main
+from tradeoff.results import BenchResult, ResultDocument, SoakResult, SweepResult, Window, load_as
 
 from .result_factory import bench_result, sweep_result
 
+DATA = Path(__file__).parent.parent / "data" / "results"
 
-def rules(document: dict) -> set[str]:
+
+def rules(document: ResultDocument) -> set[str]:
     return {f.rule for f in diagnose(document)}
 
 
-def healthy() -> dict:
+def healthy() -> BenchResult:
     return bench_result()
 
 
@@ -80,7 +89,7 @@ def test_errors() -> None:
     assert "errors" not in rules(bench_result(errors=5))
 
 
-def linear_sweep(executions_equal_requests: bool | None) -> dict:
+def linear_sweep(executions_equal_requests: bool | None) -> SweepResult:
     points = []
     for c in (1, 2, 4, 8, 16):
         executions = None if executions_equal_requests is None else (
@@ -137,9 +146,13 @@ def test_findings_come_most_severe_first_and_name_their_subject() -> None:
     assert all(f.action for f in findings)
 
 
-def test_unknown_documents_are_refused() -> None:
-    with pytest.raises(ValueError, match="not a tradeoff result"):
-        diagnose({"schema": "something/1"})
+def test_unknown_documents_are_refused_in_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "odd.json"
+    path.write_text(json.dumps({"schema": "something/1"}))
+    result = CliRunner().invoke(main, ["diagnose", str(path)])
+    assert result.exit_code == 1
+    assert result.output.startswith(f"Error: {path}: not a tradeoff result")
+    assert len(result.output.splitlines()) == 1
 
 
 def test_no_batching_with_throughput_that_still_scales_is_only_information() -> None:
@@ -152,12 +165,12 @@ def test_no_batching_with_throughput_that_still_scales_is_only_information() -> 
 def test_soak_reasons_become_findings() -> None:
     from tradeoff.bench.soak import verdict
 
-    windows = [{"index": i, "duration_s": 60.0, "completed": 1000, "errors": 0,
-                "throughput_rps": 100.0, "p50_ms": 5.0, "p99_ms": 10.0 + i} for i in range(8)]
-    soak = {"schema": "tradeoff.soak/1", "endpoint": {"model": "m"},
-            "verdict": verdict(windows, [])}
+    windows = [Window(index=i, duration_s=60.0, completed=1000, errors=0, throughput_rps=100.0,
+                      p50_ms=5.0, p99_ms=10.0 + i) for i in range(8)]
+    soak = load_as(SoakResult, DATA / "soak.json")
+    soak = dataclasses.replace(soak, endpoint={"model": "m"}, verdict=verdict(windows, []))
     found = diagnose(soak)
     assert [f.rule for f in found] == ["soak_drift"]
     assert found[0].severity == "critical" and found[0].subject == "m"
-    steady = [dict(w, p99_ms=10.0) for w in windows]
-    assert diagnose({**soak, "verdict": verdict(steady, [])}) == []
+    steady = [dataclasses.replace(w, p99_ms=10.0) for w in windows]
+    assert diagnose(dataclasses.replace(soak, verdict=verdict(steady, []))) == []

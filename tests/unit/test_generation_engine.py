@@ -9,10 +9,10 @@ torch = pytest.importorskip("torch")
 
 from tradeoff.backends.llama import LlamaConfig, LlamaDecoder  # noqa: E402
 from tradeoff.errors import InvalidInput, Unavailable  # noqa: E402
-from tradeoff.scheduling.engine import GenerationEngine  # noqa: E402
-from tradeoff.scheduling.iteration import IterationScheduler, SeqState  # noqa: E402
-from tradeoff.scheduling.kv_blocks import BlockAllocator  # noqa: E402
-from tradeoff.scheduling.sampling import SamplingParams  # noqa: E402
+from tradeoff.generate.engine import GenerationEngine  # noqa: E402
+from tradeoff.generate.iteration import IterationScheduler, SeqState  # noqa: E402
+from tradeoff.generate.kv_blocks import BlockAllocator  # noqa: E402
+from tradeoff.generate.sampling import SamplingParams  # noqa: E402
 
 CONFIG = LlamaConfig(vocab_size=61, hidden_size=32, intermediate_size=64, num_layers=2,
                      num_heads=4, num_kv_heads=2, bos_token_id=1, eos_token_id=2)
@@ -102,7 +102,7 @@ def test_static_batching_waits_for_the_whole_batch(decoder: LlamaDecoder) -> Non
 def test_limits_on_sequences_and_tokens_per_step() -> None:
     blocks = BlockAllocator(num_blocks=64, block_size=4)
     scheduler = IterationScheduler(blocks, max_num_seqs=2, max_num_batched_tokens=5)
-    from tradeoff.scheduling.iteration import GenSequence
+    from tradeoff.generate.iteration import GenSequence
 
     for prompt in ([1] * 4, [1] * 9, [1] * 3):
         scheduler.add(GenSequence(prompt, max_tokens=4))
@@ -167,3 +167,107 @@ def test_sampling_settings_are_checked() -> None:
     for bad in ({"max_tokens": 0}, {"temperature": 3.0}, {"top_p": 0.0}, {"top_k": -1}):
         with pytest.raises(InvalidInput):
             SamplingParams(**bad)  # type: ignore[arg-type]
+
+
+def test_a_seed_torch_refuses_leaves_nothing_behind(decoder: LlamaDecoder) -> None:
+    engine = GenerationEngine(decoder)
+    with pytest.raises(ValueError, match="Overflow"):
+        engine.add([1, 5], SamplingParams(max_tokens=2, seed=2**70))
+    assert not engine.has_work() and not engine.params
+    outputs, _, _ = run(decoder, [[1, 5]])
+    assert len(outputs[0]) == 12
+
+
+def test_one_request_that_cannot_be_queued_fails_alone(decoder: LlamaDecoder) -> None:
+    """The engine thread survives a request the engine refuses with any exception, and
+    the next request is answered."""
+    import asyncio
+
+    from tradeoff.generate.bridge import GenerativeModel
+    from tradeoff.generate.config import GenerativeConfig
+
+    class Tokens:
+        def decode(self, ids: list[int]) -> str:
+            return " ".join(map(str, ids))
+
+    async def scenario() -> tuple[tuple, list[tuple]]:
+        model = GenerativeModel("m", 1, GenerativeConfig(), decoder, Tokens(),
+                                asyncio.get_running_loop())
+        try:
+            bad = model.submit([1, 5], SamplingParams(max_tokens=2, seed=2**70))
+            good = model.submit([1, 5], SamplingParams(max_tokens=2, temperature=0.0))
+            refused = await asyncio.wait_for(bad.events.get(), 30)
+            events = [await asyncio.wait_for(good.events.get(), 30) for _ in range(3)]
+            assert model.active == 0 and model.failed is None
+            return refused, events
+        finally:
+            await model.stop()
+
+    refused, events = asyncio.run(scenario())
+    assert refused[0] == "error"
+    assert [e[0] for e in events] == ["token", "token", "done"]
+
+
+class PoisonedLogits:
+    """The decoder, but a sequence whose tokens hold ``poison`` gets NaN logits (a
+    numerical fault of one input that the random-weight model cannot produce alone)."""
+
+    def __init__(self, decoder: LlamaDecoder, poison: int) -> None:
+        self.decoder, self.poison = decoder, poison
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.decoder, name)
+
+    def step(self, steps: list, cache: object) -> list:
+        logits = self.decoder.step(steps, cache)
+        for index, part in enumerate(steps):
+            if self.poison in part.tokens.tolist():
+                logits[index] = torch.full_like(logits[index], float("nan"))
+        return logits
+
+
+def test_a_sampling_failure_fails_only_its_own_sequence(decoder: LlamaDecoder) -> None:
+    """NaN logits in one row made the whole step raise: every request on the model
+    failed. Only the sequence whose token could not be chosen fails now; the others get
+    the tokens they would have got alone (seeded draws included)."""
+    sampled = SamplingParams(max_tokens=6, temperature=0.8, seed=11, ignore_eos=True)
+    alone, _, _ = run(decoder, [[1, 5, 9]], sampled)
+    engine = GenerationEngine(PoisonedLogits(decoder, poison=60))  # type: ignore[arg-type]
+    poisoned = engine.add([1, 60, 60], sampled)
+    healthy = engine.add([1, 5, 9], sampled)
+    failures = []
+    while engine.has_work():
+        failures += engine.step().failed
+    assert [seq for seq, _ in failures] == [poisoned]
+    assert "probability" in str(failures[0][1])
+    assert poisoned.finish_reason == "error" and poisoned.output == []
+    assert healthy.output == alone[0] and healthy.finish_reason == "length"
+    assert engine.blocks.usage == 0 and not engine.params  # nothing is left held
+
+
+def test_stop_strings_are_matched_on_the_new_text_only(decoder: LlamaDecoder) -> None:
+    """Each step used to detokenize the whole output and search it for every stop string
+    (quadratic in the output; with a long stop list it slowed everyone's stream): it now
+    looks at the last tokens, enough to hold any stop string, and still finds a stop
+    that a multi-token string completes."""
+    free = run(decoder, [PROMPTS[0]], SamplingParams(max_tokens=60, temperature=0.0,
+                                                      ignore_eos=True))[0][0]
+    seen: list[int] = []
+
+    def detokenize(ids: list[int]) -> str:
+        seen.append(len(ids))
+        return "".join(f"<{i}>" for i in ids)
+
+    engine = GenerationEngine(decoder, detokenize=detokenize)
+    never = engine.add(PROMPTS[0], SamplingParams(max_tokens=60, temperature=0.0,
+                                                  ignore_eos=True, stop=("<999>",)))
+    target = "".join(f"<{i}>" for i in free[40:43])  # three tokens, completed at the 43rd
+    stop_at = engine.add(PROMPTS[0], SamplingParams(max_tokens=60, temperature=0.0,
+                                                    ignore_eos=True, stop=(target,)))
+    while engine.has_work():
+        engine.step()
+    assert never.finish_reason == "length" and len(never.output) == 60
+    first = next(i for i in range(2, len(free)) if target in
+                 "".join(f"<{t}>" for t in free[:i + 1]))
+    assert stop_at.finish_reason == "stop" and stop_at.output == free[:first + 1]
+    assert max(seen) <= 4 * len(target) + 1 < 60

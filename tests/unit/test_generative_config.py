@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tradeoff.errors import ConfigError
-from tradeoff.server.generative import GenerativeConfig
+from tradeoff.generate.config import GenerativeConfig
 
 
 def read(tmp_path: Path, text: str) -> GenerativeConfig:
@@ -25,7 +25,12 @@ def test_defaults_and_values(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("text, message", [
-    ("max_num_seq: 4", "unknown setting"),
+    ("max_num_seq: 4", "unknown setting; did you mean 'max_num_seqs'"),
+    ("max_num_seqs: '4'", "expected int, got '4'"),
+    ("batching: continous", "did you mean 'continuous'"),
+    ("format: ggfu", "no backend reads .ggfu.; did you mean .gguf."),
+    ("device: cuda:x", "auto, cpu, cuda or cuda:N"),
+    ("path: [a]", "expected a string"),
     ("max_num_seqs: many", "expected int"),
     ("max_num_seqs: 0", "must be >= 1"),
     ("prefix_caching: maybe", "expected true or false"),
@@ -36,3 +41,10 @@ def test_defaults_and_values(tmp_path: Path) -> None:
 def test_wrong_settings_name_the_setting(tmp_path: Path, text: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         read(tmp_path, text)
+
+
+def test_the_error_names_file_and_field(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        read(tmp_path, "block_size: 0\n")
+    assert info.value.source == str(tmp_path / "generate.yaml")
+    assert info.value.field == "block_size" and "must be >= 1, got 0" in str(info.value)

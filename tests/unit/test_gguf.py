@@ -12,8 +12,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("gguf")
 
-from tradeoff.backends.gguf_file import _unpermute  # noqa: E402
-from tradeoff.models.generative import smollm2_gguf  # noqa: E402
+from tradeoff.backends.gguf_file import _unpermute
+from tradeoff.models.generative import smollm2_gguf
 
 
 def llama_cpp_permute(weight: np.ndarray, heads: int) -> np.ndarray:
@@ -38,8 +38,8 @@ def smollm2_file() -> Path:
 
 def test_smollm2_answers_a_question() -> None:
     from tradeoff.backends.gguf_file import load_gguf
-    from tradeoff.scheduling.engine import GenerationEngine
-    from tradeoff.scheduling.sampling import SamplingParams
+    from tradeoff.generate.engine import GenerationEngine
+    from tradeoff.generate.sampling import SamplingParams
 
     decoder, tokenizer = load_gguf(smollm2_file())
     assert decoder.config.num_layers == 30 and decoder.config.num_kv_heads == 3

@@ -64,7 +64,7 @@ def greedy(decoder: LlamaDecoder, prompts: list[list[int]], new_tokens: int,
             steps.append(SequenceStep(tokens, done[i], slots_for(tables[i], end)))
             owners.append((i, end))
         logits = decoder.step(steps, cache)
-        for (i, end), row in zip(owners, logits):
+        for (i, end), row in zip(owners, logits, strict=True):
             done[i] = end
             if end == len(sequences[i]):  # the whole prompt (or last token) is in
                 token = int(row.argmax())

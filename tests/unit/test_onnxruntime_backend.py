@@ -10,9 +10,9 @@ import pytest
 from onnx import TensorProto, helper
 
 from tradeoff.backends.onnxruntime import OnnxRuntimeBackend, describe, session_options
+from tradeoff.backends.registry import InstanceSpec
 from tradeoff.errors import ConfigError, ModelLoadError
 from tradeoff.protocol.v2 import bf16_to_float32
-from tradeoff.repository.config import ModelConfig
 
 
 def identity(path: Path, elem_type: int, shape: list) -> Path:
@@ -28,7 +28,7 @@ def identity(path: Path, elem_type: int, shape: list) -> Path:
 
 def test_bf16_round_trips_as_bit_patterns(tmp_path: Path) -> None:
     path = identity(tmp_path / "bf16.onnx", TensorProto.BFLOAT16, [None, 3])
-    backend = OnnxRuntimeBackend(path, ModelConfig(name="bf16"))
+    backend = OnnxRuntimeBackend(InstanceSpec("bf16", path))
     bits = np.array([[0x3F80, 0x4000, 0xC040]], np.uint16)  # 1.0, 2.0, -3.0
     out = backend.run({"x": bits}, ["y"])["y"]
     np.testing.assert_array_equal(out, bits)
@@ -37,7 +37,7 @@ def test_bf16_round_trips_as_bit_patterns(tmp_path: Path) -> None:
 
 def test_string_tensors_take_bytes_and_return_strings(tmp_path: Path) -> None:
     path = identity(tmp_path / "s.onnx", TensorProto.STRING, [None])
-    backend = OnnxRuntimeBackend(path, ModelConfig(name="s"))
+    backend = OnnxRuntimeBackend(InstanceSpec("s", path))
     out = backend.run({"x": np.array([b"ab", "c\u00e9".encode()], dtype=object)}, ["y"])["y"]
     assert [str(v) for v in out] == ["ab", "c\u00e9"]
 
@@ -52,36 +52,35 @@ def test_describe_reads_tensors_without_a_session(tmp_path: Path) -> None:
 def test_unreadable_model_is_a_load_error(tmp_path: Path) -> None:
     path = tmp_path / "broken.onnx"
     path.write_bytes(b"not a model")
-    with pytest.raises(ModelLoadError, match="broken.onnx"):
-        OnnxRuntimeBackend(path, ModelConfig(name="broken"))
-    with pytest.raises(ModelLoadError, match="broken.onnx"):
+    with pytest.raises(ModelLoadError, match=r"broken\.onnx"):
+        OnnxRuntimeBackend(InstanceSpec("broken", path))
+    with pytest.raises(ModelLoadError, match=r"broken\.onnx"):
         describe(path)
 
 
 def test_session_options_from_parameters() -> None:
-    cfg = ModelConfig(name="m", parameters={"intra_op_thread_count": "3",
-                                            "graph_optimization_level": "basic"})
-    options = session_options(cfg, default_intra_op_threads=1)
+    spec = InstanceSpec("m", Path("m.onnx"), parameters={"intra_op_thread_count": "3",
+                                                         "graph_optimization_level": "basic"})
+    options = session_options(spec)
     assert options.intra_op_num_threads == 3
     assert str(options.graph_optimization_level).endswith("ORT_ENABLE_BASIC")
     with pytest.raises(ConfigError, match="graph_optimization_level"):
-        session_options(ModelConfig(name="m", parameters={"graph_optimization_level": "max"}), 1)
+        session_options(InstanceSpec("m", Path("m.onnx"),
+                                       parameters={"graph_optimization_level": "max"}))
     with pytest.raises(ConfigError, match="intra_op_thread_count"):
-        session_options(ModelConfig(name="m", parameters={"intra_op_thread_count": "x"}), 1)
+        session_options(InstanceSpec("m", Path("m.onnx"),
+                                       parameters={"intra_op_thread_count": "x"}))
 
 
 def test_gpu_groups_place_count_instances_on_each_listed_gpu() -> None:
     from tradeoff.backends.onnxruntime import execution_providers
-    from tradeoff.repository.config import InstanceGroup
 
-    cfg = ModelConfig(name="m", instance_groups=(InstanceGroup(2, "KIND_GPU", (0, 1)),
-                                                 InstanceGroup(1, "KIND_CPU")))
-    assert cfg.instance_count == 5
-    providers = execution_providers(cfg, "KIND_GPU", 1)
+    gpu = InstanceSpec("m", Path("m.onnx"), kind="KIND_GPU", device_id=1)
+    providers = execution_providers(gpu)
     assert providers[-1] == "CPUExecutionProvider"
     import onnxruntime as ort
     if "CUDAExecutionProvider" in ort.get_available_providers():
         assert ("CUDAExecutionProvider", {"device_id": 1}) in providers
     else:
         assert providers == ["CPUExecutionProvider"]
-    assert execution_providers(cfg, "KIND_CPU") == ["CPUExecutionProvider"]
+    assert execution_providers(InstanceSpec("m", Path("m.onnx"))) == ["CPUExecutionProvider"]

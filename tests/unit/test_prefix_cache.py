@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from tradeoff.scheduling.kv_blocks import BlockAllocator, block_key
+from tradeoff.generate.kv_blocks import BlockAllocator, block_key
 
 torch = pytest.importorskip("torch")
 
 from tradeoff.backends.llama import LlamaDecoder  # noqa: E402
-from tradeoff.scheduling.engine import GenerationEngine  # noqa: E402
-from tradeoff.scheduling.sampling import SamplingParams  # noqa: E402
+from tradeoff.generate.engine import GenerationEngine  # noqa: E402
+from tradeoff.generate.sampling import SamplingParams  # noqa: E402
 
 from .test_generation_engine import CONFIG, GREEDY, random_weights  # noqa: E402
 
@@ -28,7 +28,7 @@ def test_blocks_are_shared_counted_and_evicted_lru() -> None:
     first = blocks.allocate(2)
     keys = [block_key(None, [1, 2])]
     keys.append(block_key(keys[0], [3, 4]))
-    for block, key in zip(first, keys):
+    for block, key in zip(first, keys, strict=True):
         blocks.register(block, key)
     shared, found = blocks.match([1, 2, 3, 4, 5], limit=4)
     assert shared == first and found == keys and blocks.hit_tokens == 4
@@ -43,6 +43,21 @@ def test_blocks_are_shared_counted_and_evicted_lru() -> None:
     off = BlockAllocator(4, 2)
     off.register(0, keys[0])
     assert off.match([1, 2], limit=2) == ([], [])
+
+
+def test_prefixes_whose_python_hashes_collide_share_no_block() -> None:
+    """An int hashes to itself modulo 2**61 - 1, so two different first blocks can have
+    equal hash(); the block after them must still not be shared."""
+    one, other = [1, 5], [1, 5 + (2**61 - 1)]
+    assert hash(tuple(one)) == hash(tuple(other))
+    blocks = BlockAllocator(4, 2, prefix_caching=True)
+    table = blocks.allocate(2)
+    first = block_key(None, one)
+    blocks.register(table[0], first)
+    blocks.register(table[1], block_key(first, [7, 8]))
+    assert block_key(block_key(None, other), [7, 8]) != block_key(first, [7, 8])
+    assert blocks.match([*other, 7, 8, 9], limit=4) == ([], [])
+    assert blocks.match([*one, 7, 8, 9], limit=4)[0] == table
 
 
 def test_a_repeated_prompt_skips_its_cached_blocks(decoder: LlamaDecoder) -> None:

@@ -19,7 +19,7 @@ from tradeoff.repository.config import (
 )
 from tradeoff.scheduling.request import InferenceRequest
 from tradeoff.scheduling.scheduler import Scheduler
-from tradeoff.server.stats import ModelStats
+from tradeoff.scheduling.stats import ModelStats
 
 
 class Doubler(Backend):
@@ -70,7 +70,7 @@ def test_requests_queued_behind_a_busy_instance_run_as_one_batch() -> None:
         await asyncio.sleep(0.05)
         backend.gate.set()
         results = await asyncio.gather(first, *rest)
-        for i, (timings, outputs) in enumerate(results):
+        for i, (_, outputs) in enumerate(results):
             np.testing.assert_array_equal(outputs["y"], np.full((1, 2), 2 * i, np.float32))
         assert backend.batches == [1, 5]
         assert results[-1][0].batch_size == 5

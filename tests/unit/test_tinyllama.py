@@ -11,9 +11,9 @@ torch = pytest.importorskip("torch")
 
 from tradeoff.backends.llama import load_hf_directory  # noqa: E402
 from tradeoff.backends.text import Tokenizer  # noqa: E402
+from tradeoff.generate.engine import GenerationEngine  # noqa: E402
+from tradeoff.generate.sampling import SamplingParams  # noqa: E402
 from tradeoff.models.tinyllama import write_tinyllama  # noqa: E402
-from tradeoff.scheduling.engine import GenerationEngine  # noqa: E402
-from tradeoff.scheduling.sampling import SamplingParams  # noqa: E402
 
 
 @pytest.fixture(scope="module")

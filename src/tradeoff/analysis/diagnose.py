@@ -13,9 +13,15 @@ from typing import Any
 
 import numpy as np
 
-from tradeoff.analysis.knee import find_knee
-from tradeoff.bench.result import endpoint_label
 from tradeoff.bench.sweep import point_summary
+from tradeoff.results import (
+    BenchResult,
+    CompareResult,
+    ResultDocument,
+    SoakResult,
+    SweepResult,
+)
+from tradeoff.stats.knee import find_knee
 
 LONG_TAIL_WARN = 3.0          # p99 / p50
 LONG_TAIL_CRITICAL = 10.0
@@ -49,14 +55,14 @@ class Finding:
         return asdict(self)
 
 
-def _latency(result: dict[str, Any]) -> dict[str, float]:
-    return result["summary"].get("latency_ms") or {}
+def _latency(result: BenchResult) -> dict[str, float]:
+    return result.summary.latency_ms or {}
 
 
 # ----------------------------------------------------------------- one bench result
 
-def long_tail(result: dict[str, Any]) -> list[Finding]:
-    if "ttft_ms" in result["summary"]:
+def long_tail(result: BenchResult) -> list[Finding]:
+    if result.summary.generation:
         return []  # generations: output lengths spread end-to-end latency; see first_token
     lat = _latency(result)
     out = []
@@ -71,9 +77,9 @@ def long_tail(result: dict[str, Any]) -> list[Finding]:
                 "look for queueing behind large batches (lower max_queue_delay or "
                 "preferred_batch_size), GC or CPU contention on the server, and retries; "
                 "compare p99 at lower load"))
-    windows = [w for w in result.get("windows", []) if w.get("p99_ms") == w.get("p99_ms")]
+    windows = [w for w in result.windows if w.p99_ms == w.p99_ms]
     if len(windows) >= 4:
-        p99s = np.array([w["p99_ms"] for w in windows], dtype=float)
+        p99s = np.array([w.p99_ms for w in windows], dtype=float)
         median = float(np.median(p99s))
         # positions, not window indexes: merged rounds repeat the indexes
         spikes = [i for i, v in enumerate(p99s) if v > SPIKE_FACTOR * median]
@@ -91,9 +97,9 @@ def long_tail(result: dict[str, Any]) -> list[Finding]:
     return out
 
 
-def server_bound(result: dict[str, Any]) -> list[Finding]:
+def server_bound(result: BenchResult) -> list[Finding]:
     """Queue-bound vs compute-bound, and overhead-bound, from the server breakdown."""
-    server = result["summary"].get("server_ms")
+    server = result.summary.server_ms
     lat = _latency(result)
     if not server or not lat.get("mean"):
         return []
@@ -134,19 +140,18 @@ def server_bound(result: dict[str, Any]) -> list[Finding]:
     return out
 
 
-def client_bound(result: dict[str, Any]) -> list[Finding]:
-    client = result.get("client") or {}
-    if not client.get("client_bound"):
+def client_bound(result: BenchResult) -> list[Finding]:
+    client = result.client
+    if not client.client_bound:
         return []
     return [Finding("client_bound", "critical", "client-bound: the load generator could not "
                     "keep up, so the figures understate the endpoint",
-                    {"reasons": client.get("reasons", []),
-                     "cpu_percent": client.get("cpu_percent")},
+                    {"reasons": client.reasons, "cpu_percent": client.cpu_percent},
                     "rerun with --workers N, on a less loaded or separate client machine")]
 
 
-def cold_start(result: dict[str, Any]) -> list[Finding]:
-    cold, p50 = result.get("cold_start_ms"), _latency(result).get("p50")
+def cold_start(result: BenchResult) -> list[Finding]:
+    cold, p50 = result.cold_start_ms, _latency(result).get("p50")
     if not cold or not p50 or cold < COLD_START_FACTOR * p50:
         return []
     return [Finding("cold_start", "warning",
@@ -156,42 +161,44 @@ def cold_start(result: dict[str, Any]) -> list[Finding]:
                     "and exclude a warmup from measurements (--warmup)")]
 
 
-def unstable(result: dict[str, Any]) -> list[Finding]:
-    if result.get("stable") is not False:
+def unstable(result: BenchResult) -> list[Finding]:
+    if result.stable is not False:
         return []
     return [Finding("unstable_measurement", "warning",
                     "unstable measurement: the last windows disagree",
-                    {"stop_reason": result.get("stop_reason"),
-                     "windows": [{k: w.get(k) for k in ("throughput_rps", "p99_ms")}
-                                 for w in result.get("windows", [])[-3:]]},
+                    {"stop_reason": result.stop_reason,
+                     "windows": [{"throughput_rps": w.throughput_rps, "p99_ms": w.p99_ms}
+                                 for w in result.windows[-3:]]},
                     "measure longer (--window, --max-windows), add --warmup, and check for "
                     "other load on the client and server machines")]
 
 
-def errors(result: dict[str, Any]) -> list[Finding]:
-    s = result["summary"]
-    if not s["requests"]:
+def errors(result: BenchResult) -> list[Finding]:
+    s = result.summary
+    if not s.requests:
         return []
-    percent = 100 * s["errors"] / s["requests"]
+    percent = s.error_percent
     if percent <= ERROR_PERCENT:
         return []
     return [Finding("errors", "critical", f"{percent:.1f}% of requests failed",
-                    {"errors_by_class": s["errors_by_class"], "requests": s["requests"]},
+                    {"errors_by_class": s.errors_by_class, "requests": s.requests},
                     "503/429 mean the server refused load (queue full): lower the load or "
                     "add capacity; timeouts and resets point at overload or crashes")]
 
 
-def first_token(result: dict[str, Any]) -> list[Finding]:
+def first_token(result: BenchResult) -> list[Finding]:
     """Generations: most of the time passes before the first token, or TTFT has a long
     tail: requests wait to be admitted."""
-    s = result["summary"]
-    ttft, lat = s.get("ttft_ms") or {}, s.get("latency_ms") or {}
+    generation = result.summary.generation
+    if generation is None:
+        return []
+    ttft, lat = generation.ttft_ms or {}, _latency(result)
     if not ttft.get("p50") or not lat.get("p50"):
         return []
     out = []
     share = ttft["p50"] / lat["p50"]
     evidence = {"ttft_p50_ms": ttft["p50"], "ttft_p99_ms": ttft["p99"],
-                "e2e_p50_ms": lat["p50"], "tpot_p50_ms": (s.get("tpot_ms") or {}).get("p50"),
+                "e2e_p50_ms": lat["p50"], "tpot_p50_ms": (generation.tpot_ms or {}).get("p50"),
                 "share": share}
     if share >= FIRST_TOKEN_SHARE:
         out.append(Finding(
@@ -211,41 +218,42 @@ def first_token(result: dict[str, Any]) -> list[Finding]:
     return out
 
 
-def output_length(result: dict[str, Any]) -> list[Finding]:
+def output_length(result: BenchResult) -> list[Finding]:
     """Generations: answers not as long as asked, or counted without the server's usage."""
-    s = result["summary"]
-    length, tokens = s.get("output_length"), s.get("output_tokens")
+    generation = result.summary.generation
+    if generation is None:
+        return []
+    length, tokens = generation.output_length, generation.output_tokens
     out = []
-    if length and not length["honoured"]:
+    if not length.honoured:
         out.append(Finding(
             "output_length_not_honoured", "warning",
-            f"output length not honoured: {length['shorter']} of {length['asked']} answers "
-            f"shorter and {length['longer']} longer than the max_tokens asked"
-            + (" despite ignore_eos" if length["ignore_eos"] else ""), length,
+            f"output length not honoured: {length.shorter} of {length.asked} answers "
+            f"shorter and {length.longer} longer than the max_tokens asked"
+            + (" despite ignore_eos" if length.ignore_eos else ""), length.to_dict(),
             "tokens/s and latency compare unequal work between endpoints; use --ignore-eos "
             "where the server supports it, or compare per output token (TPOT)"))
-    if tokens and tokens["counted_events"]:
+    if tokens.counted_events:
         out.append(Finding(
             "tokens_counted_from_events", "info",
-            f"{tokens['counted_events']} answers had no usage: their tokens were counted as "
-            "text events", tokens,
+            f"{tokens.counted_events} answers had no usage: their tokens were counted as "
+            "text events", tokens.to_dict(),
             "a server that sends several tokens per event is undercounted; ask for usage "
             "(stream_options.include_usage) if the server supports it"))
     return out
 
 
-def slo_misses(result: dict[str, Any]) -> list[Finding]:
-    s = result["summary"]
-    if s.get("goodput_rps") is None or not s["throughput_rps"]:
+def slo_misses(result: BenchResult) -> list[Finding]:
+    s, generation = result.summary, result.summary.generation
+    if generation is None or generation.goodput_rps is None or not s.throughput_rps:
         return []
-    share = s["goodput_rps"] / s["throughput_rps"]
+    share = generation.goodput_rps / s.throughput_rps
     if share >= GOODPUT_SHARE:
         return []
-    bounds = s["slo"]
-    evidence = {"goodput_rps": s["goodput_rps"], "throughput_rps": s["throughput_rps"],
-                "slo": bounds,
-                **{f"{k[:-3]}_p99_ms": (s.get(k) or {}).get("p99") for k in ("ttft_ms",
-                                                                              "tpot_ms")}}
+    bounds = generation.slo or {}
+    evidence = {"goodput_rps": generation.goodput_rps, "throughput_rps": s.throughput_rps,
+                "slo": bounds, "ttft_p99_ms": (generation.ttft_ms or {}).get("p99"),
+                "tpot_p99_ms": (generation.tpot_ms or {}).get("p99")}
     return [Finding("slo_misses", "critical" if share < 0.5 else "warning",
                     f"{1 - share:.0%} of answered requests miss the SLO "
                     f"({', '.join(f'{k} <= {v:g}' for k, v in bounds.items())})", evidence,
@@ -258,34 +266,34 @@ BENCH_RULES = (errors, client_bound, unstable, long_tail, first_token, output_le
                slo_misses, server_bound, cold_start)
 
 
-def diagnose_bench(result: dict[str, Any]) -> list[Finding]:
+def diagnose_bench(result: BenchResult) -> list[Finding]:
     out = [f for rule in BENCH_RULES for f in rule(result)]
     for finding in out:
-        finding.subject = finding.subject or endpoint_label(result)
+        finding.subject = finding.subject or result.label
     return out
 
 
 # ------------------------------------------------------------------------ a sweep
 
-def no_batching(sweep: dict[str, Any]) -> list[Finding]:
+def no_batching(sweep: SweepResult) -> list[Finding]:
     """Throughput stops growing after a handful of requests in flight while latency grows
     with the concurrency; where the server counts executions, every request ran alone."""
-    if sweep.get("mode") != "concurrency":
+    if sweep.mode != "concurrency":
         return []
-    points = [p for p in sweep["points"] if p["summary"]["successes"]]
+    points = [p for p in sweep.points if p.summary.successes]
     rows = [point_summary(p) for p in points]
-    if len(rows) < 3 or rows[-1]["load"] < 4 * rows[0]["load"]:
+    if len(rows) < 3 or rows[-1].load < 4 * rows[0].load:
         return []
-    knee = find_knee([r["load"] for r in rows], [r["throughput_rps"] for r in rows])
-    ratios = [c["executions"] / c["requests"] for p in points[1:]
-              if (c := p["summary"].get("server_counts")) and c["requests"]]
+    knee = find_knee([r.load for r in rows], [r.throughput_rps for r in rows])
+    ratios = [c.executions / c.requests for p in points[1:]
+              if (c := p.summary.server_counts) and c.requests]
     never_batched = bool(ratios) and min(ratios) >= BATCHED_RATIO
     if ratios and not never_batched:
         return []  # requests did share executions: a flat curve is saturation, not this
     evidence: dict[str, Any] = {
-        "loads": [r["load"] for r in rows], "throughput_rps": [r["throughput_rps"] for r in rows],
-        "p50_ms": [r["p50_ms"] for r in rows], "executions_per_request": ratios or None,
-        "knee_load": rows[knee]["load"] if knee is not None else None}
+        "loads": [r.load for r in rows], "throughput_rps": [r.throughput_rps for r in rows],
+        "p50_ms": [r.p50_ms for r in rows], "executions_per_request": ratios or None,
+        "knee_load": rows[knee].load if knee is not None else None}
     action = ("enable dynamic batching (dynamic_batching { max_queue_delay_microseconds ... } "
               "with max_batch_size > 0) or add instances; requests are served one at a time")
     if knee is None:
@@ -296,102 +304,107 @@ def no_batching(sweep: dict[str, Any]) -> list[Finding]:
                             "dynamic batching could still raise throughput per instance")]
         return []
     knee_row, last = rows[knee], rows[-1]
-    load_growth = last["load"] / knee_row["load"]
-    latency_growth = (last["p50_ms"] or 0) / (knee_row["p50_ms"] or 1)
+    load_growth = last.load / knee_row.load
+    latency_growth = (last.p50_ms or 0) / (knee_row.p50_ms or 1)
     evidence.update(load_growth_past_knee=load_growth, p50_growth_past_knee=latency_growth)
     if never_batched:
         return [Finding("no_batching", "critical",
                         f"no batching: every request ran its own execution and throughput "
-                        f"stopped growing at concurrency {knee_row['load']:g} "
-                        f"({knee_row['throughput_rps']:,.0f} req/s)", evidence, action)]
-    if knee_row["load"] <= FEW_IN_FLIGHT and knee < len(rows) - 1 and \
+                        f"stopped growing at concurrency {knee_row.load:g} "
+                        f"({knee_row.throughput_rps:,.0f} req/s)", evidence, action)]
+    if knee_row.load <= FEW_IN_FLIGHT and knee < len(rows) - 1 and \
             latency_growth >= LINEAR_LATENCY * load_growth:
         return [Finding("no_batching", "critical",
-                        f"no batching: throughput is flat from concurrency {knee_row['load']:g}"
+                        f"no batching: throughput is flat from concurrency {knee_row.load:g}"
                         f" while p50 grew {latency_growth:.1f}x over {load_growth:.0f}x the "
                         "concurrency, as when requests are served one at a time", evidence,
                         action)]
     return []
 
 
-def saturation(sweep: dict[str, Any]) -> list[Finding]:
-    rows = [point_summary(p) for p in sweep["points"]]
+def saturation(sweep: SweepResult) -> list[Finding]:
+    rows = [point_summary(p) for p in sweep.points]
     if len(rows) < 2:
         return []
-    best = max(range(len(rows)), key=lambda i: rows[i]["throughput_rps"])
-    last = rows[-1]
-    drop = 1 - last["throughput_rps"] / rows[best]["throughput_rps"] if \
-        rows[best]["throughput_rps"] else 0.0
-    rising_errors = last["error_percent"] > max(ERROR_PERCENT,
-                                                min(r["error_percent"] for r in rows))
+    best = max(range(len(rows)), key=lambda i: rows[i].throughput_rps)
+    last, top = rows[-1], rows[best]
+    drop = 1 - last.throughput_rps / top.throughput_rps if top.throughput_rps else 0.0
+    rising_errors = last.error_percent > max(ERROR_PERCENT,
+                                             min(r.error_percent for r in rows))
     if drop < SATURATION_DROP and not rising_errors:
         return []
     return [Finding("saturation", "critical" if rising_errors else "warning",
-                    f"saturation: past {sweep['mode']} {rows[best]['load']:g} throughput "
-                    f"fell {drop:.0%}" + (f" and errors rose to {last['error_percent']:.1f}%"
+                    f"saturation: past {sweep.mode} {top.load:g} throughput "
+                    f"fell {drop:.0%}" + (f" and errors rose to {last.error_percent:.1f}%"
                                           if rising_errors else ""),
-                    {"best_load": rows[best]["load"],
-                     "best_throughput_rps": rows[best]["throughput_rps"],
-                     "last_load": last["load"], "last_throughput_rps": last["throughput_rps"],
-                     "last_error_percent": last["error_percent"]},
-                    f"keep the load under {sweep['mode']} {rows[best]['load']:g}: cap it with "
+                    {"best_load": top.load, "best_throughput_rps": top.throughput_rps,
+                     "last_load": last.load, "last_throughput_rps": last.throughput_rps,
+                     "last_error_percent": last.error_percent},
+                    f"keep the load under {sweep.mode} {top.load:g}: cap it with "
                     "max_queue_size or a rate limit, or add capacity")]
 
 
-def decode_slowdown(sweep: dict[str, Any]) -> list[Finding]:
+def decode_slowdown(sweep: SweepResult) -> list[Finding]:
     """Generations: each decode step slows as more sequences share it."""
-    rows = [r for r in (point_summary(p) for p in sweep["points"])
-            if r.get("tpot_p50_ms")]
-    if len(rows) < 2 or rows[0]["tpot_p50_ms"] <= 0:
+    rows = [(r.load, r.tokens) for r in (point_summary(p) for p in sweep.points)
+            if r.tokens and r.tokens.tpot_p50_ms]
+    if len(rows) < 2:
         return []
-    growth = rows[-1]["tpot_p50_ms"] / rows[0]["tpot_p50_ms"]
+    first, last = rows[0][1].tpot_p50_ms or 0.0, rows[-1][1].tpot_p50_ms or 0.0
+    if first <= 0:
+        return []
+    growth = last / first
     if growth < DECODE_SLOWDOWN:
         return []
     return [Finding("decode_slowdown", "info",
-                    f"TPOT p50 grew {growth:.1f}x from {sweep['mode']} {rows[0]['load']:g} to "
-                    f"{rows[-1]['load']:g}: decode steps slow down as batches grow",
-                    {"loads": [r["load"] for r in rows],
-                     "tpot_p50_ms": [r["tpot_p50_ms"] for r in rows],
-                     "output_tokens_per_s": [r["output_tokens_per_s"] for r in rows]},
+                    f"TPOT p50 grew {growth:.1f}x from {sweep.mode} {rows[0][0]:g} to "
+                    f"{rows[-1][0]:g}: decode steps slow down as batches grow",
+                    {"loads": [load for load, _ in rows],
+                     "tpot_p50_ms": [t.tpot_p50_ms for _, t in rows],
+                     "output_tokens_per_s": [t.output_tokens_per_s for _, t in rows]},
                     "the decode step is compute-bound at these batch sizes; a TPOT SLO caps "
                     "the useful batch (max_num_seqs), faster hardware or a smaller model "
                     "lowers the step")]
 
 
-def diagnose_sweep(sweep: dict[str, Any]) -> list[Finding]:
+def diagnose_sweep(sweep: SweepResult) -> list[Finding]:
     out = no_batching(sweep) + saturation(sweep) + decode_slowdown(sweep)
-    rows = [point_summary(p) for p in sweep["points"]]
+    rows = [point_summary(p) for p in sweep.points]
     if rows:
-        knee = sweep.get("knee")
-        index = next((i for i, r in enumerate(rows) if knee and r["load"] == knee["load"]),
-                     max(range(len(rows)), key=lambda i: rows[i]["throughput_rps"]))
-        focus = sweep["points"][index]
+        knee = sweep.knee
+        index = next((i for i, r in enumerate(rows) if knee and r.load == knee.load),
+                     max(range(len(rows)), key=lambda i: rows[i].throughput_rps))
+        focus = sweep.points[index]
         out += [f for rule in (client_bound, long_tail, server_bound, unstable, first_token,
                                output_length, slo_misses)
                 for f in rule(focus)]
-        out += cold_start(sweep["points"][0])
-    subject = endpoint_label(sweep)
+        out += cold_start(sweep.points[0])
     for finding in out:
-        finding.subject = finding.subject or subject
+        finding.subject = finding.subject or sweep.label
     return out
 
 
-def diagnose(document: dict[str, Any]) -> list[Finding]:
-    """Findings for any result document, most severe first."""
-    schema = str(document.get("schema", ""))
-    if schema.startswith("tradeoff.bench/"):
-        out = diagnose_bench(document)
-    elif schema.startswith("tradeoff.sweep/"):
-        out = diagnose_sweep(document)
-    elif schema.startswith("tradeoff.soak/"):
+def diagnose(result: ResultDocument) -> list[Finding]:
+    """Findings for any result document, most severe first.
+
+        findings = diagnose(load_result("sweep.json"))
+    """
+    if isinstance(result, BenchResult):
+        out = diagnose_bench(result)
+    elif isinstance(result, SweepResult):
+        out = diagnose_sweep(result)
+    elif isinstance(result, SoakResult):
         out = [Finding(f"soak_{r['kind']}", r["severity"], r["text"], r.get("evidence", {}),
-                       r["action"], endpoint_label(document)) for r in document["verdict"]["reasons"]]
-    elif schema.startswith("tradeoff.compare/"):
-        out = []
-        for entry in document["endpoints"]:
-            for finding in diagnose(entry["result"]):
-                finding.subject = entry["name"]
-                out.append(finding)
+                       r["action"], result.label) for r in result.verdict.reasons]
     else:
-        raise ValueError(f"not a tradeoff result (schema {schema or 'missing'})")
+        out = _diagnose_compare(result)
     return sorted(out, key=lambda f: SEVERITY_ORDER.get(f.severity, 3))
+
+
+def _diagnose_compare(compare: CompareResult) -> list[Finding]:
+    out = []
+    for entry in compare.endpoints:
+        for finding in diagnose(entry.result):
+            finding.subject = entry.name
+            out.append(finding)
+    return out

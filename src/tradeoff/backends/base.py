@@ -26,5 +26,5 @@ class Backend(ABC):
             output_names: Sequence[str]) -> dict[str, np.ndarray]:
         """Execute one batch; returns every requested output."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (optional: not every runtime holds resources)
         """Release the runtime's resources."""

@@ -9,11 +9,16 @@ config parameters (string values, as Triton's ``parameters`` are):
 A batch whose first input holds the *fail* value raises, as a runtime error would; a
 batch that holds the *die* value kills the instance (:class:`InstanceDied`), as a lost
 device or a crashed session would. Everything else runs on the wrapped backend.
+
+A generative model opts in with ``fault_nan_on_token: ID`` in its ``generate.yaml``: a
+sequence whose tokens hold that id gets NaN logits, as a numerical fault of one input
+would, and its next token cannot be chosen (:class:`NaNLogitsDecoder`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -58,3 +63,21 @@ def fault_values(parameters: Mapping[str, str], source: str) -> tuple[float | No
         except ValueError:
             raise ConfigError(source, f"parameters.{key}", f"not a number: {text!r}") from None
     return values[0], values[1]
+
+
+class NaNLogitsDecoder:
+    """A generative decoder whose logits are NaN for every sequence holding ``token``."""
+
+    def __init__(self, inner: Any, token: int) -> None:
+        self.inner = inner
+        self.token = token
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def step(self, steps: Sequence[Any], cache: Any) -> Any:
+        logits = self.inner.step(steps, cache)
+        for index, part in enumerate(steps):
+            if bool((part.tokens == self.token).any()):
+                logits[index] = logits[index].new_full(logits[index].shape, float("nan"))
+        return logits

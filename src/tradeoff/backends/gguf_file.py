@@ -62,7 +62,8 @@ def _tokenizer(reader: Any) -> Tokenizer:
         pre_tokenizers.Digits(individual_digits=True),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
     backend.decoder = decoders.ByteLevel()
-    backend.add_special_tokens([t for t, kind in zip(tokens, types) if kind == _CONTROL])
+    backend.add_special_tokens([t for t, kind in zip(tokens, types, strict=True)
+                                if kind == _CONTROL])
     bos, eos = _field(reader, "tokenizer.ggml.bos_token_id"), _field(reader,
                                                                      "tokenizer.ggml.eos_token_id")
     config = {"bos_token": tokens[bos] if bos is not None else None,

@@ -16,6 +16,7 @@ Weights use Hugging Face names (``model.layers.0.self_attn.q_proj.weight`` ...).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,8 +150,17 @@ class LlamaDecoder:
         return names
 
     def new_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
+        """Keys and values for ``num_blocks`` blocks; ModelLoadError, before anything is
+        allocated, when they would not fit in the device's free memory."""
         c = self.config
         shape = (c.num_layers, num_blocks * block_size, c.num_kv_heads, c.head_dim)
+        needed = 2 * math.prod(shape) * torch.finfo(self.dtype).bits // 8
+        free = _free_bytes(self.device)
+        if free is not None and needed > free:
+            raise ModelLoadError(
+                f"a KV cache of {num_blocks} blocks of {block_size} tokens needs "
+                f"{needed / 2**30:,.1f} GiB; {self.device} has {free / 2**30:,.1f} GiB free: "
+                "lower num_blocks (or block_size) in generate.yaml")
         return PagedKVCache(torch.zeros(shape, dtype=self.dtype, device=self.device),
                             torch.zeros(shape, dtype=self.dtype, device=self.device),
                             block_size)
@@ -170,19 +180,19 @@ class LlamaDecoder:
         counts = [int(s.tokens.numel()) for s in steps]
         tokens = torch.cat([s.tokens for s in steps]).to(self.device)
         positions = torch.cat([torch.arange(s.start, s.start + n) for s, n in
-                               zip(steps, counts)]).to(self.device)
+                               zip(steps, counts, strict=True)]).to(self.device)
         new_slots = torch.cat([s.slots[s.start:s.start + n] for s, n in
-                               zip(steps, counts)]).to(self.device)
+                               zip(steps, counts, strict=True)]).to(self.device)
         cos, sin = self._rope(positions)
         heads, kv_heads, d = c.num_heads, c.num_kv_heads, c.head_dim
         x = w["model.embed_tokens.weight"][tokens]
         bounds = torch.tensor([0, *counts]).cumsum(0).tolist()
         # per sequence, the same for every layer: the cache slots it reads, and which of
         # them each new token may see (causal)
-        seen = [s.slots[:s.start + n].to(self.device) for s, n in zip(steps, counts)]
+        seen = [s.slots[:s.start + n].to(self.device) for s, n in zip(steps, counts, strict=True)]
         masks = [torch.arange(s.start + n, device=self.device)[None, :]
                  <= torch.arange(s.start, s.start + n, device=self.device)[:, None]
-                 for s, n in zip(steps, counts)]
+                 for s, n in zip(steps, counts, strict=True)]
         for layer in range(c.num_layers):
             p = f"model.layers.{layer}."
             h = _rms_norm(x, w[p + "input_layernorm.weight"], c.rms_norm_eps)
@@ -216,6 +226,21 @@ class LlamaDecoder:
         return list(logits)
 
 
+def _free_bytes(device: torch.device) -> int | None:
+    """Free memory of a CUDA device, or the memory available to this host (Linux); None
+    when it cannot be told."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 def load_hf_directory(directory: Path, device: str = "cpu",
                       dtype: torch.dtype = torch.float32) -> LlamaDecoder:
     """A decoder from a Hugging Face directory: ``config.json`` + ``*.safetensors``."""
@@ -238,3 +263,4 @@ def load_hf_directory(directory: Path, device: str = "cpu",
     for path in files:
         weights.update(load_file(str(path)))
     return LlamaDecoder(LlamaConfig.from_hf(doc), weights, device, dtype)
+

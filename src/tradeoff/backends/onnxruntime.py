@@ -13,8 +13,8 @@ import onnxruntime as ort
 
 from tradeoff import dtypes
 from tradeoff.backends.base import Backend, TensorSpec
+from tradeoff.backends.registry import InstanceSpec, TensorBackendType
 from tradeoff.errors import ConfigError, InvalidInput, ModelLoadError
-from tradeoff.repository.config import ModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -47,19 +47,20 @@ def describe(model_path: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
     return inputs, outputs
 
 
-def session_options(config: ModelConfig, default_intra_op_threads: int) -> ort.SessionOptions:
+def session_options(spec: InstanceSpec) -> ort.SessionOptions:
     """Session options from the model's ``parameters`` and ``optimization`` fields."""
     options = ort.SessionOptions()
-    params = config.parameters
-    source = f"model {config.name!r}"
+    params = spec.parameters
+    source = f"model {spec.name!r}"
     try:
         options.intra_op_num_threads = int(params.get("intra_op_thread_count",
-                                                      default_intra_op_threads))
+                                                      spec.intra_op_threads))
         options.inter_op_num_threads = int(params.get("inter_op_thread_count", 0))
     except ValueError as exc:
-        raise ConfigError(source, "parameters.intra_op_thread_count", f"not an integer: {exc}") from exc
+        raise ConfigError(source, "parameters.intra_op_thread_count",
+                          f"not an integer: {exc}") from exc
     level_name = params.get("graph_optimization_level",
-                            _TRITON_GRAPH_LEVELS.get(config.graph_optimization_level, "all"))
+                            _TRITON_GRAPH_LEVELS.get(spec.graph_optimization_level, "all"))
     if level_name not in _GRAPH_LEVELS:
         raise ConfigError(source, "parameters.graph_optimization_level",
                           f"{level_name!r}; expected one of {', '.join(_GRAPH_LEVELS)}")
@@ -69,21 +70,20 @@ def session_options(config: ModelConfig, default_intra_op_threads: int) -> ort.S
     return options
 
 
-def execution_providers(config: ModelConfig, kind: str = "KIND_CPU",
-                        device_id: int | None = None) -> list[str | tuple[str, dict]]:
+def execution_providers(spec: InstanceSpec) -> list[str | tuple[str, dict]]:
     """Providers for one instance: CUDA (and TensorRT when the config names it) for
-    KIND_GPU when ONNX Runtime has them, on ``device_id``; the CPU otherwise."""
+    KIND_GPU when ONNX Runtime has them, on the spec's device; the CPU otherwise."""
     available = ort.get_available_providers()
     providers: list[str | tuple[str, dict]] = []
-    if kind == "KIND_GPU":
-        options = {"device_id": device_id or 0}
-        if "tensorrt" in config.gpu_accelerators and "TensorrtExecutionProvider" in available:
+    if spec.kind == "KIND_GPU":
+        options = {"device_id": spec.device_id or 0}
+        if "tensorrt" in spec.gpu_accelerators and "TensorrtExecutionProvider" in available:
             providers.append(("TensorrtExecutionProvider", options))
         if "CUDAExecutionProvider" in available:
             providers.append(("CUDAExecutionProvider", options))
         else:
             log.warning("model %r asks for KIND_GPU but ONNX Runtime has no CUDA provider "
-                        "here; running on CPU", config.name)
+                        "here; running on CPU", spec.name)
     providers.append("CPUExecutionProvider")
     return providers
 
@@ -91,19 +91,17 @@ def execution_providers(config: ModelConfig, kind: str = "KIND_CPU",
 class OnnxRuntimeBackend(Backend):
     """One model instance running in its own ``InferenceSession``.
 
-        backend = OnnxRuntimeBackend(Path("repo/mlp/1/model.onnx"), config)
+        backend = OnnxRuntimeBackend(InstanceSpec("mlp", Path("repo/mlp/1/model.onnx")))
         backend.run({"INPUT0": x}, ["OUTPUT0"])
     """
 
-    def __init__(self, model_path: Path, config: ModelConfig,
-                 default_intra_op_threads: int = 1, kind: str = "KIND_CPU",
-                 device_id: int | None = None) -> None:
-        self.path = model_path
+    def __init__(self, spec: InstanceSpec) -> None:
+        self.path = model_path = spec.path
         try:
             self.session = ort.InferenceSession(
                 str(model_path),
-                sess_options=session_options(config, default_intra_op_threads),
-                providers=execution_providers(config, kind, device_id),
+                sess_options=session_options(spec),
+                providers=execution_providers(spec),
             )
         except (ort.capi.onnxruntime_pybind11_state.Fail,
                 ort.capi.onnxruntime_pybind11_state.InvalidGraph,
@@ -130,9 +128,9 @@ class OnnxRuntimeBackend(Backend):
         names = list(output_names)
         if self._bf16_out.intersection(names):
             values = self.session.run_with_ort_values(names, feed)
-            return {n: self._from_ort_value(n, v) for n, v in zip(names, values)}
+            return {n: self._from_ort_value(n, v) for n, v in zip(names, values, strict=True)}
         results = self.session.run(names, feed)
-        return dict(zip(names, results))
+        return dict(zip(names, results, strict=True))
 
     def _from_ort_value(self, name: str, value: ort.OrtValue) -> np.ndarray:
         if name in self._bf16_out:
@@ -141,6 +139,22 @@ class OnnxRuntimeBackend(Backend):
 
     def close(self) -> None:
         del self.session
+
+
+def _not_utf8(name: str, index: int, exc: UnicodeDecodeError) -> InvalidInput:
+    return InvalidInput(f"input {name!r}: BYTES element {index} is not UTF-8 text "
+                        f"({exc.reason} at byte {exc.start}); ONNX string tensors hold "
+                        "UTF-8 only")
+
+
+def check_utf8(name: str, array: np.ndarray) -> None:
+    """Refuse BYTES elements that are not UTF-8 text, which ONNX string tensors hold."""
+    for i, element in enumerate(array.reshape(-1)):
+        if isinstance(element, bytes):
+            try:
+                element.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise _not_utf8(name, i, exc) from None
 
 
 def utf8_strings(name: str, array: np.ndarray) -> np.ndarray:
@@ -153,14 +167,13 @@ def utf8_strings(name: str, array: np.ndarray) -> np.ndarray:
     flat = array.reshape(-1)
     out = np.empty(flat.shape, dtype=object)
     for i, element in enumerate(flat):
-        if isinstance(element, bytes):
-            try:
-                element = element.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise InvalidInput(f"input {name!r}: BYTES element {i} is not UTF-8 text "
-                                   f"({exc.reason} at byte {exc.start}); ONNX string "
-                                   "tensors hold UTF-8 only") from None
-        out[i] = element
+        if not isinstance(element, bytes):
+            out[i] = element
+            continue
+        try:
+            out[i] = element.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise _not_utf8(name, i, exc) from None
     return out.reshape(array.shape)
 
 
@@ -172,3 +185,8 @@ def _bf16_bits(value: ort.OrtValue) -> np.ndarray:
         return np.zeros(shape, np.uint16)
     buffer = (ctypes.c_uint16 * count).from_address(value.data_ptr())
     return np.ctypeslib.as_array(buffer).copy().reshape(shape)
+
+
+BACKEND = TensorBackendType(name="onnxruntime", platforms=("onnxruntime_onnx",),
+                            default_filename="model.onnx", describe=describe,
+                            create=OnnxRuntimeBackend, check_bytes=check_utf8)

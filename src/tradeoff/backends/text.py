@@ -32,6 +32,9 @@ class Tokenizer:
         self.bos_token = _token_text(config.get("bos_token"))
         self.eos_token = _token_text(config.get("eos_token"))
         self.add_bos = bool(config.get("add_bos_token", False))
+        # a text of n characters takes at least n / longest_token_chars tokens
+        self.longest_token_chars = max(
+            map(len, backend.get_vocab(with_added_tokens=True)), default=1) or 1
         template = config.get("chat_template")
         self._template = None
         if isinstance(template, str):

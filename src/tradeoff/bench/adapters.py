@@ -13,6 +13,7 @@ import json
 import urllib.error
 import urllib.request
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -77,7 +78,7 @@ class Adapter(ABC):
 
     protocol = "?"
     streaming = False  # streamed generations: the runner reads them with reader()
-    asked_tokens: list[int] = []  # streaming: the output length each prepared request asks
+    asked_tokens: Sequence[int] = ()  # streaming: the output length each request asks
 
     def __init__(self, url: str, timeout_s: float = 10.0) -> None:
         self.url = url
@@ -263,12 +264,14 @@ class V2Adapter(Adapter):
                 if datatype == "BYTES":
                     array = np.array([str(v).encode() for v in array.ravel()], dtype=object)
                 target = tuple(shape) if shape else self._input_shape(
-                    {"name": name, "shape": by_name[name]["shape"]}, batching)[1 if batching else 0:]
+                    {"name": name, "shape": by_name[name]["shape"]},
+                    batching)[1 if batching else 0:]
                 try:
                     array = array.reshape(target)
                 except ValueError:
-                    raise BenchSetupError(f"--input-data entry {index}: {name!r} has "
-                                          f"{array.size} values, not shape {list(target)}") from None
+                    raise BenchSetupError(
+                        f"--input-data entry {index}: {name!r} has {array.size} values, "
+                        f"not shape {list(target)}") from None
                 if batching:
                     array = np.repeat(array[None, ...], self.batch_size, axis=0)
                 inputs[name] = (datatype, array)
@@ -288,7 +291,7 @@ class V2Adapter(Adapter):
         header = orjson.dumps({
             "inputs": [{"name": n, "datatype": d, "shape": list(a.shape),
                         "parameters": {"binary_data_size": len(b)}}
-                       for (n, (d, a)), b in zip(inputs.items(), blobs)],
+                       for (n, (d, a)), b in zip(inputs.items(), blobs, strict=True)],
             "parameters": {"binary_data_output": True},
         })
         return build_request("POST", self.host, path, header + b"".join(blobs),

@@ -2,6 +2,8 @@
 
     adapter = make_adapter(EndpointSpec("http://127.0.0.1:8000", model="mlp"))
     spec = parse_endpoint("b=127.0.0.1:8001,model=mlp,protocol=v2-grpc")
+    parse_shapes(["INPUT0:3,224"]) == {"INPUT0": [3, 224]}           # --shape
+    parse_headers(["Authorization:Bearer abc"]) == {"Authorization": "Bearer abc"}
     llm = EndpointSpec("http://127.0.0.1:8000/v1", "openai", "smollm2-135m",
                        generation=GenerationOptions(output_tokens=(16, 256), ignore_eos=True))
 """
@@ -9,6 +11,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +52,33 @@ def parse_slo(text: str) -> dict[str, float]:
                                   f"{', '.join(SLO_KEYS)}, e.g. ttft_ms=500,tpot_ms=50")
         slo[key] = number
     return slo
+
+
+def parse_shapes(values: Iterable[str]) -> dict[str, list[int]]:
+    """``--shape NAME:d1,d2`` per input with variable dimensions (batch dimension
+    excluded)."""
+    shapes = {}
+    for value in values:
+        name, sep, dims = value.partition(":")
+        try:
+            if not sep or not name:
+                raise ValueError
+            shapes[name] = [int(d) for d in dims.split(",") if d.strip()]
+        except ValueError:
+            raise ValueError(f"--shape {value!r}: use NAME:d1,d2 (for example "
+                             "INPUT0:3,224)") from None
+    return shapes
+
+
+def parse_headers(values: Iterable[str]) -> dict[str, str]:
+    """``--header KEY:VALUE`` per header; the value may hold colons."""
+    headers = {}
+    for value in values:
+        key, sep, header_value = value.partition(":")
+        if not sep or not key.strip():
+            raise ValueError(f"--header {value!r}: use KEY:VALUE")
+        headers[key.strip()] = header_value.strip()
+    return headers
 
 
 @dataclass(frozen=True)

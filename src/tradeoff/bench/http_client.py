@@ -107,7 +107,8 @@ class Connection:
         (for server-sent events), and the response's ``body`` stays empty; the timeout
         then counts from the last piece."""
         protocol = self._protocol
-        if protocol is None or protocol.closed:
+        if protocol is None or protocol.closed or protocol.transport is None or \
+                protocol.transport.is_closing():
             protocol = self._protocol = await self._connect()
         loop = asyncio.get_running_loop()
         waiter = protocol.waiter = loop.create_future()
@@ -121,7 +122,12 @@ class Connection:
 
             protocol.sink = sink
         assert protocol.transport is not None
-        protocol.transport.write(raw)
+        try:
+            protocol.transport.write(raw)
+        except RuntimeError:  # the server closed it between the check and the write
+            timer.cancel()
+            self.close()
+            raise ConnectionResetError("the server closed the connection") from None
         try:
             response = await waiter
         except BaseException:

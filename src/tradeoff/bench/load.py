@@ -2,15 +2,76 @@
 
 Open-loop send times are fixed in advance from the spec, so a slow server cannot slow the
 offered load down; latency counts from these scheduled times.
+
+``LoadSpec.from_flags`` builds the spec from command-line values with the defaults of
+``LOAD_DEFAULTS``, the same for every command; ``parse_duration`` reads every time flag:
+
+    spec = LoadSpec.from_flags(concurrency=16, duration_s=parse_duration("5m"))
 """
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+_DURATION = re.compile(r"(?P<number>[-+]?(?:\d+\.?\d*|\.\d+))\s*(?P<unit>ms|s|m|h)?",
+                       re.IGNORECASE)
+_SECONDS_PER_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+DURATION_FORMS = "90 (seconds), 1.5, 500ms, 90s, 5m or 1h"
+
+
+def parse_duration(text: str | float, *, allow_zero: bool = False) -> float:
+    """Seconds from ``90``, ``1.5``, ``500ms``, ``90s``, ``5m`` or ``1h``.
+
+    A bare number is seconds. Zero is refused unless ``allow_zero`` (a warmup may be 0);
+    negative, infinite and NaN values always are. The ValueError says what to write.
+
+        parse_duration("5m") == 300.0
+    """
+    raw = str(text).strip()
+    if isinstance(text, (int, float)):
+        seconds = float(text)
+    else:
+        match = _DURATION.fullmatch(raw)
+        if match is None:
+            raise ValueError(f"{raw!r} is not a duration; write {DURATION_FORMS}")
+        seconds = float(match["number"]) * _SECONDS_PER_UNIT[(match["unit"] or "s").lower()]
+    if not math.isfinite(seconds):
+        raise ValueError(f"{raw!r} is not a finite duration; write {DURATION_FORMS}")
+    if seconds < 0 or (seconds == 0 and not allow_zero):
+        bound = "0 or more" if allow_zero else "more than 0"
+        raise ValueError(f"{raw!r}: a duration must be {bound}, e.g. 90s or 5m")
+    return seconds
+
+
+@dataclass(frozen=True)
+class LoadDefaults:
+    """What the load flags mean when they are left out: one table for every command
+    (``tradeoff bench``, ``sweep``, ``soak``, ``compare``; shown in docs/cli.md).
+
+    ``--duration`` is the one flag whose default depends on the kind of run: a benchmark
+    measures until stable, a sweep level or a comparison round needs a fixed length, and a
+    soak is long by nature."""
+
+    concurrency: int = 1  # when neither --rate nor --intervals is given (perf_analyzer's)
+    arrival: str = "constant"  # perf_analyzer's; poisson for independent users (vLLM's)
+    warmup_s: float = 0.0  # the cold-start request is sent alone and reported apart anyway
+    timeout_s: float = 30.0
+    max_connections: int = 1024
+    seed: int = 0
+    stability_percent: float = 10.0
+    max_windows: int = 10
+    point_duration_s: float = 5.0  # one sweep level, one compare round
+    soak_duration_s: float = 1800.0
+    soak_window_s: float = 60.0
+
+
+LOAD_DEFAULTS = LoadDefaults()
 
 
 @dataclass(frozen=True)
@@ -19,17 +80,17 @@ class LoadSpec:
 
     concurrency: int | None = None
     rate: float | None = None
-    arrival: str = "constant"  # constant | poisson
+    arrival: str = LOAD_DEFAULTS.arrival  # constant | poisson
     intervals: tuple[float, ...] | None = None  # seconds from the start of measurement
     duration_s: float | None = None
     requests: int | None = None
-    warmup_s: float = 0.0
+    warmup_s: float = LOAD_DEFAULTS.warmup_s
     window_s: float | None = None
-    stability_percent: float = 10.0
-    max_windows: int = 10
-    timeout_s: float = 30.0
-    max_connections: int = 1024
-    seed: int = 0
+    stability_percent: float = LOAD_DEFAULTS.stability_percent
+    max_windows: int = LOAD_DEFAULTS.max_windows
+    timeout_s: float = LOAD_DEFAULTS.timeout_s
+    max_connections: int = LOAD_DEFAULTS.max_connections
+    seed: int = LOAD_DEFAULTS.seed
     offset_s: float = 0.0  # shifts the open-loop schedule (a worker's share of the rate)
 
     def __post_init__(self) -> None:
@@ -61,6 +122,43 @@ class LoadSpec:
         """Runs for --duration/--requests (or a trace's end), else until stable."""
         return self.duration_s is not None or self.requests is not None or \
             self.intervals is not None
+
+    @classmethod
+    def from_flags(cls, *, concurrency: int | None = None, rate: float | None = None,
+                   arrival: str | None = None, intervals: tuple[float, ...] | None = None,
+                   duration_s: float | None = None, requests: int | None = None,
+                   warmup_s: float | None = None, window_s: float | None = None,
+                   stability_percent: float | None = None, max_windows: int | None = None,
+                   timeout_s: float | None = None, max_connections: int | None = None,
+                   seed: int | None = None, default_duration_s: float | None = None
+                   ) -> LoadSpec:
+        """The spec for command-line values, the one place every command builds it;
+        ``None`` means "not given" and takes the value of ``LOAD_DEFAULTS``. Without
+        --concurrency, --rate and --intervals the load is closed-loop at the default
+        concurrency. Without --duration and --requests the run lasts
+        ``default_duration_s`` (None: windows until stable).
+
+            LoadSpec.from_flags(rate=500)  # constant arrivals, no warmup, until stable
+            LoadSpec.from_flags(concurrency=8,
+                                default_duration_s=LOAD_DEFAULTS.point_duration_s)
+        """
+        d = LOAD_DEFAULTS
+        if concurrency is None and rate is None and intervals is None:
+            concurrency = d.concurrency
+        if duration_s is None and requests is None:
+            duration_s = default_duration_s
+        return cls(
+            concurrency=concurrency, rate=rate, intervals=intervals,
+            arrival=d.arrival if arrival is None else arrival,
+            duration_s=duration_s, requests=requests,
+            warmup_s=d.warmup_s if warmup_s is None else warmup_s, window_s=window_s,
+            stability_percent=d.stability_percent if stability_percent is None
+            else stability_percent,
+            max_windows=d.max_windows if max_windows is None else max_windows,
+            timeout_s=d.timeout_s if timeout_s is None else timeout_s,
+            max_connections=d.max_connections if max_connections is None
+            else max_connections,
+            seed=d.seed if seed is None else seed)
 
     def to_dict(self) -> dict:
         return {"mode": self.mode, "concurrency": self.concurrency, "rate": self.rate,
@@ -125,3 +223,4 @@ def arrival_offsets_ns(spec: LoadSpec) -> Iterator[int]:
         for gap in rng.exponential(gap_ns, size=4096):
             yield int(at)
             at += gap
+

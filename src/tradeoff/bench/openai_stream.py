@@ -14,6 +14,7 @@ that carries generated text. From those stamps:
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -169,7 +170,7 @@ class GenerationTiming:
 
     @property
     def itl_s(self) -> list[float]:
-        return [(b - a) / 1e9 for a, b in zip(self.text_ns, self.text_ns[1:])]
+        return [(b - a) / 1e9 for a, b in itertools.pairwise(self.text_ns)]
 
 
 async def stream_once(host: str, port: int, raw: bytes, chat: bool, *,

@@ -69,7 +69,7 @@ def synthetic_prompts(count: int, input_tokens: tuple[int, int],
     outputs = _lengths(output_tokens, count, rng)
     words = np.asarray(WORDS)
     items = []
-    for n_in, n_out in zip(inputs.tolist(), outputs.tolist()):
+    for n_in, n_out in zip(inputs.tolist(), outputs.tolist(), strict=True):
         text = " ".join(words[rng.integers(0, len(words), n_in)].tolist())
         messages = ({"role": "user", "content": text},) if chat else None
         items.append(PromptItem(None if chat else text, messages, n_out, n_in))

@@ -209,7 +209,7 @@ class Records:
         merged = {}
         for f in fields(Records):
             columns = []
-            for part, offset in zip(parts, offsets_ns):
+            for part, offset in zip(parts, offsets_ns, strict=True):
                 column = getattr(part, f.name)
                 if f.name == "first_ns":
                     column = np.where(column > 0, column + offset, 0)
@@ -255,4 +255,4 @@ class Records:
             writer = csv.writer(handle)
             writer.writerow(columns)
             writer.writerows(zip(*(list(np.asarray(v).tolist()) if not isinstance(v, list)
-                                   else v for v in columns.values())))
+                                   else v for v in columns.values()), strict=True))

@@ -1,4 +1,4 @@
-"""The versioned result of a benchmark run (``"schema": "tradeoff.bench/1"``).
+"""Builds the versioned result of a benchmark run (:class:`tradeoff.results.BenchResult`).
 
 Every figure comes from the raw records: percentiles are exact (numpy over every sample),
 throughput counts the successful requests that ended inside the measurement, and latency
@@ -20,31 +20,23 @@ from tradeoff.bench.adapters import Adapter
 from tradeoff.bench.load import LoadSpec
 from tradeoff.bench.records import OK, OUTCOME_NAMES, SERVER_PARTS, Records
 from tradeoff.bench.runner import RunOutcome
+from tradeoff.results import (
+    BenchResult,
+    ClientReport,
+    Generation,
+    InputTokens,
+    OutputLength,
+    OutputTokens,
+    ServerCounts,
+    Summary,
+    Warmup,
+    Window,
+)
+from tradeoff.stats.distribution import distribution
 
-SCHEMA = "tradeoff.bench/1"
 SEND_LAG_LIMIT_MS = 1.0
 LOOP_LAG_LIMIT_MS = 5.0
 CPU_LIMIT_PERCENT = 90.0
-PERCENTILES = {"p50": 50, "p90": 90, "p95": 95, "p99": 99, "p999": 99.9}
-
-
-def distribution(values: np.ndarray) -> dict[str, float] | None:
-    """min, mean, stddev, p50 ... p99.9, max of raw samples (None when there are none)."""
-    values = values[np.isfinite(values)]
-    if not values.size:
-        return None
-    out = {"min": float(values.min()), "mean": float(values.mean()),
-           "stddev": float(values.std())}
-    for name, q in PERCENTILES.items():
-        out[name] = float(np.percentile(values, q))
-    out["max"] = float(values.max())
-    return out
-
-
-def endpoint_label(document: dict[str, Any]) -> str:
-    """What to call the endpoint of a result document: its name, model or URL."""
-    endpoint = document.get("endpoint") or {}
-    return str(endpoint.get("name") or endpoint.get("model") or endpoint.get("url") or "")
 
 
 def environment() -> dict[str, Any]:
@@ -104,7 +96,7 @@ def stats_extension_means(before: dict[str, Any], after: dict[str, Any]
     return parts, count, executions
 
 
-def _server_counts(outcome: RunOutcome) -> dict[str, int] | None:
+def _server_counts(outcome: RunOutcome) -> ServerCounts | None:
     """Requests and model executions the server counted over the measurement (statistics
     extension); fewer executions than requests means requests shared batches."""
     if not outcome.server_before or not outcome.server_after:
@@ -112,21 +104,21 @@ def _server_counts(outcome: RunOutcome) -> dict[str, int] | None:
     means = stats_extension_means(outcome.server_before, outcome.server_after)
     if means is None:
         return None
-    return {"requests": means[1], "executions": means[2]}
+    return ServerCounts(means[1], means[2])
 
 
-def _window_dicts(outcome: RunOutcome) -> list[dict[str, Any]]:
+def _windows(outcome: RunOutcome) -> list[Window]:
     """Windows, each with the server's means over it when snapshots bracket it."""
     at = dict(outcome.server_snapshots)
     out = []
     for window in outcome.windows:
-        entry = window.to_dict()
         before, after = at.get(window.start_ns), at.get(window.end_ns)
         means = stats_extension_means(before, after) if before and after else None
-        if means is not None:
-            entry["server_ms"] = {p: v["mean"] for p, v in means[0].items()}
-            entry["server_executions"] = means[2]
-        out.append(entry)
+        out.append(Window(window.index, (window.end_ns - window.start_ns) / 1e9,
+                          window.completed, window.errors, window.throughput_rps,
+                          window.p50_ms, window.p99_ms,
+                          {p: v["mean"] for p, v in means[0].items()} if means else None,
+                          means[2] if means else None))
     return out
 
 
@@ -145,7 +137,7 @@ def meets_slo(records: Records, slo: dict[str, float]) -> np.ndarray:
 
 def _generation_summary(adapter: Adapter, measured: Records, ok: np.ndarray,
                         ended: Records, outcome: RunOutcome, seconds: float
-                        ) -> dict[str, Any]:
+                        ) -> Generation:
     """TTFT, ITL, TPOT, token counts, tokens/s and goodput of streamed generations
     (``ended``: the successes that ended inside the measurement). Tokens/s counts the
     tokens generated inside the measurement: the text events stamped inside it, of every
@@ -163,31 +155,28 @@ def _generation_summary(adapter: Adapter, measured: Records, ok: np.ndarray,
     shorter, longer = int((got < wanted).sum()), int((got > wanted).sum())
     slo = getattr(adapter, "slo", None) or {}
     from_usage = int(measured.usage_tokens[counted].sum())
-    return {
-        "ttft_ms": distribution(measured.ttft_ms[ok]),
-        "itl_ms": distribution(measured.gaps_of(ok) / 1e6),
-        "tpot_ms": distribution(measured.tpot_ms[ok]),
-        "output_tokens_per_s": per_s(float(weights[inside].sum())),
-        "input_tokens": {"total": int(inputs.sum()), "per_request": distribution(
-            inputs.astype(np.float64))} if inputs.size else None,
-        "output_tokens": {"total": int(outputs.sum()),
-                          "per_request": distribution(outputs.astype(np.float64)),
-                          "from_usage": from_usage, "counted_events": int(counted.sum()) -
-                          from_usage},
-        "output_length": {"asked": int(asked.sum()), "exact": int((got == wanted).sum()),
-                          "shorter": shorter, "longer": longer, "ignore_eos": ignore_eos,
-                          # with ignore_eos every answer should be exactly as long as asked;
-                          # without it, stopping early at EOS is allowed
-                          "honoured": longer == 0 and (shorter == 0 or not ignore_eos)},
-        "slo": slo or None,
-        "goodput_rps": per_s(int(meets_slo(ended, slo).sum()))
-        if slo else None,
-    }
+    return Generation(
+        ttft_ms=distribution(measured.ttft_ms[ok]),
+        itl_ms=distribution(measured.gaps_of(ok) / 1e6),
+        tpot_ms=distribution(measured.tpot_ms[ok]),
+        output_tokens_per_s=per_s(float(weights[inside].sum())),
+        input_tokens=InputTokens(int(inputs.sum()), distribution(inputs.astype(np.float64)))
+        if inputs.size else None,
+        output_tokens=OutputTokens(int(outputs.sum()), distribution(outputs.astype(np.float64)),
+                                   from_usage, int(counted.sum()) - from_usage),
+        # with ignore_eos every answer should be exactly as long as asked; without it,
+        # stopping early at EOS is allowed
+        output_length=OutputLength(int(asked.sum()), int((got == wanted).sum()), shorter,
+                                   longer, ignore_eos,
+                                   longer == 0 and (shorter == 0 or not ignore_eos)),
+        slo=slo or None,
+        goodput_rps=per_s(int(meets_slo(ended, slo).sum())) if slo else None,
+    )
 
 
 def build_result(adapter: Adapter, spec: LoadSpec, outcome: RunOutcome,
-                 workers: int = 1) -> dict[str, Any]:
-    """The JSON-ready result document."""
+                 workers: int = 1) -> BenchResult:
+    """The result of one run, every figure from its raw records."""
     records = outcome.records
     measured_mask = records.scheduled_ns >= outcome.measure_start_ns
     measured = records.select(measured_mask)
@@ -227,41 +216,36 @@ def build_result(adapter: Adapter, spec: LoadSpec, outcome: RunOutcome,
     achieved = float(len(measured) / seconds) if seconds > 0 else 0.0
 
     cold_ms = outcome.cold_start.latency_ms
-    summary = {
-        "requests": len(measured),
-        "successes": int(ok.sum()),
-        "errors": int((~ok).sum()),
-        "errors_by_class": errors,
-        "throughput_rps": throughput,
-        "inferences_per_s": throughput * rows,
-        "latency_ms": distribution(measured.latency_ms[ok]),
-        "server_ms": _server_breakdown(measured, ok, outcome),
-        "server_counts": _server_counts(outcome),
-        "bytes_sent": int(measured.bytes_sent.sum()),
-        "bytes_received": int(measured.bytes_received.sum()),
-        "asked_rate_rps": asked,
-        "achieved_rate_rps": achieved if spec.mode != "closed" else None,
-        "duration_s": seconds,
-    }
-    if records.generated:
-        summary.update(_generation_summary(adapter, measured, ok, records.select(ended),
-                                           outcome, seconds))
-    return {
-        "schema": SCHEMA,
-        "endpoint": adapter.describe(),
-        "load": spec.to_dict(),
-        "environment": environment(),
-        "cold_start_ms": float(cold_ms[0]) if cold_ms.size else None,
-        "cold_start_ok": bool(outcome.cold_start.outcome[0] == OK) if cold_ms.size else None,
-        "warmup": {"requests": len(warmup),
-                   "latency_ms": distribution(warmup.latency_ms[warmup.outcome == OK])},
-        "total_requests_sent": len(records) + len(outcome.cold_start),
-        "windows": _window_dicts(outcome),
-        "stable": outcome.stable,
-        "stop_reason": outcome.stop_reason,
-        "client": {"workers": workers, "cpu_percent": outcome.client_cpu_percent,
-                   "send_lag_ms": send_lag, "loop_lag_ms": loop_lag,
-                   "client_bound": bool(reasons),
-                   "reasons": reasons, "notes": outcome.notes},
-        "summary": summary,
-    }
+    summary = Summary(
+        requests=len(measured),
+        successes=int(ok.sum()),
+        errors=int((~ok).sum()),
+        errors_by_class=errors,
+        throughput_rps=throughput,
+        inferences_per_s=throughput * rows,
+        latency_ms=distribution(measured.latency_ms[ok]),
+        server_ms=_server_breakdown(measured, ok, outcome),
+        server_counts=_server_counts(outcome),
+        bytes_sent=int(measured.bytes_sent.sum()),
+        bytes_received=int(measured.bytes_received.sum()),
+        asked_rate_rps=asked,
+        achieved_rate_rps=achieved if spec.mode != "closed" else None,
+        duration_s=seconds,
+        generation=_generation_summary(adapter, measured, ok, records.select(ended), outcome,
+                                       seconds) if records.generated else None,
+    )
+    return BenchResult(
+        endpoint=adapter.describe(),
+        load=spec.to_dict(),
+        environment=environment(),
+        cold_start_ms=float(cold_ms[0]) if cold_ms.size else None,
+        cold_start_ok=bool(outcome.cold_start.outcome[0] == OK) if cold_ms.size else None,
+        warmup=Warmup(len(warmup), distribution(warmup.latency_ms[warmup.outcome == OK])),
+        total_requests_sent=len(records) + len(outcome.cold_start),
+        windows=_windows(outcome),
+        stable=outcome.stable,
+        stop_reason=outcome.stop_reason,
+        client=ClientReport(workers, outcome.client_cpu_percent, send_lag, loop_lag,
+                            bool(reasons), reasons, outcome.notes),
+        summary=summary,
+    )

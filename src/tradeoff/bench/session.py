@@ -1,7 +1,12 @@
 """One benchmark from start to finish: prepare the endpoint, run, build the result.
 
-    result, records = run_benchmark(V2Adapter("http://127.0.0.1:8000", "mlp"),
-                                    LoadSpec(concurrency=8, duration_s=10))
+    result, records, start_ns = run_benchmark(V2Adapter("http://127.0.0.1:8000", "mlp"),
+                                              LoadSpec(concurrency=8, duration_s=10))
+    result.summary.throughput_rps
+
+:func:`run_benchmark` gives the typed :class:`~tradeoff.results.BenchResult`;
+``result.to_dict()`` (or :func:`~tradeoff.results.write_json`) is the JSON document that
+``tradeoff bench --json`` writes.
 """
 
 from __future__ import annotations
@@ -16,17 +21,9 @@ from tradeoff.bench.adapters import Adapter, BenchSetupError
 from tradeoff.bench.load import LoadSpec
 from tradeoff.bench.records import REFUSED, Records
 from tradeoff.bench.result import build_result
-from tradeoff.bench.runner import Runner, WindowReport
+from tradeoff.bench.runner import Runner, WindowReport, run_coroutine
 from tradeoff.bench.workers import run_workers, split_spec
-
-
-def run_coroutine(coro: Any) -> Any:
-    """Run on uvloop (a faster client loop) where it exists."""
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - Windows
-        return asyncio.run(coro)
-    return uvloop.run(coro)
+from tradeoff.results import BenchResult
 
 
 async def _progress(runner: Runner, console: Console, spec: LoadSpec) -> None:
@@ -46,8 +43,8 @@ async def _progress(runner: Runner, console: Console, spec: LoadSpec) -> None:
 
 
 def run_benchmark(adapter: Adapter, spec: LoadSpec, console: Console | None = None,
-                  workers: int = 1) -> tuple[dict[str, Any], Records, int]:
-    """Run the load; returns (result document, raw records, clock origin of the run)."""
+                  workers: int = 1) -> tuple[BenchResult, Records, int]:
+    """Run the load; returns (result, raw records, clock origin of the run)."""
     requests = adapter.prepare()
     if workers > 1:
         split_spec(spec, workers)  # refuse a bad split before any request is sent

@@ -1,7 +1,8 @@
 """``tradeoff soak``: sustained open-loop load, watched for drift, error bursts and memory
 growth.
 
-    doc = run_soak(adapter, SoakPlan(duration_s=1800, fraction=0.75), LoadSpec(rate=1))
+    result = run_soak(adapter, SoakPlan(duration_s=1800, fraction=0.75), LoadSpec(rate=1))
+    result.verdict.stable
 
 The rate is ``fraction`` of the endpoint's maximum: given, or measured first with a short
 concurrency sweep (the best throughput it reached). The load runs in windows (one minute
@@ -25,14 +26,14 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 
-from tradeoff.analysis.trend import mann_kendall
 from tradeoff.bench.adapters import Adapter, BenchSetupError
 from tradeoff.bench.load import LoadSpec
 from tradeoff.bench.result import environment
 from tradeoff.bench.session import run_benchmark
 from tradeoff.bench.sweep import Sweep, SweepPlan, parse_levels, point_summary
+from tradeoff.results import Memory, SoakResult, Verdict, Window
+from tradeoff.stats.trend import mann_kendall
 
-SCHEMA = "tradeoff.soak/1"
 WARMUP_S = 5.0  # before the first window, at most one window long
 MIN_WINDOWS = 6
 MAX_TREND_SAMPLES = 2000  # memory samples thinned to this for the trend test
@@ -124,17 +125,16 @@ class MemoryWatch:
             self._stop.wait(min(self.plan.memory_interval_s, self.plan.window_s / 4))
 
 
-def verdict(windows: list[dict[str, Any]], memory: list[tuple[float, float]]
-            ) -> dict[str, Any]:
+def verdict(windows: list[Window], memory: list[tuple[float, float]]) -> Verdict:
     """Trends, bursts and memory growth of a soak run, and whether it was stable."""
     reasons: list[dict[str, Any]] = []
     notes: list[str] = []
     trends: dict[str, Any] = {}
     if len(windows) >= MIN_WINDOWS:
-        ends = np.cumsum([w["duration_s"] for w in windows])
+        ends = np.cumsum([w.duration_s for w in windows])
         for metric, field, bad in (("p99", "p99_ms", "up"),
                                    ("throughput", "throughput_rps", "down")):
-            trend = mann_kendall(ends, np.array([w[field] for w in windows], float))
+            trend = mann_kendall(ends, np.array([getattr(w, field) for w in windows], float))
             trends[metric] = trend.to_dict()
             if trend.direction == bad and abs(trend.change_percent) > DRIFT_PERCENT:
                 reasons.append({
@@ -146,11 +146,10 @@ def verdict(windows: list[dict[str, Any]], memory: list[tuple[float, float]]
                               "noisy-neighbour throttling; rerun longer to confirm"})
     else:
         notes.append(f"{len(windows)} windows: too few for a trend test (need {MIN_WINDOWS})")
-    rates = np.array([w["errors"] / w["completed"] * 100 if w["completed"] else 0.0
-                      for w in windows])
+    rates = np.array([w.errors / w.completed * 100 if w.completed else 0.0 for w in windows])
     if rates.size:
         limit = max(ERROR_BURST_PERCENT, 3 * float(np.median(rates)))
-        bursts = [int(w["index"]) for w, r in zip(windows, rates) if r > limit]
+        bursts = [int(w.index) for w, r in zip(windows, rates, strict=True) if r > limit]
         if bursts:
             reasons.append({
                 "kind": "error_burst", "severity": "critical",
@@ -177,7 +176,7 @@ def verdict(windows: list[dict[str, Any]], memory: list[tuple[float, float]]
                 "evidence": trends["memory"],
                 "action": "a leak or an unbounded cache/queue: profile the server's heap; "
                           "bound caches and queues"})
-    return {"stable": not reasons, "reasons": reasons, "notes": notes, "trends": trends}
+    return Verdict(not reasons, reasons, notes, trends)
 
 
 def measure_max_rate(adapter: Adapter, base: LoadSpec, probe_s: float,
@@ -187,14 +186,14 @@ def measure_max_rate(adapter: Adapter, base: LoadSpec, probe_s: float,
                                window_s=None, requests=None)
     sweep = Sweep(adapter, spec, SweepPlan("concurrency", parse_levels("1:256"), patience=1),
                   console).run()
-    best = max(sweep["rows"], key=lambda r: r["throughput_rps"])
-    return best["throughput_rps"], {"source": "measured", "best_concurrency": best["load"],
-                                    "sweep": sweep["rows"]}
+    best = max(sweep.rows, key=lambda r: r.throughput_rps)
+    return best.throughput_rps, {"source": "measured", "best_concurrency": best.load,
+                                 "sweep": [r.to_dict() for r in sweep.rows]}
 
 
 def run_soak(adapter: Adapter, plan: SoakPlan, base: LoadSpec,
-             console: Console | None = None) -> dict[str, Any]:
-    """Run the soak; its ``tradeoff.soak/1`` document."""
+             console: Console | None = None) -> SoakResult:
+    """Run the soak: the windows of one long run and their verdict."""
     if plan.max_rate is not None:
         max_rate, origin = plan.max_rate, {"source": "given"}
     else:
@@ -211,17 +210,15 @@ def run_soak(adapter: Adapter, plan: SoakPlan, base: LoadSpec,
                       f"{max_rate:,.1f}) for {plan.duration_s:g}s in {plan.window_s:g}s windows")
     with MemoryWatch(plan) as watch:
         result, _, _ = run_benchmark(adapter, spec, console)
-    windows = result["windows"]
     step = max(1, len(watch.samples) // 2000)
-    return {
-        "schema": SCHEMA,
-        "endpoint": result["endpoint"],
-        "plan": dataclasses.asdict(plan),
-        "environment": environment(),
-        "max_rate": {"rps": max_rate, **origin},
-        "rate_rps": rate,
-        "result": result,
-        "summary": point_summary(result),
-        "memory": {"source": watch.source, "samples": watch.samples[::step]},
-        "verdict": verdict(windows, watch.samples),
-    }
+    return SoakResult(
+        endpoint=result.endpoint,
+        plan=dataclasses.asdict(plan),
+        environment=environment(),
+        max_rate={"rps": max_rate, **origin},
+        rate_rps=rate,
+        result=result,
+        summary=point_summary(result),
+        memory=Memory(watch.source, watch.samples[::step]),
+        verdict=verdict(result.windows, watch.samples),
+    )

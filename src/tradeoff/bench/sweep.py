@@ -1,14 +1,16 @@
 """Sweeps: one full benchmark per load level, until the endpoint stops giving more.
 
-    result = run_sweep(adapter, LoadSpec(concurrency=1, duration_s=5),
-                       SweepPlan("concurrency", parse_levels("1:256")))
+    result = Sweep(adapter, LoadSpec(concurrency=1, duration_s=5),
+                   SweepPlan("concurrency", parse_levels("1:256"))).run()
+    result.knee.load if result.knee else None
 
 A concurrency sweep (closed loop) or a rate sweep (open loop) runs the levels in order and
 stops early when throughput has stopped growing (``patience`` points past the knee), the
 error rate passes ``max_error_percent``, or p99 passes ``max_p99_ms``. With ``sla_p99_ms``
 it searches for the highest load whose p99 and error rate meet the SLA: steps up through
 the levels until one fails, then bisects between the last pass and the first failure.
-Every point is a complete ``tradeoff.bench/1`` result.
+Every point is a complete bench result; :meth:`Sweep.run` gives the typed
+:class:`~tradeoff.results.SweepResult`.
 """
 
 from __future__ import annotations
@@ -20,14 +22,14 @@ from typing import Any
 
 from rich.console import Console
 
-from tradeoff.analysis.cost import Price, rank
-from tradeoff.analysis.knee import MIN_GAIN, find_knee
 from tradeoff.bench.adapters import Adapter
 from tradeoff.bench.load import LoadSpec
 from tradeoff.bench.result import environment
 from tradeoff.bench.session import run_benchmark
+from tradeoff.results import BenchResult, Knee, RowTokens, SlaAnswer, SweepResult, SweepRow
+from tradeoff.stats.cost import Price, rank
+from tradeoff.stats.knee import MIN_GAIN, find_knee
 
-SCHEMA = "tradeoff.sweep/1"
 KNEE_RULE = (f"first load from which every further point gains under {MIN_GAIN:.0%} "
              "throughput (output tokens/s for generations) per doubling of the load")
 
@@ -85,42 +87,30 @@ class SweepPlan:
         return dataclasses.asdict(self)
 
 
-def point_summary(result: dict[str, Any]) -> dict[str, Any]:
+def point_summary(result: BenchResult) -> SweepRow:
     """Load, throughput, latency and error rate of one bench result."""
-    s = result["summary"]
-    load = result["load"]
-    latency = s["latency_ms"] or {}
-    row = {"load": load["concurrency"] if load["mode"] == "closed" else load["rate"],
-           "throughput_rps": s["throughput_rps"], "inferences_per_s": s["inferences_per_s"],
-           "p50_ms": latency.get("p50"), "p99_ms": latency.get("p99"),
-           "error_percent": 100 * s["errors"] / s["requests"] if s["requests"] else 0.0,
-           "requests": s["requests"]}
-    if "ttft_ms" in s:  # generations
-        ttft, tpot = s["ttft_ms"] or {}, s["tpot_ms"] or {}
-        row.update(output_tokens_per_s=s["output_tokens_per_s"],
-                   ttft_p50_ms=ttft.get("p50"), ttft_p99_ms=ttft.get("p99"),
-                   tpot_p50_ms=tpot.get("p50"), tpot_p99_ms=tpot.get("p99"),
-                   goodput_rps=s["goodput_rps"])
-    return row
+    s = result.summary
+    generation = s.generation
+    tokens = None
+    if generation is not None:
+        ttft, tpot = generation.ttft_ms or {}, generation.tpot_ms or {}
+        tokens = RowTokens(generation.output_tokens_per_s, ttft.get("p50"), ttft.get("p99"),
+                           tpot.get("p50"), tpot.get("p99"), generation.goodput_rps)
+    return SweepRow(load=result.load["concurrency"] if result.load["mode"] == "closed"
+                    else result.load["rate"],
+                    throughput_rps=s.throughput_rps, inferences_per_s=s.inferences_per_s,
+                    p50_ms=s.latency("p50"), p99_ms=s.latency("p99"),
+                    error_percent=s.error_percent, requests=s.requests, tokens=tokens)
 
 
-def work_rate(row: dict[str, Any]) -> float:
-    """What the knee is found on: output tokens/s for generations, else requests/s."""
-    return float(row.get("output_tokens_per_s", row["throughput_rps"]))
-
-
-def point_at(sweep: dict[str, Any], load: float) -> dict[str, Any] | None:
-    """The sweep's bench result at ``load`` (None when it was not measured)."""
-    return next((p for p in sweep["points"] if point_summary(p)["load"] == load), None)
-
-
-def knee_of(points: list[dict[str, Any]], min_gain: float = MIN_GAIN) -> dict[str, Any] | None:
+def knee_of(points: list[BenchResult], min_gain: float = MIN_GAIN) -> Knee | None:
     """The knee of a list of bench results (any order), with its figures."""
-    rows = sorted((point_summary(p) for p in points), key=lambda r: r["load"])
-    index = find_knee([r["load"] for r in rows], [work_rate(r) for r in rows], min_gain)
+    rows = sorted((point_summary(p) for p in points), key=lambda r: r.load)
+    index = find_knee([r.load for r in rows], [r.work_rate for r in rows], min_gain)
     if index is None:
         return None
-    return {**rows[index], "rule": KNEE_RULE}
+    return Knee(**{f.name: getattr(rows[index], f.name) for f in dataclasses.fields(SweepRow)},
+                rule=KNEE_RULE)
 
 
 class Sweep:
@@ -128,7 +118,7 @@ class Sweep:
 
     def __init__(self, adapter: Adapter, base: LoadSpec, plan: SweepPlan,
                  console: Console | None = None,
-                 on_point: Callable[[dict[str, Any]], None] | None = None,
+                 on_point: Callable[[BenchResult], None] | None = None,
                  price: Price | None = None, alpha: float = 0.5) -> None:
         self.price = price
         self.alpha = alpha
@@ -137,43 +127,43 @@ class Sweep:
         self.plan = plan
         self.console = console
         self.on_point = on_point
-        self.points: list[dict[str, Any]] = []
+        self.points: list[BenchResult] = []
 
     def _spec(self, load: float) -> LoadSpec:
         if self.plan.mode == "concurrency":
-            return dataclasses.replace(self.base, concurrency=max(int(round(load)), 1),
+            return dataclasses.replace(self.base, concurrency=max(round(load), 1),
                                        rate=None, intervals=None)
         return dataclasses.replace(self.base, rate=float(load), concurrency=None,
                                    intervals=None)
 
-    def measure(self, load: float) -> dict[str, Any]:
+    def measure(self, load: float) -> BenchResult:
         """One full benchmark at ``load``."""
         result, _, _ = run_benchmark(self.adapter, self._spec(load), self.console)
         if self.console:
             row = point_summary(result)
-            tokens = (f", {row['output_tokens_per_s']:,.1f} tok/s, TTFT p50 "
-                      f"{row['ttft_p50_ms'] or float('nan'):.0f} ms"
-                      if "output_tokens_per_s" in row else "")
+            tokens = (f", {row.tokens.output_tokens_per_s:,.1f} tok/s, TTFT p50 "
+                      f"{row.tokens.ttft_p50_ms or float('nan'):.0f} ms"
+                      if row.tokens else "")
             self.console.print(
-                f"  {self.plan.mode} {load:g}: {row['throughput_rps']:,.1f} req/s{tokens}, p50 "
-                f"{row['p50_ms'] or float('nan'):.2f} ms, p99 {row['p99_ms'] or float('nan'):.2f}"
-                f" ms, errors {row['error_percent']:.1f}%")
+                f"  {self.plan.mode} {load:g}: {row.throughput_rps:,.1f} req/s{tokens}, p50 "
+                f"{row.p50_ms or float('nan'):.2f} ms, p99 {row.p99_ms or float('nan'):.2f}"
+                f" ms, errors {row.error_percent:.1f}%")
         self.points.append(result)
         if self.on_point:
             self.on_point(result)
         return result
 
-    def _fails(self, row: dict[str, Any], limit_p99: float | None) -> str | None:
-        if row["error_percent"] > self.plan.max_error_percent:
-            return (f"error rate {row['error_percent']:.1f}% > "
-                    f"{self.plan.max_error_percent:g}% at {self.plan.mode} {row['load']:g}")
-        p99 = row["p99_ms"]
+    def _fails(self, row: SweepRow, limit_p99: float | None) -> str | None:
+        if row.error_percent > self.plan.max_error_percent:
+            return (f"error rate {row.error_percent:.1f}% > "
+                    f"{self.plan.max_error_percent:g}% at {self.plan.mode} {row.load:g}")
+        p99 = row.p99_ms
         if limit_p99 is not None and (p99 is None or p99 > limit_p99):
             shown = "no successful requests" if p99 is None else f"p99 {p99:.2f} ms"
-            return f"{shown} > {limit_p99:g} ms at {self.plan.mode} {row['load']:g}"
+            return f"{shown} > {limit_p99:g} ms at {self.plan.mode} {row.load:g}"
         return None
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> SweepResult:
         """All the points, the knee, why it stopped, and the SLA answer when asked."""
         if self.plan.sla_p99_ms is not None:
             stop_reason, sla = self._search_sla()
@@ -187,16 +177,16 @@ class Sweep:
             why = self._fails(row, self.plan.max_p99_ms)
             if why:
                 return why
-            loads = [point_summary(p)["load"] for p in self.points]
-            knee = find_knee(loads, [work_rate(point_summary(p)) for p in self.points],
-                             self.plan.min_gain)
+            rows = [point_summary(p) for p in self.points]
+            loads = [r.load for r in rows]
+            knee = find_knee(loads, [r.work_rate for r in rows], self.plan.min_gain)
             if knee is not None and len(self.points) - 1 - knee >= self.plan.patience:
                 return (f"throughput stopped growing: {self.plan.patience} points past "
                         f"{self.plan.mode} {loads[knee]:g} gained under "
                         f"{self.plan.min_gain:.0%} per doubling")
         return "last level reached"
 
-    def _search_sla(self) -> tuple[str, dict[str, Any]]:
+    def _search_sla(self) -> tuple[str, SlaAnswer]:
         limit = self.plan.sla_p99_ms
         best: float | None = None
         failed: float | None = None
@@ -228,44 +218,37 @@ class Sweep:
         else:
             reason = (f"highest load meeting the SLA: {best:g} passed, {high:g} failed "
                       f"({why})")
-        best_point = next((p for p in self.points if point_summary(p)["load"] == best), None)
-        return reason, {"p99_ms": limit, "max_error_percent": self.plan.max_error_percent,
-                        "best_load": best,
-                        "best": point_summary(best_point) if best_point else None}
+        best_point = next((p for p in self.points if point_summary(p).load == best), None)
+        assert limit is not None
+        return reason, SlaAnswer(limit, self.plan.max_error_percent, best,
+                                 point_summary(best_point) if best_point else None)
 
-    def _result(self, stop_reason: str, sla: dict[str, Any] | None) -> dict[str, Any]:
-        ordered = sorted(self.points, key=lambda p: point_summary(p)["load"])
+    def _result(self, stop_reason: str, sla: SlaAnswer | None) -> SweepResult:
+        ordered = sorted(self.points, key=lambda p: point_summary(p).load)
         rows = [point_summary(p) for p in ordered]
         ranking = None
         if self.price is not None:
             limit = self.plan.sla_p99_ms or self.plan.max_p99_ms
-            ranking = rank([{"name": f"{self.plan.mode} {r['load']:g}", "load": r["load"],
-                             "throughput_rps": r["throughput_rps"], "p99_ms": r["p99_ms"],
-                             "error_percent": r["error_percent"], "price": self.price}
+            ranking = rank([{"name": f"{self.plan.mode} {r.load:g}", "load": r.load,
+                             "throughput_rps": r.throughput_rps, "p99_ms": r.p99_ms,
+                             "error_percent": r.error_percent, "price": self.price}
                             for r in rows], self.alpha, limit,
                            self.plan.max_error_percent if limit is not None else None)
             cost = {c["load"]: c["cost_per_million"] for c in ranking}
-            for row in rows:
-                row["cost_per_million"] = cost[row["load"]]
-        return {
-            "schema": SCHEMA,
-            "endpoint": ordered[0]["endpoint"] if ordered else self.adapter.describe(),
-            "mode": self.plan.mode,
-            "plan": self.plan.to_dict(),
-            "environment": environment(),
-            "points": ordered,
-            "rows": rows,
-            "knee": knee_of(ordered, self.plan.min_gain),
-            "stop_reason": stop_reason,
-            "sla": sla,
-            "price": self.price.to_dict() if self.price else None,
-            "ranking": ranking,
-            "score": {"alpha": self.alpha, "sla_p99_ms": self.plan.sla_p99_ms or
-                      self.plan.max_p99_ms, "max_error_percent": self.plan.max_error_percent},
-        }
-
-
-def run_sweep(adapter: Adapter, base: LoadSpec, plan: SweepPlan,
-              console: Console | None = None) -> dict[str, Any]:
-    """Run a sweep and return its ``tradeoff.sweep/1`` document."""
-    return Sweep(adapter, base, plan, console).run()
+            rows = [dataclasses.replace(r, priced=True, cost_per_million=cost[r.load])
+                    for r in rows]
+        return SweepResult(
+            endpoint=ordered[0].endpoint if ordered else self.adapter.describe(),
+            mode=self.plan.mode,
+            plan=self.plan.to_dict(),
+            environment=environment(),
+            points=ordered,
+            rows=rows,
+            knee=knee_of(ordered, self.plan.min_gain),
+            stop_reason=stop_reason,
+            sla=sla,
+            price=self.price.to_dict() if self.price else None,
+            ranking=ranking,
+            score={"alpha": self.alpha, "sla_p99_ms": self.plan.sla_p99_ms or
+                   self.plan.max_p99_ms, "max_error_percent": self.plan.max_error_percent},
+        )

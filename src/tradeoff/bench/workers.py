@@ -18,7 +18,14 @@ import numpy as np
 from tradeoff.bench.adapters import Adapter, BenchSetupError
 from tradeoff.bench.load import LoadSpec
 from tradeoff.bench.records import Records
-from tradeoff.bench.runner import Runner, RunOutcome, fixed_end, fixed_windows, is_stable
+from tradeoff.bench.runner import (
+    Runner,
+    RunOutcome,
+    fixed_end,
+    fixed_windows,
+    is_stable,
+    run_coroutine,
+)
 
 START_MARGIN_S = 0.2
 
@@ -62,8 +69,6 @@ def split_spec(spec: LoadSpec, workers: int) -> list[LoadSpec]:
 
 def _worker(adapter: Adapter, requests: list[bytes], spec: LoadSpec, ready: Any, go: Any,
             start_at: Any, results: Any) -> None:
-    from tradeoff.bench.session import run_coroutine
-
     runner = Runner(adapter, requests, spec)
     ready.put(True)
     go.wait()

@@ -19,8 +19,8 @@ GENERATIVE_MODELS = ("tinyllama", "smollm2-135m")
 _SETTINGS: dict[str, dict[str, Any]] = {
     "tinyllama": {"format": "hf", "path": "1", "max_num_seqs": 8,
                   "max_num_batched_tokens": 256, "num_blocks": 256, "block_size": 16},
-    "smollm2-135m": {"format": "gguf", "path": None, "max_num_seqs": 16, "max_num_batched_tokens": 512,
-                     "num_blocks": 512, "block_size": 16},
+    "smollm2-135m": {"format": "gguf", "path": None, "max_num_seqs": 16,
+                     "max_num_batched_tokens": 512, "num_blocks": 512, "block_size": 16},
 }
 
 

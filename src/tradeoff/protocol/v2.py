@@ -107,6 +107,9 @@ def decode_bytes_elements(raw: memoryview, count: int, where: str,
     if 4 * count > size:  # check before allocating: a huge shape must not allocate
         raise InvalidInput(f"{where}: {count} BYTES elements need at least {4 * count} bytes"
                            f" of lengths, got {size}")
+    uniform = _uniform_bytes_elements(raw, count, where, max_element)
+    if uniform is not None:
+        return uniform
     out = np.empty(count, dtype=object)
     offset = 0
     for i in range(count):
@@ -125,6 +128,31 @@ def decode_bytes_elements(raw: memoryview, count: int, where: str,
     if offset != size:
         raise InvalidInput(f"{where}: {size - offset} bytes left over after {count} BYTES "
                            "elements")
+    return out
+
+
+def _uniform_bytes_elements(raw: memoryview, count: int, where: str,
+                            max_element: int) -> np.ndarray | None:
+    """The elements of a BYTES buffer whose elements all have the first one's length,
+    split without a Python loop; None when the lengths differ."""
+    size = len(raw)
+    if count == 0 or size % count:
+        return None
+    stride = size // count
+    length = stride - 4
+    if length < 0 or _U32.unpack_from(raw, 0)[0] != length:
+        return None
+    rows = np.frombuffer(raw, dtype=np.uint8).reshape(count, stride)
+    if not (rows[:, :4].copy().view("<u4") == length).all():
+        return None
+    if length > max_element:
+        raise InvalidInput(f"{where}: BYTES element 0 has {length} bytes, over the "
+                           f"limit of {max_element} (--max-bytes-element)")
+    out = np.empty(count, dtype=object)
+    if length == 0:
+        out.fill(b"")
+    else:  # void items convert to bytes objects in C
+        out[:] = np.ascontiguousarray(rows[:, 4:]).view(f"V{length}").reshape(-1).tolist()
     return out
 
 

@@ -1,23 +1,32 @@
 """``tradeoff report``: one self-contained HTML file (inline CSS and SVG, works offline)
 from any mix of bench, sweep, soak and compare results.
 
-    path = write_report([json.loads(p.read_text()) for p in paths], Path("report.html"))
+    report = write_report([load_result(p) for p in paths], Path("report.html"))
 """
 
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
-
-from matplotlib.figure import Figure
+from typing import TYPE_CHECKING, Any
 
 from tradeoff import __version__
 from tradeoff.analysis.diagnose import diagnose
-from tradeoff.bench.result import endpoint_label
-from tradeoff.bench.sweep import KNEE_RULE, point_at, point_summary
+from tradeoff.bench.sweep import KNEE_RULE, point_summary
 from tradeoff.report import plots
+from tradeoff.results import (
+    BenchResult,
+    CompareResult,
+    Ratio,
+    ResultDocument,
+    SoakResult,
+    SweepResult,
+)
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;color:#111827;
@@ -98,10 +107,10 @@ class Report:
         self.sections.append(f"<section><h2>{_e(title)}</h2>{body}</section>")
 
 
-def _sweep_section(report: Report, sweeps: list[dict[str, Any]]) -> None:
-    by_mode: dict[str, list[dict[str, Any]]] = {}
+def _sweep_section(report: Report, sweeps: list[SweepResult]) -> None:
+    by_mode: dict[str, list[SweepResult]] = {}
     for sweep in sweeps:
-        by_mode.setdefault(sweep["mode"], []).append(sweep)
+        by_mode.setdefault(sweep.mode, []).append(sweep)
     for mode, group in by_mode.items():
         figures = [report.figure(plots.throughput_vs_load(group), f"throughput-vs-{mode}",
                                  "Throughput at each load; the circled point is the knee."),
@@ -110,149 +119,139 @@ def _sweep_section(report: Report, sweeps: list[dict[str, Any]]) -> None:
                    report.figure(plots.frontier(group), f"frontier-{mode}",
                                  "Each point is one load level: lower and further right "
                                  "is better.")]
-        generated = all("ttft_p50_ms" in r for sweep in group for r in sweep["rows"])
+        generated = all(r.tokens for sweep in group for r in sweep.rows)
         if generated:
             figures.append(report.figure(plots.generation_vs_load(group),
                                          f"generation-vs-{mode}",
                                          "TTFT and TPOT: p50 (solid), p99 (dashed)."))
         tables = []
         for sweep in group:
-            knee = sweep.get("knee")
+            knee = sweep.knee
             rows, classes = [], []
-            for r in sweep["rows"]:
-                extra = [_num(r.get("output_tokens_per_s"), 1), _num(r.get("ttft_p50_ms")),
-                         _num(r.get("ttft_p99_ms")), _num(r.get("tpot_p50_ms"))] \
-                    if generated else []
-                rows.append([_num(r["load"]), _num(r["throughput_rps"], 1), *extra,
-                             _num(r["p50_ms"]), _num(r["p99_ms"]), _num(r["error_percent"], 1)])
-                classes.append("knee" if knee and r["load"] == knee["load"] else "")
-            sla = sweep.get("sla")
+            for r in sweep.rows:
+                t = r.tokens
+                extra = [_num(t.output_tokens_per_s, 1), _num(t.ttft_p50_ms),
+                         _num(t.ttft_p99_ms), _num(t.tpot_p50_ms)] if generated and t else []
+                rows.append([_num(r.load), _num(r.throughput_rps, 1), *extra,
+                             _num(r.p50_ms), _num(r.p99_ms), _num(r.error_percent, 1)])
+                classes.append("knee" if knee and r.load == knee.load else "")
+            sla = sweep.sla
             sla_text = ""
             if sla:
-                sla_text = (f"<p>SLA p99 &le; {sla['p99_ms']:g} ms: highest load meeting it "
-                            f"<b>{_num(sla['best_load'])}</b></p>")
-            name = _e(endpoint_label(sweep))
+                sla_text = (f"<p>SLA p99 &le; {sla.p99_ms:g} ms: highest load meeting it "
+                            f"<b>{_num(sla.best_load)}</b></p>")
+            name = _e(sweep.label)
             tables.append(
                 f"<h3>{name}</h3>" + _table(
                     [mode, "req/s",
                      *(["tok/s", "TTFT p50", "TTFT p99", "TPOT p50"] if generated else []),
                      "p50 ms", "p99 ms", "errors %"], rows, classes)
                 + "<p class='muted'>knee: "
-                + (f"{_e(mode)} {knee['load']:g} ({knee['throughput_rps']:,.0f} req/s, p99 "
-                   f"{_num(knee['p99_ms'])} ms)" if knee else "not reached")
-                + f"; stopped: {_e(sweep['stop_reason'])}</p>" + sla_text)
+                + (f"{_e(mode)} {knee.load:g} ({knee.throughput_rps:,.0f} req/s, p99 "
+                   f"{_num(knee.p99_ms)} ms)" if knee else "not reached")
+                + f"; stopped: {_e(sweep.stop_reason)}</p>" + sla_text)
         rule = (f"<p class='muted'>Knee rule: {_e(KNEE_RULE)}.</p>")
         report.add(f"Sweep over {mode}",
                    f"<div class='grid'>{''.join(figures)}</div>{''.join(tables)}{rule}")
 
 
-def _compare_section(report: Report, compare: dict[str, Any]) -> None:
+def _compare_section(report: Report, compare: CompareResult) -> None:
     rows = []
-    ratios = {r["name"]: r for r in compare["ratios"]}
-    for entry in compare["endpoints"]:
-        s = entry["result"]["summary"]
-        lat = s["latency_ms"] or {}
-        ratio = ratios[entry["name"]]
-
-        def cell(metric: str, r: dict[str, Any] = ratio) -> str:
-            value = r[metric]
-            text = _num(value["ratio"], 3)
-            if value["ci95"]:
-                text += f" <span class='muted'>[{value['ci95'][0]:.3f}, {value['ci95'][1]:.3f}]</span>"
-            return text
-
-        rows.append([_e(entry["name"]), _num(s["throughput_rps"], 1), cell("throughput"),
-                     _num(lat.get("p50")), cell("p50"), _num(lat.get("p99")), cell("p99"),
-                     _num(s["errors"])])
+    for entry in compare.endpoints:
+        s = entry.result.summary
+        ratio = compare.ratios_of(entry.name).metrics
+        rows.append([_e(entry.name), _num(s.throughput_rps, 1), _ratio_html(ratio["throughput"]),
+                     _num(s.latency("p50")), _ratio_html(ratio["p50"]), _num(s.latency("p99")),
+                     _ratio_html(ratio["p99"]), _num(s.errors)])
     table = _table(["endpoint", "req/s", "x baseline [95% CI]", "p50 ms", "x baseline",
                     "p99 ms", "x baseline", "errors"], rows)
-    if all("output_tokens_per_s" in r for r in compare["ratios"]):
+    if all("output_tokens_per_s" in r.metrics for r in compare.ratios):
         table += "<h3>Generations</h3>" + _generation_compare_table(compare)
-    fair = compare["fairness"]
     checks = _table(["check", "result", "detail"], [
-        [_e(c["check"]), "<span class='ok'>ok</span>" if c["ok"] else
-         "-" if c["ok"] is None else "<span class='bad'>differs</span>", _e(c["detail"])]
-        for c in fair["checks"]], left=3)
+        [_e(c.check), "<span class='ok'>ok</span>" if c.ok else
+         "-" if c.ok is None else "<span class='bad'>differs</span>", _e(c.detail)]
+        for c in compare.fairness.checks], left=3)
     profiles = _table(["endpoint", "format", "precision", "server", "batching", "instances",
                        "hardware", "other facts"], [
-        [_e(e["name"])] + [_e(e["profile"]["checklist"][k]) for k in
-                           ("format", "precision", "server", "batching", "instances",
-                            "hardware")]
-        + [_e(", ".join(f"{k}={v}" for k, v in e["profile"].get("facts", {}).items()) or "-")]
-        for e in compare["endpoints"]], left=8)
+        [_e(e.name)] + [_e(e.profile["checklist"][k]) for k in
+                        ("format", "precision", "server", "batching", "instances",
+                         "hardware")]
+        + [_e(", ".join(f"{k}={v}" for k, v in e.profile.get("facts", {}).items()) or "-")]
+        for e in compare.endpoints], left=8)
     ranking = _table(["rank", "endpoint", "req/s", "p99 ms", "cost / 1M req", "score",
                       "SLA"], [
         [_num(c["rank"]), _e(c["name"]), _num(c["throughput_rps"], 1), _num(c["p99_ms"]),
          _num(c["cost_per_million"], 4), _num(c["score"], 3),
          "met" if c["meets_sla"] else _e("; ".join(c["sla_misses"]))]
-        for c in compare["ranking"]], left=2)
-    score = compare["score"]
-    interleaved = any(c["check"] == "interleaved" and c["ok"]
-                      for c in compare["fairness"]["checks"])
-    how = (f"{compare['rounds']} interleaved round(s)" if interleaved
+        for c in compare.ranking], left=2)
+    how = (f"{compare.rounds} interleaved round(s)" if compare.fairness.interleaved
            else "from result files")
-    report.add(f"Comparison (baseline {compare['baseline']}, {how})",
+    report.add(f"Comparison (baseline {compare.baseline}, {how})",
                "<div class='grid'>"
                + report.figure(plots.comparison(compare), "comparison",
                                "Bars: pooled figures; whiskers: 95% bootstrap interval.")
                + "</div>" + table + "<h3>Fairness</h3>" + checks + "<h3>Endpoint profiles</h3>"
-               + profiles + f"<h3>Cost and score (alpha {score['alpha']:g})</h3>" + ranking)
+               + profiles + f"<h3>Cost and score (alpha {compare.score['alpha']:g})</h3>"
+               + ranking)
 
 
-def _ratio_html(value: dict[str, Any]) -> str:
-    text = _num(value["ratio"], 3)
-    if value["ci95"]:
-        text += f" <span class='muted'>[{value['ci95'][0]:.3f}, {value['ci95'][1]:.3f}]</span>"
+def _ratio_html(value: Ratio) -> str:
+    text = _num(value.ratio, 3)
+    if value.ci95:
+        text += f" <span class='muted'>[{value.ci95[0]:.3f}, {value.ci95[1]:.3f}]</span>"
     return text
 
 
-def _generation_compare_table(compare: dict[str, Any]) -> str:
-    ratios = {r["name"]: r for r in compare["ratios"]}
+def _generation_compare_table(compare: CompareResult) -> str:
     rows = []
-    for entry in compare["endpoints"]:
-        s, r = entry["result"]["summary"], ratios[entry["name"]]
-        ttft, tpot = s["ttft_ms"] or {}, s["tpot_ms"] or {}
-        rows.append([_e(entry["name"]), _num(s["output_tokens_per_s"], 1),
+    for entry in compare.endpoints:
+        g, r = entry.result.summary.generation, compare.ratios_of(entry.name).metrics
+        if g is None:
+            continue
+        ttft, tpot = g.ttft_ms or {}, g.tpot_ms or {}
+        rows.append([_e(entry.name), _num(g.output_tokens_per_s, 1),
                      _ratio_html(r["output_tokens_per_s"]), _num(ttft.get("p50")),
                      _ratio_html(r["ttft_p50"]), _num(ttft.get("p99")),
                      _ratio_html(r["ttft_p99"]), _num(tpot.get("p50")),
-                     _ratio_html(r["tpot_p50"]), _num(s.get("goodput_rps"), 2)])
+                     _ratio_html(r["tpot_p50"]), _num(g.goodput_rps, 2)])
     return _table(["endpoint", "tok/s", "x baseline [95% CI]", "TTFT p50 ms", "x baseline",
                    "TTFT p99 ms", "x baseline", "TPOT p50 ms", "x baseline", "goodput req/s"],
                   rows)
 
 
-def _generation_table(benches: list[dict[str, Any]]) -> str:
+def _generation_table(benches: list[BenchResult]) -> str:
     rows = []
     for b in benches:
-        s = b["summary"]
-        d = {k: s[k] or {} for k in ("ttft_ms", "itl_ms", "tpot_ms")}
-        length = s["output_length"]
-        rows.append([_e(endpoint_label(b)), _num(s["throughput_rps"], 2),
-                     _num(s["output_tokens_per_s"], 1),
-                     *(_num(d[k].get(q)) for k in d for q in ("p50", "p99")),
-                     _num(s.get("goodput_rps"), 2),
-                     "yes" if length["honoured"] else
-                     f"<span class='bad'>{length['shorter']} short, {length['longer']} long"
+        g = b.summary.generation
+        if g is None:
+            continue
+        d = [g.ttft_ms or {}, g.itl_ms or {}, g.tpot_ms or {}]
+        length = g.output_length
+        rows.append([_e(b.label), _num(b.summary.throughput_rps, 2),
+                     _num(g.output_tokens_per_s, 1),
+                     *(_num(dist.get(q)) for dist in d for q in ("p50", "p99")),
+                     _num(g.goodput_rps, 2),
+                     "yes" if length.honoured else
+                     f"<span class='bad'>{length.shorter} short, {length.longer} long"
                      "</span>"])
     return _table(["endpoint", "req/s", "tok/s", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99",
                    "TPOT p50", "TPOT p99", "goodput", "lengths as asked"], rows, left=1)
 
 
-def _soak_section(report: Report, soak: dict[str, Any]) -> None:
-    verdict = soak["verdict"]
-    reasons = "".join(f"<li>{_e(r['text'])}</li>" for r in verdict["reasons"]) or \
+def _soak_section(report: Report, soak: SoakResult) -> None:
+    verdict = soak.verdict
+    reasons = "".join(f"<li>{_e(r['text'])}</li>" for r in verdict.reasons) or \
         "<li>no drift, error burst or memory growth found</li>"
-    notes = "".join(f"<li class='muted'>{_e(n)}</li>" for n in verdict["notes"])
-    report.add(f"Soak: {endpoint_label(soak)}",
+    notes = "".join(f"<li class='muted'>{_e(n)}</li>" for n in verdict.notes)
+    report.add(f"Soak: {soak.label}",
                report.figure(plots.soak_timeline(soak), "soak",
                              "Throughput and p99 per window; server memory below.")
-               + f"<p>Verdict: <b class='{'ok' if verdict['stable'] else 'bad'}'>"
-               + ("stable" if verdict["stable"] else "unstable") + f"</b></p><ul>{reasons}"
+               + f"<p>Verdict: <b class='{'ok' if verdict.stable else 'bad'}'>"
+               + ("stable" if verdict.stable else "unstable") + f"</b></p><ul>{reasons}"
                + f"{notes}</ul>")
 
 
-def _findings_section(report: Report, documents: list[dict[str, Any]]) -> None:
+def _findings_section(report: Report, documents: Sequence[ResultDocument]) -> None:
     rows = []
     for doc in documents:
         for f in diagnose(doc):
@@ -262,50 +261,48 @@ def _findings_section(report: Report, documents: list[dict[str, Any]]) -> None:
                                   left=4) if rows else "<p>No findings.</p>")
 
 
-def _environment_section(report: Report, documents: list[dict[str, Any]]) -> None:
+def _environment_section(report: Report, documents: Sequence[ResultDocument]) -> None:
     seen = []
     for doc in documents:
-        env = doc.get("environment")
+        env = doc.environment
         if env and env not in seen:
             seen.append(env)
     rows = [[_e(k), _e(v)] for env in seen for k, v in env.items()]
     report.add("Environment", _table(["", "client"], rows, left=2))
 
 
-def build_report(documents: list[dict[str, Any]], png_dir: Path | None = None,
+def build_report(documents: Sequence[ResultDocument], png_dir: Path | None = None,
                  title: str = "tradeoff report") -> tuple[str, Report]:
-    """The HTML text for these result documents."""
+    """The HTML text for these result documents, and the Report it was made of."""
     report = Report(png_dir)
-    sweeps = [d for d in documents if d["schema"].startswith("tradeoff.sweep/")]
-    benches = [d for d in documents if d["schema"].startswith("tradeoff.bench/")]
-    compares = [d for d in documents if d["schema"].startswith("tradeoff.compare/")]
-    soaks = [d for d in documents if d["schema"].startswith("tradeoff.soak/")]
+    sweeps = [d for d in documents if isinstance(d, SweepResult)]
+    benches = [d for d in documents if isinstance(d, BenchResult)]
+    compares = [d for d in documents if isinstance(d, CompareResult)]
+    soaks = [d for d in documents if isinstance(d, SoakResult)]
     if sweeps:
         _sweep_section(report, sweeps)
     for compare in compares:
         _compare_section(report, compare)
-    named = [(endpoint_label(b), b["summary"]["latency_ms"]) for b in benches]
-    named += [(e["name"], e["result"]["summary"]["latency_ms"]) for c in compares
-              for e in c["endpoints"]]
+    named = [(b.label, b.summary.latency_ms) for b in benches]
+    named += [(e.name, e.result.summary.latency_ms) for c in compares for e in c.endpoints]
     for sweep in sweeps:
-        knee = sweep.get("knee")
-        point = point_at(sweep, knee["load"]) if knee else None
+        point = sweep.point_at(sweep.knee.load) if sweep.knee else None
         if point:
-            named.append((f"{endpoint_label(sweep)} at knee", point["summary"]["latency_ms"]))
-    named = [(n, lat) for n, lat in named if lat]
+            named.append((f"{sweep.label} at knee", point.summary.latency_ms))
+    latencies = [(n, lat) for n, lat in named if lat]
     if benches:
-        rows = [[_e(endpoint_label(b)), _e(b["load"]["mode"]), _num(p["load"]),
-                 _num(p["throughput_rps"], 1), _num(p["p50_ms"]), _num(p["p99_ms"]),
-                 _num(p["error_percent"], 1)]
+        rows = [[_e(b.label), _e(b.load["mode"]), _num(p.load),
+                 _num(p.throughput_rps, 1), _num(p.p50_ms), _num(p.p99_ms),
+                 _num(p.error_percent, 1)]
                 for b in benches for p in [point_summary(b)]]
-        generations = [b for b in benches if "ttft_ms" in b["summary"]]
+        generations = [b for b in benches if b.summary.generation]
         report.add("Benchmarks", _table(["endpoint", "mode", "load", "req/s", "p50 ms",
                                          "p99 ms", "errors %"], rows, left=2)
                    + ("<h3>Generations (ms)</h3>" + _generation_table(generations)
                       if generations else ""))
-    if named:
+    if latencies:
         report.add("Latency distribution",
-                   report.figure(plots.latency_cdf(named), "latency-cdf",
+                   report.figure(plots.latency_cdf(latencies), "latency-cdf",
                                  "Each curve joins the reported percentiles."))
     for soak in soaks:
         _soak_section(report, soak)
@@ -321,8 +318,8 @@ def build_report(documents: list[dict[str, Any]], png_dir: Path | None = None,
     return page, report
 
 
-def write_report(documents: list[dict[str, Any]], path: Path, png_dir: Path | None = None,
-                 title: str = "tradeoff report") -> Report:
+def write_report(documents: Sequence[ResultDocument], path: Path,
+                 png_dir: Path | None = None, title: str = "tradeoff report") -> Report:
     """Write the report to ``path``; returns the Report (its ``pngs`` were written too)."""
     page, report = build_report(documents, png_dir, title)
     path.parent.mkdir(parents=True, exist_ok=True)

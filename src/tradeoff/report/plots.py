@@ -7,26 +7,46 @@ saves the same figure as a file.
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
+from functools import cache
 from itertools import cycle, islice
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import matplotlib
+from tradeoff.errors import MissingDependency
+from tradeoff.results import CompareResult, SoakResult, Summary, SweepResult
+from tradeoff.stats.distribution import PERCENTILES
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.ticker import FuncFormatter, LogLocator  # noqa: E402
-
-from tradeoff.bench.result import PERCENTILES, endpoint_label  # noqa: E402
-from tradeoff.bench.sweep import work_rate  # noqa: E402
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 COLORS = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#4b5563")
-plt.rcParams.update({"svg.fonttype": "none", "font.size": 9, "axes.spines.top": False,
-                     "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.3})
+
+
+@cache
+def _pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend, imported on first use: matplotlib is the
+    ``report`` extra, and nothing but drawing a plot needs it."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise MissingDependency("the HTML report", "matplotlib", "report") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({"svg.fonttype": "none", "font.size": 9, "axes.spines.top": False,
+                         "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.3})
+    return plt
+
+
+def require() -> None:
+    """Raise MissingDependency now, before any work, when the plots cannot be drawn."""
+    _pyplot()
 
 
 def _plain_log_axis(axes: Any) -> None:
     """Log-scale tick labels as plain numbers (1, 2, 4 ... not 2^0, 2^1)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
     plain = FuncFormatter(lambda value, _: f"{value:g}")
     for axis in (axes.xaxis, axes.yaxis):
         if axis.get_scale() == "log":
@@ -37,7 +57,7 @@ def _plain_log_axis(axes: Any) -> None:
 
 
 def _figure() -> tuple[Figure, Any]:
-    figure, axes = plt.subplots(figsize=(6.4, 3.6), layout="constrained")
+    figure, axes = _pyplot().subplots(figsize=(6.4, 3.6), layout="constrained")
     return figure, axes
 
 
@@ -50,16 +70,16 @@ def _knee_marker(axes: Any, x: float | None, y: float | None, color: str) -> Non
                   fontweight="bold")
 
 
-def throughput_vs_load(sweeps: list[dict[str, Any]]) -> Figure:
+def throughput_vs_load(sweeps: list[SweepResult]) -> Figure:
     figure, axes = _figure()
-    mode = sweeps[0]["mode"]
-    tokens = all("output_tokens_per_s" in r for s in sweeps for r in s["rows"])
+    mode = sweeps[0].mode
+    tokens = all(r.tokens for s in sweeps for r in s.rows)
     for color, sweep in zip(cycle(COLORS), sweeps):
-        rows = sweep["rows"]
-        axes.plot([r["load"] for r in rows], [work_rate(r) for r in rows], "o-",
-                  color=color, label=endpoint_label(sweep))
-        if sweep.get("knee"):
-            _knee_marker(axes, sweep["knee"]["load"], work_rate(sweep["knee"]), color)
+        rows = sweep.rows
+        axes.plot([r.load for r in rows], [r.work_rate for r in rows], "o-",
+                  color=color, label=sweep.label)
+        if sweep.knee:
+            _knee_marker(axes, sweep.knee.load, sweep.knee.work_rate, color)
     axes.set_xscale("log", base=2)
     axes.set_xlabel("concurrency" if mode == "concurrency" else "offered rate (req/s)")
     axes.set_ylabel("output tokens/s" if tokens else "throughput (req/s)")
@@ -68,18 +88,18 @@ def throughput_vs_load(sweeps: list[dict[str, Any]]) -> Figure:
     return figure
 
 
-def latency_vs_load(sweeps: list[dict[str, Any]]) -> Figure:
+def latency_vs_load(sweeps: list[SweepResult]) -> Figure:
     figure, axes = _figure()
-    mode = sweeps[0]["mode"]
+    mode = sweeps[0].mode
     for color, sweep in zip(cycle(COLORS), sweeps):
-        rows = [r for r in sweep["rows"] if r["p99_ms"] is not None]
-        loads = [r["load"] for r in rows]
-        axes.plot(loads, [r["p50_ms"] for r in rows], "o-", color=color,
-                  label=f"{endpoint_label(sweep)} p50")
-        axes.plot(loads, [r["p99_ms"] for r in rows], "s--", color=color, alpha=0.7,
-                  label=f"{endpoint_label(sweep)} p99")
-        if sweep.get("knee"):
-            _knee_marker(axes, sweep["knee"]["load"], sweep["knee"]["p99_ms"], color)
+        rows = [r for r in sweep.rows if r.p99_ms is not None]
+        loads = [r.load for r in rows]
+        axes.plot(loads, [r.p50_ms for r in rows], "o-", color=color,
+                  label=f"{sweep.label} p50")
+        axes.plot(loads, [r.p99_ms for r in rows], "s--", color=color, alpha=0.7,
+                  label=f"{sweep.label} p99")
+        if sweep.knee:
+            _knee_marker(axes, sweep.knee.load, sweep.knee.p99_ms, color)
     axes.set_xscale("log", base=2)
     axes.set_yscale("log")
     axes.set_xlabel("concurrency" if mode == "concurrency" else "offered rate (req/s)")
@@ -89,18 +109,18 @@ def latency_vs_load(sweeps: list[dict[str, Any]]) -> Figure:
     return figure
 
 
-def frontier(sweeps: list[dict[str, Any]]) -> Figure:
+def frontier(sweeps: list[SweepResult]) -> Figure:
     """p99 against throughput: the lower-right envelope is the best trade-off on offer."""
     figure, axes = _figure()
     for color, sweep in zip(cycle(COLORS), sweeps):
-        rows = [r for r in sweep["rows"] if r["p99_ms"] is not None]
-        axes.plot([r["throughput_rps"] for r in rows], [r["p99_ms"] for r in rows], "o-",
-                  color=color, label=endpoint_label(sweep))
+        rows = [r for r in sweep.rows if r.p99_ms is not None]
+        axes.plot([r.throughput_rps for r in rows], [r.p99_ms for r in rows], "o-",
+                  color=color, label=sweep.label)
         for r in rows:
-            axes.annotate(f"{r['load']:g}", (r["throughput_rps"], r["p99_ms"]), fontsize=7,
+            axes.annotate(f"{r.load:g}", (r.throughput_rps, r.p99_ms), fontsize=7,
                           textcoords="offset points", xytext=(3, 3), color=color)
-        if sweep.get("knee"):
-            _knee_marker(axes, sweep["knee"]["throughput_rps"], sweep["knee"]["p99_ms"], color)
+        if sweep.knee:
+            _knee_marker(axes, sweep.knee.throughput_rps, sweep.knee.p99_ms, color)
     axes.set_yscale("log")
     axes.set_xlabel("throughput (req/s)")
     axes.set_ylabel("p99 latency (ms)")
@@ -125,23 +145,23 @@ def latency_cdf(named: list[tuple[str, dict[str, Any]]]) -> Figure:
     return figure
 
 
-def soak_timeline(soak: dict[str, Any]) -> Figure:
-    figure, (top, bottom) = plt.subplots(2, 1, figsize=(6.4, 4.6), sharex=True,
+def soak_timeline(soak: SoakResult) -> Figure:
+    figure, (top, bottom) = _pyplot().subplots(2, 1, figsize=(6.4, 4.6), sharex=True,
                                          layout="constrained")
-    windows = soak["result"]["windows"]
+    windows = soak.result.windows
     ends, t = [], 0.0
     for w in windows:
-        t += w["duration_s"]
+        t += w.duration_s
         ends.append(t)
-    top.plot(ends, [w["throughput_rps"] for w in windows], "o-", color=COLORS[0],
+    top.plot(ends, [w.throughput_rps for w in windows], "o-", color=COLORS[0],
              label="throughput")
     top.set_ylabel("req/s")
     right = top.twinx()
-    right.plot(ends, [w["p99_ms"] for w in windows], "s--", color=COLORS[1], label="p99")
+    right.plot(ends, [w.p99_ms for w in windows], "s--", color=COLORS[1], label="p99")
     right.set_ylabel("p99 ms", color=COLORS[1])
-    top.set_title(f"Soak at {soak['rate_rps']:,.0f} req/s: "
-                  + ("stable" if soak["verdict"]["stable"] else "UNSTABLE"))
-    samples = soak["memory"]["samples"]
+    top.set_title(f"Soak at {soak.rate_rps:,.0f} req/s: "
+                  + ("stable" if soak.verdict.stable else "UNSTABLE"))
+    samples = soak.memory.samples
     if samples:
         bottom.plot([s[0] for s in samples], [s[1] / 2**20 for s in samples], color=COLORS[2])
         bottom.set_ylabel("server RSS (MiB)")
@@ -152,18 +172,19 @@ def soak_timeline(soak: dict[str, Any]) -> Figure:
     return figure
 
 
-def generation_vs_load(sweeps: list[dict[str, Any]]) -> Figure:
+def generation_vs_load(sweeps: list[SweepResult]) -> Figure:
     """TTFT (p50, p99) and TPOT (p50, p99) at each load of LLM sweeps."""
-    figure, (left, right) = plt.subplots(1, 2, figsize=(6.4, 3.2), layout="constrained")
-    mode = sweeps[0]["mode"]
+    figure, (left, right) = _pyplot().subplots(1, 2, figsize=(6.4, 3.2), layout="constrained")
+    mode = sweeps[0].mode
     for color, sweep in zip(cycle(COLORS), sweeps):
-        rows = [r for r in sweep["rows"] if r.get("ttft_p50_ms") is not None]
-        loads = [r["load"] for r in rows]
+        rows = [(r.load, r.tokens) for r in sweep.rows
+                if r.tokens and r.tokens.ttft_p50_ms is not None]
+        loads = [load for load, _ in rows]
         for axes, key in ((left, "ttft"), (right, "tpot")):
-            axes.plot(loads, [r[f"{key}_p50_ms"] for r in rows], "o-", color=color,
-                      label=f"{endpoint_label(sweep)} p50")
-            axes.plot(loads, [r[f"{key}_p99_ms"] for r in rows], "s--", color=color,
-                      alpha=0.7, label=f"{endpoint_label(sweep)} p99")
+            axes.plot(loads, [getattr(t, f"{key}_p50_ms") for _, t in rows], "o-",
+                      color=color, label=f"{sweep.label} p50")
+            axes.plot(loads, [getattr(t, f"{key}_p99_ms") for _, t in rows], "s--",
+                      color=color, alpha=0.7, label=f"{sweep.label} p99")
     for axes, title in ((left, "time to first token (ms)"),
                         (right, "time per output token (ms)")):
         axes.set_xscale("log", base=2)
@@ -174,30 +195,36 @@ def generation_vs_load(sweeps: list[dict[str, Any]]) -> Figure:
     return figure
 
 
-def comparison(compare: dict[str, Any]) -> Figure:
+def comparison(compare: CompareResult) -> Figure:
     """Pooled figures per endpoint with the 95% interval of each ratio to the baseline:
     throughput and p99, or for generations tokens/s, TTFT p50/p99 and TPOT p50."""
-    names = [e["name"] for e in compare["endpoints"]]
-    summaries = [e["result"]["summary"] for e in compare["endpoints"]]
-    if all("ttft_ms" in s for s in summaries):
-        panels = [("output_tokens_per_s", lambda s: s["output_tokens_per_s"],
+    names = [e.name for e in compare.endpoints]
+    summaries = [e.result.summary for e in compare.endpoints]
+    panels: list[tuple[str, Callable[[Summary], float | None], str]]
+    if all(s.generation for s in summaries):
+        panels = [("output_tokens_per_s",
+                   lambda s: s.generation.output_tokens_per_s if s.generation else None,
                    "output tokens/s"),
-                  ("ttft_p50", lambda s: (s["ttft_ms"] or {}).get("p50"), "TTFT p50 (ms)"),
-                  ("ttft_p99", lambda s: (s["ttft_ms"] or {}).get("p99"), "TTFT p99 (ms)"),
-                  ("tpot_p50", lambda s: (s["tpot_ms"] or {}).get("p50"), "TPOT p50 (ms)")]
-        figure, grid = plt.subplots(2, 2, figsize=(6.4, 4.8), layout="constrained")
+                  ("ttft_p50", lambda s: _generation_figure(s, "ttft_ms", "p50"),
+                   "TTFT p50 (ms)"),
+                  ("ttft_p99", lambda s: _generation_figure(s, "ttft_ms", "p99"),
+                   "TTFT p99 (ms)"),
+                  ("tpot_p50", lambda s: _generation_figure(s, "tpot_ms", "p50"),
+                   "TPOT p50 (ms)")]
+        figure, grid = _pyplot().subplots(2, 2, figsize=(6.4, 4.8), layout="constrained")
         axes_list = list(grid.ravel())
     else:
-        panels = [("throughput", lambda s: s["throughput_rps"], "throughput (req/s)"),
-                  ("p99", lambda s: (s["latency_ms"] or {}).get("p99"), "p99 latency (ms)")]
-        figure, pair = plt.subplots(1, 2, figsize=(6.4, 3.2), layout="constrained")
+        panels = [("throughput", lambda s: s.throughput_rps, "throughput (req/s)"),
+                  ("p99", lambda s: s.latency("p99"), "p99 latency (ms)")]
+        figure, pair = _pyplot().subplots(1, 2, figsize=(6.4, 3.2), layout="constrained")
         axes_list = list(pair)
-    for axes, (metric, value_of, title) in zip(axes_list, panels):
+    for axes, (metric, value_of, title) in zip(axes_list, panels, strict=True):
         values = [value_of(s) or 0 for s in summaries]
         base_value = values[0]
         errors = [[0.0] * len(names), [0.0] * len(names)]
-        for i, ratio in enumerate(compare["ratios"]):
-            ci = (ratio.get(metric) or {}).get("ci95")
+        for i, ratios in enumerate(compare.ratios):
+            ratio = ratios.metrics.get(metric)
+            ci = ratio.ci95 if ratio else None
             if ci and base_value:
                 errors[0][i] = max(values[i] - ci[0] * base_value, 0)
                 errors[1][i] = max(ci[1] * base_value - values[i], 0)
@@ -205,6 +232,11 @@ def comparison(compare: dict[str, Any]) -> Figure:
                  capsize=4)
         axes.set_title(title)
     return figure
+
+
+def _generation_figure(summary: Summary, distribution: str, key: str) -> float | None:
+    values = getattr(summary.generation, distribution) if summary.generation else None
+    return (values or {}).get(key)
 
 
 def tidy(figure: Figure) -> Figure:
@@ -218,6 +250,6 @@ def to_svg(figure: Figure) -> str:
     """The figure as an inline <svg> element (the XML prologue dropped)."""
     buffer = io.StringIO()
     figure.savefig(buffer, format="svg")
-    plt.close(figure)
+    _pyplot().close(figure)
     text = buffer.getvalue()
     return text[text.index("<svg"):]

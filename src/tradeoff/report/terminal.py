@@ -7,18 +7,25 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from tradeoff.bench.result import endpoint_label
+from tradeoff.results import (
+    BenchResult,
+    CompareResult,
+    Generation,
+    Ratio,
+    SoakResult,
+    SweepResult,
+)
 
 
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
-def print_bench_result(result: dict[str, Any], console: Console) -> None:
+def print_bench_result(result: BenchResult, console: Console) -> None:
     """The summary of one ``tradeoff bench`` result."""
-    s = result["summary"]
-    endpoint = result["endpoint"]
-    load = result["load"]
+    s = result.summary
+    endpoint = result.endpoint
+    load = result.load
     what = endpoint.get("model") or endpoint["url"]
     if load["mode"] == "closed":
         offered = f"concurrency {load['concurrency']}"
@@ -29,18 +36,17 @@ def print_bench_result(result: dict[str, Any], console: Console) -> None:
     table = Table(title=f"{what} ({endpoint['protocol']}), {offered}")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    table.add_row("requests (errors)", f"{s['requests']:,} ({s['errors']:,})")
-    table.add_row("throughput", f"{s['throughput_rps']:,.1f} req/s, "
-                                f"{s['inferences_per_s']:,.1f} infer/s")
-    if s["asked_rate_rps"]:
+    table.add_row("requests (errors)", f"{s.requests:,} ({s.errors:,})")
+    table.add_row("throughput", f"{s.throughput_rps:,.1f} req/s, "
+                                f"{s.inferences_per_s:,.1f} infer/s")
+    if s.asked_rate_rps:
         table.add_row("asked / achieved rate",
-                      f"{s['asked_rate_rps']:,.1f} / {s['achieved_rate_rps']:,.1f} req/s")
-    lat = s["latency_ms"] or {}
+                      f"{s.asked_rate_rps:,.1f} / {s.achieved_rate_rps or 0:,.1f} req/s")
     for key in ("p50", "p90", "p99", "p999", "mean", "max"):
-        table.add_row(f"latency {key} ms", _ms(lat.get(key)))
-    if "ttft_ms" in s:
-        _generation_rows(s, table)
-    server = s.get("server_ms")
+        table.add_row(f"latency {key} ms", _ms(s.latency(key)))
+    if s.generation:
+        _generation_rows(s.generation, table)
+    server = s.server_ms
     if server:
         for part in ("queue", "compute_input", "compute_infer", "compute_output", "overhead"):
             values = server.get(part) or {}
@@ -49,176 +55,172 @@ def print_bench_result(result: dict[str, Any], console: Console) -> None:
                 cell += f"  p99 {_ms(values['p99'])}"
             table.add_row(f"server {part} ms", cell)
         table.add_row("server breakdown from", server["source"])
-    if s["errors_by_class"]:
+    if s.errors_by_class:
         table.add_row("errors by class", ", ".join(f"{k}: {v}"
-                                                   for k, v in s["errors_by_class"].items()))
-    table.add_row("bytes sent / received", f"{s['bytes_sent']:,} / {s['bytes_received']:,}")
-    table.add_row("cold start ms", _ms(result["cold_start_ms"]))
-    table.add_row("warmup requests", f"{result['warmup']['requests']:,}")
-    stable = result["stable"]
-    table.add_row("windows", f"{len(result['windows'])}, "
+                                                   for k, v in s.errors_by_class.items()))
+    table.add_row("bytes sent / received", f"{s.bytes_sent:,} / {s.bytes_received:,}")
+    table.add_row("cold start ms", _ms(result.cold_start_ms))
+    table.add_row("warmup requests", f"{result.warmup.requests:,}")
+    stable = result.stable
+    table.add_row("windows", f"{len(result.windows)}, "
                              + ("stable" if stable else "unstable" if stable is False else
-                                "stability not checked") + f" ({result['stop_reason']})")
-    client = result["client"]
-    table.add_row("client CPU", f"{client['cpu_percent']:.0f}%")
-    if client["send_lag_ms"]:
-        table.add_row("send lag p99 ms", _ms(client["send_lag_ms"]["p99"]))
-    if client.get("loop_lag_ms"):
-        table.add_row("client loop lag p99 ms", _ms(client["loop_lag_ms"]["p99"]))
+                                "stability not checked") + f" ({result.stop_reason})")
+    client = result.client
+    table.add_row("client CPU", f"{client.cpu_percent:.0f}%")
+    if client.send_lag_ms:
+        table.add_row("send lag p99 ms", _ms(client.send_lag_ms["p99"]))
+    if client.loop_lag_ms:
+        table.add_row("client loop lag p99 ms", _ms(client.loop_lag_ms["p99"]))
     console.print(table)
-    if client["client_bound"]:
+    if client.client_bound:
         console.print("[bold yellow]client_bound[/]: the load generator could not keep up ("
-                      + "; ".join(client["reasons"]) + "); the figures understate the "
+                      + "; ".join(client.reasons) + "); the figures understate the "
                       "endpoint. Try --workers N or a faster client machine.")
     if stable is False:
-        console.print(f"[yellow]unstable[/]: {result['stop_reason']}; last windows disagree "
+        console.print(f"[yellow]unstable[/]: {result.stop_reason}; last windows disagree "
                       f"by more than {load['stability_percent']:g}%.")
-    length = s.get("output_length")
-    if length and not length["honoured"]:
-        console.print(f"[bold yellow]output length not honoured[/]: of {length['asked']} "
-                      f"answers, {length['shorter']} were shorter and {length['longer']} "
+    length = s.generation.output_length if s.generation else None
+    if length and not length.honoured:
+        console.print(f"[bold yellow]output length not honoured[/]: of {length.asked} "
+                      f"answers, {length.shorter} were shorter and {length.longer} "
                       "longer than the max_tokens asked"
-                      + (" despite ignore_eos" if length["ignore_eos"] else "")
+                      + (" despite ignore_eos" if length.ignore_eos else "")
                       + "; tokens/s and TPOT compare unequal work.")
-    for note in client.get("notes") or []:
+    for note in client.notes:
         console.print(f"[yellow]note[/]: {note}")
 
 
-def _generation_rows(s: dict[str, Any], table: Table) -> None:
+def _generation_rows(g: Generation, table: Table) -> None:
     """TTFT, ITL, TPOT, tokens and goodput of an LLM benchmark."""
-    for metric in ("ttft_ms", "itl_ms", "tpot_ms"):
-        values = s[metric] or {}
-        table.add_row(f"{metric[:-3].upper()} p50 / p99 ms",
+    for metric, given in (("TTFT", g.ttft_ms), ("ITL", g.itl_ms), ("TPOT", g.tpot_ms)):
+        values = given or {}
+        table.add_row(f"{metric} p50 / p99 ms",
                       f"{_ms(values.get('p50'))} / {_ms(values.get('p99'))}")
-    table.add_row("output tokens/s", f"{s['output_tokens_per_s']:,.1f}")
-    out = s["output_tokens"]
-    per = out["per_request"] or {}
+    table.add_row("output tokens/s", f"{g.output_tokens_per_s:,.1f}")
+    out = g.output_tokens
+    per = out.per_request or {}
     table.add_row("output tokens (mean per request)",
-                  f"{out['total']:,} ({per.get('mean', 0):,.1f})"
-                  + (f", {out['counted_events']} counted from events: no usage"
-                     if out["counted_events"] else ""))
-    if s["input_tokens"]:
+                  f"{out.total:,} ({per.get('mean', 0):,.1f})"
+                  + (f", {out.counted_events} counted from events: no usage"
+                     if out.counted_events else ""))
+    if g.input_tokens:
         table.add_row("input tokens (mean per request)",
-                      f"{s['input_tokens']['total']:,} "
-                      f"({s['input_tokens']['per_request']['mean']:,.1f})")
-    length = s["output_length"]
-    if length["asked"]:
+                      f"{g.input_tokens.total:,} "
+                      f"({(g.input_tokens.per_request or {}).get('mean', 0):,.1f})")
+    length = g.output_length
+    if length.asked:
         table.add_row("output length as asked",
-                      f"{length['exact']:,} of {length['asked']:,} exact, "
-                      f"{length['shorter']:,} shorter, {length['longer']:,} longer")
-    if s["goodput_rps"] is not None:
-        bounds = ", ".join(f"{k} <= {v:g}" for k, v in s["slo"].items())
-        table.add_row("goodput", f"{s['goodput_rps']:,.2f} req/s ({bounds})")
+                      f"{length.exact:,} of {length.asked:,} exact, "
+                      f"{length.shorter:,} shorter, {length.longer:,} longer")
+    if g.goodput_rps is not None:
+        bounds = ", ".join(f"{k} <= {v:g}" for k, v in (g.slo or {}).items())
+        table.add_row("goodput", f"{g.goodput_rps:,.2f} req/s ({bounds})")
 
 
-def print_sweep(sweep: dict[str, Any], console: Console) -> None:
+def print_sweep(sweep: SweepResult, console: Console) -> None:
     """The sweep's points, the knee highlighted, and why it stopped."""
-    knee = sweep.get("knee")
-    mode = sweep["mode"]
-    table = Table(title=f"{endpoint_label(sweep)}: sweep over {mode}")
-    priced = any(row.get("cost_per_million") is not None for row in sweep["rows"])
-    generated = any("output_tokens_per_s" in row for row in sweep["rows"])
+    knee = sweep.knee
+    mode = sweep.mode
+    table = Table(title=f"{sweep.label}: sweep over {mode}")
+    priced = any(row.cost_per_million is not None for row in sweep.rows)
+    generated = any(row.tokens for row in sweep.rows)
     columns = ([mode, "req/s", "tok/s", "TTFT p50", "TTFT p99", "TPOT p99", "p99 ms",
                 "errors %"] if generated else
                [mode, "req/s", "infer/s", "p50 ms", "p99 ms", "errors %"])
     for column in columns + (["$ / 1M req"] if priced else []) + [""]:
         table.add_column(column, justify="right")
-    for row in sweep["rows"]:
-        at_knee = knee is not None and row["load"] == knee["load"]
+    for row in sweep.rows:
+        at_knee = knee is not None and row.load == knee.load
         if generated:
-            cells = [f"{row['load']:g}", f"{row['throughput_rps']:,.2f}",
-                     f"{row.get('output_tokens_per_s') or 0:,.1f}",
-                     _ms(row.get("ttft_p50_ms")), _ms(row.get("ttft_p99_ms")),
-                     _ms(row.get("tpot_p99_ms")), _ms(row["p99_ms"]),
-                     f"{row['error_percent']:.1f}"]
+            tokens = row.tokens
+            cells = [f"{row.load:g}", f"{row.throughput_rps:,.2f}",
+                     f"{tokens.output_tokens_per_s if tokens else 0:,.1f}",
+                     _ms(tokens.ttft_p50_ms if tokens else None),
+                     _ms(tokens.ttft_p99_ms if tokens else None),
+                     _ms(tokens.tpot_p99_ms if tokens else None), _ms(row.p99_ms),
+                     f"{row.error_percent:.1f}"]
         else:
-            cells = [f"{row['load']:g}", f"{row['throughput_rps']:,.1f}",
-                     f"{row['inferences_per_s']:,.1f}", _ms(row["p50_ms"]), _ms(row["p99_ms"]),
-                     f"{row['error_percent']:.1f}"]
+            cells = [f"{row.load:g}", f"{row.throughput_rps:,.1f}",
+                     f"{row.inferences_per_s:,.1f}", _ms(row.p50_ms), _ms(row.p99_ms),
+                     f"{row.error_percent:.1f}"]
         if priced:
-            cost = row.get("cost_per_million")
+            cost = row.cost_per_million
             cells.append("-" if cost is None else f"{cost:,.4f}")
         table.add_row(*cells, "[bold yellow]knee[/]" if at_knee else "",
                       style="bold" if at_knee else None)
     console.print(table)
     if knee:
-        tokens = (f" ({knee['output_tokens_per_s']:,.1f} tok/s)"
-                  if "output_tokens_per_s" in knee else "")
-        console.print(f"knee at {mode} {knee['load']:g}: {knee['throughput_rps']:,.1f} req/s"
-                      f"{tokens}, p99 {_ms(knee['p99_ms'])} ms ({knee['rule']})")
+        rate = (f" ({knee.tokens.output_tokens_per_s:,.1f} tok/s)" if knee.tokens else "")
+        console.print(f"knee at {mode} {knee.load:g}: {knee.throughput_rps:,.1f} req/s"
+                      f"{rate}, p99 {_ms(knee.p99_ms)} ms ({knee.rule})")
     else:
         console.print("knee not reached: throughput was still growing")
-    console.print(f"stopped: {sweep['stop_reason']}")
-    sla = sweep.get("sla")
+    console.print(f"stopped: {sweep.stop_reason}")
+    sla = sweep.sla
     if sla:
-        if sla["best"]:
-            best = sla["best"]
-            console.print(f"[bold]SLA p99 <= {sla['p99_ms']:g} ms[/]: highest {mode} meeting "
-                          f"it is {sla['best_load']:g} ({best['throughput_rps']:,.1f} req/s, "
-                          f"p99 {best['p99_ms']:.2f} ms)")
+        if sla.best and sla.best_load is not None:
+            best = sla.best
+            console.print(f"[bold]SLA p99 <= {sla.p99_ms:g} ms[/]: highest {mode} meeting "
+                          f"it is {sla.best_load:g} ({best.throughput_rps:,.1f} req/s, "
+                          f"p99 {_ms(best.p99_ms)} ms)")
         else:
-            console.print(f"[bold red]SLA p99 <= {sla['p99_ms']:g} ms[/]: no load met it")
+            console.print(f"[bold red]SLA p99 <= {sla.p99_ms:g} ms[/]: no load met it")
 
 
-def _ratio_cell(value: dict[str, Any]) -> str:
-    if value["ratio"] is None:
+def _ratio_cell(value: Ratio | None) -> str:
+    if value is None or value.ratio is None:
         return "-"
-    text = f"{value['ratio']:.3f}"
-    if value["ci95"]:
-        text += f"\n[dim]{value['ci95'][0]:.2f}-{value['ci95'][1]:.2f}[/]"
+    text = f"{value.ratio:.3f}"
+    if value.ci95:
+        text += f"\n[dim]{value.ci95[0]:.2f}-{value.ci95[1]:.2f}[/]"
     return text
 
 
-def print_compare(compare: dict[str, Any], console: Console) -> None:
+def print_compare(compare: CompareResult, console: Console) -> None:
     """Side by side: figures, ratios to the baseline with 95% intervals, fairness, cost."""
-    interleaved = any(c["check"] == "interleaved" and c["ok"]
-                      for c in compare["fairness"]["checks"])
-    table = Table(title=f"Comparison: baseline {compare['baseline']}, "
-                        + (f"{compare['rounds']} interleaved round(s) each" if interleaved
-                           else "from result files"))
+    table = Table(title=f"Comparison: baseline {compare.baseline}, "
+                        + (f"{compare.rounds} interleaved round(s) each"
+                           if compare.fairness.interleaved else "from result files"))
     for column in ("endpoint", "req/s", "x base", "p50 ms", "p99 ms", "x base", "errors"):
         table.add_column(column, justify="left" if column == "endpoint" else "right")
     table.caption = ("x base: ratio to the baseline, 95% bootstrap interval below it "
                      "(p50 ratios in the JSON)")
-    ratios = {r["name"]: r for r in compare["ratios"]}
-    for entry in compare["endpoints"]:
-        s = entry["result"]["summary"]
-        lat = s["latency_ms"] or {}
-        r = ratios[entry["name"]]
-        table.add_row(entry["name"], f"{s['throughput_rps']:,.1f}", _ratio_cell(r["throughput"]),
-                      _ms(lat.get("p50")), _ms(lat.get("p99")), _ratio_cell(r["p99"]),
-                      f"{s['errors']:,}")
+    for entry in compare.endpoints:
+        s = entry.result.summary
+        r = compare.ratios_of(entry.name).metrics
+        table.add_row(entry.name, f"{s.throughput_rps:,.1f}", _ratio_cell(r.get("throughput")),
+                      _ms(s.latency("p50")), _ms(s.latency("p99")), _ratio_cell(r.get("p99")),
+                      f"{s.errors:,}")
     console.print(table)
-    if all("output_tokens_per_s" in r for r in compare["ratios"]):
+    if all("output_tokens_per_s" in r.metrics for r in compare.ratios):
         tokens = Table(title="Generations (x base: ratio to the baseline)")
         tokens.caption = "TTFT p50 and its ratio: in the JSON and the HTML report"
         for column in ("endpoint", "tok/s", "x base", "TTFT p99", "x base", "TPOT p50",
                        "x base"):
             tokens.add_column(column, justify="left" if column == "endpoint" else "right")
-        for entry in compare["endpoints"]:
-            s, r = entry["result"]["summary"], ratios[entry["name"]]
-            ttft, tpot = s["ttft_ms"] or {}, s["tpot_ms"] or {}
-            tokens.add_row(entry["name"], f"{s['output_tokens_per_s']:,.1f}",
+        for entry in compare.endpoints:
+            g, r = entry.result.summary.generation, compare.ratios_of(entry.name).metrics
+            ttft, tpot = (g.ttft_ms or {}, g.tpot_ms or {}) if g else ({}, {})
+            tokens.add_row(entry.name, f"{g.output_tokens_per_s if g else 0:,.1f}",
                            _ratio_cell(r["output_tokens_per_s"]),
                            _ms(ttft.get("p99")), _ratio_cell(r["ttft_p99"]),
                            _ms(tpot.get("p50")), _ratio_cell(r["tpot_p50"]))
         console.print(tokens)
     profiles = Table(title="Endpoint profiles (unknown: not revealed, not given)")
     profiles.add_column("")
-    for entry in compare["endpoints"]:
-        profiles.add_column(entry["name"])
+    for entry in compare.endpoints:
+        profiles.add_column(entry.name)
     for key in ("format", "precision", "server", "batching", "instances", "hardware"):
-        profiles.add_row(key, *(str(e["profile"]["checklist"][key])
-                                for e in compare["endpoints"]))
-    extra = sorted({k for e in compare["endpoints"] for k in e["profile"].get("facts", {})})
+        profiles.add_row(key, *(str(e.profile["checklist"][key]) for e in compare.endpoints))
+    extra = sorted({k for e in compare.endpoints for k in e.profile.get("facts", {})})
     for key in extra:
-        profiles.add_row(key, *(str(e["profile"]["facts"].get(key, "unknown"))
-                                for e in compare["endpoints"]))
+        profiles.add_row(key, *(str(e.profile["facts"].get(key, "unknown"))
+                                for e in compare.endpoints))
     console.print(profiles)
-    for check in compare["fairness"]["checks"]:
-        mark = {True: "[green]ok[/]", False: "[red]differs[/]", None: "[dim]n/a[/]"}[check["ok"]]
-        console.print(f"  fairness: {check['check']}: {mark} ({check['detail']})")
-    print_ranking(compare["ranking"], compare["score"], console)
+    for check in compare.fairness.checks:
+        mark = {True: "[green]ok[/]", False: "[red]differs[/]", None: "[dim]n/a[/]"}[check.ok]
+        console.print(f"  fairness: {check.check}: {mark} ({check.detail})")
+    print_ranking(compare.ranking, compare.score, console)
 
 
 def print_ranking(ranking: list[dict[str, Any]], score: dict[str, Any],
@@ -260,27 +262,27 @@ def print_findings(findings: list[Any], console: Console) -> None:
     console.print(table)
 
 
-def print_soak(soak: dict[str, Any], console: Console) -> None:
+def print_soak(soak: SoakResult, console: Console) -> None:
     """The soak's windows and its verdict."""
-    table = Table(title=f"Soak at {soak['rate_rps']:,.1f} req/s "
-                        f"({soak['plan']['fraction']:.0%} of {soak['max_rate']['rps']:,.1f}, "
-                        f"{soak['max_rate']['source']})")
+    table = Table(title=f"Soak at {soak.rate_rps:,.1f} req/s "
+                        f"({soak.plan['fraction']:.0%} of {soak.max_rate['rps']:,.1f}, "
+                        f"{soak.max_rate['source']})")
     for column in ("window", "req/s", "p50 ms", "p99 ms", "errors"):
         table.add_column(column, justify="right")
-    for w in soak["result"]["windows"]:
-        table.add_row(str(w["index"] + 1), f"{w['throughput_rps']:,.1f}", _ms(w["p50_ms"]),
-                      _ms(w["p99_ms"]), str(w["errors"]))
+    for w in soak.result.windows:
+        table.add_row(str(w.index + 1), f"{w.throughput_rps:,.1f}", _ms(w.p50_ms),
+                      _ms(w.p99_ms), str(w.errors))
     console.print(table)
-    verdict = soak["verdict"]
-    memory = verdict["trends"].get("memory")
+    verdict = soak.verdict
+    memory = verdict.trends.get("memory")
     if memory:
         console.print(f"server memory: {memory['growth_mib']:+.1f} MiB over the run "
                       f"(p={memory['p_value']:.3f})")
-    if verdict["stable"]:
+    if verdict.stable:
         console.print("[bold green]stable[/]: no drift, error burst or memory growth")
     else:
         console.print("[bold red]unstable[/]:")
-        for reason in verdict["reasons"]:
+        for reason in verdict.reasons:
             console.print(f"  - {reason['text']}")
-    for note in verdict["notes"]:
+    for note in verdict.notes:
         console.print(f"  note: {note}")

@@ -34,7 +34,7 @@ def _check(declared: TensorConfig, spec: TensorSpec, batch_dim: bool, source: st
                           if batch_dim else
                           f"{list(dims)} has rank {len(dims)} but the model's tensor "
                           f"{spec.name!r} is {list(model_dims)}")
-    for i, (d, m) in enumerate(zip(dims, model_dims)):
+    for i, (d, m) in enumerate(zip(dims, model_dims, strict=True)):
         if m != -1 and d != -1 and d != m:
             raise ConfigError(source, f"{where}.{dims_field}[{i}]",
                               f"{d} does not match the model's fixed size {m}")

@@ -24,11 +24,9 @@ import yaml
 from google.protobuf import json_format, text_format
 
 from tradeoff import dtypes
+from tradeoff.backends.registry import BackendRegistry, default_registry
 from tradeoff.errors import ConfigError
-from tradeoff.repository import model_config_pb2 as pb
-
-SUPPORTED_PLATFORMS = ("onnxruntime_onnx",)
-SUPPORTED_BACKENDS = ("onnxruntime",)
+from tradeoff.protocol import model_config_pb2 as pb
 
 
 @dataclass(frozen=True)
@@ -118,8 +116,8 @@ class ModelConfig:
     """The effective configuration of one model (after auto-complete)."""
 
     name: str
-    platform: str = "onnxruntime_onnx"
-    backend: str = "onnxruntime"
+    platform: str = ""  # parsing fills both from the backend registry
+    backend: str = ""
     max_batch_size: int = 0
     inputs: tuple[TensorConfig, ...] = ()
     outputs: tuple[TensorConfig, ...] = ()
@@ -131,7 +129,7 @@ class ModelConfig:
     graph_optimization_level: int = 0
     gpu_accelerators: tuple[str, ...] = ()
     response_cache: bool = False
-    default_model_filename: str = "model.onnx"
+    default_model_filename: str = ""  # "": the backend's own file name
     max_batch_size_given: bool = True
     warnings: tuple[str, ...] = ()
 
@@ -363,7 +361,8 @@ def _check_field_names(names: list[str], source: str, warnings: list[str],
         warnings.append(f"ignored Triton fields that do not apply here: {', '.join(ignored)}")
 
 
-def parse_config_text(text: str, *, source: str, default_name: str) -> ModelConfig:
+def parse_config_text(text: str, *, source: str, default_name: str,
+                      backends: BackendRegistry | None = None) -> ModelConfig:
     """Parse ``config.pbtxt`` text (protobuf text format) into a validated config."""
     message = pb.ModelConfig()
     warnings: list[str] = []
@@ -380,7 +379,8 @@ def parse_config_text(text: str, *, source: str, default_name: str) -> ModelConf
             text_format.Parse(_colon_before_lists(text), message, allow_unknown_field=True)
         except text_format.ParseError as exc2:
             raise ConfigError(source, "", f"not valid protobuf text format: {exc2}") from exc2
-    return _from_message(message, source=source, default_name=default_name, warnings=warnings)
+    return _from_message(message, source=source, default_name=default_name, warnings=warnings,
+                         backends=backends or default_registry())
 
 
 def _mapping_field_names(data: Any, descriptor: Any, out: list[str]) -> None:
@@ -402,12 +402,14 @@ def _mapping_field_names(data: Any, descriptor: Any, out: list[str]) -> None:
             _mapping_field_names(item, child, out)
 
 
-def parse_config_mapping(data: Any, *, source: str, default_name: str) -> ModelConfig:
+def parse_config_mapping(data: Any, *, source: str, default_name: str,
+                         backends: BackendRegistry | None = None) -> ModelConfig:
     """Parse the YAML/JSON form (a mapping with Triton's field names)."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(source, "", f"expected a mapping of config fields, got {type(data).__name__}")
+        raise ConfigError(source, "", "expected a mapping of config fields, got "
+                                      f"{type(data).__name__}")
     message = pb.ModelConfig()
     warnings: list[str] = []
     try:
@@ -425,10 +427,12 @@ def parse_config_mapping(data: Any, *, source: str, default_name: str) -> ModelC
             json_format.ParseDict(data, message, ignore_unknown_fields=True)
         except json_format.ParseError as exc2:
             raise ConfigError(source, "", str(exc2)) from exc2
-    return _from_message(message, source=source, default_name=default_name, warnings=warnings)
+    return _from_message(message, source=source, default_name=default_name, warnings=warnings,
+                         backends=backends or default_registry())
 
 
-def load_config_file(path: Path, *, default_name: str) -> ModelConfig:
+def load_config_file(path: Path, *, default_name: str,
+                     backends: BackendRegistry | None = None) -> ModelConfig:
     """Read ``config.pbtxt`` or ``config.yaml``/``config.yml``."""
     source = str(path)
     try:
@@ -440,8 +444,9 @@ def load_config_file(path: Path, *, default_name: str) -> ModelConfig:
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
             raise ConfigError(source, "", f"not valid YAML: {exc}") from exc
-        return parse_config_mapping(data, source=source, default_name=default_name)
-    return parse_config_text(text, source=source, default_name=default_name)
+        return parse_config_mapping(data, source=source, default_name=default_name,
+                                    backends=backends)
+    return parse_config_text(text, source=source, default_name=default_name, backends=backends)
 
 
 def _enum_name(enum_type: Any, value: int) -> str:
@@ -483,17 +488,13 @@ _WARMUP_SOURCES = {"zero_data": "zero", "random_data": "random", "input_data_fil
 _WARMUP_FIELDS = {v: k for k, v in _WARMUP_SOURCES.items()}
 
 
-def _from_message(m: Any, *, source: str, default_name: str, warnings: list[str]) -> ModelConfig:
+def _from_message(m: Any, *, source: str, default_name: str, warnings: list[str],
+                  backends: BackendRegistry) -> ModelConfig:
     name = m.name or default_name
     if m.name and m.name != default_name:
         raise ConfigError(source, "name",
                           f"{m.name!r} does not match the model directory {default_name!r}")
-    if m.platform and m.platform not in SUPPORTED_PLATFORMS:
-        raise ConfigError(source, "platform", f"{m.platform!r} is not supported; "
-                          f"tradeoff serves {', '.join(SUPPORTED_PLATFORMS)}")
-    if m.backend and m.backend not in SUPPORTED_BACKENDS:
-        raise ConfigError(source, "backend", f"{m.backend!r} is not supported; "
-                          f"tradeoff serves {', '.join(SUPPORTED_BACKENDS)}")
+    backend = backends.resolve(m.backend, m.platform, source)
     max_batch = m.max_batch_size if m.HasField("max_batch_size") else 0
     if max_batch < 0:
         raise ConfigError(source, "max_batch_size", f"must be >= 0, got {max_batch}")
@@ -554,7 +555,8 @@ def _from_message(m: Any, *, source: str, default_name: str, warnings: list[str]
     if policy_kind == "latest":
         n = m.version_policy.latest.num_versions if m.version_policy.HasField("latest") else 1
         if n < 1:
-            raise ConfigError(source, "version_policy.latest.num_versions", f"must be >= 1, got {n}")
+            raise ConfigError(source, "version_policy.latest.num_versions",
+                              f"must be >= 1, got {n}")
         version_policy = VersionPolicy("latest", num_versions=n)
     elif policy_kind == "all":
         version_policy = VersionPolicy("all")
@@ -586,11 +588,12 @@ def _from_message(m: Any, *, source: str, default_name: str, warnings: list[str]
     if m.response_cache.enable:
         warnings.append("response_cache is enabled but tradeoff has no response cache yet; "
                         "every request is computed")
-    gpu_accels = tuple(a.name for a in m.optimization.execution_accelerators.gpu_execution_accelerator)
+    accelerators = m.optimization.execution_accelerators.gpu_execution_accelerator
+    gpu_accels = tuple(a.name for a in accelerators)
     return ModelConfig(
         name=name,
-        platform=m.platform or "onnxruntime_onnx",
-        backend=m.backend or "onnxruntime",
+        platform=m.platform or backend.platforms[0],
+        backend=backend.name,
         max_batch_size=int(max_batch),
         inputs=inputs,
         outputs=outputs,
@@ -602,7 +605,7 @@ def _from_message(m: Any, *, source: str, default_name: str, warnings: list[str]
         graph_optimization_level=int(m.optimization.graph.level),
         gpu_accelerators=gpu_accels,
         response_cache=bool(m.response_cache.enable),
-        default_model_filename=m.default_model_filename or "model.onnx",
+        default_model_filename=m.default_model_filename or backend.default_filename,
         max_batch_size_given=m.HasField("max_batch_size"),
         warnings=tuple(warnings),
     )

@@ -85,7 +85,7 @@ class BatchQueue:
         self._size += 1
 
     def _pending(self) -> Iterator[InferenceRequest]:
-        for normal, delayed in zip(self._queues, self._delayed):
+        for normal, delayed in zip(self._queues, self._delayed, strict=True):
             yield from normal
             yield from delayed
 
@@ -169,7 +169,7 @@ class BatchQueue:
 
     def _take(self, count: int) -> list[InferenceRequest]:
         batch: list[InferenceRequest] = []
-        for normal, delayed in zip(self._queues, self._delayed):
+        for normal, delayed in zip(self._queues, self._delayed, strict=True):
             for queue in (normal, delayed):
                 while queue and len(batch) < count:
                     request = queue.popleft()

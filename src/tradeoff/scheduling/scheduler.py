@@ -33,7 +33,7 @@ from tradeoff.errors import (
 from tradeoff.repository.config import ModelConfig
 from tradeoff.scheduling.batch_queue import BatchQueue
 from tradeoff.scheduling.request import InferenceRequest, Timings
-from tradeoff.server.stats import ModelStats
+from tradeoff.scheduling.stats import ModelStats
 
 log = logging.getLogger(__name__)
 
@@ -275,7 +275,7 @@ class Scheduler:
         else:
             results, timings = result
             self.stats.record_execution(timings.batch_size, timings)
-            for request, outputs in zip(batch, results):
+            for request, outputs in zip(batch, results, strict=True):
                 t = request.timings
                 t.compute_input_ns = timings.compute_input_ns
                 t.compute_infer_ns = timings.compute_infer_ns

@@ -2,8 +2,10 @@
 
 With inference keys set, inference and metadata need one (an admin key also works);
 with admin keys set, repository load and unload need an admin key and refuse inference
-keys with 403. Health checks stay open. Keys are compared in constant time, never logged,
-and a refusal says only what to send, never what was wrong with the key sent.
+keys with 403. Health checks stay open; ``/metrics`` (on its own port) is open unless
+metrics keys are set, then it takes a metrics or an admin key. Keys are compared in
+constant time, never logged, and a refusal says only what to send, never what was wrong
+with the key sent.
 
     access = Access.from_sources(["k1"], [key_file], env=os.environ)
     access.check(authorization_header, admin=False)   # raises Unauthorized / Forbidden
@@ -20,6 +22,7 @@ from tradeoff.errors import Forbidden, Unauthorized
 
 API_KEY_ENV = "TRADEOFF_API_KEY"
 ADMIN_KEY_ENV = "TRADEOFF_ADMIN_KEY"
+METRICS_KEY_ENV = "TRADEOFF_METRICS_KEY"
 
 
 def read_keys(values: Iterable[str], files: Iterable[Path], env_value: str | None
@@ -56,19 +59,41 @@ def _matches(presented: bytes, keys: Sequence[bytes]) -> bool:
     return found
 
 
+def _bearer(authorization: bytes | None) -> bytes:
+    """The key of an ``Authorization: Bearer KEY`` header value (b"" for anything else)."""
+    if not authorization:
+        return b""
+    scheme, _, token = authorization.strip().partition(b" ")
+    return token.strip() if scheme.lower() == b"bearer" else b""
+
+
 class Access:
     """The server's keys and the check every protected call goes through."""
 
-    def __init__(self, api_keys: Sequence[str] = (), admin_keys: Sequence[str] = ()) -> None:
+    def __init__(self, api_keys: Sequence[str] = (), admin_keys: Sequence[str] = (),
+                 metrics_keys: Sequence[str] = ()) -> None:
         self.api_keys = [_digest(k.encode()) for k in api_keys]
         self.admin_keys = [_digest(k.encode()) for k in admin_keys]
+        self.metrics_keys = [_digest(k.encode()) for k in metrics_keys]
 
     @classmethod
     def from_sources(cls, api_keys: Sequence[str], api_key_files: Sequence[Path],
                      admin_keys: Sequence[str], admin_key_files: Sequence[Path],
-                     env: Mapping[str, str]) -> Access:
+                     env: Mapping[str, str], metrics_keys: Sequence[str] = ()) -> Access:
         return cls(read_keys(api_keys, api_key_files, env.get(API_KEY_ENV)),
-                   read_keys(admin_keys, admin_key_files, env.get(ADMIN_KEY_ENV)))
+                   read_keys(admin_keys, admin_key_files, env.get(ADMIN_KEY_ENV)),
+                   read_keys(metrics_keys, (), env.get(METRICS_KEY_ENV)))
+
+    def check_metrics(self, headers: Iterable[tuple[bytes, bytes]]) -> None:
+        """Allow a scrape of /metrics: open unless metrics keys are set, then a metrics
+        key or an admin key (Prometheus sends it with ``authorization: {credentials}``)."""
+        if not self.metrics_keys:
+            return
+        presented = _bearer(next((v for k, v in headers if k == b"authorization"), None))
+        if presented and (_matches(presented, self.metrics_keys)
+                          or _matches(presented, self.admin_keys)):
+            return
+        raise Unauthorized("missing or invalid metrics key: send 'Authorization: Bearer KEY'")
 
     @property
     def enabled(self) -> bool:
@@ -89,11 +114,7 @@ class Access:
         needs = self.admin_keys if admin else self.api_keys
         if not needs and not (admin and self.api_keys):
             return  # no keys of the kind this call needs: it is open
-        presented = b""
-        if authorization:
-            scheme, _, token = authorization.strip().partition(b" ")
-            if scheme.lower() == b"bearer":
-                presented = token.strip()
+        presented = _bearer(authorization)
         if presented and _matches(presented, self.admin_keys):
             return  # an admin key may do everything
         if not admin:

@@ -1,14 +1,19 @@
-"""The one data plane behind every transport: metadata, readiness, inference, statistics.
+"""The one data plane behind every transport: admission, readiness, metadata, load and
+unload, tensor inference, generation, statistics, shutdown, for both model kinds.
 
-Transports (HTTP now, gRPC later) only translate wire formats and call these methods.
+Transports (HTTP, gRPC, the OpenAI-compatible API) only translate wire formats and call
+these methods.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 from typing import Any
 
 from tradeoff import __version__
 from tradeoff.errors import InvalidInput, NotFound, Overloaded, RequestError, Unavailable
+from tradeoff.generate.bridge import GenerativeModel, Handle
 from tradeoff.protocol.v2 import (
     DEFAULT_LIMITS,
     RequestLimits,
@@ -37,30 +42,42 @@ class DataPlane:
         self.max_inflight = max_inflight  # server-wide; None: no limit
         self.in_flight = 0  # inference requests admitted and not yet answered
         self.overload_refusals = 0
+        self._admission = _Admission(self)
 
     # ------------------------------------------------------------ admission
 
-    def admit(self) -> None:
-        """Take one inference request in, or refuse it at once (503) when the server is
-        shutting down or holds ``max_inflight`` requests. Pair with :meth:`release`."""
+    def check_admission(self) -> None:
+        """Refuse at once (503) what :meth:`admit` would refuse, without taking a slot:
+        the cheap check before a request body is read."""
         if self.shutting_down:
             raise Unavailable("the server is shutting down and takes no new requests")
         if self.max_inflight is not None and self.in_flight >= self.max_inflight:
             self.overload_refusals += 1
             raise Overloaded(f"the server holds its limit of {self.max_inflight} requests in "
                              "flight (--max-inflight); retry after a short wait")
+
+    def admit(self) -> None:
+        """Take one inference request in, or refuse it at once (503) when the server is
+        shutting down or holds ``max_inflight`` requests. Pair with :meth:`release`."""
+        self.check_admission()
         self.in_flight += 1
 
     def release(self) -> None:
         self.in_flight -= 1
 
+    def admitted(self) -> _Admission:
+        """``with dataplane.admitted():`` :meth:`admit` on entry, :meth:`release` on exit,
+        whatever happens inside."""
+        return self._admission
+
     # ------------------------------------------------------------ health, metadata
 
     def begin_shutdown(self) -> None:
-        """Refuse new work and flush every queue; accepted requests are still answered."""
+        """Refuse new work and flush every queue; accepted requests are still answered,
+        generations until the drain deadline."""
         self.shutting_down = True
         for served in self.manager.served_versions():
-            served.scheduler.drain()
+            served.begin_drain(self.manager.drain_timeout_s)
 
     def live(self) -> bool:
         return not self.shutting_down
@@ -76,16 +93,22 @@ class DataPlane:
         return {"name": "tradeoff", "version": __version__, "extensions": EXTENSIONS}
 
     def model_ready(self, name: str, version: str | None) -> bool:
+        """Whether the model (version) serves now; NotFound when there is no such model
+        or version."""
         try:
             self.manager.get(name, version)
-        except RequestError:  # unknown (NotFound) or not serving (Unavailable)
+        except Unavailable:
             return False
         return True
 
     def model_metadata(self, name: str, version: str | None) -> dict[str, Any]:
         served = self.manager.get(name, version)
-        config = served.config
         entry = self.manager.models[name]
+        if isinstance(served, GenerativeModel):
+            return {"name": name, "versions": [str(v) for v in sorted(entry.versions)],
+                    "platform": f"generative_{served.config.format}", "inputs": [],
+                    "outputs": []}
+        config = served.config
 
         def tensor(t: Any) -> dict[str, Any]:
             return {"name": t.name, "datatype": t.datatype, "shape": config.full_shape(t)}
@@ -99,7 +122,12 @@ class DataPlane:
         }
 
     def model_config(self, name: str, version: str | None) -> dict[str, Any]:
-        return self.manager.get(name, version).config.to_dict()
+        served = self.manager.get(name, version)
+        if isinstance(served, GenerativeModel):  # generate.yaml as Triton's parameters
+            return {"name": name, "backend": "generate", "parameters": {
+                key: {"string_value": str(value)}
+                for key, value in dataclasses.asdict(served.config).items()}}
+        return served.config.to_dict()
 
     def statistics(self, name: str | None, version: str | None) -> dict[str, Any]:
         if name is None:
@@ -108,7 +136,8 @@ class DataPlane:
             entries = [self.manager.get(name, version).stats.to_dict()]
         else:
             self.manager.get(name)  # NotFound / Unavailable
-            entries = [v.stats.to_dict() for _, v in sorted(self.manager.models[name].versions.items())]
+            versions = self.manager.models[name].versions
+            entries = [v.stats.to_dict() for _, v in sorted(versions.items())]
         return {"model_stats": entries}
 
     async def load_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
@@ -128,7 +157,7 @@ class DataPlane:
     def prepare(self, name: str, version: str | None,
                 request: V2Request) -> tuple[ModelVersion, InferenceRequest]:
         """Validate a decoded request against the model's config."""
-        served = self.manager.get(name, version)
+        served = self.manager.tensor(name, version)
         config = served.config
         expected_shapes = config.input_shapes
         batching = config.max_batch_size > 0
@@ -144,14 +173,12 @@ class DataPlane:
             if tensor.datatype != spec.datatype:
                 raise InvalidInput(f"input {tensor.name!r}: datatype {tensor.datatype} does not "
                                    f"match the model's {spec.datatype}")
-            if tensor.datatype == "BYTES" and config.backend == "onnxruntime":
-                # Checked per request: in the backend, one client's bad bytes would fail
-                # every request batched with it.
-                _check_utf8(tensor.name, tensor.array)
+            if tensor.datatype == "BYTES" and served.check_bytes is not None:
+                served.check_bytes(tensor.name, tensor.array)  # before it joins a batch
             shape = tensor.shape
             expected = expected_shapes[tensor.name]
             if len(shape) != len(expected) or any(
-                    want != -1 and got != want for got, want in zip(shape, expected)):
+                    want != -1 and got != want for got, want in zip(shape, expected, strict=True)):
                 raise InvalidInput(f"input {tensor.name!r}: shape {list(shape)} does not match "
                                    f"the model's {list(expected)}")
             tensor_rows = shape[0] if batching else 1
@@ -198,6 +225,90 @@ class DataPlane:
         timings, outputs = await served.scheduler.infer(internal)
         return served, timings, select_outputs(served.config, request, outputs)
 
+    # ------------------------------------------------------------ generation
+
+    def generative_models(self) -> list[GenerativeModel]:
+        """The generative models that serve now."""
+        return [m for m in self.manager.generative_versions()
+                if self.manager.models[m.name].latest is m]
+
+    async def generate(self, name: str, prompt: str | list[dict[str, str]], params: Any,
+                       priority: int = 0) -> tuple[GenerativeModel, Handle, int]:
+        """Tokenize a prompt (or apply the chat template to messages), check it fits the
+        model, and queue it; returns the model, the handle its events arrive on, and the
+        prompt's length in tokens."""
+        if self.shutting_down:
+            raise Unavailable("the server is shutting down and takes no new requests")
+        model = self.manager.generative(name)
+        for _ in range(3):  # a reload may replace the version while the prompt is tokenized
+            model.check_accepting()  # the cheap refusals before the tokenizer's work
+            _check_prompt_size(model, prompt, params.max_tokens)
+            tokens = await asyncio.to_thread(_tokenize, model.tokenizer, prompt)
+            current = self.manager.generative(name)
+            if current is model:
+                break
+            model = current
+        if not tokens:
+            raise InvalidInput("the prompt is empty")
+        limit = model.decoder.config.max_position
+        if len(tokens) + params.max_tokens > limit:
+            raise InvalidInput(f"prompt ({len(tokens)} tokens) + max_tokens "
+                               f"({params.max_tokens}) is over the model's {limit} positions")
+        return model, model.submit(tokens, params, priority), len(tokens)
+
+
+def _check_prompt_size(model: GenerativeModel, prompt: str | list[dict[str, str]],
+                       max_tokens: int) -> None:
+    """Refuse, before any tokenizing, a prompt that cannot fit the model's positions: one
+    with more characters than the free positions times the longest token of the
+    vocabulary, or a chat with more messages than positions."""
+    free = model.decoder.config.max_position - max_tokens
+    if free < 1:
+        raise InvalidInput(f"max_tokens ({max_tokens}) leaves no room for a prompt in the "
+                           f"model's {model.decoder.config.max_position} positions")
+    if isinstance(prompt, str):
+        characters = len(prompt)
+    else:
+        if len(prompt) > free:
+            raise InvalidInput(f"{len(prompt)} messages cannot fit the model's "
+                               f"{free} free positions (max_tokens is {max_tokens})")
+        characters = sum(len(m["content"]) + len(m["role"]) for m in prompt)
+    most = free * model.tokenizer.longest_token_chars
+    if characters > most:
+        raise InvalidInput(f"the prompt ({characters} characters) cannot fit the model's "
+                           f"{free} free positions (max_tokens is {max_tokens}; a token "
+                           f"holds at most {model.tokenizer.longest_token_chars} characters)")
+
+
+def _tokenize(tokenizer: Any, prompt: str | list[dict[str, str]]) -> list[int]:
+    """Token ids of a prompt, or of messages through the chat template (CPU work: called
+    in a worker thread)."""
+    if isinstance(prompt, str):
+        return list(tokenizer.encode(prompt))
+    try:
+        text = tokenizer.chat(prompt)
+    except RequestError:
+        raise
+    except Exception as exc:  # the template's own checks (raise_exception, undefined)
+        raise InvalidInput(f"the chat template refused these messages: {exc}") from None
+    return list(tokenizer.encode(text))
+
+
+class _Admission:
+    """The context manager of :meth:`DataPlane.admitted` (a class: this is the hot path,
+    and a generator-based one costs more)."""
+
+    __slots__ = ("dataplane",)
+
+    def __init__(self, dataplane: DataPlane) -> None:
+        self.dataplane = dataplane
+
+    def __enter__(self) -> None:
+        self.dataplane.admit()
+
+    def __exit__(self, *exc: object) -> None:
+        self.dataplane.release()
+
 
 def _config_override(parameters: dict[str, Any]) -> dict[str, Any] | None:
     """The ``config`` load parameter parsed, or None; model files in a request are refused."""
@@ -212,18 +323,6 @@ def _config_override(parameters: dict[str, Any]) -> dict[str, Any] | None:
         raise InvalidInput("load parameter 'config' must be a string holding the model "
                            "config as JSON")
     return parse_json_object(config, "load parameter 'config'")
-
-
-def _check_utf8(name: str, array: Any) -> None:
-    """ONNX Runtime string tensors hold UTF-8 text; refuse other BYTES with a 400."""
-    for i, element in enumerate(array.reshape(-1)):
-        if isinstance(element, bytes):
-            try:
-                element.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise InvalidInput(f"input {name!r}: BYTES element {i} is not UTF-8 text "
-                                   f"({exc.reason} at byte {exc.start}); ONNX string "
-                                   "tensors hold UTF-8 only") from None
 
 
 def select_outputs(config: ModelConfig, request: V2Request,

@@ -19,8 +19,9 @@ from google.protobuf import json_format
 from grpc import aio
 
 from tradeoff import dtypes
-from tradeoff.errors import InvalidInput, RequestError
+from tradeoff.errors import InvalidInput, NotFound, RequestError
 from tradeoff.protocol import grpc_service_pb2 as pb
+from tradeoff.protocol import model_config_pb2
 from tradeoff.protocol.v2 import (
     DEFAULT_LIMITS,
     RequestedOutput,
@@ -30,11 +31,12 @@ from tradeoff.protocol.v2 import (
     decode_binary_tensor,
     encode_bytes_elements,
 )
-from tradeoff.repository import model_config_pb2
 from tradeoff.server.access import Access
 from tradeoff.server.dataplane import DataPlane
 
 log = logging.getLogger("tradeoff.server")
+# lines a client's request causes: rate limited (server/logs.py)
+request_log = logging.getLogger("tradeoff.server.requests")
 
 SERVICE = "inference.GRPCInferenceService"
 
@@ -70,7 +72,10 @@ def _typed_contents(tensor: Any, where: str) -> np.ndarray:
                            f"{list(shape)} needs {count}")
     if datatype == "BYTES":
         return np.array(list(values), dtype=object).reshape(shape)
-    return np.asarray(values, dtype=dtypes.numpy_dtype(datatype)).reshape(shape)
+    try:
+        return np.asarray(values, dtype=dtypes.numpy_dtype(datatype)).reshape(shape)
+    except (OverflowError, ValueError) as exc:  # e.g. 300 in INT8 contents
+        raise InvalidInput(f"{where}: contents do not fit {datatype}: {exc}") from None
 
 
 def decode_infer_request(request: pb.ModelInferRequest,
@@ -131,8 +136,11 @@ class GrpcService:
         return pb.ServerReadyResponse(ready=self.dataplane.ready())
 
     async def model_ready(self, request: pb.ModelReadyRequest, context: Any) -> Any:
-        return pb.ModelReadyResponse(
-            ready=self.dataplane.model_ready(request.name, request.version or None))
+        try:
+            ready = self.dataplane.model_ready(request.name, request.version or None)
+        except NotFound:
+            ready = False  # an unknown model is not ready (gRPC answers no 404 here)
+        return pb.ModelReadyResponse(ready=ready)
 
     async def server_metadata(self, request: pb.ServerMetadataRequest, context: Any) -> Any:
         return json_format.ParseDict(self.dataplane.server_metadata(),
@@ -175,16 +183,12 @@ class GrpcService:
 
     async def _infer(self, request: pb.ModelInferRequest) -> tuple[Any, str]:
         """The response to one request, and its Server-Timing value."""
-        self.dataplane.admit()
-        try:
-            return await self._admitted_infer(request)
-        finally:
-            self.dataplane.release()
-
-    async def _admitted_infer(self, request: pb.ModelInferRequest) -> tuple[Any, str]:
-        v2 = decode_infer_request(request, self.dataplane.limits)
-        served, timings, outputs = await self.dataplane.infer(
-            request.model_name, request.model_version or None, v2)
+        with self.dataplane.admitted():
+            # the cheap checks before the tensors are decoded
+            self.dataplane.manager.tensor(request.model_name, request.model_version or None)
+            v2 = decode_infer_request(request, self.dataplane.limits)
+            served, timings, outputs = await self.dataplane.infer(
+                request.model_name, request.model_version or None, v2)
         response = pb.ModelInferResponse(model_name=request.model_name,
                                          model_version=str(served.version), id=request.id)
         for out in outputs:
@@ -211,7 +215,7 @@ class GrpcService:
                 await answers.put(pb.ModelStreamInferResponse(infer_response=response))
             except Exception as exc:  # every request on the stream gets an answer
                 if not isinstance(exc, RequestError):
-                    log.exception("internal error in ModelStreamInfer")
+                    request_log.exception("internal error in ModelStreamInfer")
                 await answers.put(pb.ModelStreamInferResponse(
                     error_message=str(exc),
                     infer_response=pb.ModelInferResponse(model_name=request.model_name,
@@ -250,7 +254,7 @@ class GrpcService:
                 except aio.AbortError:
                     raise
                 except Exception as exc:  # answer, and keep serving
-                    log.exception("internal error in %s", method.__name__)
+                    request_log.exception("internal error in %s", method.__name__)
                     await context.abort(grpc.StatusCode.INTERNAL,
                                         f"internal error: {type(exc).__name__}: {exc}")
             return grpc.unary_unary_rpc_method_handler(

@@ -1,8 +1,10 @@
-"""The HTTP transport: a plain ASGI app speaking the Open Inference Protocol v2.
+"""The HTTP transport: a plain ASGI app speaking the Open Inference Protocol v2 (and,
+through :mod:`tradeoff.server.openai_api`, the OpenAI-compatible API).
 
-Routes are matched by splitting the path, not by a framework: this is the hot path, and
-every microsecond of per-request overhead shows up in the served throughput of small
-models. Everything here translates between HTTP and :class:`DataPlane` calls.
+Routes come from the one table in :mod:`tradeoff.server.routes`, matched by splitting
+the path, not by a framework: this is the hot path, and every microsecond of
+per-request overhead shows up in the served throughput of small models. Everything here
+translates between HTTP and :class:`DataPlane` calls.
 """
 
 from __future__ import annotations
@@ -26,34 +28,42 @@ from tradeoff.errors import (
 from tradeoff.protocol.v2 import decode_request, encode_response, parse_json_object
 from tradeoff.server import metrics, openapi
 from tradeoff.server.access import Access
+from tradeoff.server.asgi import (
+    OFF_LOOP_BYTES,
+    DisconnectWatch,
+    Receive,
+    Scope,
+    Send,
+    send_body,
+    send_json,
+)
 from tradeoff.server.dataplane import DataPlane
+from tradeoff.server.openai_api import OpenAIApi, send_error
+from tradeoff.server.origins import OriginPolicy
+from tradeoff.server.routes import ADMIN, OPEN, ROUTES, MethodNotAllowed, Router
+from tradeoff.server.transport import TransportLimits
 
 log = logging.getLogger("tradeoff.server")
+# lines a client's request causes: rate limited (server/logs.py)
+request_log = logging.getLogger("tradeoff.server.requests")
 
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
+Params = dict[str, str]
 
-JSON_HEADERS = [(b"content-type", b"application/json")]
 DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
 
+# Bodies up to this size are not charged to --max-body-memory: with the connection limits
+# they cannot add up to much, and a full budget must not refuse every small request.
+FREE_BODY_BYTES = 64 * 1024
 
-async def _send(send: Send, status: int, body: bytes,
-                headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    headers = list(headers if headers is not None else JSON_HEADERS if body else [])
-    headers.append((b"content-length", str(len(body)).encode()))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+# decoding JSON tensors holds up to this many times the JSON text more (measured: a
+# list of small numbers is a Python object per element before it becomes an array)
+JSON_EXPANSION = 15
 
-
-async def _json(send: Send, status: int, doc: Any) -> None:
-    await _send(send, status, orjson.dumps(doc))
-
-
-async def _error(send: Send, status: int, message: str,
-                 extra_headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    await _send(send, status, orjson.dumps({"error": message}),
-                JSON_HEADERS + (extra_headers or []))
+# per-request state the app keeps in the ASGI scope
+_ADMIT = "tradeoff.admit"        # the route takes an admission slot once its body is read
+_ADMITTED = "tradeoff.admitted"  # it took one: release it when the request ends
+_CHARGED = "tradeoff.charged"    # body bytes charged to --max-body-memory
+_BODY_READ = "tradeoff.body_read"  # the whole body arrived
 
 
 _WANTED_HEADERS = frozenset((b"content-length", b"content-encoding", b"accept-encoding",
@@ -76,10 +86,19 @@ class HttpApp:
                  max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
                  on_startup: Callable[[], Awaitable[None]] | None = None,
                  on_shutdown: Callable[[], Awaitable[None]] | None = None,
-                 access: Access | None = None, openai: Any = None) -> None:
+                 access: Access | None = None, limits: TransportLimits | None = None,
+                 origins: OriginPolicy | None = None) -> None:
         self.access = access or Access()
-        self.openai = openai  # the OpenAI-compatible API of generative models, if any
-        self._openapi = orjson.dumps(openapi.document())
+        self.origins = origins or OriginPolicy.for_bind("127.0.0.1")
+        self.limits = limits or TransportLimits()
+        self.body_bytes_held = 0  # charged to limits.max_body_memory
+        self.router = Router(ROUTES)
+        self._openapi = orjson.dumps(openapi.document(ROUTES))
+        openai = OpenAIApi(dataplane, self._read_body)
+        handlers = {name: getattr(self, name, None) or getattr(openai, name)
+                    for name in {route.handler for route in ROUTES}}
+        self._handlers: dict[str, Callable[[Scope, Receive, Send, Params],
+                                           Awaitable[None]]] = handlers
         self.dataplane = dataplane
         self.registry = registry
         self.metrics_port = metrics_port
@@ -92,15 +111,36 @@ class HttpApp:
         if kind == "http":
             try:
                 await self._http(scope, receive, send)
-            except RequestError as exc:
-                headers = [(b"retry-after", b"1")] if isinstance(exc, Unavailable) else \
-                    [(b"www-authenticate", b"Bearer")] if isinstance(exc, Unauthorized) else None
-                await _error(send, exc.status, str(exc), headers)
             except Exception as exc:  # the server must answer and keep serving
-                log.exception("internal error on %s %s", scope["method"], scope["path"])
-                await _error(send, 500, f"internal error: {type(exc).__name__}: {exc}")
+                if not isinstance(exc, RequestError):
+                    request_log.exception("internal error on %s %s", scope["method"], scope["path"])
+                    exc = RequestError(f"internal error: {type(exc).__name__}: {exc}")
+                close = [] if await self._body_done(scope, receive) else \
+                    [(b"connection", b"close")]
+                path = scope["path"]
+                if path == "/v1" or path.startswith("/v1/"):  # the OpenAI API's shape
+                    return await send_error(send, exc, close)
+                headers = [(b"retry-after", b"1")] if isinstance(exc, Unavailable) else \
+                    [(b"www-authenticate", b"Bearer")] if isinstance(exc, Unauthorized) else []
+                await send_json(send, exc.status, {"error": str(exc)}, headers + close)
         elif kind == "lifespan":
             await self._lifespan(receive, send)
+
+    async def _body_done(self, scope: Scope, receive: Receive) -> bool:
+        """Whether a refused request's connection may stay open: its body was read, it
+        has none, or it is small (read and dropped; the transport times out a stall).
+        A large one is left unread: the answer closes the connection."""
+        if scope.get(_BODY_READ) or not _has_body(scope):
+            return True
+        declared = _headers(scope).get(b"content-length")
+        if declared is None or not declared.isdigit() or int(declared) > FREE_BODY_BYTES:
+            return False
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return False
+            if not message.get("more_body", False):
+                return True
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -121,6 +161,9 @@ class HttpApp:
 
     async def _read_body(self, scope: Scope, receive: Receive,
                          headers: dict[bytes, bytes] | None = None) -> bytes:
+        """The whole request body (decompressed), then the admission slot if the route
+        takes one: a slow or stalled body holds memory within ``--max-body-memory`` and
+        for ``--body-timeout`` between chunks at most, never a slot."""
         headers = headers if headers is not None else _headers(scope)
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_request_bytes:
@@ -128,7 +171,7 @@ class HttpApp:
                                   f"{self.max_request_bytes} (--max-request-bytes)")
         chunks = []
         size = 0
-        while True:
+        while True:  # a stalled body is the transport's to time out (--body-timeout)
             message = await receive()
             if message["type"] == "http.disconnect":
                 raise InvalidInput("client disconnected before sending the whole body")
@@ -137,14 +180,63 @@ class HttpApp:
             if size > self.max_request_bytes:
                 raise PayloadTooLarge(f"request body is over the limit of "
                                       f"{self.max_request_bytes} bytes (--max-request-bytes)")
+            if size > FREE_BODY_BYTES:
+                self._charge(scope, size - FREE_BODY_BYTES - scope.get(_CHARGED, 0))
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
+        scope[_BODY_READ] = True
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         encoding = headers.get(b"content-encoding")
         if encoding and encoding not in (b"identity",):
-            body = self._decompress(body, encoding)
+            # the compressed size says nothing of the work or of the size it inflates to
+            body = await asyncio.to_thread(self._decompress, body, encoding)
+            grown = len(body) - FREE_BODY_BYTES - scope.get(_CHARGED, 0)
+            if grown > 0:
+                self._charge(scope, grown)
+        if scope.get(_ADMIT):
+            self.dataplane.admit()
+            scope[_ADMITTED] = True
         return body
+
+    def _charge(self, scope: Scope, extra: int) -> None:
+        """Charge ``extra`` body bytes of this request to ``--max-body-memory`` or refuse
+        it: 413 when this request alone can never fit, 503 when it does not fit now. A
+        negative ``extra`` gives bytes back."""
+        if extra <= 0:  # a charge given back
+            self.body_bytes_held += extra
+            scope[_CHARGED] = scope.get(_CHARGED, 0) + extra
+            return
+        if scope.get(_CHARGED, 0) + extra > self.limits.max_body_memory:
+            raise PayloadTooLarge(f"this request needs more than --max-body-memory "
+                                  f"({self.limits.max_body_memory} bytes) to hold and decode")
+        if self.body_bytes_held + extra > self.limits.max_body_memory:
+            raise Unavailable(f"the server holds its limit of {self.limits.max_body_memory} "
+                              "bytes of request bodies (--max-body-memory); retry later")
+        self.body_bytes_held += extra
+        scope[_CHARGED] = scope.get(_CHARGED, 0) + extra
+
+    def _charge_json(self, scope: Scope, size: int) -> int:
+        """Refuse JSON tensors over ``--max-json-bytes`` (decoding them holds the
+        interpreter for about a second per 30 MB, stalling every other client), and
+        charge what decoding ``size`` bytes takes (Python objects, then arrays: up to
+        ``JSON_EXPANSION`` times the text) before it is decoded; returns the charge,
+        for the caller to give back once decoded."""
+        if size <= FREE_BODY_BYTES:
+            return 0
+        if size > self.limits.max_json_bytes:
+            raise PayloadTooLarge(
+                f"the request's JSON is {size} bytes, over --max-json-bytes "
+                f"({self.limits.max_json_bytes}); send the tensors as binary data "
+                "(binary_data_size, as tritonclient's binary_data=True does)")
+        need = JSON_EXPANSION * (size - FREE_BODY_BYTES)
+        if need + scope.get(_CHARGED, 0) > self.limits.max_body_memory:
+            raise PayloadTooLarge(
+                f"a JSON body of {size} bytes takes about {need + size} bytes to decode, "
+                f"over --max-body-memory ({self.limits.max_body_memory}); send the "
+                "tensors as binary data (binary_data_size) or in smaller requests")
+        self._charge(scope, need)
+        return need
 
     def _decompress(self, body: bytes, encoding: bytes) -> bytes:
         if encoding == b"gzip":
@@ -158,144 +250,141 @@ class HttpApp:
         try:
             data = inflater.decompress(body, self.max_request_bytes + 1)
         except zlib.error as exc:
-            raise InvalidInput(f"request body is not valid {encoding.decode()} data: {exc}") from None
+            raise InvalidInput(f"request body is not valid {encoding.decode()} data: "
+                               f"{exc}") from None
         if len(data) > self.max_request_bytes:
             raise PayloadTooLarge(f"decompressed body is over the limit of "
                                   f"{self.max_request_bytes} bytes (--max-request-bytes)")
         return data
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.origins.check(scope["method"], scope["headers"])  # before keys: no probing
         server = scope.get("server")
         if self.metrics_port is not None and server and server[1] == self.metrics_port:
             if scope["path"] == "/metrics":
-                await _send(send, 200, metrics.render(self.registry),
+                self.access.check_metrics(scope["headers"])
+                await send_body(send, 200, metrics.render(self.registry),
                             [(b"content-type", metrics.CONTENT_TYPE.encode())])
                 return
             raise NotFound(f"no route {scope['path']}; the metrics port serves /metrics")
-        method = scope["method"]
-        if scope["path"].startswith("/v1/") and self.openai is not None:
-            return await self.openai(scope, receive, send,
-                                     lambda: self._read_body(scope, receive))
-        if scope["path"] == "/openapi.json":
-            self._method(method, "GET", scope)
-            return await _send(send, 200, self._openapi)
-        parts = scope["path"].strip("/").split("/")
-        if not parts or parts[0] != "v2":
-            raise NotFound(f"no route {scope['path']}; the API lives under /v2")
-        if self.access.enabled and not _is_health(parts):
-            self.access.check_headers(scope["headers"], admin=_is_admin(parts))
-        n = len(parts)
-        if n == 1:
-            self._method(method, "GET", scope)
-            return await _json(send, 200, self.dataplane.server_metadata())
-        if parts[1] == "health" and n == 3 and parts[2] in ("live", "ready"):
-            self._method(method, "GET", scope)
-            ok = self.dataplane.live() if parts[2] == "live" else self.dataplane.ready()
-            return await _send(send, 200 if ok else 503, b"")
-        if parts[1] == "models" and n >= 3:
-            if n == 3 and parts[2] == "stats":
-                self._method(method, "GET", scope)
-                return await _json(send, 200, self.dataplane.statistics(None, None))
-            name = parts[2]
-            version = None
-            rest = parts[3:]
-            if len(rest) >= 2 and rest[0] == "versions":
-                version, rest = rest[1], rest[2:]
-            action = rest[0] if rest else ""
-            if len(rest) <= 1:
-                return await self._model_route(scope, receive, send, name, version, action)
-        if parts[1] == "repository":
-            if n == 3 and parts[2] == "index":
-                self._method(method, "POST", scope)
-                body = await self._read_body(scope, receive)
-                ready_only = bool(self._json_body(body).get("ready", False))
-                return await _json(send, 200, self.dataplane.manager.index(ready_only))
-            if n == 5 and parts[2] == "models" and parts[4] in ("load", "unload"):
-                self._method(method, "POST", scope)
-                document = self._json_body(await self._read_body(scope, receive))
-                if parts[4] == "load":
-                    parameters = document.get("parameters") or {}
-                    if not isinstance(parameters, dict):
-                        raise InvalidInput("'parameters' must be a JSON object")
-                    await self.dataplane.load_model(parts[3], parameters)
-                else:
-                    await self.dataplane.manager.unload(parts[3])
-                return await _send(send, 200, b"{}")
-        raise NotFound(f"no route {method} {scope['path']}")
-
-    @staticmethod
-    def _method(method: str, allowed: str, scope: Scope) -> None:
-        if method != allowed:
-            raise _MethodNotAllowed(f"{method} is not allowed on {scope['path']}; use {allowed}")
+        try:
+            route, params = self.router.match(scope["method"], scope["path"])
+        except (NotFound, MethodNotAllowed) as exc:
+            # without a key, a client learns nothing of the API but its open routes
+            if self.access.enabled and getattr(exc, "access", None) is not OPEN:
+                self.access.check_headers(scope["headers"], admin=False)
+            raise
+        if route.access is not OPEN and self.access.enabled:
+            self.access.check_headers(scope["headers"], admin=route.access is ADMIN)
+        if route.admit:
+            self.dataplane.check_admission()  # refused at once when full, body unread
+            scope[_ADMIT] = True
+        try:
+            await self._handlers[route.handler](scope, receive, send, params)
+        finally:
+            if scope.get(_ADMITTED):
+                self.dataplane.release()
+            self.body_bytes_held -= scope.get(_CHARGED, 0)
 
     @staticmethod
     def _json_body(body: bytes) -> dict[str, Any]:
         return parse_json_object(body, "request body") if body.strip() else {}
 
-    async def _model_route(self, scope: Scope, receive: Receive, send: Send, name: str,
-                           version: str | None, action: str) -> None:
-        method = scope["method"]
-        dp = self.dataplane
-        if action == "infer":
-            self._method(method, "POST", scope)
-            return await self._infer(scope, receive, send, name, version)
-        self._method(method, "GET", scope)
-        if action == "":
-            return await _json(send, 200, dp.model_metadata(name, version))
-        if action == "ready":
-            try:
-                dp.manager.get(name, version)  # unknown model or version: 404
-            except Unavailable:
-                return await _send(send, 503, b"")
-            return await _send(send, 200, b"")
-        if action == "config":
-            return await _json(send, 200, dp.model_config(name, version))
-        if action == "stats":
-            return await _json(send, 200, dp.statistics(name, version))
-        raise NotFound(f"no route {method} {scope['path']}")
+    # ------------------------------------------------------------------ handlers
+    # Each takes (scope, receive, send, path parameters); the route table names them.
+
+    async def openapi(self, scope: Scope, receive: Receive, send: Send, params: Params) -> None:
+        await send_body(send, 200, self._openapi)
+
+    async def server_metadata(self, scope: Scope, receive: Receive, send: Send,
+                              params: Params) -> None:
+        await send_json(send, 200, self.dataplane.server_metadata())
+
+    async def live(self, scope: Scope, receive: Receive, send: Send, params: Params) -> None:
+        await send_body(send, 200 if self.dataplane.live() else 503, b"")
+
+    async def ready(self, scope: Scope, receive: Receive, send: Send, params: Params) -> None:
+        await send_body(send, 200 if self.dataplane.ready() else 503, b"")
+
+    async def all_stats(self, scope: Scope, receive: Receive, send: Send,
+                        params: Params) -> None:
+        await send_json(send, 200, self.dataplane.statistics(None, None))
+
+    async def model_metadata(self, scope: Scope, receive: Receive, send: Send,
+                             params: Params) -> None:
+        await send_json(send, 200, self.dataplane.model_metadata(params["model"],
+                                                             params.get("version")))
+
+    async def model_ready(self, scope: Scope, receive: Receive, send: Send,
+                          params: Params) -> None:
+        ready = self.dataplane.model_ready(params["model"], params.get("version"))
+        await send_body(send, 200 if ready else 503, b"")
+
+    async def model_config(self, scope: Scope, receive: Receive, send: Send,
+                           params: Params) -> None:
+        await send_json(send, 200, self.dataplane.model_config(params["model"],
+                                                           params.get("version")))
+
+    async def model_stats(self, scope: Scope, receive: Receive, send: Send,
+                          params: Params) -> None:
+        await send_json(send, 200, self.dataplane.statistics(params["model"],
+                                                         params.get("version")))
+
+    async def repository_index(self, scope: Scope, receive: Receive, send: Send,
+                               params: Params) -> None:
+        body = await self._read_body(scope, receive)
+        ready_only = bool(self._json_body(body).get("ready", False))
+        await send_json(send, 200, self.dataplane.manager.index(ready_only))
+
+    async def load(self, scope: Scope, receive: Receive, send: Send, params: Params) -> None:
+        document = self._json_body(await self._read_body(scope, receive))
+        parameters = document.get("parameters") or {}
+        if not isinstance(parameters, dict):
+            raise InvalidInput("'parameters' must be a JSON object")
+        await self.dataplane.load_model(params["model"], parameters)
+        await send_body(send, 200, b"{}")
+
+    async def unload(self, scope: Scope, receive: Receive, send: Send, params: Params) -> None:
+        await self._read_body(scope, receive)
+        await self.dataplane.manager.unload(params["model"])
+        await send_body(send, 200, b"{}")
+
+    async def infer(self, scope: Scope, receive: Receive, send: Send, params: Params) -> None:
+        await self._infer(scope, receive, send, params["model"], params.get("version"))
 
     async def _infer(self, scope: Scope, receive: Receive, send: Send, name: str,
                      version: str | None) -> None:
-        self.dataplane.admit()  # before the body is read: memory stays bounded
-        try:
-            await self._admitted_infer(scope, receive, send, name, version)
-        finally:
-            self.dataplane.release()
-
-    async def _admitted_infer(self, scope: Scope, receive: Receive, send: Send, name: str,
-                              version: str | None) -> None:
+        self.dataplane.manager.tensor(name, version)  # the cheap checks before the body
         headers = _headers(scope)
         body = await self._read_body(scope, receive, headers)
         header_length = headers.get(b"inference-header-content-length")
         length = None
         if header_length is not None:
-            if not header_length.isdigit():
+            if not header_length.isdigit() or len(header_length) > 19:
                 raise InvalidInput("Inference-Header-Content-Length must be a non-negative "
-                                   "integer")
+                                   "integer no longer than the body")
             length = int(header_length)
-        request = decode_request(body, length, self.dataplane.limits)
+            if length > len(body):
+                raise InvalidInput(f"Inference-Header-Content-Length is {length} but the "
+                                   f"body has {len(body)} bytes")
+        decoding = self._charge_json(scope, len(body) if length is None else length)
+        # off_loop_if_large, written out: the hot path skips its extra coroutine
+        request = decode_request(body, length, self.dataplane.limits) \
+            if len(body) <= OFF_LOOP_BYTES else \
+            await asyncio.to_thread(decode_request, body, length, self.dataplane.limits)
+        self._charge(scope, -decoding)  # decoded: the arrays are what is left
         handler = asyncio.current_task()
-        watch = asyncio.ensure_future(receive())  # answers http.disconnect if the client goes
-        gone = answered = False
-
-        def on_message(message: asyncio.Future[dict[str, Any]]) -> None:
-            nonlocal gone
-            if not answered and handler is not None and not message.cancelled() and \
-                    message.exception() is None and message.result()["type"] == "http.disconnect":
-                gone = True
-                handler.cancel()  # the scheduler drops the request if it is still queued
-
-        watch.add_done_callback(on_message)
+        assert handler is not None
+        # a client that leaves cancels this handler: the scheduler drops the request if
+        # it is still queued
+        watch = DisconnectWatch(receive, handler.cancel)
         try:
-            served, timings, outputs = await self.dataplane.infer(name, version, request)
+            with watch:
+                served, timings, outputs = await self.dataplane.infer(name, version, request)
         except asyncio.CancelledError:
-            if gone:
+            if watch.gone:
                 return  # the client went away: nobody to answer
             raise
-        finally:
-            answered = True  # a disconnect noticed from now on cancels nothing
-            watch.remove_done_callback(on_message)
-            watch.cancel()
         payload, json_length = encode_response(name, str(served.version), request.id, outputs)
         reply = [(b"content-type", b"application/json" if json_length is None
                   else b"application/octet-stream"),
@@ -305,22 +394,16 @@ class HttpApp:
         accept = headers.get(b"accept-encoding")
         if accept:
             payload = _compress(payload, accept, reply)
-        await _send(send, 200, payload, reply)
+        await send_body(send, 200, payload, reply)
 
 
-def _is_health(parts: list[str]) -> bool:
-    """Liveness, readiness and model readiness stay open to probes without keys: exactly
-    /v2/health/{live,ready}, /v2/models/{m}/ready and /v2/models/{m}/versions/{v}/ready."""
-    n = len(parts)
-    if n == 3:
-        return parts[1] == "health" and parts[2] in ("live", "ready")
-    if n < 4 or parts[1] != "models" or parts[-1] != "ready":
-        return False
-    return n == 4 or (n == 6 and parts[3] == "versions")
-
-
-def _is_admin(parts: list[str]) -> bool:
-    return len(parts) == 5 and parts[1] == "repository" and parts[4] in ("load", "unload")
+def _has_body(scope: Scope) -> bool:
+    """Whether the request declares a body (a length other than 0, or chunks)."""
+    for name, value in scope["headers"]:
+        if (name == b"content-length" and value.strip(b"0 ")) or \
+                name == b"transfer-encoding":
+            return True
+    return False
 
 
 def _compress(payload: bytes, accept: bytes, headers: list[tuple[bytes, bytes]]) -> bytes:
@@ -336,7 +419,3 @@ def _compress(payload: bytes, accept: bytes, headers: list[tuple[bytes, bytes]])
         return payload
     headers.append((b"content-encoding", encoding))
     return compressor.compress(payload) + compressor.flush()
-
-
-class _MethodNotAllowed(RequestError):
-    status = 405

@@ -14,10 +14,10 @@ from prometheus_client import CollectorRegistry, ProcessCollector, generate_late
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from tradeoff.generate.bridge import TOKEN_BUCKETS_S
+from tradeoff.scheduling.stats import LATENCY_BUCKETS_S
 from tradeoff.server.dataplane import DataPlane
-from tradeoff.server.generative import TOKEN_BUCKETS_S, GenerativeModels
 from tradeoff.server.models import ModelManager
-from tradeoff.server.stats import LATENCY_BUCKETS_S
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -28,7 +28,7 @@ def _histogram(name: str, doc: str, bucket_counts: list[int], bounds: tuple[floa
     family = family or HistogramMetricFamily(name, doc, labels=["model", "version"])
     cumulative = []
     running = 0
-    for bound, count in zip(bounds, bucket_counts):
+    for bound, count in zip(bounds, bucket_counts, strict=False):
         running += count
         cumulative.append((repr(float(bound)), running))
     running += bucket_counts[-1]
@@ -71,7 +71,7 @@ class ServerCollector(Collector):
         ready = GaugeMetricFamily("tradeoff_model_ready", "1 when the model version serves",
                                   labels=labels)
         request_hist = queue_hist = batch_hist = None
-        for served in self.manager.served_versions():
+        for served in self.manager.tensor_versions():
             stats = served.stats
             lv = [served.name, str(served.version)]
             success.add_metric(lv, stats.success[0])
@@ -135,8 +135,8 @@ class GenerationCollector(Collector):
     latency histograms, prompt and generated tokens, KV cache usage, preemptions, prefix
     cache lookups and hits (in tokens)."""
 
-    def __init__(self, models: GenerativeModels) -> None:
-        self.models = models
+    def __init__(self, manager: ModelManager) -> None:
+        self.manager = manager
 
     def collect(self) -> Iterator:
         labels = ["model"]
@@ -161,8 +161,15 @@ class GenerationCollector(Collector):
         hits = CounterMetricFamily("tradeoff_generation_prefix_cache_hits",
                                    "Prompt tokens found in the prefix cache (not computed)",
                                    labels=labels)
-        histograms = []
-        for model in self.models.models.values():
+        # one family per histogram, one sample set per model: each name appears once
+        histograms = {kind: HistogramMetricFamily(name, doc, labels=labels) for name, doc, kind in (
+            ("tradeoff_generation_time_to_first_token_seconds",
+             "Arrival to first generated token", "ttft"),
+            ("tradeoff_generation_inter_token_latency_seconds",
+             "Between consecutive tokens of a request", "itl"),
+            ("tradeoff_generation_e2e_request_latency_seconds",
+             "Arrival to the last token", "e2e"))}
+        for model in self.manager.generative_versions():
             stats, engine, lv = model.stats, model.engine, [model.name]
             running.add_metric(lv, len(engine.scheduler.running))
             waiting.add_metric(lv, len(engine.scheduler.waiting) + model.pending)
@@ -173,31 +180,24 @@ class GenerationCollector(Collector):
             finished.add_metric(lv, stats.requests_finished)
             queries.add_metric(lv, engine.blocks.query_tokens)
             hits.add_metric(lv, engine.blocks.hit_tokens)
-            for name, doc, kind in (
-                    ("tradeoff_generation_time_to_first_token_seconds",
-                     "Arrival to first generated token", "ttft"),
-                    ("tradeoff_generation_inter_token_latency_seconds",
-                     "Between consecutive tokens of a request", "itl"),
-                    ("tradeoff_generation_e2e_request_latency_seconds",
-                     "Arrival to the last token", "e2e")):
+            for kind, family in histograms.items():
                 counts, total = stats.histograms[kind]
                 cumulative = np.cumsum(counts)
-                buckets = [(str(b), float(c)) for b, c in zip(TOKEN_BUCKETS_S, cumulative)]
+                # cumulative has one count more than there are bounds: the +Inf bucket
+                buckets = [(str(b), float(c))
+                           for b, c in zip(TOKEN_BUCKETS_S, cumulative, strict=False)]
                 buckets.append(("+Inf", float(cumulative[-1])))
-                family = HistogramMetricFamily(name, doc, labels=labels)
                 family.add_metric(lv, buckets, total[0])
-                histograms.append(family)
         yield from (running, waiting, kv, prompt, generated, preempted, finished, queries, hits,
-                    *histograms)
+                    *histograms.values())
 
 
-def make_registry(manager: ModelManager, dataplane: DataPlane | None = None,
-                  generative: GenerativeModels | None = None) -> CollectorRegistry:
+def make_registry(manager: ModelManager, dataplane: DataPlane | None = None
+                  ) -> CollectorRegistry:
     """A registry of the server's own (not the process-global one)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ServerCollector(manager, dataplane))
-    if generative is not None:
-        registry.register(GenerationCollector(generative))
+    registry.register(GenerationCollector(manager))
     ProcessCollector(registry=registry)
     return registry
 

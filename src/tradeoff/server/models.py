@@ -1,8 +1,11 @@
-"""Loaded models and their lifecycle: load, warm up, serve, unload, reload.
+"""Loaded models of both kinds and their lifecycle: load, warm up, serve, unload, reload.
 
-A load builds the new versions completely (sessions, warmup, schedulers) before they
-replace the old ones, and old versions drain their queues before they close, so loading
-a model again under traffic loses no request.
+A tensor model version is a scheduler over backend instances (:class:`ModelVersion`); a
+generative model version is an engine on its own thread (:class:`GenerativeModel`).
+Both load, drain and stop the same way: a load builds the new versions completely
+(sessions, warmup, schedulers or engines) before they replace the old ones, and old
+versions finish what they accepted before they close, so loading a model again under
+traffic loses no request.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ import asyncio
 import enum
 import functools
 import logging
+import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,14 +25,23 @@ import numpy as np
 from tradeoff import dtypes
 from tradeoff.backends.base import Backend
 from tradeoff.backends.faults import PARAMETERS as fault_parameters
-from tradeoff.backends.faults import FaultInjectingBackend, fault_values
-from tradeoff.backends.onnxruntime import OnnxRuntimeBackend
-from tradeoff.errors import ConfigError, ModelLoadError, NotFound, TradeoffError, Unavailable
+from tradeoff.backends.faults import FaultInjectingBackend, NaNLogitsDecoder, fault_values
+from tradeoff.backends.registry import GENERATIVE, InstanceSpec
+from tradeoff.errors import (
+    ConfigError,
+    InvalidInput,
+    ModelLoadError,
+    NotFound,
+    TradeoffError,
+    Unavailable,
+)
+from tradeoff.generate.bridge import GenerativeModel
+from tradeoff.generate.loader import load_generative
 from tradeoff.repository.config import ModelConfig, Warmup
 from tradeoff.repository.repository import ModelRepository, confined
 from tradeoff.scheduling.request import InferenceRequest
 from tradeoff.scheduling.scheduler import Scheduler, run_batch
-from tradeoff.server.stats import ModelStats
+from tradeoff.scheduling.stats import ModelStats
 
 log = logging.getLogger("tradeoff.server")
 
@@ -49,6 +63,18 @@ class ModelVersion:
     scheduler: Scheduler
     stats: ModelStats
     path: Path
+    check_bytes: Callable[[str, np.ndarray], None] | None = None  # the backend's
+
+    def begin_drain(self, timeout_s: float) -> None:
+        """Shutdown begins: run what is queued now, without waiting for more."""
+        self.scheduler.drain()
+
+    async def stop(self, timeout_s: float | None = None) -> None:
+        """Answer every accepted request, then release the instances."""
+        await self.scheduler.stop()
+
+
+Served = ModelVersion | GenerativeModel
 
 
 @dataclass
@@ -56,11 +82,15 @@ class ModelEntry:
     name: str
     state: ModelState = ModelState.UNAVAILABLE
     reason: str = ""
-    versions: dict[int, ModelVersion] = field(default_factory=dict)
-    latest: ModelVersion | None = None
+    versions: dict[int, Served] = field(default_factory=dict)
+    latest: Served | None = None
 
 
-def _warmup_inputs(config: ModelConfig, warmup: Warmup, model_dir: Path) -> dict[str, np.ndarray]:
+def _warmup_inputs(config: ModelConfig, warmup: Warmup, model_dir: Path, *,
+                   from_network: bool) -> dict[str, np.ndarray]:
+    """The tensors of one warmup request, as the config declares them: its dims and its
+    ``data_type`` (Triton sends what the warmup says; a model that rejects it fails its
+    load, rather than being warmed up with data nobody configured)."""
     rng = np.random.default_rng(0)
     inputs = {}
     for tensor in config.inputs:
@@ -69,19 +99,21 @@ def _warmup_inputs(config: ModelConfig, warmup: Warmup, model_dir: Path) -> dict
         shape = tuple(1 if d == -1 else d for d in dims)
         if config.max_batch_size > 0:
             shape = (warmup.batch_size, *shape)
-        dtype = dtypes.numpy_dtype(tensor.datatype)
+        datatype = spec.datatype if spec is not None and spec.datatype else tensor.datatype
+        dtype = dtypes.numpy_dtype(datatype)
         source = spec.source if spec is not None else "zero"
         if source == "file" and spec is not None:
             raw = confined(model_dir / "warmup", spec.file, f"model {config.name!r}",
-                           "model_warmup.inputs.input_data_file").read_bytes()
-            if tensor.datatype == "BYTES":
+                           "model_warmup.inputs.input_data_file",
+                           from_network=from_network).read_bytes()
+            if datatype == "BYTES":
                 from tradeoff.protocol.v2 import decode_bytes_elements
                 count = int(np.prod(shape))
                 array = decode_bytes_elements(memoryview(raw), count, f"warmup {spec.file}")
             else:
                 array = np.frombuffer(raw, dtype=dtype)
             inputs[tensor.name] = array.reshape(shape)
-        elif tensor.datatype == "BYTES":
+        elif datatype == "BYTES":
             inputs[tensor.name] = np.full(shape, b"", dtype=object)
         elif source == "random":
             inputs[tensor.name] = (rng.random(shape) * 10).astype(dtype)
@@ -90,14 +122,18 @@ def _warmup_inputs(config: ModelConfig, warmup: Warmup, model_dir: Path) -> dict
     return inputs
 
 
-def _run_warmup(config: ModelConfig, backends: list[Backend], model_dir: Path) -> None:
-    """Run the configured warmup (or one zero request) on every instance."""
+def _run_warmup(config: ModelConfig, backends: list[Backend], model_dir: Path, *,
+                from_network: bool) -> None:
+    """Run the configured warmup (or one zero request) on every instance. A configured
+    warmup that fails raises ModelLoadError: the load fails and the caller releases the
+    instances. The default request is ours, not the operator's (Triton has none), so its
+    failure is only logged."""
     explicit = bool(config.warmup)
     plans = config.warmup or (Warmup("default_zero", 1, {}),)
     outputs = [t.name for t in config.outputs]
     for plan in plans:
         try:
-            inputs = _warmup_inputs(config, plan, model_dir)
+            inputs = _warmup_inputs(config, plan, model_dir, from_network=from_network)
         except (OSError, ValueError) as exc:
             raise ModelLoadError(f"model {config.name!r}: warmup {plan.name!r} cannot build "
                                  f"its inputs: {exc}") from exc
@@ -107,7 +143,7 @@ def _run_warmup(config: ModelConfig, backends: list[Backend], model_dir: Path) -
             for _ in range(plan.count):
                 try:
                     run_batch(backend, config, [request], outputs)
-                except TradeoffError as exc:
+                except Exception as exc:  # InferenceFailed, or a config reshape that fails
                     if explicit:
                         raise ModelLoadError(f"model {config.name!r}: warmup {plan.name!r} "
                                              f"failed: {exc}") from exc
@@ -115,14 +151,32 @@ def _run_warmup(config: ModelConfig, backends: list[Backend], model_dir: Path) -
                     return
 
 
+def _clear_finished_frames(error: BaseException) -> None:
+    """Drop the locals of the finished frames in ``error``'s tracebacks (causes included).
+
+    A failure inside a runtime's call keeps that call's frames, and so the runtime's own
+    session objects (ONNX Runtime's ``InferenceSession.run`` has the session as ``self``),
+    alive in a reference cycle through the exception: a failed load's threads and memory
+    would stay until the next garbage collection, however large the model."""
+    pending, seen = [error], set()
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        traceback.clear_frames(current.__traceback__)  # skips frames still running
+        pending.extend(e for e in (current.__cause__, current.__context__) if e is not None)
+
+
 class ModelManager:
     """Every model of a repository, by name, with its state."""
 
     def __init__(self, repository: ModelRepository, *, default_intra_op_threads: int = 1,
-                 allow_fault_injection: bool = False) -> None:
+                 allow_fault_injection: bool = False, drain_timeout_s: float = 30.0) -> None:
         self.repository = repository
         self.default_intra_op_threads = default_intra_op_threads
         self.allow_fault_injection = allow_fault_injection
+        self.drain_timeout_s = drain_timeout_s  # generations still running then end
         self.models: dict[str, ModelEntry] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._stopping: set[asyncio.Task] = set()
@@ -138,6 +192,7 @@ class ModelManager:
                               "fault injection is for tests; start the server with "
                               "--allow-fault-injection to use it")
         fail_on, die_on = fault_values(config.parameters, f"model {name!r}")
+        backend_type = self.repository.backends.tensor(config.backend)
         built: dict[int, tuple[list[Backend], Path]] = {}
         try:
             for version, path in source.versions.items():
@@ -146,13 +201,17 @@ class ModelManager:
                 for group in config.instance_groups:
                     for device in group.devices():
                         for _ in range(group.count):
-                            backend: Backend = OnnxRuntimeBackend(
-                                path, config, self.default_intra_op_threads,
-                                kind=group.kind, device_id=device)
+                            backend = backend_type.create(InstanceSpec(
+                                name, path, parameters=config.parameters,
+                                intra_op_threads=self.default_intra_op_threads,
+                                graph_optimization_level=config.graph_optimization_level,
+                                gpu_accelerators=config.gpu_accelerators,
+                                kind=group.kind, device_id=device))
                             if faults:
                                 backend = FaultInjectingBackend(backend, fail_on, die_on)
                             backends.append(backend)
-                _run_warmup(config, backends, path.parent.parent)
+                _run_warmup(config, backends, self.repository.model_dir(name),
+                            from_network=source.from_network)
         except BaseException:
             for backends, _ in built.values():
                 for backend in backends:
@@ -173,40 +232,78 @@ class ModelManager:
             if entry.state is not ModelState.READY:
                 entry.state = ModelState.LOADING
             try:
-                config, built = await asyncio.to_thread(self._build, name, config_override)
-            except TradeoffError as exc:
-                entry.reason = str(exc)
+                if self.repository.kind(name) == GENERATIVE:
+                    versions = await self._load_generative(name, config_override)
+                else:
+                    versions = await self._load_tensor(name, config_override, entry)
+            except Exception as exc:  # whatever a runtime raises: this model alone fails
+                _clear_finished_frames(exc)  # releases the failed build's sessions now
+                error = exc if isinstance(exc, TradeoffError) else \
+                    ModelLoadError(f"model {name!r}: {type(exc).__name__}: {exc}")
+                entry.reason = str(error)
                 if previous_state is not ModelState.READY:
                     entry.state = ModelState.UNAVAILABLE
-                log.error("model %s: load failed: %s", name, exc)
-                raise
-            versions = {}
-            for version, (backends, path) in built.items():
-                stats = entry.versions[version].stats if version in entry.versions else \
-                    ModelStats(name, version)
-                scheduler = Scheduler(config, backends, stats)
-                scheduler.on_dead = functools.partial(self._instances_died, name, version,
-                                                      scheduler)
-                await scheduler.start()
-                versions[version] = ModelVersion(name, version, config, scheduler, stats, path)
+                log.error("model %s: load failed: %s", name, error)
+                if error is exc:
+                    raise
+                raise error from exc
             old = entry.versions
             entry.versions = versions
             entry.latest = versions[max(versions)]
             entry.state = ModelState.READY
             entry.reason = ""
-            for warning in config.warnings:
-                log.warning("model %s: %s", name, warning)
-            log.info("model %s versions=%s %s", name, sorted(versions), config.summary())
-            for old_version in old.values():
-                await old_version.scheduler.stop()
+            for old_version in old.values():  # they finish what they accepted
+                await old_version.stop()
             return entry
+
+    async def _load_tensor(self, name: str, config_override: dict[str, Any] | None,
+                           entry: ModelEntry) -> dict[int, Served]:
+        config, built = await asyncio.to_thread(self._build, name, config_override)
+        versions: dict[int, Served] = {}
+        for version, (backends, path) in built.items():
+            previous = entry.versions.get(version)
+            stats = previous.stats if isinstance(previous, ModelVersion) else \
+                ModelStats(name, version)
+            scheduler = Scheduler(config, backends, stats)
+            scheduler.on_dead = functools.partial(self._instances_died, name, version,
+                                                  scheduler)
+            await scheduler.start()
+            versions[version] = ModelVersion(
+                name, version, config, scheduler, stats, path,
+                self.repository.backends.tensor(config.backend).check_bytes)
+        for warning in config.warnings:
+            log.warning("model %s: %s", name, warning)
+        log.info("model %s versions=%s %s", name, sorted(versions), config.summary())
+        return versions
+
+    async def _load_generative(self, name: str, config_override: dict[str, Any] | None
+                               ) -> dict[int, Served]:
+        if config_override is not None:
+            raise InvalidInput(f"model {name!r} is generative: its settings come from "
+                               "generate.yaml, not a 'config' load parameter")
+        directory = self.repository.model_dir(name)
+        loop = asyncio.get_running_loop()
+
+        def build() -> GenerativeModel:  # weights, tokenizer, KV cache: off the loop
+            config, decoder, tokenizer = load_generative(directory, self.repository.backends)
+            if config.fault_nan_on_token >= 0:
+                if not self.allow_fault_injection:
+                    raise ConfigError(f"model {name!r}", "fault_nan_on_token",
+                                      "fault injection needs --allow-fault-injection")
+                decoder = NaNLogitsDecoder(decoder, config.fault_nan_on_token)
+            return GenerativeModel(name, 1, config, decoder, tokenizer, loop)
+
+        model = await asyncio.to_thread(build)
+        log.info("generative model %s: %s", name, model.config)
+        return {1: model}
 
     def _instances_died(self, name: str, version: int, scheduler: Scheduler,
                         cause: str) -> None:
         """Every instance of a served version died: stop serving it (load brings it back)."""
         entry = self.models.get(name)
         served = entry.versions.get(version) if entry is not None else None
-        if entry is None or served is None or served.scheduler is not scheduler:
+        if entry is None or not isinstance(served, ModelVersion) or \
+                served.scheduler is not scheduler:
             return  # an older copy (replaced by a reload) died while it drained
         dead = entry.versions.pop(version)
         entry.latest = entry.versions[max(entry.versions)] if entry.versions else None
@@ -215,12 +312,14 @@ class ModelManager:
             entry.state = ModelState.UNAVAILABLE
         log.error("model %s: %s; POST /v2/repository/models/%s/load to bring it back",
                   name, entry.reason, name)
-        task = asyncio.ensure_future(dead.scheduler.stop())  # releases its sessions
+        task = asyncio.ensure_future(dead.stop())  # releases its sessions
         self._stopping.add(task)
         task.add_done_callback(self._stopping.discard)
 
-    async def unload(self, name: str) -> None:
-        """Stop new requests to the model, answer the queued ones, release it."""
+    async def unload(self, name: str, drain_timeout_s: float | None = None) -> None:
+        """Stop new requests to the model, answer the accepted ones, release it. With
+        ``drain_timeout_s`` (shutdown), generations still running then end with an
+        error event."""
         entry = self.models.get(name)
         if entry is None:
             self.repository.model_dir(name)  # NotFound if it does not exist at all
@@ -233,7 +332,7 @@ class ModelManager:
             entry.state = ModelState.UNLOADING
             versions, entry.versions, entry.latest = entry.versions, {}, None
             for version in versions.values():
-                await version.scheduler.stop()
+                await version.stop(drain_timeout_s)
             entry.state = ModelState.UNAVAILABLE
             entry.reason = "unloaded"
             log.info("model %s unloaded", name)
@@ -247,12 +346,13 @@ class ModelManager:
                 pass
 
     async def close(self) -> None:
+        """Shutdown: unload every model (generations get ``drain_timeout_s``)."""
         for name in list(self.models):
-            await self.unload(name)
+            await self.unload(name, self.drain_timeout_s)
         if self._stopping:  # versions whose instances died, still releasing
             await asyncio.gather(*self._stopping, return_exceptions=True)
 
-    def get(self, name: str, version: str | None = None) -> ModelVersion:
+    def get(self, name: str, version: str | None = None) -> Served:
         """The version that serves a request, or NotFound/Unavailable saying why not."""
         entry = self.models.get(name)
         if entry is None:
@@ -291,5 +391,28 @@ class ModelManager:
             rows = [r for r in rows if r["state"] == "READY"]
         return rows
 
-    def served_versions(self) -> list[ModelVersion]:
+    def served_versions(self) -> list[Served]:
         return [v for e in self.models.values() for _, v in sorted(e.versions.items())]
+
+    def tensor_versions(self) -> list[ModelVersion]:
+        return [v for v in self.served_versions() if isinstance(v, ModelVersion)]
+
+    def generative_versions(self) -> list[GenerativeModel]:
+        return [v for v in self.served_versions() if isinstance(v, GenerativeModel)]
+
+    def tensor(self, name: str, version: str | None = None) -> ModelVersion:
+        """A tensor model's serving version; a generative model is a 400 saying where
+        to send it."""
+        served = self.get(name, version)
+        if not isinstance(served, ModelVersion):
+            raise InvalidInput(f"model {name!r} is generative: send it text at "
+                               "/v1/completions or /v1/chat/completions")
+        return served
+
+    def generative(self, name: str) -> GenerativeModel:
+        """A generative model's serving version; a tensor model is a 400."""
+        served = self.get(name)
+        if not isinstance(served, GenerativeModel):
+            raise InvalidInput(f"model {name!r} takes tensors, not text: POST "
+                               f"/v2/models/{name}/infer")
+        return served

@@ -3,11 +3,15 @@
 server-sent events ending in ``data: [DONE]``, ``usage`` (and, with
 ``stream_options.include_usage``, a last chunk carrying it), and errors in OpenAI's shape:
 ``{"error": {"message", "type", "param", "code"}}``.
+
+
+Like the v2 routes, these handlers only translate: admission, API keys, readiness and
+shutdown are the data plane's (:meth:`DataPlane.generate` tokenizes and queues).
 """
 
 from __future__ import annotations
 
-import asyncio
+import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -15,35 +19,41 @@ from typing import Any
 
 import orjson
 
-from tradeoff.errors import InvalidInput, NotFound, RequestError
+from tradeoff.errors import InvalidInput, RequestError
+from tradeoff.generate.bridge import GenerativeModel, Handle
 from tradeoff.protocol.v2 import parse_json_object
-from tradeoff.server.access import Access
-from tradeoff.server.generative import GenerativeModel, GenerativeModels, Handle
+from tradeoff.server.asgi import (
+    DisconnectWatch,
+    Receive,
+    Scope,
+    Send,
+    off_loop_if_large,
+    send_json,
+)
+from tradeoff.server.dataplane import DataPlane
 
-Send = Callable[[dict[str, Any]], Awaitable[None]]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
+log = logging.getLogger("tradeoff.server")
+# lines a client's request causes: rate limited (server/logs.py)
+request_log = logging.getLogger("tradeoff.server.requests")
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                 403: "permission_error", 404: "not_found_error", 413: "invalid_request_error",
                 503: "service_unavailable", 500: "server_error"}
 
 
-async def _send_json(send: Send, status: int, doc: Any,
+def error_document(exc: Exception) -> dict[str, Any]:
+    """An error in OpenAI's shape."""
+    status = exc.status if isinstance(exc, RequestError) else 500
+    return {"error": {"message": str(exc), "type": _ERROR_TYPES.get(status, "server_error"),
+                      "param": None, "code": None}}
+
+
+async def send_error(send: Send, exc: RequestError,
                      headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    body = orjson.dumps(doc)
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode()), *(headers or [])]})
-    await send({"type": "http.response.body", "body": body})
-
-
-async def send_error(send: Send, exc: RequestError) -> None:
     status = exc.status
-    headers = [(b"retry-after", b"1")] if status == 503 else \
-        [(b"www-authenticate", b"Bearer")] if status == 401 else []
-    await _send_json(send, status, {"error": {
-        "message": str(exc), "type": _ERROR_TYPES.get(status, "server_error"),
-        "param": None, "code": None}}, headers)
+    headers = (headers or []) + ([(b"retry-after", b"1")] if status == 503 else
+                                 [(b"www-authenticate", b"Bearer")] if status == 401 else [])
+    await send_json(send, status, error_document(exc), headers)
 
 
 def _number(doc: dict[str, Any], key: str, default: float, kind: type = float) -> Any:
@@ -57,7 +67,7 @@ def _number(doc: dict[str, Any], key: str, default: float, kind: type = float) -
 
 
 def sampling_params(doc: dict[str, Any], max_default: int) -> Any:
-    from tradeoff.scheduling.sampling import SamplingParams
+    from tradeoff.generate.sampling import SamplingParams
 
     stop = doc.get("stop") or ()
     if isinstance(stop, str):
@@ -66,9 +76,15 @@ def sampling_params(doc: dict[str, Any], max_default: int) -> Any:
         raise InvalidInput("'stop' must be a string or a list of strings")
     if doc.get("n", 1) not in (1, None):
         raise InvalidInput("only n=1 is supported")
+    for unsupported in ("logprobs", "top_logprobs", "echo", "logit_bias", "suffix"):
+        if doc.get(unsupported):  # refused rather than silently ignored
+            raise InvalidInput(f"'{unsupported}' is not supported by this server")
+    if doc.get("best_of", 1) not in (1, None):
+        raise InvalidInput("only best_of=1 is supported")
     seed = doc.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise InvalidInput("'seed' must be an integer")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)
+                             or not -(2**63) <= seed < 2**64):
+        raise InvalidInput("'seed' must be an integer from -2**63 to 2**64 - 1")
     max_tokens = doc.get("max_completion_tokens", doc.get("max_tokens"))
     return SamplingParams(
         max_tokens=max_default if max_tokens is None else _number(
@@ -79,84 +95,78 @@ def sampling_params(doc: dict[str, Any], max_default: int) -> Any:
 
 
 class OpenAIApi:
-    """Handles every ``/v1/...`` request of the HTTP app."""
+    """The ``/v1`` handlers of the HTTP app (the route table names them)."""
 
-    def __init__(self, models: GenerativeModels, access: Access) -> None:
-        self.models = models
-        self.access = access
+    def __init__(self, dataplane: DataPlane,
+                 read_body: Callable[[Scope, Receive], Awaitable[bytes]]) -> None:
+        self.dataplane = dataplane
+        self.read_body = read_body
 
-    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send,
-                       read_body: Callable[[], Awaitable[bytes]]) -> None:
-        try:
-            if self.access.enabled:
-                self.access.check_headers(scope["headers"], admin=False)
-            path, method = scope["path"].rstrip("/"), scope["method"]
-            if path == "/v1/models" and method == "GET":
-                return await _send_json(send, 200, {"object": "list", "data": [
-                    {"id": m.name, "object": "model", "created": m.created,
-                     "owned_by": "tradeoff"} for m in self.models.models.values()]})
-            if path in ("/v1/completions", "/v1/chat/completions") and method == "POST":
-                doc = parse_json_object(await read_body(), "request body")
-                return await self._generate(doc, path.endswith("chat/completions"), receive,
-                                            send)
-            raise NotFound(f"no route {method} {scope['path']} in the OpenAI-compatible API")
-        except RequestError as exc:
-            await send_error(send, exc)
+    async def _json(self, scope: Scope, receive: Receive) -> dict[str, Any]:
+        body = await self.read_body(scope, receive)
+        doc: dict[str, Any] = await off_loop_if_large(len(body), parse_json_object, body,
+                                                      "request body")
+        return doc
 
-    async def _generate(self, doc: dict[str, Any], chat: bool, receive: Receive,
-                        send: Send) -> None:
+    async def openai_models(self, scope: Scope, receive: Receive, send: Send,
+                            params: dict[str, str]) -> None:
+        await send_json(send, 200, {"object": "list", "data": [
+            {"id": m.name, "object": "model", "created": m.created, "owned_by": "tradeoff"}
+            for m in self.dataplane.generative_models()]})
+
+    async def completions(self, scope: Scope, receive: Receive, send: Send,
+                          params: dict[str, str]) -> None:
+        doc = await self._json(scope, receive)
+        prompt = doc.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1:
+            prompt = prompt[0]
+        if not isinstance(prompt, str):
+            raise InvalidInput("'prompt' must be a string")
+        await self._generate(doc, prompt, False, receive, send)
+
+    async def chat_completions(self, scope: Scope, receive: Receive, send: Send,
+                               params: dict[str, str]) -> None:
+        doc = await self._json(scope, receive)
+        messages = doc.get("messages")
+        if not isinstance(messages, list) or not messages or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str)
+                and isinstance(m.get("content"), str) for m in messages):
+            raise InvalidInput("'messages' must be a non-empty list of "
+                               "{role, content} objects with string content")
+        await self._generate(doc, messages, True, receive, send)
+
+    async def _generate(self, doc: dict[str, Any], prompt: str | list[dict[str, str]],
+                        chat: bool, receive: Receive, send: Send) -> None:
         name = doc.get("model")
         if not isinstance(name, str):
             raise InvalidInput("'model' must name a model (GET /v1/models lists them)")
-        model = self.models.get(name)
-        tokenizer = model.tokenizer
-        if chat:
-            messages = doc.get("messages")
-            if not isinstance(messages, list) or not messages or not all(
-                    isinstance(m, dict) and isinstance(m.get("role"), str)
-                    and isinstance(m.get("content"), str) for m in messages):
-                raise InvalidInput("'messages' must be a non-empty list of "
-                                   "{role, content} objects with string content")
-            prompt_text = tokenizer.chat(messages)
-        else:
-            prompt_text = doc.get("prompt")
-            if isinstance(prompt_text, list) and len(prompt_text) == 1:
-                prompt_text = prompt_text[0]
-            if not isinstance(prompt_text, str):
-                raise InvalidInput("'prompt' must be a string")
-        prompt = tokenizer.encode(prompt_text)
-        if not prompt:
-            raise InvalidInput("the prompt is empty")
         params = sampling_params(doc, max_default=16)
-        limit = model.decoder.config.max_position
-        if len(prompt) + params.max_tokens > limit:
-            raise InvalidInput(f"prompt ({len(prompt)} tokens) + max_tokens "
-                               f"({params.max_tokens}) is over the model's {limit} positions")
         stream = bool(doc.get("stream", False))
         options = doc.get("stream_options") or {}
         include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
-        handle = model.submit(prompt, params)
-        first = await handle.events.get()  # a refusal arrives before anything is sent
-        if first[0] == "error":
-            raise first[1] if isinstance(first[1], RequestError) else RequestError(str(first[1]))
-        reply = _Reply(model, handle, chat, len(prompt))
-        watch = asyncio.ensure_future(receive())  # http.disconnect if the client leaves
+        model, handle, prompt_tokens = await self.dataplane.generate(name, prompt, params)
+        reply = _Reply(model, handle, chat, prompt_tokens)
 
-        def on_message(message: asyncio.Future[dict[str, Any]]) -> None:
-            if not message.cancelled() and message.exception() is None and \
-                    message.result()["type"] == "http.disconnect":
-                model.abort(handle)  # stop generating for nobody
-                handle.events.put_nowait(("done", "abort"))
+        def gone() -> None:  # stop generating for nobody
+            model.abort(handle)
+            handle.events.put_nowait(("done", "abort"))
 
-        watch.add_done_callback(on_message)
-        try:
-            if stream:
-                await reply.stream(first, send, include_usage)
-            else:
-                await reply.whole(first, send)
-        finally:
-            watch.remove_done_callback(on_message)
-            watch.cancel()
+        with DisconnectWatch(receive, gone):
+            first = await handle.events.get()  # a refusal arrives before anything is sent
+            if first[0] == "error":
+                error = first[1]
+                raise error if isinstance(error, RequestError) else \
+                    RequestError(f"generation failed: {error}")
+            if first == ("done", "abort"):
+                return  # the client left while its request waited
+            try:
+                if stream:
+                    await reply.stream(first, send, include_usage)
+                else:
+                    await reply.whole(first, send)
+            except BaseException:
+                model.abort(handle)  # whatever ended the answer early: stop generating
+                raise
 
 
 class _Reply:
@@ -195,7 +205,9 @@ class _Reply:
             return None
         if event[0] == "done":
             return str(event[1])
-        raise RequestError(f"generation failed: {event[1]}")
+        error = event[1]
+        raise error if isinstance(error, RequestError) else \
+            RequestError(f"generation failed: {error}")
 
     def _stop_trim(self, text: str) -> str:
         for stop in self.handle.params.stop:
@@ -214,7 +226,7 @@ class _Reply:
                                       "message": {"role": "assistant", "content": text}}
         else:
             choice = {"index": 0, "text": text, "finish_reason": reason, "logprobs": None}
-        await _send_json(send, 200, {
+        await send_json(send, 200, {
             "id": self.id, "object": "chat.completion" if self.chat else "text_completion",
             "created": self.created, "model": self.model.name, "choices": [choice],
             "usage": self.usage()})
@@ -248,11 +260,18 @@ class _Reply:
         while True:
             if event is None:
                 event = await self.handle.events.get()
-            reason = self._apply(event)
+            try:
+                reason = self._apply(event)
+                delta = "" if reason == "abort" else self._delta(final=reason is not None)
+            except Exception as exc:  # headers are sent: the error is the last event
+                if not isinstance(exc, RequestError):
+                    request_log.exception("model %s: a streamed answer failed", self.model.name)
+                await body(b"data: " + orjson.dumps(error_document(exc)) + b"\n\n")
+                include_usage = False
+                break
             event = None
             if reason == "abort":
                 return  # the client left
-            delta = self._delta(final=reason is not None)
             if self.handle.params.stop:
                 kept = self._stop_trim(self.sent_text)
                 if len(kept) < len(self.sent_text):  # a stop string arrived: cut it

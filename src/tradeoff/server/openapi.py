@@ -1,102 +1,61 @@
-"""The OpenAPI 3 description of the HTTP API, served at ``/openapi.json``.
+"""The OpenAPI 3 description of the HTTP API, served at ``/openapi.json``, made from
+the route table.
 
 It describes the Open Inference Protocol v2 routes as ``tradeoff serve`` implements them
 (JSON tensors; the binary tensor extension is a header plus raw bytes, outside what
-OpenAPI can say), and every error answer's JSON shape.
+OpenAPI can say), the OpenAI-compatible routes, and every error answer's JSON shape.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from tradeoff import __version__
 from tradeoff.dtypes import DATATYPES
+from tradeoff.server.routes import Route, path_parameters
 
-_ERROR = {"description": "the request was refused; 'error' says why",
-          "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
-_EMPTY = {"description": "no body"}
-
-
-def _json(schema: str, description: str = "OK") -> dict[str, Any]:
-    return {"description": description,
-            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}}}
-
-
-def _responses(ok: dict[str, Any], *codes: str) -> dict[str, Any]:
-    out = {"200": ok}
-    for code in codes:
-        out[code] = _EMPTY if code == "503-empty" else _ERROR
-    if "503-empty" in out:
-        out["503"] = out.pop("503-empty")
-    return out
+_GENERATION: dict[str, Any] = {
+    "model": {"type": "string"}, "max_tokens": {"type": "integer", "minimum": 1},
+    "temperature": {"type": "number", "minimum": 0}, "top_p": {"type": "number"},
+    "top_k": {"type": "integer"}, "seed": {"type": "integer"},
+    "stop": {"type": "array", "items": {"type": "string"}}, "stream": {"type": "boolean"},
+    "ignore_eos": {"type": "boolean"}}
 
 
-def _model_params(with_version: bool) -> list[dict[str, Any]]:
-    params = [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"},
-               "example": "mlp"}]
-    if with_version:
-        params.append({"name": "version", "in": "path", "required": True,
-                       "schema": {"type": "string"}, "example": "1"})
-    return params
+def _response(status: str, schema: str) -> dict[str, Any]:
+    if not schema:
+        return {"description": "no body"}
+    description = "OK" if status.startswith("2") else \
+        "the request was refused; 'error' says why"
+    if schema in ("object", "array"):
+        body: dict[str, Any] = {"type": schema}
+        if schema == "array":
+            body["items"] = {"type": "object"}
+    else:
+        body = {"$ref": f"#/components/schemas/{schema}"}
+    return {"description": description, "content": {"application/json": {"schema": body}}}
 
 
-def document() -> dict[str, Any]:
-    """The OpenAPI document (a fresh dict each call)."""
-    paths: dict[str, Any] = {
-        "/v2": {"get": {"summary": "Server metadata", "operationId": "serverMetadata",
-                        "responses": _responses(_json("ServerMetadata"), "401")}},
-        "/v2/health/live": {"get": {"summary": "Liveness", "operationId": "live",
-                                    "responses": _responses(_EMPTY, "503-empty")}},
-        "/v2/health/ready": {"get": {"summary": "Readiness", "operationId": "ready",
-                                     "responses": _responses(_EMPTY, "503-empty")}},
-        "/v2/models/stats": {"get": {"summary": "Statistics of every model",
-                                     "operationId": "allStats",
-                                     "responses": _responses(_json("Statistics"), "401")}},
-        "/v2/repository/index": {"post": {
-            "summary": "Models in the repository and their state",
-            "operationId": "repositoryIndex",
-            "requestBody": {"required": False, "content": {"application/json": {
-                "schema": {"type": "object", "properties": {"ready": {"type": "boolean"}}}}}},
-            "responses": _responses({"description": "OK", "content": {"application/json": {
-                "schema": {"type": "array", "items": {"type": "object"}}}}}, "400", "401")}},
-        "/v2/repository/models/{model}/load": {"post": {
-            "summary": "Load or reload a model (admin key when keys are set)",
-            "operationId": "load", "parameters": _model_params(False),
-            "requestBody": {"required": False, "content": {"application/json": {
-                "schema": {"$ref": "#/components/schemas/LoadRequest"}}}},
-            "responses": _responses(_EMPTY, "400", "401", "403", "404")}},
-        "/v2/repository/models/{model}/unload": {"post": {
-            "summary": "Unload a model (admin key when keys are set)",
-            "operationId": "unload", "parameters": _model_params(False),
-            "responses": _responses(_EMPTY, "400", "401", "403", "404")}},
-    }
-    for versioned in (False, True):
-        base = "/v2/models/{model}" + ("/versions/{version}" if versioned else "")
-        suffix = "Version" if versioned else ""
-        params = _model_params(versioned)
-        paths[base] = {"get": {"summary": "Model metadata", "operationId": f"metadata{suffix}",
-                               "parameters": params,
-                               "responses": _responses(_json("ModelMetadata"), "401", "404",
-                                                       "503")}}
-        paths[f"{base}/ready"] = {"get": {
-            "summary": "Model readiness", "operationId": f"modelReady{suffix}",
-            "parameters": params, "responses": _responses(_EMPTY, "404", "503-empty")}}
-        paths[f"{base}/config"] = {"get": {
-            "summary": "Model configuration", "operationId": f"config{suffix}",
-            "parameters": params,
-            "responses": _responses({"description": "OK", "content": {"application/json": {
-                "schema": {"type": "object"}}}}, "401", "404", "503")}}
-        paths[f"{base}/stats"] = {"get": {
-            "summary": "Model statistics", "operationId": f"stats{suffix}",
-            "parameters": params,
-            "responses": _responses(_json("Statistics"), "401", "404", "503")}}
-        paths[f"{base}/infer"] = {"post": {
-            "summary": "Inference (JSON tensors)", "operationId": f"infer{suffix}",
-            "parameters": params,
-            "requestBody": {"required": True, "content": {"application/json": {
-                "schema": {"$ref": "#/components/schemas/InferRequest"}}}},
-            "responses": _responses(_json("InferResponse"), "400", "401", "404", "413",
-                                    "500", "503")}}
+def _operation(route: Route) -> dict[str, Any]:
+    operation: dict[str, Any] = {
+        "summary": route.summary, "operationId": route.operation_id,
+        "responses": {status: _response(status, schema)
+                      for status, schema in route.responses.items()}}
+    parameters = path_parameters(route)
+    if parameters:
+        operation["parameters"] = parameters
+    if route.request is not None:
+        operation["requestBody"] = {"required": route.request_required, "content": {
+            "application/json": {"schema": {"$ref": f"#/components/schemas/{route.request}"}}}}
+    return operation
+
+
+def document(routes: Sequence[Route]) -> dict[str, Any]:
+    """The OpenAPI document of ``routes`` (a fresh dict each call)."""
+    paths: dict[str, Any] = {}
+    for route in routes:
+        paths.setdefault(route.pattern, {})[route.method.lower()] = _operation(route)
     tensor_data = {"type": "array", "items": {}}
     return {
         "openapi": "3.0.3",
@@ -141,6 +100,21 @@ def document() -> dict[str, Any]:
                 "LoadRequest": {"type": "object", "properties": {
                     "parameters": {"type": "object", "properties": {
                         "config": {"type": "string"}}}}},
+                "IndexRequest": {"type": "object",
+                                 "properties": {"ready": {"type": "boolean"}}},
+                "OpenAIError": {"type": "object", "required": ["error"], "properties": {
+                    "error": {"type": "object", "required": ["message", "type"],
+                              "properties": {"message": {"type": "string"},
+                                             "type": {"type": "string"}}}}},
+                "CompletionRequest": {"type": "object", "required": ["model", "prompt"],
+                                      "properties": {**_GENERATION,
+                                                     "prompt": {"type": "string"}}},
+                "ChatRequest": {"type": "object", "required": ["model", "messages"],
+                                "properties": {**_GENERATION, "messages": {
+                                    "type": "array", "items": {
+                                        "type": "object", "required": ["role", "content"],
+                                        "properties": {"role": {"type": "string"},
+                                                       "content": {"type": "string"}}}}}},
             },
         },
     }

@@ -12,7 +12,7 @@ import logging
 import signal
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import uvicorn
@@ -21,11 +21,12 @@ from tradeoff.protocol.v2 import DEFAULT_LIMITS, RequestLimits
 from tradeoff.repository.repository import ModelRepository
 from tradeoff.server.access import Access
 from tradeoff.server.dataplane import DataPlane
-from tradeoff.server.generative import GenerativeModels
 from tradeoff.server.http import DEFAULT_MAX_REQUEST_BYTES, HttpApp
+from tradeoff.server.logs import install_rate_limit
 from tradeoff.server.metrics import make_registry
 from tradeoff.server.models import ModelManager
-from tradeoff.server.openai_api import OpenAIApi
+from tradeoff.server.origins import OriginPolicy
+from tradeoff.server.transport import TransportLimits, guarded_protocol, raise_open_files_limit
 
 log = logging.getLogger("tradeoff.server")
 
@@ -48,6 +49,9 @@ class ServeOptions:
     allow_fault_injection: bool = False
     access: Access = field(default_factory=Access)
     limits: RequestLimits = DEFAULT_LIMITS
+    transport: TransportLimits = field(default_factory=TransportLimits)
+    allowed_hosts: tuple[str, ...] = ()
+    allowed_origins: tuple[str, ...] = ()
     tls_cert: Path | None = None
     tls_key: Path | None = None
 
@@ -83,8 +87,36 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _generation_drain_s(shutdown_timeout: float) -> float:
+    """How long generations may run on after SIGTERM: ``shutdown_timeout`` less a margin
+    (up to 2 s), so each one still running ends with an error event before the
+    connections are cut."""
+    return max(shutdown_timeout - min(2.0, shutdown_timeout / 2), 0.0)
+
+
+# descriptors kept for everything but HTTP connections: model files, gRPC, logs
+_RESERVED_FILES = 256
+
+
+def _fit_open_files(limits: TransportLimits) -> TransportLimits:
+    """Raise the open-files limit so ``max_connections`` fit; where the hard limit does
+    not allow it, lower ``max_connections`` and say so (accepting past the limit would
+    fail every new connection, not only the extra ones)."""
+    soft = raise_open_files_limit(limits.max_connections + _RESERVED_FILES)
+    if soft >= limits.max_connections + _RESERVED_FILES:
+        return limits
+    fitted = max(soft - _RESERVED_FILES, 1)
+    # one client keeps its share of what is left (a quarter, as with the defaults)
+    per_client = min(limits.max_connections_per_client, max(fitted // 4, 1))
+    log.warning("the open-files limit is %d: serving at most %d HTTP connections (%d per "
+                "client), not %d (--max-connections); raise it with ulimit -n", soft,
+                fitted, per_client, limits.max_connections)
+    return replace(limits, max_connections=fitted, max_connections_per_client=per_client)
+
+
 def serve(options: ServeOptions) -> None:
     """Run the server in this process until it is told to stop."""
+    install_rate_limit()
     tls = None
     if options.tls_cert is not None or options.tls_key is not None:
         if options.tls_cert is None or options.tls_key is None:
@@ -92,7 +124,8 @@ def serve(options: ServeOptions) -> None:
         tls = (options.tls_cert.read_bytes(), options.tls_key.read_bytes())
     repository = ModelRepository(options.model_repository, options.default_max_batch_size)
     manager = ModelManager(repository, default_intra_op_threads=options.intra_op_threads,
-                           allow_fault_injection=options.allow_fault_injection)
+                           allow_fault_injection=options.allow_fault_injection,
+                           drain_timeout_s=_generation_drain_s(options.shutdown_timeout))
     dataplane = DataPlane(manager, options.max_inflight, options.limits)
     dataplane.strict_readiness = options.strict_readiness
     sockets = [_bind(options.host, options.http_port)]
@@ -109,7 +142,6 @@ def serve(options: ServeOptions) -> None:
     async def startup() -> None:
         loop_box.append(asyncio.get_running_loop())
         await manager.load_all()
-        await generative.load_all()
         if options.grpc_port is not None:
             from tradeoff.server.grpc_server import start_grpc_server
 
@@ -129,23 +161,25 @@ def serve(options: ServeOptions) -> None:
         log.info("ready")
 
     async def shutdown() -> None:
-        dataplane.shutting_down = True
+        dataplane.begin_shutdown()  # once more if a signal started it: deadlines keep
         for server in grpc_box:
             await server.stop(options.shutdown_timeout)  # answers the calls in flight
         await manager.close()
-        await asyncio.to_thread(generative.close)
         log.info("stopped")
 
-    generative = GenerativeModels(repository)
-    app = HttpApp(dataplane, make_registry(manager, dataplane, generative),
+    transport = _fit_open_files(options.transport)
+    app = HttpApp(dataplane, make_registry(manager, dataplane),
                   metrics_port=metrics_port,
                   max_request_bytes=options.max_request_bytes,
                   on_startup=startup, on_shutdown=shutdown, access=options.access,
-                  openai=OpenAIApi(generative, options.access))
+                  limits=transport,
+                  origins=OriginPolicy.for_bind(options.host, options.allowed_hosts,
+                                                options.allowed_origins))
     config = uvicorn.Config(
         app,
         loop="uvloop",
-        http="httptools",
+        http=guarded_protocol(transport),
+        ws="none",  # no upgrades: every connection stays under the guarded protocol
         lifespan="on",
         log_config=None,
         access_log=False,

@@ -15,8 +15,9 @@ Every step, in order:
 Finished sequences are retired by the engine at once, so their slots and blocks serve the
 next step. With prefix caching, an admitted sequence first takes the cached blocks of the
 longest cached prefix of its prompt (all but its last token) and computes only the rest;
-the engine registers every block it fills (``cache_full_blocks``). ``static`` mode is the baseline: a batch is admitted only when nothing runs,
-and runs until all its sequences end.
+the engine registers every block it fills (``cache_full_blocks``). ``static`` mode is the
+baseline: a batch is admitted only when nothing runs, and runs until all its sequences
+end.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from tradeoff.errors import Unavailable
-from tradeoff.scheduling.kv_blocks import BlockAllocator, BlockKey, block_key
+from tradeoff.generate.kv_blocks import BlockAllocator, BlockKey, block_key
 
 
 class SeqState(enum.Enum):

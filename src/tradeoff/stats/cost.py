@@ -9,10 +9,14 @@
 
 Scores fall in [0, 1]; the best candidate on both counts scores 1. With an SLA on p99
 (and on the error rate), candidates that miss it are listed but not ranked.
+
+    parse_prices(["a=2.5", "0.9"], [], ["a", "b"])
+    # {"a": Price(per_hour=2.5), "b": Price(per_hour=0.9)}
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +44,38 @@ class Price:
 
     def to_dict(self) -> dict[str, float | None]:
         return {"per_hour": self.per_hour, "per_1k_requests": self.per_1k_requests}
+
+
+def _named_values(values: Iterable[str], option: str) -> dict[str, float]:
+    """``NAME=NUMBER`` pairs; a bare ``NUMBER`` applies to every endpoint (key ``*``)."""
+    out = {}
+    for value in values:
+        name, sep, number = value.rpartition("=")
+        try:
+            out[name if sep else "*"] = float(number)
+        except ValueError:
+            raise ValueError(f"{option} {value!r}: use NAME=NUMBER or NUMBER") from None
+    return out
+
+
+def parse_prices(per_hour: Iterable[str], per_1k_requests: Iterable[str],
+                 names: list[str]) -> dict[str, Price]:
+    """The Price of each endpoint in ``names`` from ``--price-per-hour`` and
+    ``--price-per-1k-requests`` values (``NAME=USD``, or ``USD`` for every endpoint); a
+    price per hour wins over one per request, and an unknown name is refused."""
+    hourly = _named_values(per_hour, "--price-per-hour")
+    per_request = _named_values(per_1k_requests, "--price-per-1k-requests")
+    unknown = (set(hourly) | set(per_request)) - set(names) - {"*"}
+    if unknown:
+        raise ValueError(f"prices name unknown endpoints: {', '.join(sorted(unknown))}")
+    prices = {}
+    for name in names:
+        hour = hourly.get(name, hourly.get("*"))
+        thousand = per_request.get(name, per_request.get("*"))
+        if hour is not None or thousand is not None:
+            prices[name] = Price(per_hour=hour, per_1k_requests=None if hour is not None
+                                 else thousand)
+    return prices
 
 
 def rank(candidates: list[dict[str, Any]], alpha: float = 0.5,

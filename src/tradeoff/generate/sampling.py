@@ -1,7 +1,8 @@
 """Choosing each sequence's next token, for the whole step at once.
 
 Temperature, top-k and top-p are applied to the step's logits as one tensor operation
-per rule; rows with temperature 0 are greedy. A row with its own seed draws from its own
+per rule; rows with temperature 0 (or below ``GREEDY_BELOW``, where dividing float32
+logits by it would overflow) are greedy. A row with its own seed draws from its own
 generator, so its tokens do not depend on what it was batched with.
 """
 
@@ -13,6 +14,10 @@ from dataclasses import dataclass, field
 import torch
 
 from tradeoff.errors import InvalidInput
+
+GREEDY_BELOW = 1e-5  # a temperature this small samples the top token anyway
+MAX_STOP_STRINGS = 4  # as OpenAI's API
+MAX_STOP_CHARS = 256
 
 
 @dataclass(frozen=True)
@@ -36,17 +41,23 @@ class SamplingParams:
             raise InvalidInput(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise InvalidInput(f"top_k must be >= 0, got {self.top_k}")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise InvalidInput(f"'stop' takes at most {MAX_STOP_STRINGS} strings, got "
+                               f"{len(self.stop)}")
+        if any(not 0 < len(text) <= MAX_STOP_CHARS for text in self.stop):
+            raise InvalidInput(f"each 'stop' string must be 1 to {MAX_STOP_CHARS} "
+                               "characters long")
 
 
 def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
            generators: Sequence[torch.Generator | None]) -> list[int]:
     """One token per row of ``logits`` ``[rows, vocab]``."""
-    greedy = torch.tensor([p.temperature == 0 for p in params])
+    greedy = torch.tensor([p.temperature < GREEDY_BELOW for p in params])
     chosen = logits.argmax(dim=-1)
     if bool(greedy.all()):
         return chosen.tolist()
-    temperature = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params],
-                               dtype=logits.dtype)
+    temperature = torch.tensor([1.0 if p.temperature < GREEDY_BELOW else p.temperature
+                                for p in params], dtype=logits.dtype)
     scaled = logits / temperature[:, None]
     vocab = logits.shape[-1]
     top_k = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in params])

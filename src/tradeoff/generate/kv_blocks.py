@@ -16,14 +16,23 @@ cached ones.
 
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections import OrderedDict, deque
 
-BlockKey = tuple[int, tuple[int, ...]]  # (hash of the previous block's key, tokens)
+# (digest of every token before the block, the block's tokens): a cache hit compares the
+# block's own tokens exactly and its whole prefix by a cryptographic digest, so no two
+# different prompts can share a block (Python's hash() can be made to collide)
+BlockKey = tuple[bytes, tuple[int, ...]]
 
 
 def block_key(previous: BlockKey | None, tokens: list[int]) -> BlockKey:
-    """The cache key of a full block: its tokens and everything before them (by hash)."""
-    return (hash(previous) if previous is not None else 0, tuple(tokens))
+    """The cache key of a full block: its tokens and everything before them."""
+    if previous is None:
+        return (b"", tuple(tokens))
+    digest = hashlib.blake2b(previous[0], digest_size=16)
+    digest.update(array("q", previous[1]).tobytes())
+    return (digest.digest(), tuple(tokens))
 
 
 class BlockAllocator:

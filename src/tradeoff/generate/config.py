@@ -1,0 +1,130 @@
+"""``generate.yaml``: the file that makes a repository directory a generative model.
+
+    format: hf                  # hf: a Hugging Face directory; gguf: one .gguf file
+    path: "1"                   # relative to the model directory (or absolute)
+    max_num_seqs: 16            # sequences decoded together
+    max_num_batched_tokens: 512 # tokens per step (prefill chunks + decodes)
+    max_num_queued_requests: 256
+    num_blocks: 512             # KV cache blocks ...
+    block_size: 16              # ... of this many tokens
+    scheduling: fcfs            # fcfs | priority
+    batching: continuous        # continuous | static (the baseline)
+    device: auto                # auto (cuda when torch sees a GPU) | cpu | cuda | cuda:N
+    prefix_caching: true        # share the KV blocks of prompt prefixes seen before
+
+Validated like ``config.pbtxt``: an error names the file, the field and what is wrong,
+with "did you mean" for a misspelt field or value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tradeoff.backends.registry import default_registry
+from tradeoff.errors import ConfigError
+from tradeoff.repository.repository import GENERATIVE_FILE
+
+_CHOICES = {"scheduling": ("fcfs", "priority"), "batching": ("continuous", "static")}
+_POSITIVE = ("max_num_seqs", "max_num_batched_tokens", "max_num_queued_requests",
+             "num_blocks", "block_size")
+
+
+def _hint(value: str, choices: Sequence[str]) -> str:
+    close = difflib.get_close_matches(value, list(choices), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+@dataclass(frozen=True)
+class GenerativeConfig:
+    """Where the weights are and how the engine batches."""
+
+    format: str = "hf"
+    path: str = "1"
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 512
+    max_num_queued_requests: int = 256
+    num_blocks: int = 512
+    block_size: int = 16
+    scheduling: str = "fcfs"
+    batching: str = "continuous"
+    device: str = "auto"
+    prefix_caching: bool = True
+    fault_nan_on_token: int = -1  # tests only, with --allow-fault-injection (backends/faults)
+
+    @classmethod
+    def of_model(cls, directory: Path, formats: Sequence[str] | None = None
+                 ) -> GenerativeConfig:
+        """The ``generate.yaml`` of a model directory."""
+        return cls.read(directory / GENERATIVE_FILE, formats)
+
+    @classmethod
+    def read(cls, path: Path, formats: Sequence[str] | None = None) -> GenerativeConfig:
+        """Read and validate a ``generate.yaml``; ConfigError names file and field.
+        ``formats``: those the generative backends read (default: the registry's)."""
+        source = str(path)
+        try:
+            doc = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(source, "", f"not readable YAML: {exc}") from None
+        if formats is None:
+            formats = default_registry().generative_formats()
+        return cls.from_mapping({} if doc is None else doc, source, formats)
+
+    @classmethod
+    def from_mapping(cls, doc: Any, source: str, formats: Sequence[str] = ()
+                     ) -> GenerativeConfig:
+        """Validate the settings; ``format`` against ``formats`` unless it is empty (no
+        generative backend imports: loading says why)."""
+        if not isinstance(doc, dict):
+            raise ConfigError(source, "", f"must be a mapping of settings, got "
+                                          f"{type(doc).__name__}")
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        values: dict[str, Any] = {}
+        for key, value in doc.items():
+            if key not in known:
+                raise ConfigError(source, str(key), f"unknown setting"
+                                  f"{_hint(str(key), sorted(known))} (known: "
+                                  f"{', '.join(sorted(known))})")
+            values[key] = _typed(source, key, known[key].type, value)
+        config = cls(**values)
+        if formats and config.format not in formats:
+            raise ConfigError(source, "format", f"no backend reads {config.format!r}"
+                              f"{_hint(config.format, formats)} (formats: "
+                              f"{', '.join(formats)})")
+        for key, choices in _CHOICES.items():
+            value = getattr(config, key)
+            if value not in choices:
+                raise ConfigError(source, key, f"unsupported value {value!r}"
+                                  f"{_hint(value, choices)} (one of {', '.join(choices)})")
+        device = config.device
+        if device not in ("auto", "cpu", "cuda") and not (
+                device.startswith("cuda:") and device[5:].isdigit()):
+            raise ConfigError(source, "device", f"unsupported value {device!r}"
+                              f"{_hint(device, ('auto', 'cpu', 'cuda'))} "
+                              "(auto, cpu, cuda or cuda:N)")
+        for key in _POSITIVE:
+            if getattr(config, key) < 1:
+                raise ConfigError(source, key, f"must be >= 1, got {getattr(config, key)}")
+        return config
+
+
+def _typed(source: str, key: str, kind: Any, value: Any) -> Any:
+    """``value`` as the field's type; YAML gives ints, bools and strings already."""
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise ConfigError(source, key, f"expected true or false, got {value!r}")
+        return value
+    if kind == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(source, key, f"expected int, got {value!r}")
+        return value
+    if isinstance(value, (dict, list)) or value is None:
+        raise ConfigError(source, key, f"expected a string, got {value!r}")
+    return str(value)

@@ -1,0 +1,761 @@
+"""The result documents, typed: bench, sweep, soak and compare.
+
+    doc = load_result("sweep.json")        # BenchResult | SweepResult | SoakResult | ...
+    doc.knee.load if doc.knee else None
+    write_json(doc, "copy.json")            # the same JSON again
+
+Each document is versioned by its ``schema`` field (``tradeoff.bench/1``,
+``tradeoff.sweep/1``, ``tradeoff.soak/1``, ``tradeoff.compare/1``). :func:`load_result` is
+the one reader: it dispatches on the schema and names the file and the field when one is
+missing or the schema is unknown. ``to_dict()`` and :func:`write_json` are the one writer:
+a document read from a file writes back the same JSON. Distributions (``latency_ms`` and
+the like) stay ``{"min", "mean", "stddev", "p50", ..., "max"}`` dicts, and open-ended
+descriptions (the endpoint, the load spec, the environment) stay dicts; every figure the
+tools read is an attribute. This module sits at the bottom of the package: the builders in
+``tradeoff.bench`` and ``tradeoff.analysis`` fill it in, the readers in ``analysis`` and
+``report`` read it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar, Union
+
+from tradeoff.errors import ResultFormatError
+
+BENCH_SCHEMA = "tradeoff.bench/1"
+SWEEP_SCHEMA = "tradeoff.sweep/1"
+SOAK_SCHEMA = "tradeoff.soak/1"
+COMPARE_SCHEMA = "tradeoff.compare/1"
+
+Distribution = dict[str, float]
+"""min, mean, stddev, p50, p90, p95, p99, p999, max of raw samples (some only ``mean``)."""
+
+
+class _Fields:
+    """Reads the fields of one JSON object, naming where a missing one was expected."""
+
+    def __init__(self, data: Any, where: str) -> None:
+        if not isinstance(data, Mapping):
+            raise ResultFormatError(f"{where}: expected an object, got {type(data).__name__}")
+        self.data = data
+        self.where = where
+
+    def __call__(self, key: str) -> Any:
+        try:
+            return self.data[key]
+        except KeyError:
+            raise ResultFormatError(f"{self.where}: field {key!r} is missing") from None
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.data.get(key, default)
+
+    def has(self, key: str) -> bool:
+        return key in self.data
+
+    def sub(self, key: str) -> _Fields:
+        return _Fields(self(key), f"{self.where}.{key}")
+
+    def items(self, key: str) -> list[_Fields]:
+        values = self(key)
+        if not isinstance(values, list):
+            raise ResultFormatError(f"{self.where}.{key}: expected a list")
+        return [_Fields(v, f"{self.where}.{key}[{i}]") for i, v in enumerate(values)]
+
+
+def _optional(value: Any, reader: Any, where: str) -> Any:
+    return None if value is None else reader(_Fields(value, where))
+
+
+# ------------------------------------------------------------------------ bench
+
+
+@dataclass(frozen=True)
+class Window:
+    """One measurement window: the requests that ended in it."""
+
+    index: int
+    duration_s: float
+    completed: int
+    errors: int
+    throughput_rps: float
+    p50_ms: float
+    p99_ms: float
+    server_ms: dict[str, float] | None = None  # mean ms per part, when snapshots bracket it
+    server_executions: int | None = None
+    round: int | None = None  # merged compare rounds: which round it came from
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "index": self.index, "duration_s": self.duration_s, "completed": self.completed,
+            "errors": self.errors, "throughput_rps": self.throughput_rps,
+            "p50_ms": self.p50_ms, "p99_ms": self.p99_ms}
+        if self.server_ms is not None:
+            out["server_ms"] = self.server_ms
+            out["server_executions"] = self.server_executions
+        if self.round is not None:
+            out["round"] = self.round
+        return out
+
+    @classmethod
+    def read(cls, f: _Fields) -> Window:
+        return cls(f("index"), f("duration_s"), f("completed"), f("errors"),
+                   f("throughput_rps"), f("p50_ms"), f("p99_ms"), f.get("server_ms"),
+                   f.get("server_executions"), f.get("round"))
+
+
+@dataclass(frozen=True)
+class Warmup:
+    requests: int
+    latency_ms: Distribution | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"requests": self.requests, "latency_ms": self.latency_ms}
+
+    @classmethod
+    def read(cls, f: _Fields) -> Warmup:
+        return cls(f("requests"), f("latency_ms"))
+
+
+@dataclass(frozen=True)
+class ClientReport:
+    """How the load generator itself fared; ``client_bound`` when it could not keep up."""
+
+    workers: int
+    cpu_percent: float
+    send_lag_ms: Distribution | None
+    loop_lag_ms: Distribution | None
+    client_bound: bool
+    reasons: list[str]
+    notes: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"workers": self.workers, "cpu_percent": self.cpu_percent,
+                "send_lag_ms": self.send_lag_ms, "loop_lag_ms": self.loop_lag_ms,
+                "client_bound": self.client_bound, "reasons": list(self.reasons),
+                "notes": list(self.notes)}
+
+    @classmethod
+    def read(cls, f: _Fields) -> ClientReport:
+        return cls(f("workers"), f("cpu_percent"), f("send_lag_ms"), f("loop_lag_ms"),
+                   f("client_bound"), list(f("reasons")), list(f("notes")))
+
+
+@dataclass(frozen=True)
+class ServerCounts:
+    """Requests and model executions the server counted over the measurement."""
+
+    requests: int
+    executions: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"requests": self.requests, "executions": self.executions}
+
+    @classmethod
+    def read(cls, f: _Fields) -> ServerCounts:
+        return cls(f("requests"), f("executions"))
+
+
+@dataclass(frozen=True)
+class InputTokens:
+    total: int
+    per_request: Distribution | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"total": self.total, "per_request": self.per_request}
+
+    @classmethod
+    def read(cls, f: _Fields) -> InputTokens:
+        return cls(f("total"), f("per_request"))
+
+
+@dataclass(frozen=True)
+class OutputTokens:
+    """Generated tokens: from the server's usage, or counted as text events without it."""
+
+    total: int
+    per_request: Distribution | None
+    from_usage: int
+    counted_events: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"total": self.total, "per_request": self.per_request,
+                "from_usage": self.from_usage, "counted_events": self.counted_events}
+
+    @classmethod
+    def read(cls, f: _Fields) -> OutputTokens:
+        return cls(f("total"), f("per_request"), f("from_usage"), f("counted_events"))
+
+
+@dataclass(frozen=True)
+class OutputLength:
+    """Answers as long as the max_tokens asked, shorter or longer."""
+
+    asked: int
+    exact: int
+    shorter: int
+    longer: int
+    ignore_eos: bool
+    honoured: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def read(cls, f: _Fields) -> OutputLength:
+        return cls(f("asked"), f("exact"), f("shorter"), f("longer"), f("ignore_eos"),
+                   f("honoured"))
+
+
+@dataclass(frozen=True)
+class Generation:
+    """The figures of streamed generations (OpenAI-compatible endpoints)."""
+
+    ttft_ms: Distribution | None
+    itl_ms: Distribution | None
+    tpot_ms: Distribution | None
+    output_tokens_per_s: float
+    input_tokens: InputTokens | None
+    output_tokens: OutputTokens
+    output_length: OutputLength
+    slo: dict[str, float] | None
+    goodput_rps: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ttft_ms": self.ttft_ms, "itl_ms": self.itl_ms, "tpot_ms": self.tpot_ms,
+                "output_tokens_per_s": self.output_tokens_per_s,
+                "input_tokens": self.input_tokens.to_dict() if self.input_tokens else None,
+                "output_tokens": self.output_tokens.to_dict(),
+                "output_length": self.output_length.to_dict(),
+                "slo": self.slo, "goodput_rps": self.goodput_rps}
+
+    @classmethod
+    def read(cls, f: _Fields) -> Generation:
+        return cls(f("ttft_ms"), f("itl_ms"), f("tpot_ms"), f("output_tokens_per_s"),
+                   _optional(f("input_tokens"), InputTokens.read, f"{f.where}.input_tokens"),
+                   OutputTokens.read(f.sub("output_tokens")),
+                   OutputLength.read(f.sub("output_length")), f("slo"), f("goodput_rps"))
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The figures of the measurement (see docs/bench.md for every definition)."""
+
+    requests: int
+    successes: int
+    errors: int
+    errors_by_class: dict[str, int]
+    throughput_rps: float
+    inferences_per_s: float
+    latency_ms: Distribution | None
+    server_ms: dict[str, Any] | None  # "source" and one distribution per server part
+    server_counts: ServerCounts | None
+    bytes_sent: int
+    bytes_received: int
+    asked_rate_rps: float | None
+    achieved_rate_rps: float | None
+    duration_s: float
+    generation: Generation | None = None  # written flat into the summary
+
+    @property
+    def error_percent(self) -> float:
+        return 100 * self.errors / self.requests if self.requests else 0.0
+
+    def latency(self, key: str) -> float | None:
+        """One figure of the latency distribution (``p50``, ``p99``, ``mean`` ...)."""
+        return (self.latency_ms or {}).get(key)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"requests": self.requests, "successes": self.successes, "errors": self.errors,
+               "errors_by_class": dict(self.errors_by_class),
+               "throughput_rps": self.throughput_rps,
+               "inferences_per_s": self.inferences_per_s, "latency_ms": self.latency_ms,
+               "server_ms": self.server_ms,
+               "server_counts": self.server_counts.to_dict() if self.server_counts else None,
+               "bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received,
+               "asked_rate_rps": self.asked_rate_rps,
+               "achieved_rate_rps": self.achieved_rate_rps, "duration_s": self.duration_s}
+        if self.generation is not None:
+            out.update(self.generation.to_dict())
+        return out
+
+    @classmethod
+    def read(cls, f: _Fields) -> Summary:
+        return cls(f("requests"), f("successes"), f("errors"), dict(f("errors_by_class")),
+                   f("throughput_rps"), f("inferences_per_s"), f("latency_ms"), f("server_ms"),
+                   _optional(f("server_counts"), ServerCounts.read, f"{f.where}.server_counts"),
+                   f("bytes_sent"), f("bytes_received"), f("asked_rate_rps"),
+                   f("achieved_rate_rps"), f("duration_s"),
+                   Generation.read(f) if f.has("ttft_ms") else None)
+
+
+def _label(endpoint: Mapping[str, Any]) -> str:
+    return str(endpoint.get("name") or endpoint.get("model") or endpoint.get("url") or "")
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    """One benchmark run (``tradeoff.bench/1``)."""
+
+    endpoint: dict[str, Any]  # what the adapter describes: protocol, url, model, metadata
+    load: dict[str, Any]  # the LoadSpec
+    environment: dict[str, Any]
+    cold_start_ms: float | None
+    cold_start_ok: bool | None
+    warmup: Warmup
+    total_requests_sent: int
+    windows: list[Window]
+    stable: bool | None
+    stop_reason: str
+    client: ClientReport
+    summary: Summary
+    merged_rounds: int | None = None  # compare: how many rounds were pooled into this one
+
+    schema = BENCH_SCHEMA
+
+    @property
+    def label(self) -> str:
+        """What to call the endpoint: its name, model or URL."""
+        return _label(self.endpoint)
+
+    @property
+    def offered_load(self) -> float:
+        """The concurrency of a closed loop, else the rate."""
+        return float(self.load["concurrency"] if self.load["mode"] == "closed"
+                     else self.load["rate"])
+
+    def named(self, name: str) -> BenchResult:
+        """The same result with the endpoint called ``name``."""
+        return dataclasses.replace(self, endpoint={**self.endpoint, "name": name})
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"schema": self.schema, "endpoint": self.endpoint, "load": self.load,
+               "environment": self.environment, "cold_start_ms": self.cold_start_ms,
+               "cold_start_ok": self.cold_start_ok, "warmup": self.warmup.to_dict(),
+               "total_requests_sent": self.total_requests_sent,
+               "windows": [w.to_dict() for w in self.windows], "stable": self.stable,
+               "stop_reason": self.stop_reason, "client": self.client.to_dict(),
+               "summary": self.summary.to_dict()}
+        if self.merged_rounds is not None:
+            out["merged_rounds"] = self.merged_rounds
+        return out
+
+    @classmethod
+    def read(cls, f: _Fields) -> BenchResult:
+        return cls(dict(f("endpoint")), dict(f("load")), dict(f("environment")),
+                   f("cold_start_ms"), f("cold_start_ok"), Warmup.read(f.sub("warmup")),
+                   f("total_requests_sent"), [Window.read(w) for w in f.items("windows")],
+                   f("stable"), f("stop_reason"), ClientReport.read(f.sub("client")),
+                   Summary.read(f.sub("summary")), f.get("merged_rounds"))
+
+
+# ------------------------------------------------------------------------ sweep
+
+
+@dataclass(frozen=True)
+class RowTokens:
+    """A sweep point's generation figures."""
+
+    output_tokens_per_s: float
+    ttft_p50_ms: float | None
+    ttft_p99_ms: float | None
+    tpot_p50_ms: float | None
+    tpot_p99_ms: float | None
+    goodput_rps: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def read(cls, f: _Fields) -> RowTokens:
+        return cls(f("output_tokens_per_s"), f("ttft_p50_ms"), f("ttft_p99_ms"),
+                   f("tpot_p50_ms"), f("tpot_p99_ms"), f("goodput_rps"))
+
+
+@dataclass(frozen=True)
+class SweepRow:
+    """Load, throughput, latency and error rate of one sweep point."""
+
+    load: float
+    throughput_rps: float
+    inferences_per_s: float
+    p50_ms: float | None
+    p99_ms: float | None
+    error_percent: float
+    requests: int
+    tokens: RowTokens | None = None  # written flat into the row
+    priced: bool = False  # cost_per_million is written only for a priced sweep
+    cost_per_million: float | None = None
+
+    @property
+    def work_rate(self) -> float:
+        """What the knee is found on: output tokens/s for generations, else requests/s."""
+        return float(self.tokens.output_tokens_per_s if self.tokens else self.throughput_rps)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "load": self.load, "throughput_rps": self.throughput_rps,
+            "inferences_per_s": self.inferences_per_s, "p50_ms": self.p50_ms,
+            "p99_ms": self.p99_ms, "error_percent": self.error_percent,
+            "requests": self.requests}
+        if self.tokens is not None:
+            out.update(self.tokens.to_dict())
+        if self.priced:
+            out["cost_per_million"] = self.cost_per_million
+        return out
+
+    @classmethod
+    def read(cls, f: _Fields) -> SweepRow:
+        return cls(**cls._fields(f))
+
+    @staticmethod
+    def _fields(f: _Fields) -> dict[str, Any]:
+        return {"load": f("load"), "throughput_rps": f("throughput_rps"),
+                "inferences_per_s": f("inferences_per_s"), "p50_ms": f("p50_ms"),
+                "p99_ms": f("p99_ms"), "error_percent": f("error_percent"),
+                "requests": f("requests"),
+                "tokens": RowTokens.read(f) if f.has("output_tokens_per_s") else None,
+                "priced": f.has("cost_per_million"),
+                "cost_per_million": f.get("cost_per_million")}
+
+
+@dataclass(frozen=True)
+class Knee(SweepRow):
+    """The sweep point where more load stopped paying, and the rule that found it."""
+
+    rule: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "rule": self.rule}
+
+    @classmethod
+    def read(cls, f: _Fields) -> Knee:
+        return cls(**cls._fields(f), rule=f("rule"))
+
+
+@dataclass(frozen=True)
+class SlaAnswer:
+    """The highest load whose p99 and error rate met the SLA (``best`` None: none did)."""
+
+    p99_ms: float
+    max_error_percent: float
+    best_load: float | None
+    best: SweepRow | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"p99_ms": self.p99_ms, "max_error_percent": self.max_error_percent,
+                "best_load": self.best_load, "best": self.best.to_dict() if self.best else None}
+
+    @classmethod
+    def read(cls, f: _Fields) -> SlaAnswer:
+        return cls(f("p99_ms"), f("max_error_percent"), f("best_load"),
+                   _optional(f("best"), SweepRow.read, f"{f.where}.best"))
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """One full benchmark per load level (``tradeoff.sweep/1``); ``ranking`` holds the
+    candidates of :func:`tradeoff.stats.cost.rank` when the sweep was priced."""
+
+    endpoint: dict[str, Any]
+    mode: str  # concurrency | rate
+    plan: dict[str, Any]
+    environment: dict[str, Any]
+    points: list[BenchResult]
+    rows: list[SweepRow]
+    knee: Knee | None
+    stop_reason: str
+    sla: SlaAnswer | None
+    price: dict[str, Any] | None
+    ranking: list[dict[str, Any]] | None
+    score: dict[str, Any]
+
+    schema = SWEEP_SCHEMA
+
+    @property
+    def label(self) -> str:
+        return _label(self.endpoint)
+
+    def point_at(self, load: float) -> BenchResult | None:
+        """The bench result at ``load`` (None when it was not measured)."""
+        return next((p for p in self.points if p.offered_load == load), None)
+
+    def named(self, name: str) -> SweepResult:
+        return dataclasses.replace(self, endpoint={**self.endpoint, "name": name})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": self.schema, "endpoint": self.endpoint, "mode": self.mode,
+                "plan": self.plan, "environment": self.environment,
+                "points": [p.to_dict() for p in self.points],
+                "rows": [r.to_dict() for r in self.rows],
+                "knee": self.knee.to_dict() if self.knee else None,
+                "stop_reason": self.stop_reason,
+                "sla": self.sla.to_dict() if self.sla else None, "price": self.price,
+                "ranking": self.ranking, "score": self.score}
+
+    @classmethod
+    def read(cls, f: _Fields) -> SweepResult:
+        return cls(dict(f("endpoint")), f("mode"), dict(f("plan")), dict(f("environment")),
+                   [BenchResult.read(p) for p in f.items("points")],
+                   [SweepRow.read(r) for r in f.items("rows")],
+                   _optional(f("knee"), Knee.read, f"{f.where}.knee"), f("stop_reason"),
+                   _optional(f("sla"), SlaAnswer.read, f"{f.where}.sla"), f("price"),
+                   f("ranking"), dict(f("score")))
+
+
+# ------------------------------------------------------------------------- soak
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether a soak run was stable, why not, and the trends behind it."""
+
+    stable: bool
+    reasons: list[dict[str, Any]]  # kind, severity, text, evidence, action
+    notes: list[str]
+    trends: dict[str, Any]  # p99, throughput, memory: Mann-Kendall figures
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stable": self.stable, "reasons": self.reasons, "notes": self.notes,
+                "trends": self.trends}
+
+    @classmethod
+    def read(cls, f: _Fields) -> Verdict:
+        return cls(f("stable"), list(f("reasons")), list(f("notes")), dict(f("trends")))
+
+
+@dataclass(frozen=True)
+class Memory:
+    """The server's resident memory over the run: (seconds, bytes) samples."""
+
+    source: str | None
+    samples: list[tuple[float, float]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "samples": [list(s) for s in self.samples]}
+
+    @classmethod
+    def read(cls, f: _Fields) -> Memory:
+        return cls(f("source"), [(t, rss) for t, rss in f("samples")])
+
+
+@dataclass(frozen=True)
+class SoakResult:
+    """Sustained load watched for drift, error bursts and memory growth
+    (``tradeoff.soak/1``)."""
+
+    endpoint: dict[str, Any]
+    plan: dict[str, Any]
+    environment: dict[str, Any]
+    max_rate: dict[str, Any]  # rps, source (given | measured) and the probe sweep's rows
+    rate_rps: float
+    result: BenchResult
+    summary: SweepRow
+    memory: Memory
+    verdict: Verdict
+
+    schema = SOAK_SCHEMA
+
+    @property
+    def label(self) -> str:
+        return _label(self.endpoint)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": self.schema, "endpoint": self.endpoint, "plan": self.plan,
+                "environment": self.environment, "max_rate": self.max_rate,
+                "rate_rps": self.rate_rps, "result": self.result.to_dict(),
+                "summary": self.summary.to_dict(), "memory": self.memory.to_dict(),
+                "verdict": self.verdict.to_dict()}
+
+    @classmethod
+    def read(cls, f: _Fields) -> SoakResult:
+        return cls(dict(f("endpoint")), dict(f("plan")), dict(f("environment")),
+                   dict(f("max_rate")), f("rate_rps"), BenchResult.read(f.sub("result")),
+                   SweepRow.read(f.sub("summary")), Memory.read(f.sub("memory")),
+                   Verdict.read(f.sub("verdict")))
+
+
+# ---------------------------------------------------------------------- compare
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """A ratio to the baseline and its 95% bootstrap interval (None: not known)."""
+
+    ratio: float | None
+    ci95: list[float] | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ratio": self.ratio, "ci95": self.ci95}
+
+    @classmethod
+    def read(cls, f: _Fields) -> Ratio:
+        return cls(f("ratio"), f("ci95"))
+
+
+@dataclass(frozen=True)
+class Ratios:
+    """One endpoint's ratios to the baseline: throughput, p50, p99 and, for generations,
+    output_tokens_per_s, ttft_p50, ttft_p99, tpot_p50."""
+
+    name: str
+    metrics: dict[str, Ratio]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, **{k: v.to_dict() for k, v in self.metrics.items()}}
+
+    @classmethod
+    def read(cls, f: _Fields) -> Ratios:
+        return cls(f("name"), {k: Ratio.read(_Fields(v, f"{f.where}.{k}"))
+                               for k, v in f.data.items() if k != "name"})
+
+
+@dataclass(frozen=True)
+class FairnessCheck:
+    check: str
+    ok: bool | None  # None: not known
+    detail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"check": self.check, "ok": self.ok, "detail": self.detail}
+
+    @classmethod
+    def read(cls, f: _Fields) -> FairnessCheck:
+        return cls(f("check"), f("ok"), f("detail"))
+
+
+@dataclass(frozen=True)
+class Fairness:
+    """Whether the endpoints were measured alike: inputs, load, client, interleaving."""
+
+    ok: bool
+    checks: list[FairnessCheck]
+
+    @property
+    def interleaved(self) -> bool:
+        return any(c.check == "interleaved" and c.ok for c in self.checks)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "checks": [c.to_dict() for c in self.checks]}
+
+    @classmethod
+    def read(cls, f: _Fields) -> Fairness:
+        return cls(f("ok"), [FairnessCheck.read(c) for c in f.items("checks")])
+
+
+@dataclass(frozen=True)
+class CompareEntry:
+    """One endpoint of a comparison: its pooled result and each round's summary."""
+
+    name: str
+    input_fingerprint: str | None
+    profile: dict[str, Any]
+    rounds: list[Summary]
+    result: BenchResult
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "input_fingerprint": self.input_fingerprint,
+                "profile": self.profile, "rounds": [r.to_dict() for r in self.rounds],
+                "result": self.result.to_dict()}
+
+    @classmethod
+    def read(cls, f: _Fields) -> CompareEntry:
+        return cls(f("name"), f("input_fingerprint"), dict(f("profile")),
+                   [Summary.read(r) for r in f.items("rounds")],
+                   BenchResult.read(f.sub("result")))
+
+
+@dataclass(frozen=True)
+class CompareResult:
+    """The same load against several endpoints (``tradeoff.compare/1``); ``ranking`` holds
+    the candidates of :func:`tradeoff.stats.cost.rank`."""
+
+    baseline: str
+    rounds: int
+    environment: dict[str, Any]
+    endpoints: list[CompareEntry]
+    ratios: list[Ratios]
+    fairness: Fairness
+    ranking: list[dict[str, Any]]
+    score: dict[str, Any]
+
+    schema = COMPARE_SCHEMA
+
+    @property
+    def label(self) -> str:
+        return self.baseline
+
+    def ratios_of(self, name: str) -> Ratios:
+        return next(r for r in self.ratios if r.name == name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": self.schema, "baseline": self.baseline, "rounds": self.rounds,
+                "environment": self.environment,
+                "endpoints": [e.to_dict() for e in self.endpoints],
+                "ratios": [r.to_dict() for r in self.ratios],
+                "fairness": self.fairness.to_dict(), "ranking": self.ranking,
+                "score": self.score}
+
+    @classmethod
+    def read(cls, f: _Fields) -> CompareResult:
+        return cls(f("baseline"), f("rounds"), dict(f("environment")),
+                   [CompareEntry.read(e) for e in f.items("endpoints")],
+                   [Ratios.read(r) for r in f.items("ratios")],
+                   Fairness.read(f.sub("fairness")), list(f("ranking")), dict(f("score")))
+
+
+# ------------------------------------------------------------ reader and writer
+
+ResultDocument = Union[BenchResult, SweepResult, SoakResult, CompareResult]
+READERS: dict[str, Any] = {BENCH_SCHEMA: BenchResult, SWEEP_SCHEMA: SweepResult,
+                           SOAK_SCHEMA: SoakResult, COMPARE_SCHEMA: CompareResult}
+_Document = TypeVar("_Document", BenchResult, SweepResult, SoakResult, CompareResult)
+
+
+def load_result(source: str | Path | Mapping[str, Any] | ResultDocument,
+                name: str | None = None) -> ResultDocument:
+    """A result document from a JSON file, its parsed dict, or a document (returned as is).
+
+    Dispatches on ``schema``; a file that is not JSON, an unknown schema or a missing
+    field raises :class:`ResultFormatError` naming the file (or ``name``) and the field.
+    """
+    if isinstance(source, (BenchResult, SweepResult, SoakResult, CompareResult)):
+        return source
+    if isinstance(source, (str, Path)):
+        where = name or str(source)
+        try:
+            data = json.loads(Path(source).read_text())
+        except (OSError, ValueError) as exc:
+            raise ResultFormatError(f"{where}: not a readable JSON result ({exc})") from None
+    else:
+        data, where = source, name or "result"
+    f = _Fields(data, where)
+    schema = f.get("schema")
+    reader = READERS.get(str(schema))
+    if reader is None:
+        known = ", ".join(READERS)
+        raise ResultFormatError(f"{where}: not a tradeoff result this version reads (schema "
+                                f"{schema!r}; known: {known})")
+    document: ResultDocument = reader.read(f)
+    return document
+
+
+def load_as(kind: type[_Document], source: str | Path | Mapping[str, Any] | ResultDocument,
+            name: str | None = None) -> _Document:
+    """:func:`load_result`, refusing any other kind of document than ``kind``."""
+    document = load_result(source, name)
+    if not isinstance(document, kind):
+        where = name or (str(source) if isinstance(source, (str, Path)) else "result")
+        raise ResultFormatError(f"{where}: a {document.schema} document, not {kind.schema}")
+    return document
+
+
+def write_json(document: ResultDocument, path: str | Path) -> None:
+    """Write ``document`` as JSON (parent folders made as needed)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document.to_dict(), indent=2))

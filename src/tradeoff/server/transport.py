@@ -1,0 +1,279 @@
+"""HTTP/1.1 connection limits that hold before the app sees a request.
+
+uvicorn parses requests with httptools and, left alone, buffers a request line or a
+header of any size, keeps a socket that never sends a byte open for ever, and accepts
+connections until the process runs out of file descriptors. :func:`guarded_protocol`
+gives uvicorn a protocol class that, on each connection:
+
+- refuses the request head (request line and headers) past ``max_header_bytes``:
+  414 when the URL is what grew, 431 otherwise, then closes;
+- closes a connection whose request head is not complete ``header_timeout_s`` after it
+  opened or after the head's first byte (408 when part of a head arrived);
+- answers 408 and closes when a request body sends nothing for ``body_timeout_s`` (the
+  app, waiting on the body, sees the client gone and releases what it held);
+- refuses connections past ``max_connections`` in all, or past
+  ``max_connections_per_client`` from one client address, with 503 and closes them.
+
+A response that ends a request whose body is still arriving (a refusal: 413, 503, 408)
+closes the connection after a *lingering close*: the server sends its answer and FIN,
+then reads and drops what the client still sends for up to ``LINGER_S`` before closing.
+Closing at once would make the kernel answer the unread bytes with a reset, and a client
+still sending its body would lose the answer.
+
+The bytes of bodies held at once are the app's business
+(:class:`tradeoff.server.http.HttpApp`): by then the route, the key and the declared
+length are known.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, cast
+
+import orjson
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+log = logging.getLogger("tradeoff.server")
+
+LINGER_S = 2.0  # longest a refused upload is read and dropped before the close
+
+_REASONS = {408: b"Request Timeout", 414: b"URI Too Long",
+            431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
+
+
+@dataclass(frozen=True)
+class TransportLimits:
+    """The per-connection and per-request-body limits of the HTTP port (all flags of
+    ``tradeoff serve``; docs/reliability.md says which attack each one stops)."""
+
+    max_header_bytes: int = 64 * 1024
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    max_connections: int = 8192
+    max_connections_per_client: int = 2048
+    max_body_memory: int = 1 << 30
+    max_json_bytes: int = 16 << 20  # JSON text of one infer request (tensors as numbers)
+
+
+def raw_response(status: int, message: str) -> bytes:
+    """A whole HTTP/1.1 error response with a JSON body, that closes the connection."""
+    body = orjson.dumps({"error": message})
+    return b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n" \
+           b"connection: close\r\n\r\n%s" % (status, _REASONS[status], len(body), body)
+
+
+def raise_open_files_limit(wanted: int) -> int:
+    """Raise this process's soft limit of open files towards ``wanted`` (up to the hard
+    limit); returns the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the open-files limit to %d: %s", target, exc)
+    return soft
+
+
+class _LingeringTransport:
+    """A connection's transport whose ``close`` lingers while a request body is still
+    arriving (see the module's docstring); everything else is the transport's own."""
+
+    def __init__(self, transport: Any, protocol: Any) -> None:
+        self._transport = transport
+        self._protocol = protocol
+        # the calls of every request, bound once (not looked up through __getattr__)
+        self.write = transport.write
+        self.get_extra_info = transport.get_extra_info
+        self.pause_reading = transport.pause_reading
+        self.resume_reading = transport.resume_reading
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def is_closing(self) -> bool:
+        """True while lingering too: uvicorn must start no queued request, write no
+        ``100 Continue``, on a connection that is ending."""
+        return self._protocol._lingering or self._transport.is_closing()
+
+    def close(self) -> None:
+        protocol = self._protocol
+        if protocol._lingering or not protocol._body_open or \
+                self._transport.is_closing() or not self._transport.can_write_eof():
+            self._transport.close()
+            return
+        protocol._lingering = True
+        self._transport.write_eof()  # after the response: the client sees its end
+        protocol._linger_timer = protocol.loop.call_later(LINGER_S, self._transport.close)
+        protocol.flow.resume_reading()
+
+
+def guarded_protocol(limits: TransportLimits) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol with ``limits`` applied (pass it as ``http=``)."""
+    clients: Counter[str] = Counter()
+
+    class GuardedHttpProtocol(HttpToolsProtocol):
+        _head_left = limits.max_header_bytes
+        _in_head = True
+        _timer: asyncio.TimerHandle | None = None  # the head's or the body's deadline
+        _raw_transport: Any = None
+        _client_host: str | None = None
+        _body_open = False  # a request's head arrived, its body has not ended
+        _heads_done = 0
+        _trailer_left = limits.max_header_bytes
+        _lingering = False
+        _linger_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: Any) -> None:
+            self._raw_transport = transport
+            super().connection_made(cast(asyncio.Transport, _LingeringTransport(transport, self)))
+            host = self.client[0] if self.client else ""
+            if len(self.connections) > limits.max_connections:
+                self._refuse(503, f"the server holds its limit of {limits.max_connections} "
+                                  "connections (--max-connections); retry later")
+            elif clients[host] >= limits.max_connections_per_client:
+                self._refuse(503, f"{host} holds its limit of "
+                                  f"{limits.max_connections_per_client} connections "
+                                  "(--max-connections-per-client); reuse them")
+            else:
+                clients[host] += 1
+                self._client_host = host
+                self._arm(limits.header_timeout_s, self._head_timed_out)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            if self._linger_timer is not None:
+                self._linger_timer.cancel()
+            if self._client_host is not None:
+                clients[self._client_host] -= 1
+                if not clients[self._client_host]:
+                    del clients[self._client_host]
+                self._client_host = None
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            if self._lingering:
+                return  # the rest of a refused body: dropped
+            # a read longer than what the head may still take is fed in pieces: the
+            # parser buffers a header line whole, so it must never see more than that
+            while self._in_head and len(data) > self._head_left:
+                heads = self._heads_done
+                cut = self._head_left
+                super().data_received(data[:cut])
+                data = data[cut:]
+                if self._raw_transport.is_closing():
+                    return
+                if self._in_head and self._heads_done == heads:  # one head, too long
+                    self._head_too_large()
+                    return
+                if self._in_head:  # a head ended in the piece and the next one began
+                    self._head_left = limits.max_header_bytes
+            if not data:
+                return
+            if self._in_head:
+                self._head_left -= len(data)
+            super().data_received(data)
+            # timers only for what is left waiting: a whole request in one read sets none
+            if self._body_open:
+                self._arm(limits.body_timeout_s, self._body_timed_out)  # from its last byte
+            elif self._in_head and self._head_left < limits.max_header_bytes and \
+                    self._timer is None:
+                self._arm(limits.header_timeout_s, self._head_timed_out)  # from its start
+
+        def on_headers_complete(self) -> None:
+            self._in_head = False
+            self._body_open = True
+            self._heads_done += 1
+            self._trailer_left = limits.max_header_bytes
+            self._disarm()
+            super().on_headers_complete()
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            if not self._in_head:  # a trailer of a chunked body: bounded like a head
+                self._trailer_left -= len(name) + len(value) + 4
+                if self._trailer_left < 0:
+                    if self.cycle is not None and not self.cycle.response_started:
+                        self._refuse(431, "the request's trailers are over the limit of "
+                                          f"{limits.max_header_bytes} bytes "
+                                          "(--max-header-bytes)")
+                    else:
+                        self._raw_transport.close()
+                    return
+            super().on_header(name, value)
+
+        def on_message_complete(self) -> None:
+            self._body_open = False
+            self._disarm()
+            super().on_message_complete()
+            self._in_head = True  # the next request's head, if any, starts here
+            self._head_left = limits.max_header_bytes
+            if self.cycle is not None and self.cycle.response_complete:
+                # the body ended after its answer (an early refusal): uvicorn's keep-alive
+                # timer is gone, so the next head has --header-timeout to start
+                self._arm(limits.header_timeout_s, self._head_timed_out)
+
+        def _head_too_large(self) -> None:
+            url = getattr(self, "url", b"")
+            if len(url) >= limits.max_header_bytes // 2 and not self.headers:
+                self._refuse(414, f"the URL is over the limit of {limits.max_header_bytes} "
+                                  "bytes (--max-header-bytes)")
+            else:
+                self._refuse(431, f"the request line and headers are over the limit of "
+                                  f"{limits.max_header_bytes} bytes (--max-header-bytes)")
+
+        def _arm(self, seconds: float, callback: Any) -> None:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = self.loop.call_later(seconds, callback)
+
+        def _disarm(self) -> None:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
+        def _waiting_on_us(self, callback: Any, seconds: float) -> bool:
+            """Whether the server, not the client, is why nothing arrives (an earlier
+            pipelined request is being answered, or reading is paused): wait again."""
+            if self.pipeline or self.flow.read_paused:
+                self._arm(seconds, callback)
+                return True
+            return False
+
+        def _head_timed_out(self) -> None:
+            self._timer = None
+            if not self._in_head or self._raw_transport.is_closing() or \
+                    self._waiting_on_us(self._head_timed_out, limits.header_timeout_s):
+                return
+            if self._head_left < limits.max_header_bytes:  # part of a head arrived
+                self._refuse(408, f"the request head did not arrive within "
+                                  f"{limits.header_timeout_s:g} s (--header-timeout)")
+            else:
+                self._raw_transport.close()
+
+        def _body_timed_out(self) -> None:
+            """No body bytes for --body-timeout: 408 if nothing was answered yet (the app
+            sees the client gone), then close; what the body held is released."""
+            self._timer = None
+            if not self._body_open or self._raw_transport.is_closing() or \
+                    self._waiting_on_us(self._body_timed_out, limits.body_timeout_s):
+                return
+            if self.cycle is not None and not self.cycle.response_started:
+                self._refuse(408, f"the request body stalled: no bytes for "
+                                  f"{limits.body_timeout_s:g} s (--body-timeout)")
+            else:
+                self._raw_transport.close()
+
+        def _refuse(self, status: int, message: str) -> None:
+            self._in_head = False
+            self._disarm()
+            if status != 503:
+                log.debug("%s: %d %s", self.client, status, message)
+            self._raw_transport.write(raw_response(status, message))
+            self._raw_transport.close()
+
+    return GuardedHttpProtocol

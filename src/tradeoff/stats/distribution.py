@@ -1,0 +1,23 @@
+"""Exact summaries of raw samples: min, mean, stddev, p50 ... p99.9, max.
+
+    distribution(np.array([1.0, 2.0, 3.0]))["p50"]  # 2.0
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+PERCENTILES = {"p50": 50, "p90": 90, "p95": 95, "p99": 99, "p999": 99.9}
+
+
+def distribution(values: np.ndarray) -> dict[str, float] | None:
+    """min, mean, stddev, p50 ... p99.9, max of raw samples (None when there are none)."""
+    values = values[np.isfinite(values)]
+    if not values.size:
+        return None
+    out = {"min": float(values.min()), "mean": float(values.mean()),
+           "stddev": float(values.std())}
+    for name, q in PERCENTILES.items():
+        out[name] = float(np.percentile(values, q))
+    out["max"] = float(values.max())
+    return out
