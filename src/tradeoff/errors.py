@@ -4,6 +4,7 @@
     ├── ConfigError              a model configuration is invalid (names file and field)
     ├── ModelLoadError           a model could not be loaded
     ├── MissingDependency        an optional extra is not installed (names the pip command)
+    ├── OptimizeError            tradeoff optimize cannot make or measure a version
     ├── ResultFormatError        a file is not a result this version reads; also a ValueError
     └── RequestError             something a client caused or must be told; has .status
         ├── InvalidInput         400: malformed body, wrong dtype/shape, missing input
@@ -44,6 +45,11 @@ class ConfigError(TradeoffError):
 
 class ModelLoadError(TradeoffError):
     """A model could not be loaded (missing file, runtime refused the model, ...)."""
+
+
+class OptimizeError(TradeoffError):
+    """``tradeoff optimize`` cannot make or measure a version: a sample file that is missing
+    or has the wrong inputs, a model with nothing to quantize, ..."""
 
 
 class MissingDependency(TradeoffError):

@@ -1,29 +1,35 @@
-"""The result documents, typed: bench, sweep, soak and compare.
+"""The result documents, typed: bench, sweep, soak, compare and optimize.
 
     doc = load_result("sweep.json")        # BenchResult | SweepResult | SoakResult | ...
     doc.knee.load if doc.knee else None
     write_json(doc, "copy.json")            # the same JSON again
 
 Each document is versioned by its ``schema`` field (``tradeoff.bench/1``,
-``tradeoff.sweep/1``, ``tradeoff.soak/1``, ``tradeoff.compare/1``). :func:`load_result` is
-the one reader: it dispatches on the schema and names the file and the field when one is
-missing or the schema is unknown. ``to_dict()`` and :func:`write_json` are the one writer:
-a document read from a file writes back the same JSON. Distributions (``latency_ms`` and
-the like) stay ``{"min", "mean", "stddev", "p50", ..., "max"}`` dicts, and open-ended
-descriptions (the endpoint, the load spec, the environment) stay dicts; every figure the
-tools read is an attribute. This module sits at the bottom of the package: the builders in
-``tradeoff.bench`` and ``tradeoff.analysis`` fill it in, the readers in ``analysis`` and
-``report`` read it.
+``tradeoff.sweep/1``, ``tradeoff.soak/1``, ``tradeoff.compare/1``, ``tradeoff.optimize/1``).
+:func:`load_result` is the one reader: it dispatches on the schema and names the file
+and the field when one is missing or the schema is unknown. ``to_dict()`` and
+:func:`write_json` are the one writer: a document read from a file writes back the same
+JSON. Distributions (``latency_ms`` and the like) stay ``{"min", "mean", "stddev", "p50",
+..., "max"}`` dicts, and open-ended descriptions (the endpoint, the load spec, the
+environment) stay dicts; every figure the tools read is an attribute. This module sits at
+the bottom of the package: the builders in ``tradeoff.bench``, ``tradeoff.analysis`` and
+``tradeoff.optimize`` fill it in, the readers in ``analysis`` and ``report`` read it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import platform
+import socket
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, Union
+
+import numpy as np
 
 from tradeoff.errors import ResultFormatError
 
@@ -31,6 +37,7 @@ BENCH_SCHEMA = "tradeoff.bench/1"
 SWEEP_SCHEMA = "tradeoff.sweep/1"
 SOAK_SCHEMA = "tradeoff.soak/1"
 COMPARE_SCHEMA = "tradeoff.compare/1"
+OPTIMIZE_SCHEMA = "tradeoff.optimize/1"
 
 Distribution = dict[str, float]
 """min, mean, stddev, p50, p90, p95, p99, p999, max of raw samples (some only ``mean``)."""
@@ -65,6 +72,24 @@ class _Fields:
         if not isinstance(values, list):
             raise ResultFormatError(f"{self.where}.{key}: expected a list")
         return [_Fields(v, f"{self.where}.{key}[{i}]") for i, v in enumerate(values)]
+
+
+def environment() -> dict[str, Any]:
+    """The machine a result was measured on (every document records it)."""
+    from tradeoff import __version__
+
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            cpu = next((line.split(":", 1)[1].strip() for line in handle
+                        if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"client_host": socket.gethostname(), "cpu": cpu, "cores_available": cores,
+            "cores_total": os.cpu_count(), "platform": platform.platform(),
+            "python": sys.version.split()[0], "tradeoff": __version__,
+            "numpy": np.__version__}
 
 
 def _optional(value: Any, reader: Any, where: str) -> Any:
@@ -708,12 +733,121 @@ class CompareResult:
                    Fairness.read(f.sub("fairness")), list(f("ranking")), dict(f("score")))
 
 
+# ------------------------------------------------------------------------ optimize
+
+
+@dataclass(frozen=True)
+class OutputAccuracy:
+    """One output of an optimised version against the original, on the same inputs."""
+
+    output: str
+    kind: str  # embedding | classifier | tensor: how it was graded
+    samples: int
+    metrics: dict[str, float]
+    drop: float  # what was lost, 0 = nothing; compared with --max-drop
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"output": self.output, "kind": self.kind, "samples": self.samples,
+                "metrics": dict(self.metrics), "drop": self.drop}
+
+    @classmethod
+    def read(cls, f: _Fields) -> OutputAccuracy:
+        return cls(f("output"), f("kind"), f("samples"), dict(f("metrics")), f("drop"))
+
+
+@dataclass(frozen=True)
+class VersionReport:
+    """One version of the model: how it was made, its speed in process, what it lost."""
+
+    version: int
+    precision: str
+    method: str
+    size_bytes: int
+    latency_ms: Distribution  # batch 1, in process
+    throughput_by_batch: dict[int, float]  # samples per second at each batch size
+    accuracy: list[OutputAccuracy]  # empty for the original
+    created: bool  # made by this run (not a version that was already there)
+
+    @property
+    def best_batch(self) -> int:
+        return max(self.throughput_by_batch, key=lambda b: self.throughput_by_batch[b])
+
+    @property
+    def best_throughput(self) -> float:
+        return self.throughput_by_batch[self.best_batch]
+
+    @property
+    def drop(self) -> float:
+        return max((a.drop for a in self.accuracy), default=0.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": self.version, "precision": self.precision, "method": self.method,
+                "size_bytes": self.size_bytes, "latency_ms": self.latency_ms,
+                "throughput_by_batch": {str(b): v for b, v in self.throughput_by_batch.items()},
+                "best_batch": self.best_batch, "best_throughput": self.best_throughput,
+                "accuracy": [a.to_dict() for a in self.accuracy], "drop": self.drop,
+                "created": self.created}
+
+    @classmethod
+    def read(cls, f: _Fields) -> VersionReport:
+        return cls(f("version"), f("precision"), f("method"), f("size_bytes"),
+                   f("latency_ms"), {int(b): v for b, v in f("throughput_by_batch").items()},
+                   [OutputAccuracy.read(a) for a in f.items("accuracy")], f("created"))
+
+
+@dataclass(frozen=True)
+class OptimizeResult:
+    """``tradeoff optimize``: the original and each optimised version, side by side."""
+
+    model: str
+    repository: str
+    source_version: int
+    validation: dict[str, Any]  # {"source": where the samples came from, "samples": N}
+    calibration: dict[str, Any] | None
+    max_drop: float
+    environment: dict[str, Any]
+    versions: list[VersionReport]
+    schema = OPTIMIZE_SCHEMA
+
+    @property
+    def original(self) -> VersionReport:
+        return next(v for v in self.versions if v.version == self.source_version)
+
+    def over_max_drop(self, version: VersionReport) -> bool:
+        return version.drop > self.max_drop
+
+    def speedup(self, version: VersionReport) -> tuple[float, float]:
+        """(batch-1 latency ratio, best-throughput ratio) against the original; >1 is
+        faster."""
+        base = self.original
+        return (base.latency_ms["p50"] / version.latency_ms["p50"],
+                version.best_throughput / base.best_throughput)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": self.schema, "model": self.model, "repository": self.repository,
+                "source_version": self.source_version, "validation": self.validation,
+                "calibration": self.calibration, "max_drop": self.max_drop,
+                "environment": self.environment,
+                "versions": [{**v.to_dict(), "over_max_drop": self.over_max_drop(v),
+                              "speedup_batch1": self.speedup(v)[0],
+                              "speedup_throughput": self.speedup(v)[1]}
+                             for v in self.versions]}
+
+    @classmethod
+    def read(cls, f: _Fields) -> OptimizeResult:
+        return cls(f("model"), f("repository"), f("source_version"), dict(f("validation")),
+                   f("calibration"), f("max_drop"), dict(f("environment")),
+                   [VersionReport.read(v) for v in f.items("versions")])
+
+
 # ------------------------------------------------------------ reader and writer
 
-ResultDocument = Union[BenchResult, SweepResult, SoakResult, CompareResult]
+ResultDocument = Union[BenchResult, SweepResult, SoakResult, CompareResult, OptimizeResult]
 READERS: dict[str, Any] = {BENCH_SCHEMA: BenchResult, SWEEP_SCHEMA: SweepResult,
-                           SOAK_SCHEMA: SoakResult, COMPARE_SCHEMA: CompareResult}
-_Document = TypeVar("_Document", BenchResult, SweepResult, SoakResult, CompareResult)
+                           SOAK_SCHEMA: SoakResult, COMPARE_SCHEMA: CompareResult,
+                           OPTIMIZE_SCHEMA: OptimizeResult}
+_Document = TypeVar("_Document", BenchResult, SweepResult, SoakResult, CompareResult,
+                    OptimizeResult)
 
 
 def load_result(source: str | Path | Mapping[str, Any] | ResultDocument,
@@ -723,7 +857,8 @@ def load_result(source: str | Path | Mapping[str, Any] | ResultDocument,
     Dispatches on ``schema``; a file that is not JSON, an unknown schema or a missing
     field raises :class:`ResultFormatError` naming the file (or ``name``) and the field.
     """
-    if isinstance(source, (BenchResult, SweepResult, SoakResult, CompareResult)):
+    if isinstance(source, (BenchResult, SweepResult, SoakResult, CompareResult,
+                           OptimizeResult)):
         return source
     if isinstance(source, (str, Path)):
         where = name or str(source)

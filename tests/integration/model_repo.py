@@ -29,7 +29,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from tradeoff.models import build_repository
-from tradeoff.models.examples import make_model, tiny_model
+from tradeoff.models.examples import tiny_model
+from tradeoff.models.graph import make_model
 
 # protocol datatype -> (ONNX element type, numpy dtype, Triton config type)
 IDENTITY_TYPES: dict[str, tuple[int, type | np.dtype, str]] = {

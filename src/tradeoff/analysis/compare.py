@@ -30,7 +30,6 @@ from tradeoff.analysis.profile import build_profile, profile
 from tradeoff.bench.endpoint import EndpointSpec, make_adapter
 from tradeoff.bench.load import LoadSpec
 from tradeoff.bench.records import OK, Records
-from tradeoff.bench.result import environment
 from tradeoff.bench.session import run_benchmark
 from tradeoff.results import (
     BenchResult,
@@ -42,6 +41,7 @@ from tradeoff.results import (
     Ratio,
     Ratios,
     Summary,
+    environment,
 )
 from tradeoff.stats.bootstrap import STATISTICS, bootstrap_ratio
 from tradeoff.stats.cost import Price, rank

@@ -17,6 +17,7 @@ from tradeoff.bench.sweep import point_summary
 from tradeoff.results import (
     BenchResult,
     CompareResult,
+    OptimizeResult,
     ResultDocument,
     SoakResult,
     SweepResult,
@@ -396,9 +397,40 @@ def diagnose(result: ResultDocument) -> list[Finding]:
     elif isinstance(result, SoakResult):
         out = [Finding(f"soak_{r['kind']}", r["severity"], r["text"], r.get("evidence", {}),
                        r["action"], result.label) for r in result.verdict.reasons]
+    elif isinstance(result, OptimizeResult):
+        out = _diagnose_optimize(result)
     else:
         out = _diagnose_compare(result)
     return sorted(out, key=lambda f: SEVERITY_ORDER.get(f.severity, 3))
+
+
+def _diagnose_optimize(result: OptimizeResult) -> list[Finding]:
+    """A version that lost more than the threshold, or that is no faster than the
+    original it replaces."""
+    out = []
+    for v in result.versions:
+        if v.version == result.source_version:
+            continue
+        subject = f"{result.model} v{v.version} ({v.precision})"
+        latency_ratio, throughput_ratio = result.speedup(v)
+        if result.over_max_drop(v):
+            worst = max(v.accuracy, key=lambda a: a.drop)
+            out.append(Finding(
+                "optimize_accuracy_drop", "warning",
+                f"output {worst.output!r} lost {worst.drop:.4f} ({worst.kind}), more than "
+                f"the max drop {result.max_drop:g}",
+                {"metrics": worst.metrics, "drop": worst.drop, "max_drop": result.max_drop},
+                "try --per-channel, leave sensitive nodes in FP32 (--exclude-node), or "
+                "validate on your own data (--validation) before serving it", subject))
+        if latency_ratio < 1.0 and throughput_ratio < 1.0:
+            out.append(Finding(
+                "optimize_not_faster", "info",
+                f"no faster than v{result.source_version} here: {latency_ratio:.2f}x at "
+                f"batch 1, {throughput_ratio:.2f}x at the best batch",
+                {"speedup_batch1": latency_ratio, "speedup_throughput": throughput_ratio},
+                "FP16 pays off on GPU providers; on a CPU keep FP32 or use INT8"
+                if v.precision == "fp16" else "keep the original on this hardware", subject))
+    return out
 
 
 def _diagnose_compare(compare: CompareResult) -> list[Finding]:

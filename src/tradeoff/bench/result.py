@@ -7,15 +7,10 @@ counts from each request's scheduled send time. See docs/bench.md for each defin
 
 from __future__ import annotations
 
-import os
-import platform
-import socket
-import sys
 from typing import Any
 
 import numpy as np
 
-from tradeoff import __version__
 from tradeoff.bench.adapters import Adapter
 from tradeoff.bench.load import LoadSpec
 from tradeoff.bench.records import OK, OUTCOME_NAMES, SERVER_PARTS, Records
@@ -31,28 +26,13 @@ from tradeoff.results import (
     Summary,
     Warmup,
     Window,
+    environment,
 )
 from tradeoff.stats.distribution import distribution
 
 SEND_LAG_LIMIT_MS = 1.0
 LOOP_LAG_LIMIT_MS = 5.0
 CPU_LIMIT_PERCENT = 90.0
-
-
-def environment() -> dict[str, Any]:
-    """The machine the client ran on."""
-    cpu = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as handle:
-            cpu = next((line.split(":", 1)[1].strip() for line in handle
-                        if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"client_host": socket.gethostname(), "cpu": cpu, "cores_available": cores,
-            "cores_total": os.cpu_count(), "platform": platform.platform(),
-            "python": sys.version.split()[0], "tradeoff": __version__,
-            "numpy": np.__version__}
 
 
 def _server_breakdown(measured: Records, ok: np.ndarray, outcome: RunOutcome

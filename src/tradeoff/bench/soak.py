@@ -28,10 +28,9 @@ from rich.console import Console
 
 from tradeoff.bench.adapters import Adapter, BenchSetupError
 from tradeoff.bench.load import LoadSpec
-from tradeoff.bench.result import environment
 from tradeoff.bench.session import run_benchmark
 from tradeoff.bench.sweep import Sweep, SweepPlan, parse_levels, point_summary
-from tradeoff.results import Memory, SoakResult, Verdict, Window
+from tradeoff.results import Memory, SoakResult, Verdict, Window, environment
 from tradeoff.stats.trend import mann_kendall
 
 WARMUP_S = 5.0  # before the first window, at most one window long

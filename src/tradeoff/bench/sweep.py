@@ -24,9 +24,16 @@ from rich.console import Console
 
 from tradeoff.bench.adapters import Adapter
 from tradeoff.bench.load import LoadSpec
-from tradeoff.bench.result import environment
 from tradeoff.bench.session import run_benchmark
-from tradeoff.results import BenchResult, Knee, RowTokens, SlaAnswer, SweepResult, SweepRow
+from tradeoff.results import (
+    BenchResult,
+    Knee,
+    RowTokens,
+    SlaAnswer,
+    SweepResult,
+    SweepRow,
+    environment,
+)
 from tradeoff.stats.cost import Price, rank
 from tradeoff.stats.knee import MIN_GAIN, find_knee
 

@@ -1,5 +1,5 @@
 """The ``tradeoff`` command line: serve, models build, demo, bench, sweep, soak, compare,
-diagnose, report.
+diagnose, report, optimize.
 
 A thin layer: each command translates its flags into the domain's objects and prints what
 comes back. Options that several commands take are declared once in ``options``; the load
@@ -18,6 +18,7 @@ from tradeoff.cli.analyze import diagnose, report
 from tradeoff.cli.bench import bench
 from tradeoff.cli.compare import compare
 from tradeoff.cli.demo import demo
+from tradeoff.cli.optimize import optimize
 from tradeoff.cli.serve import models, serve
 from tradeoff.cli.soak import soak
 from tradeoff.cli.sweep import sweep
@@ -53,6 +54,7 @@ def main() -> None:
       tradeoff bench http://127.0.0.1:8000 --model mlp --concurrency 16 --duration 10s
       tradeoff sweep http://127.0.0.1:8000 --model mlp --concurrency-range 1:256 --json s.json
       tradeoff diagnose s.json && tradeoff report s.json -o report.html
+      tradeoff optimize ./models/minilm --int8 dynamic --per-channel --json opt.json
       tradeoff bench http://127.0.0.1:8000/v1 --protocol openai --model smollm2-135m \\
           --concurrency 4 --duration 1m --output-tokens 16:256 --ignore-eos
     """
@@ -67,3 +69,4 @@ main.add_command(soak)
 main.add_command(compare)
 main.add_command(diagnose)
 main.add_command(report)
+main.add_command(optimize)

@@ -6,7 +6,8 @@
 * ``tiny_nobatch``, ``mlp_nobatch``: the same files with dynamic batching off, to show
   what batching buys.
 
-Generative models (``tinyllama``, ``smollm2-135m``) come from :mod:`tradeoff.models.generative`.
+Real models (``minilm``, ``resnet50``) come from :mod:`tradeoff.models.packaged`, generative
+ones (``tinyllama``, ``smollm2-135m``) from :mod:`tradeoff.models.generative`.
 """
 
 from __future__ import annotations
@@ -22,18 +23,12 @@ from tradeoff.models.generative import (
     available_generative_models,
     write_generative,
 )
-
-OPSET = 17
-IR_VERSION = 8  # readable by every onnxruntime release tradeoff supports
-
-
-def make_model(graph: onnx.GraphProto, producer: str = "tradeoff") -> onnx.ModelProto:
-    """A checked ONNX model of ``graph`` at the project's opset and IR version."""
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
-                              producer_name=producer)
-    model.ir_version = IR_VERSION
-    onnx.checker.check_model(model)
-    return model
+from tradeoff.models.graph import make_model
+from tradeoff.models.packaged import (
+    PACKAGED_MODELS,
+    available_packaged_models,
+    write_packaged,
+)
 
 
 def tiny_model() -> onnx.ModelProto:
@@ -107,8 +102,8 @@ def _write(root: Path, name: str, model: onnx.ModelProto, config: str) -> Path:
 
 def default_models() -> tuple[str, ...]:
     """What ``tradeoff models build`` writes by default: the tensor models, plus the
-    generative ones this installation can serve."""
-    return EXAMPLE_MODELS + available_generative_models()
+    packaged and generative ones this installation can serve."""
+    return EXAMPLE_MODELS + available_packaged_models() + available_generative_models()
 
 
 def build_repository(root: Path, names: tuple[str, ...] = EXAMPLE_MODELS) -> list[Path]:
@@ -116,10 +111,11 @@ def build_repository(root: Path, names: tuple[str, ...] = EXAMPLE_MODELS) -> lis
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     written = []
-    unknown = set(names) - set(EXAMPLE_MODELS) - set(GENERATIVE_MODELS)
+    known = EXAMPLE_MODELS + PACKAGED_MODELS + GENERATIVE_MODELS
+    unknown = set(names) - set(known)
     if unknown:
         raise ValueError(f"unknown example models {sorted(unknown)}; "
-                         f"choose from {', '.join(EXAMPLE_MODELS + GENERATIVE_MODELS)}")
+                         f"choose from {', '.join(known)}")
     builders = {"tiny": (tiny_model, TINY_CONFIG), "mlp": (mlp_model, MLP_CONFIG)}
     for base, (make, template) in builders.items():
         wanted = [n for n in (base, f"{base}_nobatch") if n in names]
@@ -130,5 +126,6 @@ def build_repository(root: Path, names: tuple[str, ...] = EXAMPLE_MODELS) -> lis
             batching = "" if name.endswith("_nobatch") else _BATCHING
             written.append(_write(root, name, model, template.format(name=name,
                                                                      batching=batching)))
+    written += [write_packaged(root, name) for name in PACKAGED_MODELS if name in names]
     written += [write_generative(root, name) for name in GENERATIVE_MODELS if name in names]
     return written

@@ -1,5 +1,5 @@
 """``tradeoff report``: one self-contained HTML file (inline CSS and SVG, works offline)
-from any mix of bench, sweep, soak and compare results.
+from any mix of bench, sweep, soak, compare and optimize results.
 
     report = write_report([load_result(p) for p in paths], Path("report.html"))
 """
@@ -16,9 +16,11 @@ from tradeoff import __version__
 from tradeoff.analysis.diagnose import diagnose
 from tradeoff.bench.sweep import KNEE_RULE, point_summary
 from tradeoff.report import plots
+from tradeoff.report.terminal import accuracy_cell
 from tradeoff.results import (
     BenchResult,
     CompareResult,
+    OptimizeResult,
     Ratio,
     ResultDocument,
     SoakResult,
@@ -251,6 +253,27 @@ def _soak_section(report: Report, soak: SoakResult) -> None:
                + f"{notes}</ul>")
 
 
+def _optimize_section(report: Report, result: OptimizeResult) -> None:
+    """The versions of one model from ``tradeoff optimize``: speed in process and
+    accuracy against the original, a version over the max drop marked."""
+    rows, classes = [], []
+    for v in result.versions:
+        latency_ratio, throughput_ratio = result.speedup(v)
+        rows.append([_e(v.version), _e(v.precision), _e(v.method),
+                     _num(v.size_bytes / 1e6, 1), _num(v.latency_ms["p50"]),
+                     _num(latency_ratio), _num(v.best_throughput, 1), _e(v.best_batch),
+                     _num(throughput_ratio), _e(accuracy_cell(result, v.version))])
+        classes.append("bad" if result.over_max_drop(v) else "")
+    report.add(f"Optimized versions of {result.model}",
+               _table(["version", "precision", "how it was made", "MB", "batch 1 p50 ms",
+                       "x", "best samples/s", "at batch", "x", "accuracy vs original"],
+                      rows, classes, left=3)
+               + f"<p class='muted'>In process, {_e(result.environment.get('intra_op_threads'))}"
+               f" thread(s); accuracy on {_e(result.validation['samples'])} samples from "
+               f"{_e(result.validation['source'])}; max drop {result.max_drop:g} "
+               "(marked rows lose more).</p>")
+
+
 def _findings_section(report: Report, documents: Sequence[ResultDocument]) -> None:
     rows = []
     for doc in documents:
@@ -279,6 +302,7 @@ def build_report(documents: Sequence[ResultDocument], png_dir: Path | None = Non
     benches = [d for d in documents if isinstance(d, BenchResult)]
     compares = [d for d in documents if isinstance(d, CompareResult)]
     soaks = [d for d in documents if isinstance(d, SoakResult)]
+    optimized = [d for d in documents if isinstance(d, OptimizeResult)]
     if sweeps:
         _sweep_section(report, sweeps)
     for compare in compares:
@@ -306,6 +330,8 @@ def build_report(documents: Sequence[ResultDocument], png_dir: Path | None = Non
                                  "Each curve joins the reported percentiles."))
     for soak in soaks:
         _soak_section(report, soak)
+    for document in optimized:
+        _optimize_section(report, document)
     _findings_section(report, documents)
     _environment_section(report, documents)
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

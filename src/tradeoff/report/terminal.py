@@ -1,9 +1,10 @@
-"""Terminal tables for benchmark results."""
+"""Terminal tables for benchmark and optimize results."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -11,6 +12,7 @@ from tradeoff.results import (
     BenchResult,
     CompareResult,
     Generation,
+    OptimizeResult,
     Ratio,
     SoakResult,
     SweepResult,
@@ -286,3 +288,48 @@ def print_soak(soak: SoakResult, console: Console) -> None:
             console.print(f"  - {reason['text']}")
     for note in verdict.notes:
         console.print(f"  note: {note}")
+
+
+def accuracy_cell(result: OptimizeResult, version: int) -> str:
+    """What a version lost, in the metric its outputs are graded by."""
+    report = next(v for v in result.versions if v.version == version)
+    if not report.accuracy:
+        return "reference"
+    cells = []
+    for a in report.accuracy:
+        m = a.metrics
+        if a.kind == "embedding":
+            cells.append(f"cos {m['cosine_mean']:.4f} min {m['cosine_min']:.4f}")
+        elif a.kind == "classifier":
+            cells.append(f"top-1 {m['top1_agreement']:.1%} "
+                         f"dp {m['max_probability_difference']:.3f}")
+        else:
+            cells.append(f"err {m['max_abs_error']:.3g} ({m['max_relative_error']:.2%})")
+    return "; ".join(cells)
+
+
+def print_optimize(result: OptimizeResult, console: Console) -> None:
+    """Each version of the model side by side: size, speed in process, what it lost."""
+    base = result.source_version
+    table = Table(title=f"{result.model}: versions in process "
+                        f"({result.environment.get('intra_op_threads', 1)} thread, "
+                        f"onnxruntime {result.environment.get('onnxruntime', '?')})",
+                  box=box.SIMPLE_HEAD)
+    for column in ("v", "precision", "MB", "batch 1 p50 ms", "best throughput", "accuracy"):
+        table.add_column(column, justify="left" if column in ("precision", "accuracy")
+                         else "right")
+    for v in result.versions:
+        latency_ratio, throughput_ratio = result.speedup(v)
+        accuracy = accuracy_cell(result, v.version)
+        if result.over_max_drop(v):
+            accuracy = f"[red]{accuracy}: over max drop[/red]"
+        table.add_row(str(v.version), v.precision, f"{v.size_bytes / 1e6:.1f}",
+                      f"{_ms(v.latency_ms['p50'])} ({latency_ratio:.2f}x)",
+                      f"{v.best_throughput:,.0f}/s @{v.best_batch} ({throughput_ratio:.2f}x)",
+                      accuracy)
+    console.print(table)
+    console.print(f"(x: speed against v{base}, higher is faster; @: best batch size)")
+    for v in result.versions:
+        console.print(f"  v{v.version}: {v.method}")
+    console.print(f"accuracy: against v{base} on {result.validation['samples']} samples "
+                  f"from {result.validation['source']}; max drop {result.max_drop:g}")
