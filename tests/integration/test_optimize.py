@@ -35,7 +35,7 @@ def optimized(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, OptimizeR
 
 def test_each_quantization_path_makes_a_version_that_loads_and_runs(
         optimized: tuple[Path, OptimizeResult]) -> None:
-    root, result = optimized
+    root, _ = optimized
     source = ModelRepository(root).read("mlp")
     assert sorted(source.versions) == [1, 2, 3, 4, 5, 6]
     x = np.random.default_rng(0).standard_normal((3, 256)).astype(np.float32)

@@ -163,7 +163,7 @@ def test_a_text_model_without_its_tokenizer_or_token_inputs_does_not_load(
 
     shutil.copytree(repo / "minilm", tmp_path / "minilm")
     (tmp_path / "minilm" / "1" / "tokenizer.json").unlink()
-    with pytest.raises(ModelLoadError, match="tokenizer.json: not found"):
+    with pytest.raises(ModelLoadError, match=r"tokenizer\.json: not found"):
         ModelRepository(tmp_path).read("minilm")
     shutil.copytree(repo / "resnet50" / "1", tmp_path / "minilm" / "1", dirs_exist_ok=True)
     with pytest.raises(ModelLoadError, match="takes input_ids and attention_mask"):
