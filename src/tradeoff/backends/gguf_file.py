@@ -73,8 +73,10 @@ def _tokenizer(reader: Any) -> Tokenizer:
     return Tokenizer(backend, config)
 
 
-def load_gguf(path: Path, device: str = "cpu") -> tuple[LlamaDecoder, Tokenizer]:
-    """The decoder (float32 weights) and tokenizer of a Llama-architecture GGUF file."""
+def load_gguf(path: Path, device: str = "cpu",
+              precision: str = "fp32") -> tuple[LlamaDecoder, Tokenizer]:
+    """The decoder and tokenizer of a Llama-architecture GGUF file; its quantized blocks
+    are dequantized, then held in ``precision`` (INT8 re-quantizes per output channel)."""
     from gguf import GGUFReader
     from gguf.quants import dequantize
 
@@ -119,4 +121,4 @@ def load_gguf(path: Path, device: str = "cpu") -> tuple[LlamaDecoder, Tokenizer]
         elif parts[0] == "blk" and parts[2] == "attn_k":
             array = _unpermute(array, kv_heads)
         weights[name] = torch.from_numpy(np.array(array, dtype=np.float32, copy=True))
-    return LlamaDecoder(config, weights, device), _tokenizer(reader)
+    return LlamaDecoder(config, weights, device, precision=precision), _tokenizer(reader)

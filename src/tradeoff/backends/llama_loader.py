@@ -26,12 +26,15 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def load_model(path: Path, fmt: str, device: str) -> tuple[LlamaDecoder, Any]:
-    """Decoder and tokenizer of a Hugging Face directory (``hf``) or a GGUF file."""
+def load_model(path: Path, fmt: str, device: str,
+               precision: str = "fp32") -> tuple[LlamaDecoder, Any]:
+    """Decoder and tokenizer of a Hugging Face directory (``hf``) or a GGUF file, its
+    weights held in ``precision`` (fp32, bf16, int8)."""
     device = resolve_device(device)
     if fmt == "gguf":
-        return load_gguf(path, device=device)
-    return load_hf_directory(path, device=device), Tokenizer.from_directory(path)
+        return load_gguf(path, device=device, precision=precision)
+    return (load_hf_directory(path, device=device, precision=precision),
+            Tokenizer.from_directory(path))
 
 
 BACKEND = GenerativeBackendType(name="llama", formats=("hf", "gguf"), load=load_model)

@@ -73,12 +73,12 @@ class TensorBackendType:
 
 @dataclass(frozen=True)
 class GenerativeBackendType:
-    """A runtime that generates tokens: ``load(path, format, device)`` returns the
-    decoder and its tokenizer."""
+    """A runtime that generates tokens: ``load(path, format, device, precision)`` returns
+    the decoder and its tokenizer."""
 
     name: str
     formats: tuple[str, ...]
-    load: Callable[[Path, str, str], tuple[Any, Any]]
+    load: Callable[[Path, str, str, str], tuple[Any, Any]]
 
 
 class BackendRegistry:

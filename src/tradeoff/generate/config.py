@@ -11,6 +11,7 @@
     batching: continuous        # continuous | static (the baseline)
     device: auto                # auto (cuda when torch sees a GPU) | cpu | cuda | cuda:N
     prefix_caching: true        # share the KV blocks of prompt prefixes seen before
+    precision: fp32             # fp32 | bf16 | int8 (per-channel INT8 weights, CPU)
 
 Validated like ``config.pbtxt``: an error names the file, the field and what is wrong,
 with "did you mean" for a misspelt field or value.
@@ -31,7 +32,8 @@ from tradeoff.backends.registry import default_registry
 from tradeoff.errors import ConfigError
 from tradeoff.repository.repository import GENERATIVE_FILE
 
-_CHOICES = {"scheduling": ("fcfs", "priority"), "batching": ("continuous", "static")}
+_CHOICES = {"scheduling": ("fcfs", "priority"), "batching": ("continuous", "static"),
+            "precision": ("fp32", "bf16", "int8")}
 _POSITIVE = ("max_num_seqs", "max_num_batched_tokens", "max_num_queued_requests",
              "num_blocks", "block_size")
 
@@ -56,6 +58,7 @@ class GenerativeConfig:
     batching: str = "continuous"
     device: str = "auto"
     prefix_caching: bool = True
+    precision: str = "fp32"
     fault_nan_on_token: int = -1  # tests only, with --allow-fault-injection (backends/faults)
 
     @classmethod

@@ -17,7 +17,7 @@ def load_generative(directory: Path, backends: BackendRegistry | None = None
     config = GenerativeConfig.of_model(directory, registry.generative_formats())
     backend = registry.generative(config.format)
     path = Path(config.path) if Path(config.path).is_absolute() else directory / config.path
-    decoder, tokenizer = backend.load(path, config.format, config.device)
+    decoder, tokenizer = backend.load(path, config.format, config.device, config.precision)
     return config, decoder, tokenizer
 
 
