@@ -767,6 +767,7 @@ class VersionReport:
     throughput_by_batch: dict[int, float]  # samples per second at each batch size
     accuracy: list[OutputAccuracy]  # empty for the original
     created: bool  # made by this run (not a version that was already there)
+    model: str | None = None  # served under another name (an LLM's precision: a sibling)
 
     @property
     def best_batch(self) -> int:
@@ -786,13 +787,14 @@ class VersionReport:
                 "throughput_by_batch": {str(b): v for b, v in self.throughput_by_batch.items()},
                 "best_batch": self.best_batch, "best_throughput": self.best_throughput,
                 "accuracy": [a.to_dict() for a in self.accuracy], "drop": self.drop,
-                "created": self.created}
+                "created": self.created, "model": self.model}
 
     @classmethod
     def read(cls, f: _Fields) -> VersionReport:
         return cls(f("version"), f("precision"), f("method"), f("size_bytes"),
                    f("latency_ms"), {int(b): v for b, v in f("throughput_by_batch").items()},
-                   [OutputAccuracy.read(a) for a in f.items("accuracy")], f("created"))
+                   [OutputAccuracy.read(a) for a in f.items("accuracy")], f("created"),
+                   f.get("model"))
 
 
 @dataclass(frozen=True)

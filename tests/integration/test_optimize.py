@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.integration.helpers import infer_json, request, running_server
+from tests.integration.helpers import infer_json, post_json, request, running_server
 from tradeoff.backends.registry import InstanceSpec, default_registry
 from tradeoff.errors import OptimizeError
 from tradeoff.models import build_repository
@@ -142,3 +142,39 @@ def test_the_command_writes_the_table_and_json_and_user_mistakes_are_one_line(
     document = load_result(out)
     assert isinstance(document, OptimizeResult)
     assert document.validation == {"source": str(tmp_path / "good.npy"), "samples": 4}
+
+
+def test_a_generative_model_gets_a_sibling_per_precision_that_the_server_serves(
+        tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    build_repository(tmp_path, ("tinyllama",))
+    with pytest.raises(OptimizeError, match="--fp16, --graph-opt, --int8 static"):
+        optimize_model(tmp_path / "tinyllama", OptimizePlan((Variant("fp16"),)))
+    result = optimize_model(tmp_path / "tinyllama", OptimizePlan(
+        (Variant("int8-dynamic"), Variant("bf16")), seconds_per_version=0.3))
+    assert [(v.model, v.precision, v.created) for v in result.versions] == [
+        ("tinyllama", "fp32", False), ("tinyllama-int8", "int8", True),
+        ("tinyllama-bf16", "bf16", True)]
+    for v in result.versions[1:]:
+        (graded,) = v.accuracy
+        assert graded.kind == "generative" and graded.samples > 100
+        assert 0 <= graded.metrics["greedy_agreement"] <= 1
+        assert graded.drop == pytest.approx(1 - graded.metrics["greedy_agreement"])
+        assert graded.metrics["perplexity"] > 1 and v.size_bytes < result.original.size_bytes
+        assert set(v.throughput_by_batch) == {1, 2, 4, 8}  # up to max_num_seqs
+    assert load_result(result.to_dict()).to_dict() == result.to_dict()
+    import yaml
+
+    sibling = yaml.safe_load((tmp_path / "tinyllama-int8" / "generate.yaml").read_text())
+    assert sibling["precision"] == "int8"
+    assert Path(sibling["path"]) == (tmp_path / "tinyllama" / "1").resolve()
+    server_gen: Iterator[ServerProcess] = running_server(tmp_path)
+    server = next(server_gen)
+    try:
+        for model in ("tinyllama", "tinyllama-int8", "tinyllama-bf16"):
+            response = post_json(server.url, "/v1/completions", {
+                "model": model, "prompt": "hello", "max_tokens": 4, "temperature": 0})
+            assert response.status == 200, response.body
+            assert response.json()["usage"]["completion_tokens"] == 4
+    finally:
+        next(server_gen, None)

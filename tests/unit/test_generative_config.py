@@ -22,6 +22,8 @@ def test_defaults_and_values(tmp_path: Path) -> None:
     assert (config.format, config.max_num_seqs, config.prefix_caching, config.device) == \
         ("gguf", 4, False, "cuda:1")
     assert read(tmp_path, "").prefix_caching and read(tmp_path, "").batching == "continuous"
+    assert read(tmp_path, "").precision == "fp32"
+    assert read(tmp_path, "precision: int8").precision == "int8"
 
 
 @pytest.mark.parametrize("text, message", [
@@ -36,6 +38,8 @@ def test_defaults_and_values(tmp_path: Path) -> None:
     ("prefix_caching: maybe", "expected true or false"),
     ("batching: dynamic", "unsupported value 'dynamic'"),
     ("device: tpu", "unsupported value 'tpu'"),
+    ("precision: fp16", "unsupported value 'fp16'.*fp32, bf16, int8"),
+    ("precision: in8", "did you mean 'int8'"),
     ("[1, 2]", "must be a mapping"),
 ])
 def test_wrong_settings_name_the_setting(tmp_path: Path, text: str, message: str) -> None:

@@ -101,3 +101,33 @@ def test_config_from_hugging_face_json() -> None:
         LlamaConfig.from_hf({**doc, "rope_scaling": {"rope_type": "llama3", "factor": 8}})
     with pytest.raises(ModelLoadError, match="lacks 'vocab_size'"):
         LlamaConfig.from_hf({k: v for k, v in doc.items() if k != "vocab_size"})
+
+
+@pytest.mark.parametrize(("precision", "tolerance"), [("bf16", 0.08), ("int8", 0.08)])
+def test_lower_precisions_stay_close_to_fp32_and_hold_fewer_bytes(
+        models: tuple, precision: str, tolerance: float) -> None:
+    reference, fp32 = models
+    lower = LlamaDecoder(CONFIG, reference.state_dict(), precision=precision)
+    tokens = torch.tensor([1, 5, 9, 13, 40, 41, 42, 7])
+    logits = {}
+    for name, decoder in (("fp32", fp32), (precision, lower)):
+        cache = decoder.new_cache(num_blocks=4, block_size=BLOCK)
+        (logits[name],) = decoder.step([SequenceStep(tokens, 0, torch.arange(8))], cache,
+                                       all_logits=True)
+    assert logits[precision].dtype == torch.float32
+    scale = logits["fp32"].abs().max()
+    assert (logits[precision] - logits["fp32"]).abs().max() / scale < tolerance
+    assert not torch.equal(logits[precision], logits["fp32"])  # it did change precision
+    assert lower.weight_bytes < fp32.weight_bytes
+    if precision == "bf16":
+        assert lower.new_cache(1, BLOCK).keys.dtype == torch.bfloat16
+    else:
+        assert "model.layers.0.self_attn.q_proj.weight" in lower.packed
+        assert "model.layers.0.mlp.down_proj.weight" not in lower.packed  # kept FP32
+
+
+def test_an_unknown_precision_is_a_load_error(models: tuple) -> None:
+    from tradeoff.errors import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="precision 'fp8': expected one of"):
+        LlamaDecoder(CONFIG, models[0].state_dict(), precision="fp8")

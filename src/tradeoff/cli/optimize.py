@@ -21,6 +21,8 @@ from tradeoff.cli.options import json_option, save_result
               help="Leave this node in FP32 (repeatable): for sensitive layers.")
 @click.option("--fp16", is_flag=True,
               help="Make an FP16 version (inputs and outputs stay FP32); for GPU providers.")
+@click.option("--bf16", is_flag=True,
+              help="Generative models: a sibling model with the decoder in bfloat16.")
 @click.option("--graph-opt", is_flag=True,
               help="Make a version with ONNX Runtime's graph optimisations done ahead.")
 @click.option("--calibration", type=click.Path(dir_okay=False, path_type=Path),
@@ -38,8 +40,8 @@ from tradeoff.cli.options import json_option, save_result
               help="Time to measure the speed of each version.")
 @json_option("tradeoff.optimize/1")
 def optimize(model_dir: Path, int8: str | None, per_channel: bool, exclude: tuple[str, ...],
-             fp16: bool, graph_opt: bool, calibration: Path | None, validation: Path | None,
-             max_drop: float, from_version: int | None, seconds: float,
+             fp16: bool, bf16: bool, graph_opt: bool, calibration: Path | None,
+             validation: Path | None, max_drop: float, from_version: int | None, seconds: float,
              json_path: Path | None) -> None:
     """Write optimised versions of an ONNX model as new versions of it in its repository,
     then measure every version in process on the same samples: size, latency at batch 1,
@@ -49,11 +51,15 @@ def optimize(model_dir: Path, int8: str | None, per_channel: bool, exclude: tupl
     version_<N>_method) and serves all versions, so `tradeoff serve` serves them side by
     side and `tradeoff compare` can A/B them (version=N).
 
+    A generative model (generate.yaml) gets a sibling model per precision instead,
+    MODEL-int8 or MODEL-bf16, graded by perplexity and greedy next-token agreement.
+
     \b
     Examples:
       tradeoff optimize ./models/minilm --int8 dynamic --per-channel
       tradeoff optimize ./models/resnet50 --int8 static --per-channel --json opt.json
       tradeoff optimize ./models/mlp --int8 dynamic --fp16 --graph-opt
+      tradeoff optimize ./models/smollm2-135m --int8 dynamic --bf16
       tradeoff optimize ./models/minilm --int8 static --calibration cal.txt \\
           --validation val.txt --max-drop 0.005
     """
@@ -70,10 +76,13 @@ def optimize(model_dir: Path, int8: str | None, per_channel: bool, exclude: tupl
         variants.append(Variant(f"int8-{int8}", per_channel, exclude))
     if fp16:
         variants.append(Variant("fp16"))
+    if bf16:
+        variants.append(Variant("bf16"))
     if graph_opt:
         variants.append(Variant("graph-opt"))
     if not variants:
-        raise click.UsageError("say what to make: --int8 dynamic|static, --fp16 or --graph-opt")
+        raise click.UsageError("say what to make: --int8 dynamic|static, --fp16, --bf16 or "
+                               "--graph-opt")
     plan = OptimizePlan(tuple(variants), validation, calibration, max_drop, seconds,
                         from_version)
     console = Console()
@@ -83,7 +92,11 @@ def optimize(model_dir: Path, int8: str | None, per_channel: bool, exclude: tupl
         result = optimize_model(model_dir, plan,
                                 lambda step: progress.update(task, description=step))
     print_optimize(result, console)
-    made = [v.version for v in result.versions if v.created]
-    console.print(f"new versions {', '.join(map(str, made))} in {model_dir}; the config "
-                  "serves all versions")
+    made = [v for v in result.versions if v.created]
+    if made and made[0].model:
+        console.print(f"new models {', '.join(str(v.model) for v in made)} beside "
+                      f"{model_dir}")
+    else:
+        console.print(f"new versions {', '.join(str(v.version) for v in made)} in "
+                      f"{model_dir}; the config serves all versions")
     save_result(result, json_path, console, "optimize result")

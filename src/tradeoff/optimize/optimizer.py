@@ -36,7 +36,14 @@ from tradeoff.optimize.samples import (
     sample_count,
     take,
 )
-from tradeoff.optimize.variants import INT8_STATIC, Feed, Variant, make_variant
+from tradeoff.optimize.variants import (
+    BF16,
+    INT8_DYNAMIC,
+    INT8_STATIC,
+    Feed,
+    Variant,
+    make_variant,
+)
 from tradeoff.repository.config import ModelConfig
 from tradeoff.repository.edit import add_versions, version_parameter
 from tradeoff.repository.repository import ModelRepository, ModelSource
@@ -70,8 +77,7 @@ def optimize_model(model_dir: Path, plan: OptimizePlan,
     repository = ModelRepository(model_dir.parent)
     name = model_dir.name
     if repository.kind(name) == GENERATIVE:
-        raise OptimizeError(f"{name} is a generative model: set precision in its "
-                            "generate.yaml instead")
+        return _optimize_generative(model_dir, plan, say)
     source = repository.read(name)
     config = source.config
     on_disk = sorted(int(p.name) for p in model_dir.iterdir()
@@ -144,6 +150,48 @@ def optimize_model(model_dir: Path, plan: OptimizePlan,
         environment={**environment(), "onnxruntime": ort.__version__,
                      "intra_op_threads": _threads(source.config)},
         versions=reports)
+
+
+def _optimize_generative(model_dir: Path, plan: OptimizePlan,
+                         say: Progress) -> OptimizeResult:
+    """An LLM: each precision as a sibling model (:mod:`tradeoff.optimize.generative`)."""
+    from tradeoff.optimize.generative import optimize_generative, scored_text
+
+    precisions = {INT8_DYNAMIC: "int8", BF16: "bf16"}
+    refused = [v.kind for v in plan.variants if v.kind not in precisions]
+    if refused or plan.validation or plan.calibration or plan.source_version:
+        raise OptimizeError(
+            f"{model_dir.name} is a generative model: it takes --int8 dynamic and --bf16 "
+            "(its decoder's precision); --fp16, --graph-opt, --int8 static, --validation, "
+            "--calibration and --from-version are for ONNX models")
+    versions, original = optimize_generative(
+        model_dir, tuple(precisions[v.kind] for v in plan.variants),
+        plan.seconds_per_version, say)
+    text = scored_text()
+    return OptimizeResult(
+        model=model_dir.name, repository=str(model_dir.parent), source_version=1,
+        validation={"source": f"tradeoff's sentences ({len(text)} characters), next "
+                              "token at every position", "samples": _scored_tokens(versions)},
+        calibration=None, max_drop=plan.max_drop,
+        environment={**environment(), "torch": _torch_version(),
+                     "intra_op_threads": _torch_threads(), "original_precision": original},
+        versions=versions)
+
+
+def _scored_tokens(versions: list[VersionReport]) -> int:
+    return next((v.accuracy[0].samples for v in versions if v.accuracy), 0)
+
+
+def _torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return int(torch.get_num_threads())
 
 
 def _samples(path: Path | None, model_dir: Path, config: ModelConfig,

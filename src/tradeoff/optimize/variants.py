@@ -8,6 +8,7 @@
   on a CPU most FP16 kernels are missing and the casts make it slower).
 * ``graph-opt``: ONNX Runtime's extended graph optimisations (fusions, constant folding)
   done once and saved, so a server need not repeat them at every load.
+* ``bf16``: for generative models only (:mod:`tradeoff.optimize.generative`).
 
 ``per_channel`` gives each output channel of a weight its own scale; ``exclude`` names
 nodes left in FP32 (the sensitive ones).
@@ -29,7 +30,8 @@ import onnxruntime as ort
 from tradeoff.errors import OptimizeError
 
 INT8_DYNAMIC, INT8_STATIC, FP16, GRAPH_OPT = "int8-dynamic", "int8-static", "fp16", "graph-opt"
-KINDS = (INT8_DYNAMIC, INT8_STATIC, FP16, GRAPH_OPT)
+BF16 = "bf16"  # generative models only
+KINDS = (INT8_DYNAMIC, INT8_STATIC, FP16, GRAPH_OPT, BF16)
 # the ops INT8 quantization rewrites; a model with none of them gains nothing
 QUANTIZABLE_OPS = ("MatMul", "Gemm", "Conv")
 
@@ -47,7 +49,8 @@ class Variant:
 
     @property
     def precision(self) -> str:
-        return {INT8_DYNAMIC: "int8", INT8_STATIC: "int8", FP16: "fp16"}.get(self.kind, "fp32")
+        return {INT8_DYNAMIC: "int8", INT8_STATIC: "int8", FP16: "fp16",
+                BF16: "bf16"}.get(self.kind, "fp32")
 
     def describe(self) -> str:
         """How the version was made, in a few words (stored in the model's config)."""
@@ -87,6 +90,8 @@ def make_variant(source: Path, target: Path, variant: Variant,
         _fp16(source, target)
     elif variant.kind == GRAPH_OPT:
         _graph_opt(source, target)
+    elif variant.kind == BF16:
+        raise OptimizeError("bf16 is for generative models; an ONNX model takes --fp16")
     else:
         raise OptimizeError(f"unknown variant {variant.kind!r}; choose from {', '.join(KINDS)}")
 

@@ -303,6 +303,9 @@ def accuracy_cell(result: OptimizeResult, version: int) -> str:
         elif a.kind == "classifier":
             cells.append(f"top-1 {m['top1_agreement']:.1%} "
                          f"dp {m['max_probability_difference']:.3f}")
+        elif a.kind == "generative":
+            cells.append(f"greedy {m['greedy_agreement']:.1%}, ppl {m['perplexity']:.2f} "
+                         f"(was {m['perplexity_original']:.2f})")
         else:
             cells.append(f"err {m['max_abs_error']:.3g} ({m['max_relative_error']:.2%})")
     return "; ".join(cells)
@@ -311,9 +314,11 @@ def accuracy_cell(result: OptimizeResult, version: int) -> str:
 def print_optimize(result: OptimizeResult, console: Console) -> None:
     """Each version of the model side by side: size, speed in process, what it lost."""
     base = result.source_version
+    env = result.environment
+    runtime = f"onnxruntime {env['onnxruntime']}" if "onnxruntime" in env else \
+        f"torch {env.get('torch', '?')}"
     table = Table(title=f"{result.model}: versions in process "
-                        f"({result.environment.get('intra_op_threads', 1)} thread, "
-                        f"onnxruntime {result.environment.get('onnxruntime', '?')})",
+                        f"({env.get('intra_op_threads', 1)} thread, {runtime})",
                   box=box.SIMPLE_HEAD)
     for column in ("v", "precision", "MB", "batch 1 p50 ms", "best throughput", "accuracy"):
         table.add_column(column, justify="left" if column in ("precision", "accuracy")
@@ -330,6 +335,6 @@ def print_optimize(result: OptimizeResult, console: Console) -> None:
     console.print(table)
     console.print(f"(x: speed against v{base}, higher is faster; @: best batch size)")
     for v in result.versions:
-        console.print(f"  v{v.version}: {v.method}")
+        console.print(f"  v{v.version}{f' ({v.model})' if v.model else ''}: {v.method}")
     console.print(f"accuracy: against v{base} on {result.validation['samples']} samples "
                   f"from {result.validation['source']}; max drop {result.max_drop:g}")
