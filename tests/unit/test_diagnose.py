@@ -174,3 +174,24 @@ def test_soak_reasons_become_findings() -> None:
     assert found[0].severity == "critical" and found[0].subject == "m"
     steady = [dataclasses.replace(w, p99_ms=10.0) for w in windows]
     assert diagnose(dataclasses.replace(soak, verdict=verdict(steady, []))) == []
+
+
+def test_an_optimized_version_over_the_max_drop_or_slower_is_a_finding() -> None:
+    from tradeoff.results import OptimizeResult, OutputAccuracy, VersionReport
+
+    def version(number: int, precision: str, p50: float, best: float,
+                cosine: float | None) -> VersionReport:
+        accuracy = [] if cosine is None else [OutputAccuracy(
+            "embedding", "embedding", 64, {"cosine_mean": cosine, "cosine_min": cosine},
+            1 - cosine)]
+        return VersionReport(number, precision, "m", 100, {"p50": p50}, {1: best},
+                             accuracy, created=number > 1)
+
+    result = OptimizeResult("minilm", "repo", 1, {"source": "s", "samples": 64}, None, 0.01,
+                            {}, [version(1, "fp32", 6.0, 200.0, None),
+                                 version(2, "int8", 3.0, 400.0, 0.995),
+                                 version(3, "int8", 3.5, 450.0, 0.96),
+                                 version(4, "fp16", 7.0, 150.0, 0.9999)])
+    findings = {(f.rule, f.subject) for f in diagnose(result)}
+    assert findings == {("optimize_accuracy_drop", "minilm v3 (int8)"),
+                        ("optimize_not_faster", "minilm v4 (fp16)")}
