@@ -172,17 +172,37 @@ class ClientReport:
 
 @dataclass(frozen=True)
 class ServerCounts:
-    """Requests and model executions the server counted over the measurement."""
+    """Requests and model executions the server counted over the measurement, and its
+    response cache's hits and misses when it has one in use."""
 
     requests: int
     executions: int
+    cache_hits: int | None = None
+    cache_misses: int | None = None
+
+    @property
+    def cache_hit_ratio(self) -> float | None:
+        """Hits over lookups; None when the server looked nothing up."""
+        if self.cache_hits is None or self.cache_misses is None:
+            return None
+        lookups = self.cache_hits + self.cache_misses
+        return self.cache_hits / lookups if lookups else None
+
+    @property
+    def computed(self) -> int:
+        """Requests the model ran for (not answered from the cache)."""
+        return self.requests - (self.cache_hits or 0)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"requests": self.requests, "executions": self.executions}
+        out: dict[str, Any] = {"requests": self.requests, "executions": self.executions}
+        if self.cache_hits is not None:
+            out.update(cache_hits=self.cache_hits, cache_misses=self.cache_misses,
+                       cache_hit_ratio=self.cache_hit_ratio)
+        return out
 
     @classmethod
     def read(cls, f: _Fields) -> ServerCounts:
-        return cls(f("requests"), f("executions"))
+        return cls(f("requests"), f("executions"), f.get("cache_hits"), f.get("cache_misses"))
 
 
 @dataclass(frozen=True)

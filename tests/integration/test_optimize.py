@@ -130,7 +130,8 @@ def test_the_command_writes_the_table_and_json_and_user_mistakes_are_one_line(
     assert run.returncode != 0 and "Traceback" not in run.stderr
     assert "--calibration" in run.stderr and "no such file" in run.stderr
     run = _tradeoff("optimize", str(tmp_path / "mlp"))
-    assert run.returncode == 2 and "--int8 dynamic|static, --fp16, --bf16 or --graph-opt" in run.stderr
+    assert run.returncode == 2
+    assert "--int8 dynamic|static, --fp16, --bf16 or --graph-opt" in run.stderr
     np.save(tmp_path / "good.npy", np.ones((4, 256), np.float32))
     out = tmp_path / "opt.json"
     run = _tradeoff("optimize", str(tmp_path / "mlp"), "--int8", "dynamic", "--per-channel",

@@ -243,8 +243,7 @@ def check_full(cfg: ModelConfig) -> None:
     assert cfg.graph_optimization_level == 1
     assert cfg.gpu_accelerators == ("tensorrt",)
     assert cfg.response_cache
-    # the only warning: the cache is accepted but not there yet
-    assert len(cfg.warnings) == 1 and "no response cache yet" in cfg.warnings[0]
+    assert cfg.warnings == ()
 
 
 def test_full_pbtxt() -> None:

@@ -40,6 +40,7 @@ from tradeoff.results import (
     Generation,
     Ratio,
     Ratios,
+    ServerCounts,
     Summary,
     environment,
 )
@@ -116,10 +117,7 @@ def merge_rounds(rounds: list[BenchResult], samples: dict[str, np.ndarray]) -> B
         throughput_rps=successes / seconds if seconds else 0.0,
         inferences_per_s=inferences / seconds if seconds else 0.0,
         latency_ms=distribution(samples["latency"]),
-        server_counts=dataclasses.replace(
-            summaries[0].server_counts, requests=sum(c.requests for c in counts if c),
-            executions=sum(c.executions for c in counts if c))
-        if all(counts) and summaries[0].server_counts else summaries[0].server_counts,
+        server_counts=_merge_counts(counts) if all(counts) else summaries[0].server_counts,
         server_ms=median_round.server_ms,
         generation=_merge_generations(summaries, samples, seconds)
         if "ttft" in samples else summaries[0].generation)
@@ -133,6 +131,15 @@ def merge_rounds(rounds: list[BenchResult], samples: dict[str, np.ndarray]) -> B
             first.client, client_bound=any(r.client.client_bound for r in rounds),
             reasons=sorted({x for r in rounds for x in r.client.reasons})),
         merged_rounds=len(rounds))
+
+
+def _merge_counts(counts: list[ServerCounts | None]) -> ServerCounts:
+    """The rounds' server counts summed (cache counts only when every round has them)."""
+    present = [c for c in counts if c is not None]
+    cached = all(c.cache_hits is not None for c in present)
+    return ServerCounts(sum(c.requests for c in present), sum(c.executions for c in present),
+                        sum(c.cache_hits or 0 for c in present) if cached else None,
+                        sum(c.cache_misses or 0 for c in present) if cached else None)
 
 
 def _merge_generations(summaries: list[Summary], samples: dict[str, np.ndarray],

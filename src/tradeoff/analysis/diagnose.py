@@ -32,6 +32,7 @@ OVERHEAD_SHARE = 0.5          # client latency not spent in the server
 FEW_IN_FLIGHT = 4             # no batching: the knee comes at or below this concurrency ...
 LINEAR_LATENCY = 0.7          # ... and past it p50 grows at least 0.7x as fast as the load
 BATCHED_RATIO = 0.95          # executions / requests at or above this: nothing shared a batch
+CACHE_HIT_RATIO = 0.5         # server cache hits over lookups: the figures measure the cache
 SATURATION_DROP = 0.10        # throughput this far below the sweep's best
 ERROR_PERCENT = 1.0
 FIRST_TOKEN_SHARE = 0.5       # generations: TTFT p50 / end-to-end p50 at or above this
@@ -162,6 +163,26 @@ def cold_start(result: BenchResult) -> list[Finding]:
                     "and exclude a warmup from measurements (--warmup)")]
 
 
+def cached_answers(result: BenchResult) -> list[Finding]:
+    """Most answers came from the server's response cache: the figures measure the cache,
+    and how often the inputs repeat decides them."""
+    counts = result.summary.server_counts
+    ratio = counts.cache_hit_ratio if counts is not None else None
+    if ratio is None or ratio < CACHE_HIT_RATIO:
+        return []
+    mix = result.endpoint.get("input_mix") or {}
+    repeated = mix.get("draw") == "round-robin"
+    assert counts is not None
+    evidence = {"cache_hit_ratio": ratio, "cache_hits": counts.cache_hits,
+                "cache_misses": counts.cache_misses, "input_mix": mix or None}
+    action = ("send the repetition real traffic has (--distinct-inputs N --zipf S), or "
+              "measure the model itself with the request parameter \"cache\": false")
+    return [Finding("cached_answers", "warning" if repeated else "info",
+                    f"{ratio:.0%} of the answers came from the server's response cache"
+                    + (f" (the same {mix.get('distinct_inputs')} inputs sent round-robin)"
+                       if repeated else ""), evidence, action)]
+
+
 def unstable(result: BenchResult) -> list[Finding]:
     if result.stable is not False:
         return []
@@ -263,8 +284,8 @@ def slo_misses(result: BenchResult) -> list[Finding]:
                     "step")]
 
 
-BENCH_RULES = (errors, client_bound, unstable, long_tail, first_token, output_length,
-               slo_misses, server_bound, cold_start)
+BENCH_RULES = (errors, client_bound, unstable, cached_answers, long_tail, first_token,
+               output_length, slo_misses, server_bound, cold_start)
 
 
 def diagnose_bench(result: BenchResult) -> list[Finding]:
@@ -286,8 +307,8 @@ def no_batching(sweep: SweepResult) -> list[Finding]:
     if len(rows) < 3 or rows[-1].load < 4 * rows[0].load:
         return []
     knee = find_knee([r.load for r in rows], [r.throughput_rps for r in rows])
-    ratios = [c.executions / c.requests for p in points[1:]
-              if (c := p.summary.server_counts) and c.requests]
+    ratios = [c.executions / c.computed for p in points[1:]
+              if (c := p.summary.server_counts) and c.computed > 0]
     never_batched = bool(ratios) and min(ratios) >= BATCHED_RATIO
     if ratios and not never_batched:
         return []  # requests did share executions: a flat curve is saturation, not this

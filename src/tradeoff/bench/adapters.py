@@ -24,6 +24,7 @@ import orjson
 from tradeoff import dtypes
 from tradeoff.bench.http_client import Connection as HttpConnection
 from tradeoff.bench.http_client import Response, build_request
+from tradeoff.bench.mix import InputMix
 from tradeoff.bench.records import SERVER_PARTS
 from tradeoff.protocol.v2 import encode_bytes_elements
 
@@ -87,6 +88,8 @@ class Adapter(ABC):
         self.timeout_s = timeout_s
         self.rows_per_request = 1
         self.input_fingerprint = ""  # sha256 of what prepare() sends, endpoint-independent
+        self.mix = InputMix()  # which prepared request each send uses
+        self.input_count = 0  # requests prepare() made
 
     def connect(self, timeout_s: float) -> Connection:
         """A new connection to the endpoint (keep-alive HTTP/1.1 unless overridden)."""

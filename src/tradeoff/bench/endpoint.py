@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tradeoff.bench.adapters import Adapter, BenchSetupError, HttpJsonAdapter, V2Adapter
+from tradeoff.bench.mix import InputMix
 
 PROTOCOLS = ("v2", "v2-grpc", "http", "openai")
 SLO_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")
@@ -100,6 +101,8 @@ class EndpointSpec:
     seed: int = 0
     timeout_s: float = 30.0
     generation: GenerationOptions = field(default_factory=GenerationOptions)
+    distinct_inputs: int | None = None  # random inputs (v2) or synthetic prompts to make
+    zipf: float | None = None  # draw them with this Zipf exponent (None: round-robin)
 
     @property
     def label(self) -> str:
@@ -108,6 +111,20 @@ class EndpointSpec:
 
 def make_adapter(spec: EndpointSpec) -> Adapter:
     """The adapter for ``spec.protocol``; a missing model name is a setup error."""
+    adapter = _adapter(spec)
+    zipf = spec.zipf
+    if spec.distinct_inputs is not None:
+        if spec.protocol == "http" or spec.input_data is not None or \
+                spec.generation.prompts is not None:
+            raise BenchSetupError("--distinct-inputs makes random inputs or synthetic "
+                                  "prompts; with --body, --input-data or --prompts the file's "
+                                  "entries are the inputs (--zipf alone draws from them)")
+        zipf = 1.0 if zipf is None else zipf
+    adapter.mix = InputMix(zipf)
+    return adapter
+
+
+def _adapter(spec: EndpointSpec) -> Adapter:
     if spec.protocol not in PROTOCOLS:
         raise BenchSetupError(f"protocol {spec.protocol!r}: use one of {', '.join(PROTOCOLS)}")
     if spec.protocol == "http":
@@ -120,6 +137,8 @@ def make_adapter(spec: EndpointSpec) -> Adapter:
     options: dict[str, Any] = dict(version=spec.version, shapes=spec.shapes,
                                    batch_size=spec.batch_size, input_data=spec.input_data,
                                    seed=spec.seed, timeout_s=spec.timeout_s)
+    if spec.distinct_inputs is not None:
+        options["variants"] = spec.distinct_inputs
     if spec.protocol == "v2-grpc":
         from tradeoff.bench.grpc_adapter import GrpcV2Adapter
 
@@ -140,8 +159,9 @@ def _openai_adapter(spec: EndpointSpec, model: str) -> Adapter:
             items = read_prompts(g.prompts, g.output_tokens, spec.seed, g.chat)
             source = str(g.prompts)
         else:
-            items = synthetic_prompts(g.num_prompts, g.input_tokens, g.output_tokens,
-                                      spec.seed, g.chat)
+            count = g.num_prompts if spec.distinct_inputs is None else spec.distinct_inputs
+            items = synthetic_prompts(count, g.input_tokens, g.output_tokens, spec.seed,
+                                      g.chat)
             source = (f"synthetic: input {_span(g.input_tokens)} words, output "
                       f"{_span(g.output_tokens)} tokens, seed {spec.seed}")
     except DatasetError as exc:

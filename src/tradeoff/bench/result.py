@@ -84,7 +84,21 @@ def _server_counts(outcome: RunOutcome) -> ServerCounts | None:
     means = stats_extension_means(outcome.server_before, outcome.server_after)
     if means is None:
         return None
-    return ServerCounts(means[1], means[2])
+    return ServerCounts(means[1], means[2],
+                        *_cache_counts(outcome.server_before, outcome.server_after))
+
+
+def _cache_counts(before: dict[str, Any], after: dict[str, Any]
+                  ) -> tuple[int | None, int | None]:
+    """Response cache hits and misses between two statistics snapshots (Triton's
+    cache_hit and cache_miss); (None, None) when the server looked nothing up."""
+    try:
+        hits, misses = (int(after["inference_stats"][k]["count"])
+                        - int(before["inference_stats"][k]["count"])
+                        for k in ("cache_hit", "cache_miss"))
+    except (KeyError, TypeError, ValueError):
+        return None, None
+    return (hits, misses) if hits + misses > 0 else (None, None)
 
 
 def _windows(outcome: RunOutcome) -> list[Window]:
@@ -215,7 +229,8 @@ def build_result(adapter: Adapter, spec: LoadSpec, outcome: RunOutcome,
                                        seconds) if records.generated else None,
     )
     return BenchResult(
-        endpoint=adapter.describe(),
+        endpoint={**adapter.describe(),
+                  "input_mix": adapter.mix.describe(adapter.input_count)},
         load=spec.to_dict(),
         environment=environment(),
         cold_start_ms=float(cold_ms[0]) if cold_ms.size else None,

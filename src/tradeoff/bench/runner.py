@@ -139,6 +139,7 @@ class Runner:
         self._stop_at: int | None = None  # no new sends at or after this time
         self._stopping = False
         self._next_request = 0
+        self._order = adapter.mix.order(len(requests), spec.seed)
         self._budget: int | None = None
         self._measure_start = 0
         self._in_flight = 0
@@ -151,8 +152,10 @@ class Runner:
         self.failures: dict[str, int] = {}  # streamed answers: why each failed, counted
 
     def _request_bytes(self) -> tuple[int, bytes]:
-        index = self._next_request % len(self.requests)
+        turn = self._next_request
         self._next_request += 1
+        index = turn % len(self.requests) if self._order is None else \
+            int(self._order[turn % len(self._order)])
         return index, self.requests[index]
 
     async def _send(self, connection: Connection, scheduled: int) -> None:

@@ -46,6 +46,7 @@ def run_benchmark(adapter: Adapter, spec: LoadSpec, console: Console | None = No
                   workers: int = 1) -> tuple[BenchResult, Records, int]:
     """Run the load; returns (result, raw records, clock origin of the run)."""
     requests = adapter.prepare()
+    adapter.input_count = len(requests)
     if workers > 1:
         split_spec(spec, workers)  # refuse a bad split before any request is sent
         cold_runner = Runner(adapter, requests, spec)

@@ -129,6 +129,15 @@ endpoint_options = apply(
     click.option("--slo", default="",
                  help="openai: goodput counts requests meeting all of these, e.g. "
                       "ttft_ms=500,tpot_ms=50 (keys ttft_ms, tpot_ms, e2e_ms)."),
+    click.option("--distinct-inputs", type=click.IntRange(1),
+                 help="v2 random inputs or openai synthetic prompts: make N distinct ones "
+                      "and draw each request's from a Zipf law (--zipf), reproducible with "
+                      "--seed: traffic a response cache can be measured with "
+                      "[default: 8 inputs (v2), round-robin]."),
+    click.option("--zipf", type=click.FloatRange(0), metavar="S",
+                 help="Zipf exponent of the draw: the k-th most popular input is sent with "
+                      "probability ∝ 1/k**S (0: uniform) [default with --distinct-inputs: "
+                      "1.0; without it: round-robin over the inputs]."),
     # used by the requests (inputs, connections) and by the load alike
     click.option("--timeout", type=DURATION, default=seconds_text(LOAD_DEFAULTS.timeout_s),
                  show_default=True,
@@ -163,7 +172,8 @@ def take_endpoint(url: str, options: dict[str, Any]) -> EndpointSpec:
         batch_size=options.pop("batch_size"), input_data=options.pop("input_data"),
         method=options.pop("method"), headers=parse_headers(options.pop("headers")),
         body=options.pop("body"), seed=options["seed"], timeout_s=options["timeout"],
-        generation=generation)
+        generation=generation, distinct_inputs=options.pop("distinct_inputs"),
+        zipf=options.pop("zipf"))
 
 
 # ------------------------------------------------------------------------ the load

@@ -70,6 +70,11 @@ from tradeoff.errors import TradeoffError
 @click.option("--allowed-origin", "allowed_origins", multiple=True, metavar="ORIGIN",
               help="A browser Origin (https://dash.example.com) that may POST, PUT or "
                    "DELETE here (repeat it; '*': any). Others get 403.")
+@click.option("--cache", "cache", metavar="SPEC",
+              help="Response cache for models whose config enables response_cache: "
+                   "'local[,size=256MB]' (an LRU in this process) or "
+                   "'redis://HOST:PORT/DB[,ttl=3600]' (shared by several servers); both "
+                   "take max_item=1MB (larger answers are not kept). docs/cache.md.")
 @click.option("--shutdown-timeout", default="30s", show_default=True, type=DURATION_OR_ZERO,
               help="Time to finish accepted requests after SIGTERM/SIGINT (90, 90s, 5m).")
 @click.option("--default-max-batch-size", default=4, show_default=True,
@@ -112,7 +117,7 @@ def serve(repository: Path, host: str, http_port: int, metrics_port: int, no_met
           max_body_memory: int, max_json_bytes: int, max_connections: int,
           max_connections_per_client: int,
           allowed_hosts: tuple[str, ...], allowed_origins: tuple[str, ...],
-          shutdown_timeout: float, default_max_batch_size: int,
+          cache: str | None, shutdown_timeout: float, default_max_batch_size: int,
           intra_op_threads: int, api_keys: tuple[str, ...], api_key_files: tuple[Path, ...],
           admin_keys: tuple[str, ...], admin_key_files: tuple[Path, ...],
           metrics_keys: tuple[str, ...],
@@ -127,6 +132,8 @@ def serve(repository: Path, host: str, http_port: int, metrics_port: int, no_met
       tradeoff serve --model-repository ./models --grpc-port 9001
       tradeoff serve --model-repository ./models --api-key-file keys.txt \\
           --admin-key "$ADMIN_KEY" --tls-cert cert.pem --tls-key key.pem
+      tradeoff serve --model-repository ./models --cache local,size=512MB
+      tradeoff serve --model-repository ./models --cache redis://127.0.0.1:6379/0,ttl=600
       curl -s localhost:8000/v2/models/mlp/stats
     """
     import os
@@ -145,6 +152,12 @@ def serve(repository: Path, host: str, http_port: int, metrics_port: int, no_met
         raise click.ClickException(str(exc)) from None
     if (tls_cert is None) != (tls_key is None):
         raise click.UsageError("TLS needs both --tls-cert and --tls-key")
+    from tradeoff.server.cache import CacheSpec
+
+    try:
+        cache_spec = CacheSpec.parse(cache) if cache is not None else None
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
     options = ServeOptions(
         model_repository=repository, host=host, http_port=http_port,
         metrics_port=None if no_metrics else metrics_port,
@@ -153,7 +166,7 @@ def serve(repository: Path, host: str, http_port: int, metrics_port: int, no_met
         shutdown_timeout=shutdown_timeout,
         default_max_batch_size=default_max_batch_size, intra_op_threads=intra_op_threads,
         strict_readiness=strict_readiness, allow_fault_injection=allow_fault_injection,
-        access=access, tls_cert=tls_cert, tls_key=tls_key,
+        access=access, tls_cert=tls_cert, tls_key=tls_key, cache=cache_spec,
         allowed_hosts=allowed_hosts, allowed_origins=allowed_origins,
         limits=RequestLimits(max_inputs, max_tensor_elements, max_json_depth,
                              max_bytes_element),

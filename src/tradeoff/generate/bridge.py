@@ -37,6 +37,20 @@ class Handle:
     seq: Any = None
     aborted: bool = False
     ended: bool = False  # its last event was delivered, or the client left
+    cache_key: Any = None  # set when the answer is to be kept in the response cache
+    cache: str = ""  # the response cache's verdict (hit, miss); "" when not asked
+    cache_ns: int = 0  # how long the lookup took
+
+    @classmethod
+    def replay(cls, prompt: list[int], params: Any, tokens: list[int],
+               reason: str) -> Handle:
+        """A handle whose events are a cached answer: its tokens, then done."""
+        handle = cls(prompt, params, ended=True, cache="hit")
+        now = time.perf_counter()
+        for token in tokens:
+            handle.events.put_nowait(("token", token, now))
+        handle.events.put_nowait(("done", reason))
+        return handle
 
 
 class GenerativeModel:
@@ -246,6 +260,8 @@ class GenerationStats:
         self.kv_usage = 0.0
         self.running = 0
         self.waiting = 0
+        self.cache_hit = [0, 0]   # answered from the response cache: count, lookup ns
+        self.cache_miss = [0, 0]  # looked up, then generated: count, lookup ns
         # per histogram: observations per bucket (the last one past every bound) and sum
         self.histograms = {kind: ([0] * (len(TOKEN_BUCKETS_S) + 1), [0.0])
                            for kind in ("ttft", "itl", "e2e")}
@@ -270,15 +286,19 @@ class GenerationStats:
         arrival to last token), an execution one engine step."""
         e2e_total = self.histograms["e2e"][1][0]
         zero = {"count": 0, "ns": 0}
+        hits, hit_ns = self.cache_hit
         return {
             "name": self.name, "version": str(self.version),
             "last_inference": self.last_inference_ms,
             "inference_count": self.requests_finished, "execution_count": self.steps,
             "inference_stats": {
-                "success": {"count": self.requests_finished, "ns": int(e2e_total * 1e9)},
+                "success": {"count": self.requests_finished + hits,
+                            "ns": int(e2e_total * 1e9) + hit_ns},
                 "fail": {"count": self.requests_failed, "ns": 0},
                 **{part: zero for part in ("queue", "compute_input", "compute_infer",
-                                           "compute_output", "cache_hit", "cache_miss")}},
+                                           "compute_output")},
+                "cache_hit": {"count": hits, "ns": hit_ns},
+                "cache_miss": {"count": self.cache_miss[0], "ns": self.cache_miss[1]}},
             "batch_stats": []}
 
     def step(self, report: Any, now: float, kv_usage: float) -> None:

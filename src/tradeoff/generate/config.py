@@ -12,6 +12,7 @@
     device: auto                # auto (cuda when torch sees a GPU) | cpu | cuda | cuda:N
     prefix_caching: true        # share the KV blocks of prompt prefixes seen before
     precision: fp32             # fp32 | bf16 | int8 (per-channel INT8 weights, CPU)
+    response_cache: false       # with serve --cache: whole greedy/seeded answers kept
 
 Validated like ``config.pbtxt``: an error names the file, the field and what is wrong,
 with "did you mean" for a misspelt field or value.
@@ -59,6 +60,7 @@ class GenerativeConfig:
     device: str = "auto"
     prefix_caching: bool = True
     precision: str = "fp32"
+    response_cache: bool = False
     fault_nan_on_token: int = -1  # tests only, with --allow-fault-injection (backends/faults)
 
     @classmethod

@@ -57,6 +57,14 @@ def print_bench_result(result: BenchResult, console: Console) -> None:
                 cell += f"  p99 {_ms(values['p99'])}"
             table.add_row(f"server {part} ms", cell)
         table.add_row("server breakdown from", server["source"])
+    counts = s.server_counts
+    if counts is not None and counts.cache_hit_ratio is not None:
+        table.add_row("server cache hit ratio",
+                      f"{counts.cache_hit_ratio:.1%} ({counts.cache_hits:,} hits, "
+                      f"{counts.cache_misses:,} misses)")
+    mix = result.endpoint.get("input_mix")
+    if mix and mix.get("draw") == "zipf":
+        table.add_row("inputs", f"{mix['distinct_inputs']:,} distinct, Zipf s={mix['zipf_s']:g}")
     if s.errors_by_class:
         table.add_row("errors by class", ", ".join(f"{k}: {v}"
                                                    for k, v in s.errors_by_class.items()))

@@ -585,9 +585,6 @@ def _from_message(m: Any, *, source: str, default_name: str, warnings: list[str]
         warmups.append(Warmup(name=w.name or f"warmup_{i}", batch_size=batch_size,
                               inputs=winputs, count=w.count or 1))
 
-    if m.response_cache.enable:
-        warnings.append("response_cache is enabled but tradeoff has no response cache yet; "
-                        "every request is computed")
     accelerators = m.optimization.execution_accelerators.gpu_execution_accelerator
     gpu_accels = tuple(a.name for a in accelerators)
     return ModelConfig(

@@ -17,10 +17,13 @@ class Timings:
     compute_infer_ns: int = 0
     compute_output_ns: int = 0
     batch_size: int = 0
+    cache: str = ""  # the response cache's verdict: hit, miss, coalesced; "" when not asked
+    cache_ns: int = 0  # its lookup (or, coalesced, the wait for the identical request)
 
     def server_timing(self) -> str:
         """The value of a standard ``Server-Timing`` header (durations in ms)."""
-        return (f"queue;dur={self.queue_ns / 1e6:.3f}, "
+        cache = f"cache;desc={self.cache};dur={self.cache_ns / 1e6:.3f}, " if self.cache else ""
+        return (f"{cache}queue;dur={self.queue_ns / 1e6:.3f}, "
                 f"compute_input;dur={self.compute_input_ns / 1e6:.3f}, "
                 f"compute_infer;dur={self.compute_infer_ns / 1e6:.3f}, "
                 f"compute_output;dur={self.compute_output_ns / 1e6:.3f}, "

@@ -42,6 +42,8 @@ class ModelStats:
         self.batches: dict[int, list[int]] = {}
         self.request_buckets = [0] * (len(_BUCKETS_NS) + 1)
         self.queue_buckets = [0] * (len(_BUCKETS_NS) + 1)
+        self.cache_hit = [0, 0]   # answered from the response cache: count, lookup ns
+        self.cache_miss = [0, 0]  # looked up and computed: count, lookup + insertion ns
 
     def record_execution(self, rows: int, timings: Timings) -> None:
         entry = self.batches.get(rows)
@@ -69,6 +71,23 @@ class ModelStats:
         self.request_buckets[bisect_left(_BUCKETS_NS, total_ns)] += 1
         self.queue_buckets[bisect_left(_BUCKETS_NS, timings.queue_ns)] += 1
 
+    def record_cache_hit(self, lookup_ns: int, total_ns: int) -> None:
+        """A request answered from the response cache: a success that neither queued nor
+        ran the model (Triton counts it in success, not in inference_count)."""
+        self.cache_hit[0] += 1
+        self.cache_hit[1] += lookup_ns
+        self.success[0] += 1
+        self.success[1] += total_ns
+        self.last_inference_ms = int(time.time() * 1000)
+        self.request_buckets[bisect_left(_BUCKETS_NS, total_ns)] += 1
+
+    def record_cache_miss(self, lookup_ns: int) -> None:
+        self.cache_miss[0] += 1
+        self.cache_miss[1] += lookup_ns
+
+    def record_cache_insert(self, insert_ns: int) -> None:
+        self.cache_miss[1] += insert_ns
+
     def record_failure(self, total_ns: int, reason: str) -> None:
         """A request answered with an error: REJECTED (queue full or timed out in the
         queue), CANCELED (client gone) or BACKEND (the batch failed)."""
@@ -79,7 +98,6 @@ class ModelStats:
 
     def to_dict(self) -> dict[str, Any]:
         """Triton's ``model_stats`` entry."""
-        zero = _duration(0, 0)
         return {
             "name": self.name,
             "version": str(self.version),
@@ -93,8 +111,8 @@ class ModelStats:
                 "compute_input": _duration(*self.compute_input),
                 "compute_infer": _duration(*self.compute_infer),
                 "compute_output": _duration(*self.compute_output),
-                "cache_hit": zero,
-                "cache_miss": zero,
+                "cache_hit": _duration(*self.cache_hit),
+                "cache_miss": _duration(*self.cache_miss),
             },
             "batch_stats": [
                 {"batch_size": size,

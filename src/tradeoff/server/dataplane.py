@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from typing import Any
 
 from tradeoff import __version__
@@ -23,6 +24,8 @@ from tradeoff.protocol.v2 import (
 )
 from tradeoff.repository.config import ModelConfig
 from tradeoff.scheduling.request import InferenceRequest, Timings
+from tradeoff.server.asgi import OFF_LOOP_BYTES
+from tradeoff.server.cache import ResponseCache, generation_key, tensor_key
 from tradeoff.server.models import ModelManager, ModelVersion
 
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository", "parameters",
@@ -33,9 +36,11 @@ class DataPlane:
     """What the server can do, independent of the wire protocol."""
 
     def __init__(self, manager: ModelManager, max_inflight: int | None = None,
-                 limits: RequestLimits = DEFAULT_LIMITS) -> None:
+                 limits: RequestLimits = DEFAULT_LIMITS,
+                 cache: ResponseCache | None = None) -> None:
         self.manager = manager
         self.limits = limits
+        self.cache = cache  # None: no --cache; models with response_cache still compute
         self.started = False
         self.shutting_down = False
         self.strict_readiness = False
@@ -204,6 +209,8 @@ class DataPlane:
         priority = params.get("priority", 0)
         if not isinstance(priority, int) or isinstance(priority, bool) or priority < 0:
             raise InvalidInput("parameter 'priority' must be a non-negative integer")
+        if not isinstance(params.get("cache", True), bool):
+            raise InvalidInput("parameter 'cache' must be true or false")
         timeout = params.get("timeout")
         if timeout is not None and (not isinstance(timeout, int) or isinstance(timeout, bool)
                                     or timeout < 0):
@@ -222,8 +229,52 @@ class DataPlane:
         if self.shutting_down:
             raise Unavailable("the server is shutting down and takes no new requests")
         served, internal = self.prepare(name, version, request)
-        timings, outputs = await served.scheduler.infer(internal)
-        return served, timings, select_outputs(served.config, request, outputs)
+        if self.cache is None or not served.config.response_cache or \
+                request.parameters.get("cache") is False:
+            timings, outputs = await served.scheduler.infer(internal)
+            return served, timings, select_outputs(served.config, request, outputs)
+        return await self._infer_cached(self.cache, served, internal, request)
+
+    async def _infer_cached(self, cache: ResponseCache, served: ModelVersion,
+                            internal: InferenceRequest, request: V2Request
+                            ) -> tuple[ModelVersion, Timings, list[TensorOutput]]:
+        """Answer from the cache, or wait for an identical request already computing, or
+        compute (joining a batch) and keep the answer."""
+        started = time.perf_counter_ns()
+        inputs = [(t.name, t.datatype, t.array) for t in request.inputs]
+        key_args = (served.name, served.version, inputs,
+                    wanted_outputs(served.config, request), request.parameters)
+        size = sum(t.array.nbytes for t in request.inputs)
+        key = tensor_key(*key_args) if size <= OFF_LOOP_BYTES else \
+            await asyncio.to_thread(tensor_key, *key_args)
+        stats = served.stats
+        while (flight := cache.flights.get(key.key)) is not None:
+            # shielded: this request leaving must not cancel the one it waits for
+            answer = await asyncio.shield(flight)
+            if answer is not None:
+                waited = time.perf_counter_ns() - started
+                cache.coalesced += 1
+                stats.record_cache_hit(waited, waited)
+                return served, Timings(cache="coalesced", cache_ns=waited), answer
+            # the request it waited for failed or was cancelled: try again, alone
+        flight = asyncio.get_running_loop().create_future()
+        cache.flights[key.key] = flight
+        answer = None
+        try:
+            answer = await cache.lookup(key)
+            lookup_ns = time.perf_counter_ns() - started
+            if answer is not None:
+                stats.record_cache_hit(lookup_ns, lookup_ns)
+                return served, Timings(cache="hit", cache_ns=lookup_ns), answer
+            stats.record_cache_miss(lookup_ns)
+            timings, raw = await served.scheduler.infer(internal)
+            answer = select_outputs(served.config, request, raw)
+            cache.keep(key, answer, stats.record_cache_insert)
+            timings.cache, timings.cache_ns = "miss", lookup_ns
+            return served, timings, answer
+        finally:
+            del cache.flights[key.key]
+            flight.set_result(answer)
 
     # ------------------------------------------------------------ generation
 
@@ -233,10 +284,12 @@ class DataPlane:
                 if self.manager.models[m.name].latest is m]
 
     async def generate(self, name: str, prompt: str | list[dict[str, str]], params: Any,
-                       priority: int = 0) -> tuple[GenerativeModel, Handle, int]:
+                       priority: int = 0, cache: bool = False
+                       ) -> tuple[GenerativeModel, Handle, int]:
         """Tokenize a prompt (or apply the chat template to messages), check it fits the
         model, and queue it; returns the model, the handle its events arrive on, and the
-        prompt's length in tokens."""
+        prompt's length in tokens. With ``cache`` (a whole, deterministic answer is
+        wanted) and the model's ``response_cache``, a cached answer replays instead."""
         if self.shutting_down:
             raise Unavailable("the server is shutting down and takes no new requests")
         model = self.manager.generative(name)
@@ -254,7 +307,31 @@ class DataPlane:
         if len(tokens) + params.max_tokens > limit:
             raise InvalidInput(f"prompt ({len(tokens)} tokens) + max_tokens "
                                f"({params.max_tokens}) is over the model's {limit} positions")
-        return model, model.submit(tokens, params, priority), len(tokens)
+        if not (cache and self.cache is not None and model.config.response_cache):
+            return model, model.submit(tokens, params, priority), len(tokens)
+        model.check_accepting()  # a stopping model answers 503, cached or not
+        started = time.perf_counter_ns()
+        key = generation_key(model.name, model.version, tokens, params)
+        found = await self.cache.lookup_generation(key)
+        lookup_ns = time.perf_counter_ns() - started
+        if found is not None:
+            model.stats.cache_hit[0] += 1
+            model.stats.cache_hit[1] += lookup_ns
+            handle = Handle.replay(tokens, params, *found)
+        else:
+            model.stats.cache_miss[0] += 1
+            model.stats.cache_miss[1] += lookup_ns
+            handle = model.submit(tokens, params, priority)
+            handle.cache_key, handle.cache = key, "miss"
+        handle.cache_ns = lookup_ns
+        return model, handle, len(tokens)
+
+    def generated(self, handle: Handle, tokens: list[int], reason: str) -> None:
+        """A whole answer was sent: keep it when it was asked to be cached and ended
+        normally (never an error or an abort)."""
+        if handle.cache_key is not None and self.cache is not None and \
+                reason in ("stop", "length"):
+            self.cache.keep_generation(handle.cache_key, tokens, reason)
 
 
 def _check_prompt_size(model: GenerativeModel, prompt: str | list[dict[str, str]],
@@ -325,17 +402,21 @@ def _config_override(parameters: dict[str, Any]) -> dict[str, Any] | None:
     return parse_json_object(config, "load parameter 'config'")
 
 
+def wanted_outputs(config: ModelConfig, request: V2Request) -> list[tuple[str, bool]]:
+    """The outputs the client asked for, in answer order, each with whether it is sent
+    as binary data."""
+    default_binary = request.binary_output
+    if request.outputs is None:
+        return [(t.name, default_binary) for t in config.outputs]
+    return [(o.name, default_binary if o.binary is None else o.binary)
+            for o in request.outputs]
+
+
 def select_outputs(config: ModelConfig, request: V2Request,
                    outputs: dict[str, Any]) -> list[TensorOutput]:
     """The outputs the client asked for, each marked binary or JSON."""
-    default_binary = request.binary_output
-    if request.outputs is None:
-        wanted = [(t.name, default_binary) for t in config.outputs]
-    else:
-        wanted = [(o.name, default_binary if o.binary is None else o.binary)
-                  for o in request.outputs]
     result = []
-    for name, binary in wanted:
+    for name, binary in wanted_outputs(config, request):
         array = outputs[name]
         datatype = config.output(name).datatype  # type: ignore[union-attr]
         if datatype == "BYTES" and array.dtype.kind == "U":

@@ -14,10 +14,10 @@ from prometheus_client import CollectorRegistry, ProcessCollector, generate_late
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from tradeoff.generate.bridge import TOKEN_BUCKETS_S
+from tradeoff.generate.bridge import TOKEN_BUCKETS_S, GenerativeModel
 from tradeoff.scheduling.stats import LATENCY_BUCKETS_S
 from tradeoff.server.dataplane import DataPlane
-from tradeoff.server.models import ModelManager
+from tradeoff.server.models import ModelManager, ModelVersion
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -192,12 +192,76 @@ class GenerationCollector(Collector):
                     *histograms.values())
 
 
+class CacheCollector(Collector):
+    """The response cache: per model version its lookups, hits and misses; for the cache
+    as a whole its insertions, evictions, bytes, collisions, answers too large to keep,
+    requests coalesced onto an identical one, and Redis errors."""
+
+    def __init__(self, manager: ModelManager, dataplane: DataPlane) -> None:
+        self.manager = manager
+        self.dataplane = dataplane
+
+    def collect(self) -> Iterator:
+        cache = self.dataplane.cache
+        if cache is None:
+            return
+        labels = ["model", "version"]
+        lookups = CounterMetricFamily("tradeoff_cache_lookups",
+                                      "Response cache lookups", labels=labels)
+        hits = CounterMetricFamily("tradeoff_cache_hits",
+                                   "Requests answered from the response cache (or by an "
+                                   "identical request in flight)", labels=labels)
+        misses = CounterMetricFamily("tradeoff_cache_misses",
+                                     "Lookups that found nothing: the model ran",
+                                     labels=labels)
+        lookup_time = CounterMetricFamily("tradeoff_cache_hit_duration_us",
+                                          "Cumulative lookup time of hits, microseconds",
+                                          labels=labels)
+        versions: list[ModelVersion | GenerativeModel] = [
+            *self.manager.tensor_versions(), *self.manager.generative_versions()]
+        for served in versions:
+            lv = [served.name, str(served.version)]
+            hit, miss = served.stats.cache_hit, served.stats.cache_miss
+            lookups.add_metric(lv, hit[0] + miss[0])
+            hits.add_metric(lv, hit[0])
+            misses.add_metric(lv, miss[0])
+            lookup_time.add_metric(lv, hit[1] / 1000)
+        yield from (lookups, hits, misses, lookup_time)
+        kind = [cache.store.kind]
+        for name, doc, value in (
+                ("tradeoff_cache_insertions", "Answers written to the cache", cache.insertions),
+                ("tradeoff_cache_evictions", "Entries the local LRU evicted for room",
+                 cache.evictions),
+                ("tradeoff_cache_collisions", "Stored answers whose digest did not match the "
+                 "key (served as misses)", cache.collisions),
+                ("tradeoff_cache_too_large", "Answers over max_item, not kept",
+                 cache.too_large),
+                ("tradeoff_cache_coalesced", "Requests answered by an identical request in "
+                 "flight (single-flight)", cache.coalesced),
+                ("tradeoff_cache_errors", "Failed calls to the cache's store (Redis): each "
+                 "was served as a miss", cache.errors)):
+            family = CounterMetricFamily(name, doc, labels=["store"])
+            family.add_metric(kind, value)
+            yield family
+        size = GaugeMetricFamily("tradeoff_cache_bytes", "Bytes the local cache holds "
+                                 "(keys, values, overhead)", labels=["store"])
+        size.add_metric(kind, cache.bytes)
+        yield size
+        if cache.entries is not None:
+            entries = GaugeMetricFamily("tradeoff_cache_entries", "Answers the local cache "
+                                        "holds", labels=["store"])
+            entries.add_metric(kind, cache.entries)
+            yield entries
+
+
 def make_registry(manager: ModelManager, dataplane: DataPlane | None = None
                   ) -> CollectorRegistry:
     """A registry of the server's own (not the process-global one)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ServerCollector(manager, dataplane))
     registry.register(GenerationCollector(manager))
+    if dataplane is not None:
+        registry.register(CacheCollector(manager, dataplane))
     ProcessCollector(registry=registry)
     return registry
 

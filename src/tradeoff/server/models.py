@@ -168,6 +168,10 @@ def _clear_finished_frames(error: BaseException) -> None:
         pending.extend(e for e in (current.__cause__, current.__context__) if e is not None)
 
 
+NO_CACHE_WARNING = ("response_cache is enabled but the server runs without --cache; every "
+                    "request is computed")
+
+
 class ModelManager:
     """Every model of a repository, by name, with its state."""
 
@@ -177,6 +181,7 @@ class ModelManager:
         self.default_intra_op_threads = default_intra_op_threads
         self.allow_fault_injection = allow_fault_injection
         self.drain_timeout_s = drain_timeout_s  # generations still running then end
+        self.cache_enabled = False  # the server runs with --cache
         self.models: dict[str, ModelEntry] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._stopping: set[asyncio.Task] = set()
@@ -271,7 +276,10 @@ class ModelManager:
             versions[version] = ModelVersion(
                 name, version, config, scheduler, stats, path,
                 self.repository.backends.tensor(config.backend).check_bytes)
-        for warning in config.warnings:
+        warnings = list(config.warnings)
+        if config.response_cache and not self.cache_enabled:
+            warnings.append(NO_CACHE_WARNING)
+        for warning in warnings:
             log.warning("model %s: %s", name, warning)
         log.info("model %s versions=%s %s", name, sorted(versions), config.summary())
         return versions
@@ -295,6 +303,8 @@ class ModelManager:
 
         model = await asyncio.to_thread(build)
         log.info("generative model %s: %s", name, model.config)
+        if model.config.response_cache and not self.cache_enabled:
+            log.warning("model %s: %s", name, NO_CACHE_WARNING)
         return {1: model}
 
     def _instances_died(self, name: str, version: int, scheduler: Scheduler,

@@ -144,7 +144,14 @@ class OpenAIApi:
         stream = bool(doc.get("stream", False))
         options = doc.get("stream_options") or {}
         include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
-        model, handle, prompt_tokens = await self.dataplane.generate(name, prompt, params)
+        wants_cache = doc.get("cache", True)
+        if not isinstance(wants_cache, bool):
+            raise InvalidInput("'cache' must be true or false")
+        # only whole answers that the same request always gets again are cached
+        cacheable = wants_cache and not stream and (params.temperature == 0
+                                                    or params.seed is not None)
+        model, handle, prompt_tokens = await self.dataplane.generate(name, prompt, params,
+                                                                     cache=cacheable)
         reply = _Reply(model, handle, chat, prompt_tokens)
 
         def gone() -> None:  # stop generating for nobody
@@ -163,7 +170,8 @@ class OpenAIApi:
                 if stream:
                     await reply.stream(first, send, include_usage)
                 else:
-                    await reply.whole(first, send)
+                    reason = await reply.whole(first, send)
+                    self.dataplane.generated(handle, reply.tokens, reason)
             except BaseException:
                 model.abort(handle)  # whatever ended the answer early: stop generating
                 raise
@@ -216,7 +224,8 @@ class _Reply:
                 text = text[:index]
         return text
 
-    async def whole(self, first: tuple[Any, ...], send: Send) -> None:
+    async def whole(self, first: tuple[Any, ...], send: Send) -> str:
+        """Send the answer in one JSON document; returns its finish reason."""
         reason = self._apply(first)
         while reason is None:
             reason = self._apply(await self.handle.events.get())
@@ -229,7 +238,14 @@ class _Reply:
         await send_json(send, 200, {
             "id": self.id, "object": "chat.completion" if self.chat else "text_completion",
             "created": self.created, "model": self.model.name, "choices": [choice],
-            "usage": self.usage()})
+            "usage": self.usage()}, self._cache_header())
+        return reason
+
+    def _cache_header(self) -> list[tuple[bytes, bytes]] | None:
+        if not self.handle.cache:
+            return None
+        return [(b"server-timing", f"cache;desc={self.handle.cache};"
+                 f"dur={self.handle.cache_ns / 1e6:.3f}".encode())]
 
     def _chunk(self, delta: str | None, reason: str | None, role: bool = False) -> bytes:
         if self.chat:

@@ -20,6 +20,7 @@ import uvicorn
 from tradeoff.protocol.v2 import DEFAULT_LIMITS, RequestLimits
 from tradeoff.repository.repository import ModelRepository
 from tradeoff.server.access import Access
+from tradeoff.server.cache import CacheSpec, ResponseCache
 from tradeoff.server.dataplane import DataPlane
 from tradeoff.server.http import DEFAULT_MAX_REQUEST_BYTES, HttpApp
 from tradeoff.server.logs import install_rate_limit
@@ -54,6 +55,7 @@ class ServeOptions:
     allowed_origins: tuple[str, ...] = ()
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    cache: CacheSpec | None = None
 
 
 class _GracefulServer(uvicorn.Server):
@@ -126,7 +128,9 @@ def serve(options: ServeOptions) -> None:
     manager = ModelManager(repository, default_intra_op_threads=options.intra_op_threads,
                            allow_fault_injection=options.allow_fault_injection,
                            drain_timeout_s=_generation_drain_s(options.shutdown_timeout))
-    dataplane = DataPlane(manager, options.max_inflight, options.limits)
+    cache = ResponseCache.from_spec(options.cache) if options.cache is not None else None
+    manager.cache_enabled = cache is not None
+    dataplane = DataPlane(manager, options.max_inflight, options.limits, cache)
     dataplane.strict_readiness = options.strict_readiness
     sockets = [_bind(options.host, options.http_port)]
     http_port = sockets[0].getsockname()[1]
@@ -155,6 +159,8 @@ def serve(options: ServeOptions) -> None:
         log.info("HTTP (Open Inference Protocol v2) on %s://%s:%d", scheme, options.host,
                  http_port)
         log.info("access: %s", options.access.describe())
+        if options.cache is not None:
+            log.info("response cache: %s", options.cache.describe())
         if metrics_port is not None:
             log.info("Prometheus metrics on %s://%s:%d/metrics", scheme, options.host,
                      metrics_port)
@@ -165,6 +171,8 @@ def serve(options: ServeOptions) -> None:
         for server in grpc_box:
             await server.stop(options.shutdown_timeout)  # answers the calls in flight
         await manager.close()
+        if cache is not None:
+            await cache.close()
         log.info("stopped")
 
     transport = _fit_open_files(options.transport)
