@@ -56,6 +56,7 @@ constraints:
 test: $(STAMP)
 	-bash scripts/get_perf_analyzer.sh $(PY)
 	-bash scripts/get_chromium.sh
+	-bash scripts/get_redis.sh
 	$(INSTALL_WEIGHTS)
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/mypy src

@@ -14,7 +14,8 @@ def bench_result(*, load: float = 8, mode: str = "closed", throughput: float = 1
                  latency_mean: float | None = None, cold_start: float = 6.0,
                  stable: bool | None = True, client_bound: bool = False,
                  windows: list[dict[str, Any]] | None = None,
-                 executions: int | None = None, name: str = "m") -> BenchResult:
+                 executions: int | None = None, name: str = "m",
+                 cache_hits: int | None = None, input_mix: dict | None = None) -> BenchResult:
     """A bench result read from the document a run with these figures writes."""
     mean = latency_mean if latency_mean is not None else p50 * 1.1
     server = None
@@ -26,7 +27,8 @@ def bench_result(*, load: float = 8, mode: str = "closed", throughput: float = 1
     return load_as(BenchResult, {
         "schema": "tradeoff.bench/1",
         "endpoint": {"protocol": "v2", "url": "http://127.0.0.1:8000", "model": name,
-                     "batch_size": 1, "inputs": [], "platform": "onnxruntime_onnx"},
+                     "batch_size": 1, "inputs": [], "platform": "onnxruntime_onnx",
+                     **({"input_mix": input_mix} if input_mix else {})},
         "load": {"mode": mode, "concurrency": load if mode == "closed" else None,
                  "rate": load if mode == "open" else None, "arrival": None,
                  "warmup_s": 1.0, "duration_s": 5.0, "stability_percent": 10.0},
@@ -51,7 +53,9 @@ def bench_result(*, load: float = 8, mode: str = "closed", throughput: float = 1
                                    "max": p99 * 1.5},
                     "server_ms": server,
                     "server_counts": None if executions is None else
-                    {"requests": requests, "executions": executions},
+                    {"requests": requests, "executions": executions,
+                     **({} if cache_hits is None else {"cache_hits": cache_hits,
+                                                       "cache_misses": requests - cache_hits})},
                     "bytes_sent": 0, "bytes_received": 0, "asked_rate_rps": None,
                     "achieved_rate_rps": None, "duration_s": 5.0},
     })

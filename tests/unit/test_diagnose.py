@@ -107,6 +107,30 @@ def test_no_batching_from_a_flat_curve_and_one_execution_per_request() -> None:
     assert "no_batching" in rules(linear_sweep(None))  # the curve alone shows it
 
 
+def test_answers_mostly_from_the_server_cache_are_named_with_how_inputs_repeated() -> None:
+    robin = {"distinct_inputs": 8, "draw": "round-robin"}
+    found = [f for f in diagnose(bench_result(executions=600, cache_hits=9_000,
+                                              input_mix=robin)) if f.rule == "cached_answers"]
+    assert found and found[0].severity == "warning"
+    assert "90%" in found[0].title and "8 inputs sent round-robin" in found[0].title
+    assert "--distinct-inputs" in found[0].action and '"cache": false' in found[0].action
+    zipf = {"distinct_inputs": 1000, "draw": "zipf", "zipf_s": 1.0}
+    found = [f for f in diagnose(bench_result(executions=4_000, cache_hits=6_000,
+                                              input_mix=zipf)) if f.rule == "cached_answers"]
+    assert found and found[0].severity == "info"  # asked for: realistic repetition
+    assert "cached_answers" not in rules(bench_result(executions=8_000, cache_hits=2_000))
+    assert "cached_answers" not in rules(bench_result(executions=8_000))  # no cache
+
+
+def test_cache_hits_do_not_count_as_shared_batches() -> None:
+    """Requests answered from the cache ran nothing: executions per computed request."""
+    points = [bench_result(load=c, throughput=200.0 * (1 + 0.01 * c), p50=5.0 * c,
+                           p99=6.0 * c, executions=5_000, cache_hits=5_000)
+              for c in (1, 2, 4, 8, 16)]
+    found = [f for f in diagnose(sweep_result(points)) if f.rule == "no_batching"]
+    assert found and found[0].evidence["executions_per_request"] == [1.0] * 4
+
+
 def test_no_batching_not_claimed_when_requests_shared_executions() -> None:
     assert "no_batching" not in rules(linear_sweep(False))
 

@@ -1,0 +1,65 @@
+"""Zipf input mixes and the hit ratio a cache should reach under them."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+import pytest
+
+from tradeoff.bench.mix import InputMix, first_sight_ratio, lru_hit_ratio, zipf_probabilities
+
+
+def test_round_robin_has_no_order_and_says_so() -> None:
+    assert InputMix().order(8, seed=0) is None
+    assert InputMix().describe(8) == {"distinct_inputs": 8, "draw": "round-robin"}
+    assert InputMix(1.2).describe(50) == {"distinct_inputs": 50, "draw": "zipf", "zipf_s": 1.2}
+
+
+def test_draws_repeat_with_the_seed_and_follow_the_law() -> None:
+    mix = InputMix(1.0)
+    order = mix.order(100, seed=3)
+    assert order is not None and np.array_equal(order, mix.order(100, seed=3))
+    assert not np.array_equal(order, mix.order(100, seed=4))
+    counts = np.bincount(order, minlength=100) / order.size
+    want = zipf_probabilities(100, 1.0)
+    assert np.abs(counts - want).max() < 0.005
+    assert counts[0] > 1.9 * counts[1] > 2.8 * counts[2]  # 1 : 1/2 : 1/3
+    uniform = InputMix(0.0).order(10, seed=0)
+    assert uniform is not None
+    assert np.abs(np.bincount(uniform) / uniform.size - 0.1).max() < 0.005
+
+
+def _simulated_lru(order: np.ndarray, capacity: int) -> float:
+    cache: OrderedDict[int, None] = OrderedDict()
+    hits = 0
+    for item in order.tolist():
+        if item in cache:
+            hits += 1
+            cache.move_to_end(item)
+        else:
+            cache[item] = None
+            if len(cache) > capacity:
+                cache.popitem(last=False)
+    return hits / order.size
+
+
+@pytest.mark.parametrize("s", [0.8, 1.0, 1.2])
+def test_the_predicted_lru_hit_ratio_matches_a_simulated_lru(s: float) -> None:
+    order = InputMix(s).order(2_000, seed=1)
+    assert order is not None
+    simulated = _simulated_lru(order[:100_000], 200)  # cold misses are ~1% of these
+    assert lru_hit_ratio(zipf_probabilities(2_000, s), 200) == pytest.approx(simulated,
+                                                                             abs=0.02)
+
+
+def test_edges_of_the_prediction() -> None:
+    p = zipf_probabilities(10, 1.0)
+    assert lru_hit_ratio(p, 10) == 1.0 and lru_hit_ratio(p, 0) == 0.0
+    assert first_sight_ratio(p, 1) == pytest.approx(1.0)
+    # a cache holding everything still misses each input's first request
+    order = InputMix(1.0).order(500, seed=2)
+    assert order is not None
+    seen = len(set(order[:5_000].tolist())) / 5_000
+    assert first_sight_ratio(zipf_probabilities(500, 1.0), 5_000) == pytest.approx(seen,
+                                                                                  abs=0.01)
