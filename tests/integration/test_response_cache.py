@@ -202,8 +202,8 @@ def test_bench_sends_a_zipf_mix_and_reports_the_servers_hit_ratio(server: Server
                                                                   ) -> None:
     spec = EndpointSpec(server.url, model="mlp", distinct_inputs=40, zipf=1.1, seed=7)
     adapter = make_adapter(spec)
-    result, records, _ = run_benchmark(adapter, LoadSpec(concurrency=2, requests=600,
-                                                         warmup_s=0.0, seed=7))
+    result, _, _ = run_benchmark(adapter, LoadSpec(concurrency=2, requests=600,
+                                                 warmup_s=0.0, seed=7))
     assert result.endpoint["input_mix"] == {"distinct_inputs": 40, "draw": "zipf",
                                             "zipf_s": 1.1}
     counts = result.summary.server_counts
