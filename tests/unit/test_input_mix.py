@@ -60,6 +60,8 @@ def test_edges_of_the_prediction() -> None:
     # a cache holding everything still misses each input's first request
     order = InputMix(1.0).order(500, seed=2)
     assert order is not None
+    p = zipf_probabilities(500, 1.0)
     seen = len(set(order[:5_000].tolist())) / 5_000
-    assert first_sight_ratio(zipf_probabilities(500, 1.0), 5_000) == pytest.approx(seen,
-                                                                                  abs=0.01)
+    assert first_sight_ratio(p, 5_000) == pytest.approx(seen, abs=0.01)
+    later = len(set(order[:8_000].tolist()) - set(order[:5_000].tolist())) / 3_000
+    assert first_sight_ratio(p, 3_000, before=5_000) == pytest.approx(later, abs=0.01)

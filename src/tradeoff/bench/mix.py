@@ -69,9 +69,12 @@ def lru_hit_ratio(probabilities: np.ndarray, capacity: int) -> float:
     return float(np.sum(p * -np.expm1(-p * high)))
 
 
-def first_sight_ratio(probabilities: np.ndarray, draws: int) -> float:
-    """The share of ``draws`` requests that ask for an input not asked before (each a miss
-    even for a cache that holds everything)."""
+def first_sight_ratio(probabilities: np.ndarray, draws: int, before: int = 0) -> float:
+    """The expected share of ``draws`` requests, sent after ``before`` others, that ask for
+    an input never asked before: each is a miss even for a cache that holds everything."""
     p = np.asarray(probabilities, dtype=np.float64)
-    distinct = np.sum(-np.expm1(draws * np.log1p(-p))) if p.size else 0.0
-    return float(distinct / draws) if draws else 0.0
+    if not draws or not p.size:
+        return 0.0
+    unseen = np.log1p(-p)  # log of P(not drawn) per draw
+    new = np.sum(np.exp(before * unseen) - np.exp((before + draws) * unseen))
+    return float(new / draws)
