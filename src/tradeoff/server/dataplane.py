@@ -248,7 +248,10 @@ class DataPlane:
         key = tensor_key(*key_args) if size <= OFF_LOOP_BYTES else \
             await asyncio.to_thread(tensor_key, *key_args)
         stats = served.stats
-        while (flight := cache.flights.get(key.key)) is not None:
+        # only requests of one priority wait for each other: a low-priority request
+        # in flight must not hold back a high-priority one
+        flight_key = key.key + str(internal.priority).encode()
+        while (flight := cache.flights.get(flight_key)) is not None:
             # shielded: this request leaving must not cancel the one it waits for
             answer = await asyncio.shield(flight)
             if answer is not None:
@@ -258,7 +261,7 @@ class DataPlane:
                 return served, Timings(cache="coalesced", cache_ns=waited), answer
             # the request it waited for failed or was cancelled: try again, alone
         flight = asyncio.get_running_loop().create_future()
-        cache.flights[key.key] = flight
+        cache.flights[flight_key] = flight
         answer = None
         try:
             answer = await cache.lookup(key)
@@ -273,7 +276,7 @@ class DataPlane:
             timings.cache, timings.cache_ns = "miss", lookup_ns
             return served, timings, answer
         finally:
-            del cache.flights[key.key]
+            del cache.flights[flight_key]
             flight.set_result(answer)
 
     # ------------------------------------------------------------ generation
