@@ -55,8 +55,8 @@ constraints:
 
 test: $(STAMP)
 	-bash scripts/get_perf_analyzer.sh $(PY)
-	-bash scripts/get_chromium.sh
-	-bash scripts/get_redis.sh
+	-bash scripts/apt_get.sh chromium chromium chromium-browser
+	-bash scripts/apt_get.sh redis-server redis-server
 	$(INSTALL_WEIGHTS)
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/mypy src
@@ -71,7 +71,7 @@ proto: $(STAMP)
 
 # Chromium for the test that renders the HTML report (it skips without it).
 chromium:
-	bash scripts/get_chromium.sh
+	bash scripts/apt_get.sh chromium chromium chromium-browser
 
 # Triton's perf_analyzer for the compatibility tests (tests skip without it).
 perf-analyzer: $(STAMP)

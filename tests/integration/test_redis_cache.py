@@ -25,7 +25,7 @@ pytestmark = pytest.mark.integration
 
 REDIS = shutil.which("redis-server")
 if REDIS is None:
-    pytest.skip("redis-server is not installed (make test installs it: scripts/get_redis.sh)",
+    pytest.skip("redis-server is not installed (make test installs it: scripts/apt_get.sh)",
                 allow_module_level=True)
 
 

@@ -250,7 +250,7 @@ def chromium() -> str | None:
 def test_report_renders_every_plot_in_chromium(tmp_path: Path, server: ServerProcess) -> None:
     browser = chromium()
     if browser is None:
-        pytest.skip("chromium missing: scripts/get_chromium.sh installs it (make test runs it)")
+        pytest.skip("chromium missing: make test installs it (scripts/apt_get.sh)")
     assert server.process is not None
     sweeps = []
     for model in ("mlp", "mlp_nobatch"):
