@@ -5,10 +5,12 @@ no --cache, --cache local sized for a tenth of the distinct answers, and --cache
 (which holds everything). `tradeoff bench` (core 1) sends the same Zipf mixes of 2,000
 distinct inputs at s = 0.8, 1.0, 1.2 to each in turn, closed loop; the server-side hit
 ratio is set against what the law predicts (Che's approximation for the LRU; first-sight
-misses only for Redis). Then two servers share one Redis: the second one's hits on the
-first one's entries. Writes benchmarks/results/cache.json.
+misses only for Redis). With --pytriton-python, Triton (through PyTriton, in its own
+venv: benchmarks/peers/pytriton_cached.py) serves `mlp` the same way without a cache and
+with its local cache given the same bytes. Then two servers share one Redis: the second
+one's hits on the first one's entries. Writes benchmarks/results/cache.json.
 
-    .venv/bin/python benchmarks/cache.py
+    .venv/bin/python benchmarks/cache.py --pytriton-python /tmp/pytriton-venv/bin/python
     .venv/bin/python benchmarks/cache.py --models mlp --duration 4
 """
 
@@ -43,6 +45,42 @@ from tradeoff.server.process import ServerProcess, free_port
 
 EXPONENTS = (0.8, 1.0, 1.2)
 KINDS = ("none", "local", "redis")
+PEER_KINDS = ("triton none", "triton local")  # mlp only: PyTriton binds ONNX FP32 models
+TRITON_TOKEN = {"triton-access-token": "tradeoff-bench"}  # PyTriton guards the statistics
+
+
+class PyTriton:
+    """benchmarks/peers/pytriton_cached.py on core 0, serving one ONNX model."""
+
+    def __init__(self, python: str, model_file: Path, name: str, cache_bytes: int) -> None:
+        self.http_port = free_port()
+        self.url = f"http://127.0.0.1:{self.http_port}"
+        libdir = subprocess.run([python, "-c", "import sysconfig; print(sysconfig."
+                                 "get_config_var('LIBDIR'))"], capture_output=True, text=True,
+                                check=True).stdout.strip()
+        # the Python backend's stub must link the venv's libpython (peers/README.md)
+        env = dict(os.environ, LD_LIBRARY_PATH=libdir)
+        self.log = tempfile.NamedTemporaryFile(prefix="pytriton-", suffix=".log", delete=False)
+        self.process = subprocess.Popen(
+            ["taskset", "-c", "0", python, str(Path(__file__).parent / "peers" /
+                                              "pytriton_cached.py"), str(model_file), name,
+             str(self.http_port), str(free_port()), str(cache_bytes)],
+            stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        for _ in range(240):
+            if b"PYTRITON_READY" in Path(self.log.name).read_bytes():
+                return
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"PyTriton did not start: see {self.log.name}")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
 
 
 def answer_bytes(server: ServerProcess, model: str) -> int:
@@ -57,9 +95,11 @@ def answer_bytes(server: ServerProcess, model: str) -> int:
     return LocalStore.cost(b"k" * KEY_BYTES, b"c" * CHECK_BYTES + encode_outputs(outputs))
 
 
-def bench(server: ServerProcess, model: str, s: float, seed: int, distinct: int,
+def bench(server: ServerProcess | PyTriton, model: str, s: float, seed: int, distinct: int,
           args: argparse.Namespace) -> BenchResult:
-    spec = EndpointSpec(server.url, model=model, distinct_inputs=distinct, zipf=s, seed=seed)
+    headers = TRITON_TOKEN if isinstance(server, PyTriton) else {}
+    spec = EndpointSpec(server.url, model=model, distinct_inputs=distinct, zipf=s, seed=seed,
+                        headers=headers)
     load = LoadSpec(concurrency=args.concurrency, duration_s=args.duration,
                     warmup_s=args.warmup, seed=seed)
     result, _, _ = run_benchmark(make_adapter(spec), load)
@@ -98,8 +138,14 @@ def measure_model(root: Path, model: str, redis_url: str, args: argparse.Namespa
     capacity = args.distinct // 10
     flags = {"none": (), "local": ("--cache", f"local,size={capacity * entry}"),
              "redis": ("--cache", redis_url)}
-    servers = {kind: ServerProcess(root, cpus="0", extra_args=flags[kind]).start()
-               for kind in KINDS}
+    servers: dict[str, ServerProcess | PyTriton] = {
+        kind: ServerProcess(root, cpus="0", extra_args=flags[kind]).start() for kind in KINDS}
+    kinds = list(KINDS)
+    if args.pytriton_python and model == "mlp":
+        for kind in PEER_KINDS:
+            servers[kind] = PyTriton(args.pytriton_python, root / model / "1" / "model.onnx",
+                                     model, capacity * entry if kind == "triton local" else 0)
+        kinds += PEER_KINDS
     store = redis.Redis.from_url(redis_url)
     out: dict[str, Any] = {"entry_bytes": entry, "local_capacity_answers": capacity,
                            "points": []}
@@ -109,11 +155,11 @@ def measure_model(root: Path, model: str, redis_url: str, args: argparse.Namespa
             p = zipf_probabilities(args.distinct, s)
             store.flushall()
             point: dict[str, Any] = {"zipf_s": s}
-            for kind in KINDS:
+            for kind in kinds:
                 result = bench(servers[kind], model, s, index + 1, args.distinct, args)
-                if kind == "none":
+                if kind in ("none", "triton none"):
                     predicted: float | None = 0.0
-                elif kind == "local":
+                elif kind in ("local", "triton local"):
                     predicted = lru_hit_ratio(p, capacity)
                 else:  # holds everything: only first requests of an input miss
                     before = result.total_requests_sent - result.summary.requests
@@ -151,7 +197,7 @@ def table(model: str, result: dict[str, Any]) -> Table:
     for column in ("s", "cache", "req/s", "p50 ms", "p99 ms", "hit ratio", "predicted"):
         t.add_column(column, justify="right")
     for point in result["points"]:
-        for kind in KINDS:
+        for kind in [k for k in (*KINDS, *PEER_KINDS) if k in point]:
             r = point[kind]
             t.add_row(f"{point['zipf_s']:g}", kind, f"{r['throughput_rps']:,.0f}",
                       f"{r['p50_ms']:.2f}", f"{r['p99_ms']:.2f}",
@@ -167,6 +213,9 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--duration", type=float, default=8.0)
     parser.add_argument("--warmup", type=float, default=4.0)
+    parser.add_argument("--pytriton-python",
+                        help="the python of a venv with nvidia-pytriton and onnxruntime: adds "
+                             "Triton without and with its local cache for mlp")
     parser.add_argument("--output", type=Path,
                         default=Path(__file__).parent / "results" / "cache.json")
     args = parser.parse_args()

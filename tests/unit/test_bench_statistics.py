@@ -10,6 +10,7 @@ import pytest
 
 from tradeoff.bench.adapters import parse_server_timing
 from tradeoff.bench.load import LoadSpec, arrival_offsets_ns, read_intervals
+from tradeoff.bench.mix import InputMix
 from tradeoff.bench.records import HTTP_ERROR, OK, TIMEOUT, RecordBuffer, Records
 from tradeoff.bench.result import build_result
 from tradeoff.bench.runner import RunOutcome, WindowReport, is_stable, window_report
@@ -92,6 +93,8 @@ def test_distribution_is_exact() -> None:
 class _Adapter:
     rows_per_request = 2
     url = "http://x"
+    mix = InputMix()
+    input_count = 8
 
     def describe(self) -> dict:
         return {"protocol": "v2", "url": self.url}

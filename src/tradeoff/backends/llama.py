@@ -142,6 +142,23 @@ _LINEAR = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_att
            "mlp.gate_proj", "mlp.up_proj")
 
 
+def _has_vnni() -> bool:
+    """Whether this CPU multiplies INT8 with VNNI (AVX-512 VNNI or AVX-VNNI), which sums
+    u8 x s8 products in 32 bits; without it fbgemm adds pairs in 16 bits, which saturate
+    unless activations keep to 7 bits."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            flags = next((line for line in cpuinfo if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "avx512_vnni" in flags or "avx_vnni" in flags
+
+
+# activations quantized to 7 bits on CPUs without VNNI (as torch's own dynamic
+# quantization does for fbgemm); 8 bits where the products cannot saturate
+REDUCE_RANGE = not _has_vnni()
+
+
 def pack_int8(weight: torch.Tensor) -> tuple[Any, int]:
     """fbgemm's packed form of ``weight`` [out, in] in INT8, one symmetric scale per
     output channel; and the bytes it holds."""
@@ -203,7 +220,7 @@ class LlamaDecoder:
         packed = self.packed.get(name)
         if packed is None:
             return x @ self.w[name].T
-        return torch.ops.quantized.linear_dynamic(x, packed, False)
+        return torch.ops.quantized.linear_dynamic(x, packed, REDUCE_RANGE)
 
     def _names(self) -> list[str]:
         names = ["model.embed_tokens.weight", "model.norm.weight"]

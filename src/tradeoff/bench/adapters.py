@@ -80,6 +80,8 @@ class Adapter(ABC):
     protocol = "?"
     streaming = False  # streamed generations: the runner reads them with reader()
     asked_tokens: Sequence[int] = ()  # streaming: the output length each request asks
+    mix = InputMix()  # which prepared request each send uses (make_adapter sets it)
+    input_count = 0  # requests prepare() made
 
     def __init__(self, url: str, timeout_s: float = 10.0) -> None:
         self.url = url
@@ -88,8 +90,6 @@ class Adapter(ABC):
         self.timeout_s = timeout_s
         self.rows_per_request = 1
         self.input_fingerprint = ""  # sha256 of what prepare() sends, endpoint-independent
-        self.mix = InputMix()  # which prepared request each send uses
-        self.input_count = 0  # requests prepare() made
 
     def connect(self, timeout_s: float) -> Connection:
         """A new connection to the endpoint (keep-alive HTTP/1.1 unless overridden)."""
