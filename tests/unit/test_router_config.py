@@ -1,0 +1,111 @@
+"""router.yaml: reading it, refusing mistakes in one line, and choosing a target."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from tradeoff.errors import ConfigError
+from tradeoff.repository.router import (
+    Condition,
+    RouterConfig,
+    Signature,
+    Target,
+    common_signature,
+)
+
+EXAMPLE = """
+routes:
+  - when: {class: latency}
+    to: mlp_small
+  - when: {deadline_ms_below: 20}
+    to: mlp_small
+  - to: [{model: mlp, version: 1, weight: 90}, {model: mlp, version: 2, weight: 10}]
+    sticky: user
+fallback: [mlp_small]
+shadow: {to: mlp_int8, fraction: 0.05}
+"""
+
+
+def example(tmp_path: Path) -> RouterConfig:
+    path = tmp_path / "router.yaml"
+    path.write_text(EXAMPLE)
+    return RouterConfig.read(path)
+
+
+def test_the_documented_example_reads_as_written(tmp_path: Path) -> None:
+    config = example(tmp_path)
+    assert config.routes[0].when == Condition(request_class="latency")
+    assert config.routes[1].when == Condition(deadline_ms_below=20.0)
+    assert config.routes[2].arms == (Target("mlp", 1, 90.0), Target("mlp", 2, 10.0))
+    assert config.routes[2].sticky == "user" and config.routes[2].when is None
+    assert config.fallback == (Target("mlp_small"),)
+    assert config.shadow is not None and config.shadow.target == Target("mlp_int8")
+    assert config.shadow.fraction == 0.05 and config.idempotent is False
+    assert config.models() == ["mlp_small", "mlp", "mlp_int8"]
+    assert [t.label for t in config.routes[2].arms] == ["mlp/1", "mlp/2"]
+
+
+def test_first_matching_route_wins(tmp_path: Path) -> None:
+    config = example(tmp_path)
+    assert config.decide("latency", None, {}, 0.5).target == Target("mlp_small")
+    assert config.decide(None, 10.0, {}, 0.5).route == 1
+    assert config.decide(None, 30.0, {}, 0.5).route == 2  # a deadline not below 20
+    assert config.decide("bulk", None, {}, 0.5).route == 2
+
+
+def test_weights_hold_within_two_percent_over_ten_thousand_requests(tmp_path: Path) -> None:
+    config = example(tmp_path)
+    rng = random.Random(3)
+    arms = [config.decide(None, None, {}, rng.random()).arm for _ in range(10_000)]
+    assert abs(arms.count(1) / 10_000 - 0.10) < 0.02
+    # sticky: one caller always lands on one arm; callers still split by weight
+    users = [config.decide(None, None, {"user": f"u{k}"}, rng.random()).arm
+             for k in range(10_000)]
+    assert abs(users.count(1) / 10_000 - 0.10) < 0.02
+    for k in range(200):
+        assert len({config.decide(None, None, {"user": f"u{k}"}, rng.random()).arm
+                    for _ in range(5)}) == 1
+
+
+@pytest.mark.parametrize(("text", "field", "message"), [
+    ("routes: []", "routes", "non-empty list"),
+    ("routs: [{to: a}]", "routs", "did you mean 'routes'"),
+    ("routes: [{to: a}, {when: {class: x}, to: b}]", "routes[0]", "can never match"),
+    ("routes: [{when: {klass: x}, to: a}]", "routes[0].when.klass", "did you mean 'class'"),
+    ("routes: [{when: {deadline_ms_below: -1}, to: a}, {to: b}]",
+     "routes[0].when.deadline_ms_below", "positive"),
+    ("routes: [{to: [{model: a, weight: 0}]}]", "routes[0].to[0].weight", "positive"),
+    ("routes: [{to: [{model: a, version: 0}]}]", "routes[0].to[0].version", "positive"),
+    ("routes: [{to: []}]", "routes[0].to", "must name a model"),
+    ("routes: [{to: a}]\nshadow: {to: b, fraction: 2}", "shadow.fraction", "(0, 1]"),
+    ("routes: [{to: a}]\nshadow: {to: [b, c]}", "shadow.to", "one model"),
+    ("routes: [{to: a}]\nfallback: [{model: b, weight: 3}]", "fallback[0].weight",
+     "unknown field"),
+    ("routes: [{to: a}]\nidempotent: maybe", "idempotent", "true or false"),
+])
+def test_mistakes_name_the_field(tmp_path: Path, text: str, field: str, message: str) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        RouterConfig.read(path)
+    assert f"{field}:" in str(caught.value) and message in str(caught.value)
+    assert str(path) in str(caught.value)
+
+
+def signature(shape: tuple[int, ...], datatype: str = "FP32", output: str = "y") -> Signature:
+    return Signature(inputs=(("x", datatype, shape),), outputs=((output, "FP32", (-1, 10)),))
+
+
+def test_targets_must_agree_on_names_datatypes_and_shapes() -> None:
+    common = common_signature("r", {"a": signature((-1, 256)), "b": signature((4, 256))})
+    assert common.inputs == (("x", "FP32", (4, 256)),)  # what every target accepts
+    for other, message in ((signature((-1, 128)), "[-1, 256] in a but [-1, 128] in b"),
+                           (signature((-1, 256), "FP16"), "FP32 in a but FP16 in b"),
+                           (signature((-1, 256), output="z"), "outputs ['y'] but b has ['z']"),
+                           (signature((256,)), "but [256] in b")):
+        with pytest.raises(ConfigError) as caught:
+            common_signature("r", {"a": signature((-1, 256)), "b": other})
+        assert message in str(caught.value) and "router 'r'" in str(caught.value)
