@@ -4,6 +4,7 @@
     <root>/<model>/<version>/model.onnx    (versions are positive integers; the file
                                             name is the backend's, see backends.registry)
     <root>/<model>/generate.yaml           (a generative model instead: generate/config.py)
+    <root>/<model>/router.yaml             (a router over other models: repository/router.py)
 
 Model names and versions from clients are checked against what is on disk, so they can
 never name a path outside the repository. File names inside a config follow the rule of
@@ -34,6 +35,8 @@ from tradeoff.repository.config import (
 
 CONFIG_FILES = ("config.pbtxt", "config.yaml", "config.yml")
 GENERATIVE_FILE = "generate.yaml"
+ROUTER_FILE = "router.yaml"
+ROUTER = "router"
 
 
 @dataclass(frozen=True)
@@ -68,8 +71,12 @@ class ModelRepository:
         return self.root / name
 
     def kind(self, name: str) -> str:
-        """``generative`` for a directory with a ``generate.yaml``, else ``tensor``."""
-        return GENERATIVE if (self.model_dir(name) / GENERATIVE_FILE).is_file() else TENSOR
+        """``router`` for a directory with a ``router.yaml``, ``generative`` for one with a
+        ``generate.yaml``, else ``tensor``."""
+        directory = self.model_dir(name)
+        if (directory / ROUTER_FILE).is_file():
+            return ROUTER
+        return GENERATIVE if (directory / GENERATIVE_FILE).is_file() else TENSOR
 
     def read(self, name: str, config_override: dict[str, Any] | None = None) -> ModelSource:
         """Config (auto-completed) and version files of one model.

@@ -29,7 +29,6 @@ import yaml
 
 from tradeoff.errors import ConfigError
 
-ROUTER_FILE = "router.yaml"
 TOP_FIELDS = ("routes", "fallback", "shadow", "idempotent")
 ROUTE_FIELDS = ("when", "to", "sticky")
 CONDITIONS = ("class", "deadline_ms_below")

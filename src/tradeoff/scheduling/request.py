@@ -19,10 +19,13 @@ class Timings:
     batch_size: int = 0
     cache: str = ""  # the response cache's verdict: hit, miss, coalesced; "" when not asked
     cache_ns: int = 0  # its lookup (or, coalesced, the wait for the identical request)
+    route: str = ""  # the router's target that answered ("mlp/2"); "" when not routed
 
     def server_timing(self) -> str:
         """The value of a standard ``Server-Timing`` header (durations in ms)."""
         cache = f"cache;desc={self.cache};dur={self.cache_ns / 1e6:.3f}, " if self.cache else ""
+        if self.route:
+            cache = f'route;desc="{self.route}", {cache}'
         return (f"{cache}queue;dur={self.queue_ns / 1e6:.3f}, "
                 f"compute_input;dur={self.compute_input_ns / 1e6:.3f}, "
                 f"compute_infer;dur={self.compute_infer_ns / 1e6:.3f}, "

@@ -42,7 +42,8 @@ KEY_BYTES = 16     # the lookup key: BLAKE2b-128
 CHECK_BYTES = 32   # stored with the value: BLAKE2b-256 of the same material
 # Request parameters that cannot change an answer: scheduling, and the opt-out itself.
 # Everything else a request carries is part of the key.
-NEUTRAL_PARAMETERS = frozenset({"priority", "timeout", "cache", "binary_data_output"})
+NEUTRAL_PARAMETERS = frozenset({"priority", "timeout", "cache", "binary_data_output",
+                                "class"})
 ENTRY_OVERHEAD = 96  # bytes a local entry costs beyond its key and value (dict, node)
 REDIS_PREFIX = b"tradeoff:cache:1:"
 _U32 = struct.Struct("<I")

@@ -13,7 +13,14 @@ import time
 from typing import Any
 
 from tradeoff import __version__
-from tradeoff.errors import InvalidInput, NotFound, Overloaded, RequestError, Unavailable
+from tradeoff.errors import (
+    InferenceFailed,
+    InvalidInput,
+    NotFound,
+    Overloaded,
+    RequestError,
+    Unavailable,
+)
 from tradeoff.generate.bridge import GenerativeModel, Handle
 from tradeoff.protocol.v2 import (
     DEFAULT_LIMITS,
@@ -23,10 +30,12 @@ from tradeoff.protocol.v2 import (
     parse_json_object,
 )
 from tradeoff.repository.config import ModelConfig
+from tradeoff.repository.router import Target
 from tradeoff.scheduling.request import InferenceRequest, Timings
 from tradeoff.server.asgi import OFF_LOOP_BYTES
 from tradeoff.server.cache import ResponseCache, generation_key, tensor_key
 from tradeoff.server.models import ModelManager, ModelVersion
+from tradeoff.server.router import SHADOW_IN_FLIGHT, RoutedModel
 
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository", "parameters",
               "schedule_policy", "statistics"]
@@ -48,6 +57,7 @@ class DataPlane:
         self.in_flight = 0  # inference requests admitted and not yet answered
         self.overload_refusals = 0
         self._admission = _Admission(self)
+        self._background: set[asyncio.Task] = set()  # shadow copies in flight
 
     # ------------------------------------------------------------ admission
 
@@ -108,6 +118,8 @@ class DataPlane:
 
     def model_metadata(self, name: str, version: str | None) -> dict[str, Any]:
         served = self.manager.get(name, version)
+        if isinstance(served, RoutedModel):
+            return served.metadata()
         entry = self.manager.models[name]
         if isinstance(served, GenerativeModel):
             return {"name": name, "versions": [str(v) for v in sorted(entry.versions)],
@@ -128,6 +140,8 @@ class DataPlane:
 
     def model_config(self, name: str, version: str | None) -> dict[str, Any]:
         served = self.manager.get(name, version)
+        if isinstance(served, RoutedModel):
+            return served.model_config()
         if isinstance(served, GenerativeModel):  # generate.yaml as Triton's parameters
             return {"name": name, "backend": "generate", "parameters": {
                 key: {"string_value": str(value)}
@@ -223,11 +237,99 @@ class DataPlane:
         return served, InferenceRequest(inputs=inputs, rows=rows or 1, shape_key=shape_key,
                                         priority=priority, timeout_us=timeout or None)
 
+    def check_target(self, name: str, version: str | None) -> None:
+        """The cheap checks of a tensor request before its body is read: the model (or
+        router) exists, serves, and takes tensors."""
+        served = self.manager.get(name, version)
+        if isinstance(served, RoutedModel):
+            if served.generative:
+                raise InvalidInput(f"router {name!r} sends to generative models: send it "
+                                   "text at /v1/completions or /v1/chat/completions")
+            return
+        self.manager.tensor(name, version)
+
     async def infer(self, name: str, version: str | None,
                     request: V2Request) -> tuple[ModelVersion, Timings, list[TensorOutput]]:
-        """Run one request through the model's scheduler."""
+        """Run one request through the model's scheduler (a router's: its target's)."""
         if self.shutting_down:
             raise Unavailable("the server is shutting down and takes no new requests")
+        routed = self.manager.get(name, version)
+        if isinstance(routed, RoutedModel):
+            return await self._route(routed, request)
+        return await self._infer_model(name, version, request)
+
+    async def _route(self, routed: RoutedModel, request: V2Request
+                     ) -> tuple[ModelVersion, Timings, list[TensorOutput]]:
+        """Send a request where the router's rules say; on a refusal (503) or a target
+        not serving, and for an idempotent router on a failure, the fallbacks in turn.
+        A request is answered once: by the first target that answers."""
+        if routed.generative:
+            raise InvalidInput(f"router {routed.name!r} sends to generative models: send "
+                               "it text at /v1/completions or /v1/chat/completions")
+        started = time.perf_counter_ns()
+        decision = routed.decide(request.parameters)
+        candidates = [decision.target, *(t for t in routed.config.fallback
+                                         if t != decision.target)]
+        error: RequestError | None = None
+        for index, target in enumerate(candidates):
+            try:
+                served, timings, outputs = await self._infer_model(
+                    target.model, _version(target.version), request)
+            except (Unavailable, NotFound) as exc:  # refused or not serving: never started
+                error = exc
+                continue
+            except InferenceFailed as exc:  # it ran and failed: again only if idempotent
+                if not routed.config.idempotent:
+                    routed.stats.failed(time.perf_counter_ns() - started)
+                    raise
+                error = exc
+                continue
+            except RequestError:  # the request's own mistake: the same everywhere
+                routed.stats.failed(time.perf_counter_ns() - started)
+                raise
+            routed.stats.served(decision, target if index else None,
+                                time.perf_counter_ns() - started)
+            timings.route = target.label
+            shadow = routed.wants_shadow()
+            if shadow is not None:
+                self._shadow(routed, shadow, request, outputs)
+            return served, timings, outputs
+        routed.stats.failed(time.perf_counter_ns() - started)
+        assert error is not None
+        raise error
+
+    def _shadow(self, routed: RoutedModel, target: Target, request: V2Request,
+                primary: list[TensorOutput]) -> None:
+        """Send a copy to the shadow target in the background unless it is busy, and
+        compare its answer with the primary's. The primary's answer never waits for it."""
+        stats = routed.stats.shadow
+        try:
+            served = self.manager.tensor(target.model, _version(target.version))
+        except RequestError:
+            stats.dropped += 1
+            return
+        if routed.shadows_in_flight >= SHADOW_IN_FLIGHT or served.scheduler.queue_depth > 0:
+            stats.dropped += 1
+            return
+        routed.shadows_in_flight += 1
+        stats.sent += 1
+
+        async def copy() -> None:
+            try:
+                _, _, outputs = await self._infer_model(target.model,
+                                                        _version(target.version), request)
+                stats.compare(primary, outputs)
+            except Exception:  # the shadow's failure is counted, never the caller's
+                stats.failed += 1
+            finally:
+                routed.shadows_in_flight -= 1
+
+        task = asyncio.ensure_future(copy())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _infer_model(self, name: str, version: str | None, request: V2Request
+                           ) -> tuple[ModelVersion, Timings, list[TensorOutput]]:
         served, internal = self.prepare(name, version, request)
         if self.cache is None or not served.config.response_cache or \
                 request.parameters.get("cache") is False:
@@ -335,6 +437,10 @@ class DataPlane:
         if handle.cache_key is not None and self.cache is not None and \
                 reason in ("stop", "length"):
             self.cache.keep_generation(handle.cache_key, tokens, reason)
+
+
+def _version(version: int | None) -> str | None:
+    return None if version is None else str(version)
 
 
 def _check_prompt_size(model: GenerativeModel, prompt: str | list[dict[str, str]],

@@ -185,12 +185,14 @@ class GrpcService:
         """The response to one request, and its Server-Timing value."""
         with self.dataplane.admitted():
             # the cheap checks before the tensors are decoded
-            self.dataplane.manager.tensor(request.model_name, request.model_version or None)
+            self.dataplane.check_target(request.model_name, request.model_version or None)
             v2 = decode_infer_request(request, self.dataplane.limits)
             served, timings, outputs = await self.dataplane.infer(
                 request.model_name, request.model_version or None, v2)
         response = pb.ModelInferResponse(model_name=request.model_name,
                                          model_version=str(served.version), id=request.id)
+        if timings.route:
+            response.parameters["routed_to"].string_param = timings.route
         for out in outputs:
             response.outputs.add(name=out.name, datatype=out.datatype,
                                  shape=list(out.array.shape))

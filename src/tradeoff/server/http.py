@@ -67,7 +67,7 @@ _BODY_READ = "tradeoff.body_read"  # the whole body arrived
 
 
 _WANTED_HEADERS = frozenset((b"content-length", b"content-encoding", b"accept-encoding",
-                             b"inference-header-content-length"))
+                             b"inference-header-content-length", b"x-tradeoff-class"))
 
 
 def _headers(scope: Scope) -> dict[bytes, bytes]:
@@ -354,7 +354,7 @@ class HttpApp:
 
     async def _infer(self, scope: Scope, receive: Receive, send: Send, name: str,
                      version: str | None) -> None:
-        self.dataplane.manager.tensor(name, version)  # the cheap checks before the body
+        self.dataplane.check_target(name, version)  # the cheap checks before the body
         headers = _headers(scope)
         body = await self._read_body(scope, receive, headers)
         header_length = headers.get(b"inference-header-content-length")
@@ -373,6 +373,9 @@ class HttpApp:
             if len(body) <= OFF_LOOP_BYTES else \
             await asyncio.to_thread(decode_request, body, length, self.dataplane.limits)
         self._charge(scope, -decoding)  # decoded: the arrays are what is left
+        request_class = headers.get(b"x-tradeoff-class")
+        if request_class is not None and "class" not in request.parameters:
+            request.parameters["class"] = request_class.decode("latin-1")
         handler = asyncio.current_task()
         assert handler is not None
         # a client that leaves cancels this handler: the scheduler drops the request if
@@ -385,7 +388,9 @@ class HttpApp:
             if watch.gone:
                 return  # the client went away: nobody to answer
             raise
-        payload, json_length = encode_response(name, str(served.version), request.id, outputs)
+        payload, json_length = encode_response(
+            name, str(served.version), request.id, outputs,
+            {"routed_to": timings.route} if timings.route else None)
         reply = [(b"content-type", b"application/json" if json_length is None
                   else b"application/octet-stream"),
                  (b"server-timing", timings.server_timing().encode())]

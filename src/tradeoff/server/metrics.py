@@ -18,6 +18,7 @@ from tradeoff.generate.bridge import TOKEN_BUCKETS_S, GenerativeModel
 from tradeoff.scheduling.stats import LATENCY_BUCKETS_S
 from tradeoff.server.dataplane import DataPlane
 from tradeoff.server.models import ModelManager, ModelVersion
+from tradeoff.server.router import RoutedModel
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -254,12 +255,57 @@ class CacheCollector(Collector):
             yield entries
 
 
+class RouterCollector(Collector):
+    """Routers: requests per route and target, fallbacks, failures, and the shadow's
+    copies and how its answers differed from the primary's."""
+
+    def __init__(self, manager: ModelManager) -> None:
+        self.manager = manager
+
+    def collect(self) -> Iterator:
+        routers = [v for v in self.manager.served_versions() if isinstance(v, RoutedModel)]
+        if not routers:
+            return
+        requests = CounterMetricFamily("tradeoff_router_requests",
+                                       "Requests a router sent, by route and arm (the target "
+                                       "its rules chose)", labels=["router", "route", "target"])
+        fallbacks = CounterMetricFamily("tradeoff_router_fallbacks",
+                                        "Requests answered by a fallback target",
+                                        labels=["router", "target"])
+        failures = CounterMetricFamily("tradeoff_router_failures",
+                                       "Requests no target answered", labels=["router"])
+        shadow = CounterMetricFamily("tradeoff_router_shadow",
+                                     "Shadow copies: sent, dropped (target busy), failed",
+                                     labels=["router", "outcome"])
+        difference = GaugeMetricFamily("tradeoff_router_shadow_max_abs_diff",
+                                       "Largest difference seen between a shadow answer and "
+                                       "the primary's", labels=["router"])
+        agreement = GaugeMetricFamily("tradeoff_router_shadow_top1_agreement",
+                                      "Share of rows whose top-1 class agreed with the primary's",
+                                      labels=["router"])
+        for routed in routers:
+            stats = routed.stats
+            for row in stats.routes():
+                requests.add_metric([routed.name, str(row["route"]), row["target"]], row["count"])
+            for target, count in stats.fallbacks.items():
+                fallbacks.add_metric([routed.name, target], count)
+            failures.add_metric([routed.name], stats.fail[0])
+            for outcome in ("sent", "dropped", "failed"):
+                shadow.add_metric([routed.name, outcome], getattr(stats.shadow, outcome))
+            difference.add_metric([routed.name], stats.shadow.max_abs_diff)
+            top1 = stats.shadow.to_dict()["top1_agreement"]
+            if top1 is not None:
+                agreement.add_metric([routed.name], top1)
+        yield from (requests, fallbacks, failures, shadow, difference, agreement)
+
+
 def make_registry(manager: ModelManager, dataplane: DataPlane | None = None
                   ) -> CollectorRegistry:
     """A registry of the server's own (not the process-global one)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ServerCollector(manager, dataplane))
     registry.register(GenerationCollector(manager))
+    registry.register(RouterCollector(manager))
     if dataplane is not None:
         registry.register(CacheCollector(manager, dataplane))
     ProcessCollector(registry=registry)

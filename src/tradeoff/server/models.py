@@ -38,10 +38,12 @@ from tradeoff.errors import (
 from tradeoff.generate.bridge import GenerativeModel
 from tradeoff.generate.loader import load_generative
 from tradeoff.repository.config import ModelConfig, Warmup
-from tradeoff.repository.repository import ModelRepository, confined
+from tradeoff.repository.repository import ROUTER, ROUTER_FILE, ModelRepository, confined
+from tradeoff.repository.router import RouterConfig, Signature, common_signature
 from tradeoff.scheduling.request import InferenceRequest
 from tradeoff.scheduling.scheduler import Scheduler, run_batch
 from tradeoff.scheduling.stats import ModelStats
+from tradeoff.server.router import RoutedModel
 
 log = logging.getLogger("tradeoff.server")
 
@@ -74,7 +76,7 @@ class ModelVersion:
         await self.scheduler.stop()
 
 
-Served = ModelVersion | GenerativeModel
+Served = ModelVersion | GenerativeModel | RoutedModel
 
 
 @dataclass
@@ -149,6 +151,14 @@ def _run_warmup(config: ModelConfig, backends: list[Backend], model_dir: Path, *
                                              f"failed: {exc}") from exc
                     log.warning("model %s: default warmup skipped: %s", config.name, exc)
                     return
+
+
+def _signature(config: ModelConfig) -> Signature:
+    """A tensor model's inputs and outputs as a router compares them."""
+    return Signature(tuple((t.name, t.datatype, tuple(config.full_shape(t)))
+                           for t in config.inputs),
+                     tuple((t.name, t.datatype, tuple(config.full_shape(t)))
+                           for t in config.outputs))
 
 
 def _clear_finished_frames(error: BaseException) -> None:
@@ -237,7 +247,10 @@ class ModelManager:
             if entry.state is not ModelState.READY:
                 entry.state = ModelState.LOADING
             try:
-                if self.repository.kind(name) == GENERATIVE:
+                kind = self.repository.kind(name)
+                if kind == ROUTER:
+                    versions = self._load_router(name, config_override)
+                elif kind == GENERATIVE:
                     versions = await self._load_generative(name, config_override)
                 else:
                     versions = await self._load_tensor(name, config_override, entry)
@@ -307,6 +320,44 @@ class ModelManager:
             log.warning("model %s: %s", name, NO_CACHE_WARNING)
         return {1: model}
 
+    def _load_router(self, name: str, config_override: dict[str, Any] | None
+                     ) -> dict[int, Served]:
+        """A router over loaded models: its targets must be served now and agree on their
+        inputs and outputs (or all be generative)."""
+        if config_override is not None:
+            raise InvalidInput(f"model {name!r} is a router: its rules come from "
+                               f"{ROUTER_FILE}, not a 'config' load parameter")
+        config = RouterConfig.read(self.repository.model_dir(name) / ROUTER_FILE)
+        targets = [arm for route in config.routes for arm in route.arms]
+        targets += list(config.fallback) + ([config.shadow.target] if config.shadow else [])
+        served: dict[str, Served] = {}
+        for target in targets:
+            entry = self.models.get(target.model)
+            version = entry.latest if entry is not None and target.version is None else \
+                entry.versions.get(target.version) if entry is not None and \
+                target.version is not None else None
+            if version is None:
+                raise ModelLoadError(f"router {name!r}: target {target.label!r} is not "
+                                     "loaded (load it before the router)")
+            if isinstance(version, RoutedModel):
+                raise ModelLoadError(f"router {name!r}: target {target.label!r} is a router;"
+                                     " a router sends to models only")
+            served[target.label] = version
+        kinds = {isinstance(v, GenerativeModel) for v in served.values()}
+        if kinds == {True}:
+            routed = RoutedModel(name, config, None, generative=True)
+        elif kinds == {False}:
+            tensors = {label: v for label, v in served.items() if isinstance(v, ModelVersion)}
+            signature = common_signature(name, {label: _signature(v.config)
+                                                for label, v in tensors.items()})
+            batch = min(v.config.max_batch_size for v in tensors.values())
+            routed = RoutedModel(name, config, signature, max_batch_size=batch)
+        else:
+            raise ModelLoadError(f"router {name!r}: mixes generative and tensor targets")
+        log.info("router %s: %d routes over %s", name, len(config.routes),
+                 ", ".join(sorted(served)))
+        return {1: routed}
+
     def _instances_died(self, name: str, version: int, scheduler: Scheduler,
                         cause: str) -> None:
         """Every instance of a served version died: stop serving it (load brings it back)."""
@@ -348,8 +399,11 @@ class ModelManager:
             log.info("model %s unloaded", name)
 
     async def load_all(self) -> None:
-        """Load every model in the repository; a model that fails does not stop the others."""
-        for name in self.repository.names():
+        """Load every model in the repository, routers last (they check their targets); a
+        model that fails does not stop the others."""
+        names = self.repository.names()
+        routers = [n for n in names if self.repository.kind(n) == ROUTER]
+        for name in [n for n in names if n not in routers] + routers:
             try:
                 await self.load(name)
             except TradeoffError:

@@ -1,0 +1,178 @@
+"""A router serving: the loaded form of ``router.yaml`` (repository/router.py) and what it
+counts. The data plane asks it where a request goes and tells it what happened; shadow
+copies are bounded here.
+
+    routed = RoutedModel("mlp_router", config, signature)
+    decision = routed.decide(parameters)           # route, arm, target
+    routed.stats.served(decision, fallback=None)
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tradeoff import dtypes
+from tradeoff.protocol.v2 import TensorOutput
+from tradeoff.repository.router import Decision, RouterConfig, Signature, Target
+
+SHADOW_IN_FLIGHT = 8  # shadow copies a router holds at once; more are dropped
+
+
+@dataclass
+class ShadowStats:
+    """Shadow copies: sent, dropped (target busy), failed, and how their answers
+    compared with the primary's."""
+
+    sent: int = 0
+    dropped: int = 0
+    failed: int = 0
+    compared: int = 0
+    max_abs_diff: float = 0.0      # the largest seen
+    sum_max_abs_diff: float = 0.0  # of each comparison's largest difference
+    top1_agree: int = 0
+    top1_total: int = 0
+
+    def compare(self, primary: list[TensorOutput], shadow: list[TensorOutput]) -> None:
+        """Record how ``shadow``'s numeric outputs differ from ``primary``'s."""
+        by_name = {o.name: o.array for o in shadow}
+        worst = 0.0
+        for output in primary:
+            other = by_name.get(output.name)
+            if other is None or output.array.dtype.kind not in "iuf" or \
+                    other.shape != output.array.shape:
+                continue
+            if output.array.size:
+                difference = np.abs(output.array.astype(np.float64) - other.astype(np.float64))
+                worst = max(worst, float(difference.max()))
+            if output.array.ndim >= 2 and output.array.shape[-1] > 1:
+                same = np.argmax(output.array, axis=-1) == np.argmax(other, axis=-1)
+                self.top1_agree += int(same.sum())
+                self.top1_total += int(same.size)
+        self.compared += 1
+        self.max_abs_diff = max(self.max_abs_diff, worst)
+        self.sum_max_abs_diff += worst
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sent": self.sent, "dropped": self.dropped, "failed": self.failed,
+                "compared": self.compared, "max_abs_diff": self.max_abs_diff,
+                "mean_max_abs_diff": self.sum_max_abs_diff / self.compared
+                if self.compared else None,
+                "top1_agreement": self.top1_agree / self.top1_total
+                if self.top1_total else None}
+
+
+@dataclass
+class RouterStats:
+    """Per route and arm, per fallback target, and the shadow's; in the statistics
+    extension's shape, with the routing counts beside it."""
+
+    name: str
+    config: RouterConfig
+    success: list[int] = field(default_factory=lambda: [0, 0])
+    fail: list[int] = field(default_factory=lambda: [0, 0])
+    last_inference_ms: int = 0
+    arms: dict[tuple[int, int], int] = field(default_factory=dict)
+    fallbacks: dict[str, int] = field(default_factory=dict)
+    shadow: ShadowStats = field(default_factory=ShadowStats)
+
+    def served(self, decision: Decision, fallback: Target | None, total_ns: int) -> None:
+        key = (decision.route, decision.arm)
+        self.arms[key] = self.arms.get(key, 0) + 1
+        if fallback is not None:
+            self.fallbacks[fallback.label] = self.fallbacks.get(fallback.label, 0) + 1
+        self.success[0] += 1
+        self.success[1] += total_ns
+        self.last_inference_ms = int(time.time() * 1000)
+
+    def failed(self, total_ns: int) -> None:
+        self.fail[0] += 1
+        self.fail[1] += total_ns
+        self.last_inference_ms = int(time.time() * 1000)
+
+    def routes(self) -> list[dict[str, Any]]:
+        return [{"route": r, "arm": a, "target": route.arms[a].label,
+                 "count": self.arms.get((r, a), 0)}
+                for r, route in enumerate(self.config.routes) for a in range(len(route.arms))]
+
+    def to_dict(self) -> dict[str, Any]:
+        zero = {"count": 0, "ns": 0}
+        return {
+            "name": self.name, "version": "1", "last_inference": self.last_inference_ms,
+            "inference_count": 0, "execution_count": 0,
+            "inference_stats": {
+                "success": {"count": self.success[0], "ns": self.success[1]},
+                "fail": {"count": self.fail[0], "ns": self.fail[1]},
+                **{part: zero for part in ("queue", "compute_input", "compute_infer",
+                                           "compute_output", "cache_hit", "cache_miss")}},
+            "batch_stats": [],
+            "routes": self.routes(), "fallbacks": dict(self.fallbacks),
+            "shadow": self.shadow.to_dict()}
+
+
+class RoutedModel:
+    """A router as served: its rules, its targets' common signature, its counts."""
+
+    version = 1
+
+    def __init__(self, name: str, config: RouterConfig, signature: Signature | None,
+                 generative: bool = False, max_batch_size: int = 0) -> None:
+        self.name = name
+        self.config = config
+        self.signature = signature  # None for a router of generative models
+        self.generative = generative
+        self.max_batch_size = max_batch_size  # the least max_batch_size of the targets
+        self.stats = RouterStats(name, config)
+        self.shadows_in_flight = 0
+        self._random = random.Random()
+
+    def decide(self, parameters: dict[str, Any]) -> Decision:
+        """Where a request with these parameters goes (``class``; ``timeout`` in µs)."""
+        request_class = parameters.get("class")
+        timeout = parameters.get("timeout")
+        deadline_ms = timeout / 1000 if isinstance(timeout, int) and timeout > 0 else None
+        return self.config.decide(request_class if isinstance(request_class, str) else None,
+                                  deadline_ms, parameters, self._random.random())
+
+    def wants_shadow(self) -> Target | None:
+        """The shadow target for this request, if it gets a copy."""
+        shadow = self.config.shadow
+        if shadow is None or self._random.random() >= shadow.fraction:
+            return None
+        return shadow.target
+
+    def metadata(self) -> dict[str, Any]:
+        """The model metadata of the router: its targets' common signature."""
+        signature = self.signature
+
+        def tensors(items: Any) -> list[dict[str, Any]]:
+            return [{"name": n, "datatype": d, "shape": list(s)} for n, d, s in items]
+
+        return {"name": self.name, "versions": ["1"], "platform": "router",
+                "inputs": tensors(signature.inputs) if signature else [],
+                "outputs": tensors(signature.outputs) if signature else []}
+
+    def model_config(self) -> dict[str, Any]:
+        """Triton's config shape: the common signature, and the targets as a parameter."""
+        skip = 1 if self.max_batch_size > 0 else 0
+        signature = self.signature
+
+        def tensors(items: Any) -> list[dict[str, Any]]:
+            return [{"name": n, "data_type": dtypes.to_config_type(d), "dims": list(s[skip:])}
+                    for n, d, s in items]
+
+        return {"name": self.name, "platform": "router", "backend": "router",
+                "max_batch_size": self.max_batch_size,
+                "input": tensors(signature.inputs) if signature else [],
+                "output": tensors(signature.outputs) if signature else [],
+                "parameters": {"targets": {"string_value": ", ".join(self.config.models())}}}
+
+    def begin_drain(self, timeout_s: float) -> None:
+        """Nothing queues here: the targets drain their own requests."""
+
+    async def stop(self, timeout_s: float | None = None) -> None:
+        """Nothing to release: the targets are models of their own."""
