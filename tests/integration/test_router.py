@@ -1,0 +1,224 @@
+"""Routers in a real server: rules, weights and stickiness, fail-over under load with no
+failed request, rules swapped under load, mismatched targets refused, shadow copies that
+never hold up the answer; over HTTP and gRPC."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as triton_grpc
+
+from tradeoff.models import build_repository
+from tradeoff.server.process import ServerProcess
+
+from .helpers import infer_json, metric_samples, post_json, request, running_server, wait_for
+from .model_repo import _write, add_constant_model
+
+pytestmark = pytest.mark.integration
+
+ROUTER = """\
+routes:
+  - when: {class: latency}
+    to: small
+  - when: {deadline_ms_below: 20}
+    to: small
+  - to: [{model: big, weight: 75}, {model: small, weight: 25}]
+    sticky: user
+fallback: [small]
+shadow: {to: slow, fraction: 1.0}
+"""
+MODEL = """\
+name: "{name}"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+{extra}"""
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("routed")
+    # big adds 1, small adds 2, slow adds 3 after holding each batch for up to 1.5 s
+    _write(root, "big", {1: add_constant_model(1.0)}, MODEL.format(name="big", extra=""))
+    _write(root, "small", {1: add_constant_model(2.0)}, MODEL.format(name="small", extra=""))
+    _write(root, "slow", {1: add_constant_model(3.0)}, MODEL.format(
+        name="slow", extra="dynamic_batching { max_queue_delay_microseconds: 1500000 "
+                           "preferred_batch_size: [ 8 ] }\n"))
+    (root / "front").mkdir()
+    (root / "front" / "router.yaml").write_text(ROUTER)
+    build_repository(root, ("mlp",))  # another signature
+    (root / "mismatched").mkdir()
+    (root / "mismatched" / "router.yaml").write_text("routes: [{to: [big, mlp]}]\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(repo: Path) -> Iterator[ServerProcess]:
+    yield from running_server(repo)
+
+
+def ask(server: ServerProcess, value: float = 1.0, **parameters: object):
+    rows = [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [value] * 4}]
+    return infer_json(server.url, "front", rows, **({"parameters": parameters}
+                                                    if parameters else {}))
+
+
+def routed(response) -> str:
+    assert response.status == 200, response.body
+    return response.json()["parameters"]["routed_to"]
+
+
+def stats(server: ServerProcess, model: str = "front") -> dict:
+    return request(server.url, "GET", f"/v2/models/{model}/stats").json()["model_stats"][0]
+
+
+def test_a_router_is_a_model_with_its_targets_signature(server: ServerProcess) -> None:
+    meta = request(server.url, "GET", "/v2/models/front").json()
+    assert meta["platform"] == "router"
+    assert meta["inputs"] == [{"name": "INPUT0", "datatype": "FP32", "shape": [-1, 4]}]
+    config = request(server.url, "GET", "/v2/models/front/config").json()
+    assert config["max_batch_size"] == 8 and config["input"][0]["dims"] == [4]
+    index = post_json(server.url, "/v2/repository/index", {}).json()
+    assert {"name": "front", "version": "1", "state": "READY", "reason": ""} in index
+
+
+def test_class_header_and_deadline_choose_the_route(server: ServerProcess) -> None:
+    latency = ask(server, **{"class": "latency"})
+    assert routed(latency) == "small" and latency.json()["outputs"][0]["data"] == [3.0] * 4
+    assert 'route;desc="small"' in latency.header("server-timing")
+    rows = [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1.0] * 4}]
+    by_header = request(server.url, "POST", "/v2/models/front/infer",
+                        post_body(rows), {"X-Tradeoff-Class": "latency",
+                                          "Content-Type": "application/json"})
+    assert routed(by_header) == "small"
+    assert routed(ask(server, timeout=10_000)) == "small"  # 10 ms: below 20
+    grpc = triton_grpc.InferenceServerClient(server.grpc_url)
+    try:
+        tensor = triton_grpc.InferInput("INPUT0", [1, 4], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+        result = grpc.infer("front", [tensor], parameters={"class": "latency"})
+        assert np.array_equal(result.as_numpy("OUTPUT0"), np.full((1, 4), 3.0))
+        assert result.get_response().parameters["routed_to"].string_param == "small"
+    finally:
+        grpc.close()
+
+
+def post_body(rows: list[dict]) -> bytes:
+    import json
+
+    return json.dumps({"inputs": rows}).encode()
+
+
+def test_weights_hold_and_a_caller_stays_on_one_arm(server: ServerProcess) -> None:
+    before = {r["target"]: r["count"] for r in stats(server)["routes"] if r["route"] == 2}
+    for _ in range(1_000):
+        ask(server)
+    after = {r["target"]: r["count"] for r in stats(server)["routes"] if r["route"] == 2}
+    small = after["small"] - before["small"]
+    assert small + after["big"] - before["big"] == 1_000
+    assert abs(small / 1_000 - 0.25) < 0.05  # 3.6 standard deviations
+    for user in ("ada", "bob", "cy", "di"):
+        assert len({routed(ask(server, user=user)) for _ in range(10)}) == 1
+    users = {routed(ask(server, user=f"u{k}")) for k in range(40)}
+    assert users == {"big", "small"}
+
+
+def test_an_unloaded_target_fails_over_with_no_failed_request(server: ServerProcess) -> None:
+    statuses: list[int] = []
+    stop = threading.Event()
+
+    def load() -> None:
+        while not stop.is_set():
+            statuses.append(ask(server, user="to-big").status)
+
+    assert routed(ask(server, user="to-big")) == "big"
+    workers = [threading.Thread(target=load) for _ in range(4)]
+    for worker in workers:
+        worker.start()
+    try:
+        time.sleep(0.5)
+        assert post_json(server.url, "/v2/repository/models/big/unload", {}).status == 200
+        time.sleep(1.0)
+        assert routed(ask(server, user="to-big")) == "small"
+        assert post_json(server.url, "/v2/repository/models/big/load", {}).status == 200
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join(30)
+    assert len(statuses) > 50 and set(statuses) == {200}
+    assert stats(server)["fallbacks"].get("small", 0) > 0
+    assert routed(ask(server, user="to-big")) == "big"
+    fallbacks = ("tradeoff_router_fallbacks_total",
+                 frozenset({"router": "front", "target": "small"}.items()))
+    assert metric_samples(server)[fallbacks] > 0
+
+
+def test_mismatched_targets_refuse_to_load_naming_the_mismatch(server: ServerProcess) -> None:
+    index = post_json(server.url, "/v2/repository/index", {}).json()
+    (row,) = [r for r in index if r["name"] == "mismatched"]
+    assert row["state"] == "UNAVAILABLE"
+    assert "input" in row["reason"] and "big" in row["reason"] and "mlp" in row["reason"]
+    answer = post_json(server.url, "/v2/repository/models/mismatched/load", {})
+    assert answer.status == 400 and "router 'mismatched'" in answer.json()["error"]
+    assert request(server.url, "GET", "/v2/models/mismatched/ready").status != 200
+
+
+def test_the_shadow_copy_never_holds_up_the_answer(server: ServerProcess) -> None:
+    def settled() -> bool:
+        shadow = stats(server)["shadow"]
+        return shadow["sent"] == shadow["compared"] + shadow["failed"]
+
+    wait_for(settled, "the copies of the earlier tests to finish")
+    start = stats(server)["shadow"]
+    for _ in range(30):  # a copy of each is asked for: the slow target holds 8 at most
+        ask(server, user="to-big")
+    burst = stats(server)["shadow"]
+    assert burst["sent"] - start["sent"] <= 8 and burst["dropped"] - start["dropped"] >= 22
+    wait_for(settled, "the burst's copies to finish")
+    before = stats(server)["shadow"]
+    answer = ask(server, 5.0, **{"class": "latency"})
+    assert routed(answer) == "small" and answer.json()["outputs"][0]["data"] == [7.0] * 4
+    # the copy waits in slow's batcher for up to 1.5 s: the answer came first
+    now = stats(server)["shadow"]
+    assert now["sent"] == before["sent"] + 1 and now["compared"] == before["compared"]
+    wait_for(lambda: stats(server)["shadow"]["compared"] == before["compared"] + 1,
+             "the shadow's answer")
+    shadow = stats(server)["shadow"]
+    assert shadow["max_abs_diff"] >= 1.0  # slow adds 3, small adds 2
+    assert shadow["failed"] == 0
+
+
+def test_rules_swap_under_load_with_no_failed_request(server: ServerProcess,
+                                                      repo: Path) -> None:
+    statuses: list[int] = []
+    stop = threading.Event()
+
+    def load() -> None:
+        while not stop.is_set():
+            statuses.append(ask(server).status)
+
+    workers = [threading.Thread(target=load) for _ in range(4)]
+    for worker in workers:
+        worker.start()
+    path = repo / "front" / "router.yaml"
+    try:
+        time.sleep(0.3)
+        path.write_text("routes: [{to: small}]\n")
+        assert post_json(server.url, "/v2/repository/models/front/load", {}).status == 200
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join(30)
+        path.write_text(ROUTER)
+    assert len(statuses) > 20 and set(statuses) == {200}
+    assert {routed(ask(server)) for _ in range(20)} == {"small"}
+    assert post_json(server.url, "/v2/repository/models/front/load", {}).status == 200
