@@ -222,3 +222,51 @@ def test_rules_swap_under_load_with_no_failed_request(server: ServerProcess,
     assert len(statuses) > 20 and set(statuses) == {200}
     assert {routed(ask(server)) for _ in range(20)} == {"small"}
     assert post_json(server.url, "/v2/repository/models/front/load", {}).status == 200
+
+
+@pytest.fixture(scope="module")
+def alias_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    pytest.importorskip("torch")
+    from tradeoff.models.generative import write_generative
+
+    root = tmp_path_factory.mktemp("alias")
+    small = {"max_num_seqs": 4, "max_num_batched_tokens": 64, "num_blocks": 64,
+             "block_size": 8}
+    write_generative(root, "tinyllama", **small)
+    write_generative(root, "tinyllama", "tinyllama_b", **small)
+    (root / "chat").mkdir()
+    (root / "chat" / "router.yaml").write_text(
+        "routes:\n  - when: {class: latency}\n    to: tinyllama_b\n  - to: tinyllama\n"
+        "fallback: [tinyllama_b]\n")
+    yield from running_server(root)
+
+
+def test_a_router_of_generative_models_is_an_alias_that_streams(alias_server: ServerProcess
+                                                                ) -> None:
+    openai = pytest.importorskip("openai")
+    with openai.OpenAI(base_url=f"{alias_server.url}/v1", api_key="unused",
+                       max_retries=0) as client:
+        assert "chat" in {m.id for m in client.models.list()}
+        chunks = list(client.completions.create(model="chat", prompt="route me",
+                                                max_tokens=5, stream=True))
+        assert {c.model for c in chunks} == {"tinyllama"}
+        assert sum(len(c.choices[0].text) for c in chunks if c.choices) > 0
+        latency = client.chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": "hi"}], max_tokens=3,
+            extra_body={"class": "latency"})
+        assert latency.model == "tinyllama_b"
+        by_header = client.with_options(default_headers={"X-Tradeoff-Class": "latency"}
+                                        ).completions.create(model="chat", prompt="x",
+                                                             max_tokens=2)
+        assert by_header.model == "tinyllama_b"
+    assert post_json(alias_server.url, "/v2/repository/models/tinyllama/unload",
+                     {}).status == 200
+    with openai.OpenAI(base_url=f"{alias_server.url}/v1", api_key="unused",
+                       max_retries=0) as client:
+        assert client.completions.create(model="chat", prompt="x",
+                                         max_tokens=2).model == "tinyllama_b"  # fell back
+    routes = request(alias_server.url, "GET", "/v2/models/chat/stats").json()
+    assert routes["model_stats"][0]["fallbacks"] == {"tinyllama_b": 1}
+    tensor = infer_json(alias_server.url, "chat", [{"name": "x", "datatype": "FP32",
+                                                    "shape": [1], "data": [1.0]}])
+    assert tensor.status == 400 and "/v1/completions" in tensor.json()["error"]

@@ -388,15 +388,42 @@ class DataPlane:
         return [m for m in self.manager.generative_versions()
                 if self.manager.models[m.name].latest is m]
 
+    def route_generation(self, routed: RoutedModel, parameters: dict[str, Any]) -> str:
+        """The generative model a router sends this request to: its rules' choice, or
+        the first fallback that accepts requests now."""
+        if not routed.generative:
+            raise InvalidInput(f"router {routed.name!r} sends to tensor models: POST "
+                               f"/v2/models/{routed.name}/infer")
+        decision = routed.decide(parameters)
+        candidates = [decision.target, *(t for t in routed.config.fallback
+                                         if t != decision.target)]
+        error: RequestError | None = None
+        for index, target in enumerate(candidates):
+            try:
+                self.manager.generative(target.model).check_accepting()
+            except (Unavailable, NotFound) as exc:
+                error = exc
+                continue
+            routed.stats.served(decision, target if index else None, 0)
+            return target.model
+        routed.stats.failed(0)
+        assert error is not None
+        raise error
+
     async def generate(self, name: str, prompt: str | list[dict[str, str]], params: Any,
-                       priority: int = 0, cache: bool = False
+                       priority: int = 0, cache: bool = False,
+                       route_parameters: dict[str, Any] | None = None
                        ) -> tuple[GenerativeModel, Handle, int]:
         """Tokenize a prompt (or apply the chat template to messages), check it fits the
         model, and queue it; returns the model, the handle its events arrive on, and the
         prompt's length in tokens. With ``cache`` (a whole, deterministic answer is
-        wanted) and the model's ``response_cache``, a cached answer replays instead."""
+        wanted) and the model's ``response_cache``, a cached answer replays instead. A
+        router of generative models sends it on by ``route_parameters`` (class, user)."""
         if self.shutting_down:
             raise Unavailable("the server is shutting down and takes no new requests")
+        routed = self.manager.get(name)
+        if isinstance(routed, RoutedModel):  # an alias: the answer names its target
+            name = self.route_generation(routed, route_parameters or {})
         model = self.manager.generative(name)
         for _ in range(3):  # a reload may replace the version while the prompt is tokenized
             model.check_accepting()  # the cheap refusals before the tokenizer's work

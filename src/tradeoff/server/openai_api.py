@@ -31,6 +31,7 @@ from tradeoff.server.asgi import (
     send_json,
 )
 from tradeoff.server.dataplane import DataPlane
+from tradeoff.server.router import RoutedModel
 
 log = logging.getLogger("tradeoff.server")
 # lines a client's request causes: rate limited (server/logs.py)
@@ -110,9 +111,12 @@ class OpenAIApi:
 
     async def openai_models(self, scope: Scope, receive: Receive, send: Send,
                             params: dict[str, str]) -> None:
+        aliases = [{"id": r.name, "object": "model", "created": 0, "owned_by": "tradeoff"}
+                   for r in self.dataplane.manager.served_versions()
+                   if isinstance(r, RoutedModel) and r.generative]
         await send_json(send, 200, {"object": "list", "data": [
-            {"id": m.name, "object": "model", "created": m.created, "owned_by": "tradeoff"}
-            for m in self.dataplane.generative_models()]})
+            *({"id": m.name, "object": "model", "created": m.created, "owned_by": "tradeoff"}
+              for m in self.dataplane.generative_models()), *aliases]})
 
     async def completions(self, scope: Scope, receive: Receive, send: Send,
                           params: dict[str, str]) -> None:
@@ -122,7 +126,7 @@ class OpenAIApi:
             prompt = prompt[0]
         if not isinstance(prompt, str):
             raise InvalidInput("'prompt' must be a string")
-        await self._generate(doc, prompt, False, receive, send)
+        await self._generate(doc, prompt, False, receive, send, scope)
 
     async def chat_completions(self, scope: Scope, receive: Receive, send: Send,
                                params: dict[str, str]) -> None:
@@ -133,10 +137,10 @@ class OpenAIApi:
                 and isinstance(m.get("content"), str) for m in messages):
             raise InvalidInput("'messages' must be a non-empty list of "
                                "{role, content} objects with string content")
-        await self._generate(doc, messages, True, receive, send)
+        await self._generate(doc, messages, True, receive, send, scope)
 
     async def _generate(self, doc: dict[str, Any], prompt: str | list[dict[str, str]],
-                        chat: bool, receive: Receive, send: Send) -> None:
+                        chat: bool, receive: Receive, send: Send, scope: Scope) -> None:
         name = doc.get("model")
         if not isinstance(name, str):
             raise InvalidInput("'model' must name a model (GET /v1/models lists them)")
@@ -150,8 +154,8 @@ class OpenAIApi:
         # only whole answers that the same request always gets again are cached
         cacheable = wants_cache and not stream and (params.temperature == 0
                                                     or params.seed is not None)
-        model, handle, prompt_tokens = await self.dataplane.generate(name, prompt, params,
-                                                                     cache=cacheable)
+        model, handle, prompt_tokens = await self.dataplane.generate(
+            name, prompt, params, cache=cacheable, route_parameters=_route_parameters(doc, scope))
         reply = _Reply(model, handle, chat, prompt_tokens)
 
         def gone() -> None:  # stop generating for nobody
@@ -175,6 +179,17 @@ class OpenAIApi:
             except BaseException:
                 model.abort(handle)  # whatever ended the answer early: stop generating
                 raise
+
+
+def _route_parameters(doc: dict[str, Any], scope: Scope) -> dict[str, Any]:
+    """What a router reads from an OpenAI request: the body's ``class`` (or the header
+    X-Tradeoff-Class) and ``user`` (OpenAI's end-user id: the sticky key)."""
+    out = {key: doc[key] for key in ("class", "user") if isinstance(doc.get(key), str)}
+    if "class" not in out:
+        for header, value in scope["headers"]:
+            if header == b"x-tradeoff-class":
+                out["class"] = value.decode("latin-1")
+    return out
 
 
 class _Reply:
