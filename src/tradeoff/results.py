@@ -338,6 +338,32 @@ class Summary:
                    Generation.read(f) if f.has("ttft_ms") else None)
 
 
+@dataclass(frozen=True)
+class ClassSummary:
+    """One request class of a ``--mix``: what it sent and how it fared, apart."""
+
+    name: str
+    weight: float
+    parameters: dict[str, Any]
+    requests: int
+    errors: int
+    throughput_rps: float
+    latency_ms: Distribution | None
+
+    def latency(self, key: str) -> float | None:
+        return (self.latency_ms or {}).get(key)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "weight": self.weight, "parameters": self.parameters,
+                "requests": self.requests, "errors": self.errors,
+                "throughput_rps": self.throughput_rps, "latency_ms": self.latency_ms}
+
+    @classmethod
+    def read(cls, f: _Fields) -> ClassSummary:
+        return cls(f("name"), f("weight"), dict(f("parameters")), f("requests"), f("errors"),
+                   f("throughput_rps"), f("latency_ms"))
+
+
 def _label(endpoint: Mapping[str, Any]) -> str:
     return str(endpoint.get("name") or endpoint.get("model") or endpoint.get("url") or "")
 
@@ -359,6 +385,7 @@ class BenchResult:
     client: ClientReport
     summary: Summary
     merged_rounds: int | None = None  # compare: how many rounds were pooled into this one
+    classes: list[ClassSummary] | None = None  # --mix: every class apart
 
     schema = BENCH_SCHEMA
 
@@ -387,6 +414,8 @@ class BenchResult:
                "summary": self.summary.to_dict()}
         if self.merged_rounds is not None:
             out["merged_rounds"] = self.merged_rounds
+        if self.classes is not None:
+            out["classes"] = [c.to_dict() for c in self.classes]
         return out
 
     @classmethod
@@ -395,7 +424,9 @@ class BenchResult:
                    f("cold_start_ms"), f("cold_start_ok"), Warmup.read(f.sub("warmup")),
                    f("total_requests_sent"), [Window.read(w) for w in f.items("windows")],
                    f("stable"), f("stop_reason"), ClientReport.read(f.sub("client")),
-                   Summary.read(f.sub("summary")), f.get("merged_rounds"))
+                   Summary.read(f.sub("summary")), f.get("merged_rounds"),
+                   [ClassSummary.read(c) for c in f.items("classes")]
+                   if f.get("classes") is not None else None)
 
 
 # ------------------------------------------------------------------------ sweep

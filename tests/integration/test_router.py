@@ -270,3 +270,27 @@ def test_a_router_of_generative_models_is_an_alias_that_streams(alias_server: Se
     tensor = infer_json(alias_server.url, "chat", [{"name": "x", "datatype": "FP32",
                                                     "shape": [1], "data": [1.0]}])
     assert tensor.status == 400 and "/v1/completions" in tensor.json()["error"]
+
+
+def test_bench_mix_sends_classes_by_weight_and_reports_each(server: ServerProcess) -> None:
+    from tradeoff.bench.endpoint import EndpointSpec, make_adapter
+    from tradeoff.bench.load import LoadSpec
+    from tradeoff.bench.mix import RequestClass
+    from tradeoff.bench.session import run_benchmark
+
+    before = {(r["route"], r["target"]): r["count"] for r in stats(server)["routes"]}
+    spec = EndpointSpec(server.url, model="front", seed=3, classes=(
+        RequestClass.parse("latency=20,class=latency"), RequestClass.parse("bulk=80")))
+    result, records, _ = run_benchmark(make_adapter(spec),
+                                       LoadSpec(concurrency=2, requests=1_000, seed=3))
+    assert result.classes is not None
+    latency, bulk = result.classes
+    assert (latency.name, bulk.name) == ("latency", "bulk")
+    assert latency.requests + bulk.requests == result.summary.requests == 1_000
+    assert abs(latency.requests / 1_000 - 0.20) < 0.04
+    assert latency.errors == bulk.errors == 0 and latency.latency("p99") is not None
+    after = {(r["route"], r["target"]): r["count"] for r in stats(server)["routes"]}
+    # the server's route 0 (class latency) saw the latency class: measured + cold start
+    sent_latency = int((records.request // 8 == 0).sum())
+    assert after[(0, "small")] - before[(0, "small")] == sent_latency
+    assert result.endpoint["input_mix"]["classes"][0]["parameters"] == {"class": "latency"}

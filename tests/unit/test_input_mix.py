@@ -7,7 +7,13 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 
-from tradeoff.bench.mix import InputMix, first_sight_ratio, lru_hit_ratio, zipf_probabilities
+from tradeoff.bench.mix import (
+    InputMix,
+    RequestClass,
+    first_sight_ratio,
+    lru_hit_ratio,
+    zipf_probabilities,
+)
 
 
 def test_round_robin_has_no_order_and_says_so() -> None:
@@ -65,3 +71,29 @@ def test_edges_of_the_prediction() -> None:
     assert first_sight_ratio(p, 5_000) == pytest.approx(seen, abs=0.01)
     later = len(set(order[:8_000].tolist()) - set(order[:5_000].tolist())) / 3_000
     assert first_sight_ratio(p, 3_000, before=5_000) == pytest.approx(later, abs=0.01)
+
+
+def test_request_classes_parse_and_draw_by_weight() -> None:
+    latency = RequestClass.parse("latency=20,class=latency,timeout=10000,fast=true,x=0.5")
+    assert latency == RequestClass("latency", 20.0, {"class": "latency", "timeout": 10000,
+                                                     "fast": True, "x": 0.5})
+    bulk = RequestClass.parse("bulk=80")
+    mix = InputMix(classes=(latency, bulk))
+    order = mix.order(2 * 8, seed=1)  # 8 inputs, laid out once per class
+    assert order is not None and order.min() >= 0 and order.max() < 16
+    share = float((order // 8 == 0).mean())
+    assert abs(share - 0.20) < 0.01
+    within = order % 8
+    assert np.array_equal(np.bincount(within[order // 8 == 1], minlength=8) > 0,
+                          np.ones(8, bool))  # every input of a class is sent
+    assert mix.describe(16)["distinct_inputs"] == 8
+    assert [c["name"] for c in mix.describe(16)["classes"]] == ["latency", "bulk"]
+    zipf = InputMix(1.0, (latency, bulk)).order(2 * 100, seed=1)
+    assert zipf is not None and np.bincount(zipf % 100).argmax() == 0  # the most popular
+
+
+@pytest.mark.parametrize("text", ["latency", "latency=0", "=5", "a=x", "a=1,class"])
+def test_a_bad_request_class_says_how_to_write_one(text: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        RequestClass.parse(text)
+    assert "--mix" in str(caught.value)

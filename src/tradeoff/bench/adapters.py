@@ -206,7 +206,11 @@ class V2Adapter(Adapter):
                 digest.update(encode_bytes_elements(array) if datatype == "BYTES"
                               else np.ascontiguousarray(array).tobytes())
         self.input_fingerprint = digest.hexdigest()
-        return [self._request(inputs) for inputs in datasets]
+        # one copy of the inputs per request class (mix.py lays them out class by class)
+        classes: list[dict[str, Any] | None] = [c.parameters for c in self.mix.classes] \
+            or [None]
+        return [self._request(inputs, parameters) for parameters in classes
+                for inputs in datasets]
 
     def _input_shape(self, tensor: dict[str, Any], batching: bool) -> tuple[int, ...]:
         name, shape = tensor["name"], list(tensor["shape"])
@@ -281,12 +285,16 @@ class V2Adapter(Adapter):
             datasets.append(inputs)
         return datasets
 
-    def _request(self, inputs: dict[str, tuple[str, np.ndarray]]) -> bytes:
+    def _request(self, inputs: dict[str, tuple[str, np.ndarray]],
+                 parameters: dict[str, Any] | None = None) -> bytes:
         path = f"{self.prefix}{self._model_path}/infer"
         if self.json_tensors:
-            doc = {"inputs": [{"name": n, "datatype": d, "shape": list(a.shape),
-                               "data": [v.decode() for v in a.ravel()] if d == "BYTES"
-                               else a.ravel().tolist()} for n, (d, a) in inputs.items()]}
+            doc: dict[str, Any] = {
+                "inputs": [{"name": n, "datatype": d, "shape": list(a.shape),
+                            "data": [v.decode() for v in a.ravel()] if d == "BYTES"
+                            else a.ravel().tolist()} for n, (d, a) in inputs.items()]}
+            if parameters:
+                doc["parameters"] = parameters
             return build_request("POST", self.host, path, orjson.dumps(doc),
                                  {"Content-Type": "application/json", **self.headers})
         blobs = [encode_bytes_elements(a) if d == "BYTES" else np.ascontiguousarray(a).tobytes()
@@ -295,7 +303,7 @@ class V2Adapter(Adapter):
             "inputs": [{"name": n, "datatype": d, "shape": list(a.shape),
                         "parameters": {"binary_data_size": len(b)}}
                        for (n, (d, a)), b in zip(inputs.items(), blobs, strict=True)],
-            "parameters": {"binary_data_output": True},
+            "parameters": {"binary_data_output": True, **(parameters or {})},
         })
         return build_request("POST", self.host, path, header + b"".join(blobs),
                              {"Inference-Header-Content-Length": str(len(header)),

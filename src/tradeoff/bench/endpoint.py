@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tradeoff.bench.adapters import Adapter, BenchSetupError, HttpJsonAdapter, V2Adapter
-from tradeoff.bench.mix import InputMix
+from tradeoff.bench.mix import InputMix, RequestClass
 
 PROTOCOLS = ("v2", "v2-grpc", "http", "openai")
 SLO_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")
@@ -103,6 +103,7 @@ class EndpointSpec:
     generation: GenerationOptions = field(default_factory=GenerationOptions)
     distinct_inputs: int | None = None  # random inputs (v2) or synthetic prompts to make
     zipf: float | None = None  # draw them with this Zipf exponent (None: round-robin)
+    classes: tuple[RequestClass, ...] = ()  # --mix: request classes drawn by weight
 
     @property
     def label(self) -> str:
@@ -120,7 +121,10 @@ def make_adapter(spec: EndpointSpec) -> Adapter:
                                   "prompts; with --body, --input-data or --prompts the file's "
                                   "entries are the inputs (--zipf alone draws from them)")
         zipf = 1.0 if zipf is None else zipf
-    adapter.mix = InputMix(zipf)
+    if spec.classes and spec.protocol not in ("v2", "v2-grpc"):
+        raise BenchSetupError("--mix sets request parameters: it works with --protocol v2 "
+                              "and v2-grpc")
+    adapter.mix = InputMix(zipf, spec.classes)
     return adapter
 
 

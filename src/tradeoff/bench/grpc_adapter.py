@@ -106,8 +106,19 @@ class GrpcV2Adapter(V2Adapter):
             return None
         return json_format.MessageToDict(metadata, preserving_proto_field_name=True)
 
-    def _request(self, inputs: dict[str, tuple[str, np.ndarray]]) -> bytes:
+    def _request(self, inputs: dict[str, tuple[str, np.ndarray]],
+                 parameters: dict[str, Any] | None = None) -> bytes:
         request = pb.ModelInferRequest(model_name=self.model, model_version=self.version)
+        for key, value in (parameters or {}).items():
+            slot = request.parameters[key]
+            if isinstance(value, bool):
+                slot.bool_param = value
+            elif isinstance(value, int):
+                slot.int64_param = value
+            elif isinstance(value, float):
+                slot.double_param = value
+            else:
+                slot.string_param = str(value)
         for name, (datatype, array) in inputs.items():
             request.inputs.add(name=name, datatype=datatype, shape=list(array.shape))
             request.raw_input_contents.append(

@@ -9,11 +9,18 @@ every request after the first round a hit).
     mix = InputMix(zipf=1.0)
     order = mix.order(1000, seed=0)              # request indices, most popular first
     lru_hit_ratio(zipf_probabilities(1000, 1.0), capacity=100)   # ~0.56: what to expect
+
+``--mix NAME=WEIGHT[,param=value...]`` adds request classes: each request is drawn to a
+class by weight (from the same schedule), and carries that class's request parameters;
+the prepared requests are laid out class by class, each class over the same inputs.
+
+    InputMix(classes=(RequestClass.parse("latency=20,class=latency"),
+                      RequestClass.parse("bulk=80,class=throughput")))
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -28,24 +35,88 @@ def zipf_probabilities(count: int, s: float) -> np.ndarray:
 
 
 @dataclass(frozen=True)
+class RequestClass:
+    """A kind of request in a mix: its share of the traffic and the request parameters
+    it carries (``class=latency``, ``timeout=10000``, ``priority=1``...)."""
+
+    name: str
+    weight: float
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, text: str) -> RequestClass:
+        """``NAME=WEIGHT[,KEY=VALUE...]``; values read as integers, numbers, true/false
+        where they can be, else strings."""
+        head, *rest = text.split(",")
+        name, sep, weight_text = head.partition("=")
+        try:
+            weight = float(weight_text)
+        except ValueError:
+            weight = -1.0
+        if not sep or not name or not weight > 0:
+            raise ValueError(f"--mix {text!r}: use NAME=WEIGHT[,param=value...], e.g. "
+                             "latency=20,class=latency")
+        parameters: dict[str, Any] = {}
+        for item in rest:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise ValueError(f"--mix {text!r}: {item!r} is not param=value")
+            parameters[key.strip()] = _value(value.strip())
+        return cls(name.strip(), weight, parameters)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "weight": self.weight, "parameters": self.parameters}
+
+
+def _value(text: str) -> Any:
+    if text in ("true", "false"):
+        return text == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+@dataclass(frozen=True)
 class InputMix:
-    """Round-robin over the prepared requests (``zipf`` None) or Zipf draws over them."""
+    """Round-robin over the prepared requests (``zipf`` None) or Zipf draws over them;
+    with ``classes``, each send is also drawn to a class by weight."""
 
     zipf: float | None = None
+    classes: tuple[RequestClass, ...] = ()
+
+    def inputs_of(self, count: int) -> int:
+        """Distinct inputs among ``count`` prepared requests (one copy per class)."""
+        return count // max(len(self.classes), 1)
 
     def order(self, count: int, seed: int) -> np.ndarray | None:
         """The index of the request each send uses, in turn (None: round-robin)."""
-        if self.zipf is None:
+        if self.zipf is None and not self.classes:
             return None
+        inputs = self.inputs_of(count)
         rng = np.random.default_rng([seed, 0x21BF])  # apart from the arrivals' stream
-        return rng.choice(count, size=ORDER_LENGTH,
-                          p=zipf_probabilities(count, self.zipf)).astype(np.int32)
+        if self.zipf is None:
+            order = np.arange(ORDER_LENGTH, dtype=np.int64) % inputs
+        else:
+            order = rng.choice(inputs, size=ORDER_LENGTH, p=zipf_probabilities(inputs,
+                                                                             self.zipf))
+        if self.classes:
+            weights = np.array([c.weight for c in self.classes])
+            order = rng.choice(len(self.classes), size=ORDER_LENGTH,
+                               p=weights / weights.sum()) * inputs + order
+        return order.astype(np.int32)
 
     def describe(self, count: int) -> dict[str, Any]:
-        """What the result records: how many distinct inputs, drawn how."""
-        if self.zipf is None:
-            return {"distinct_inputs": count, "draw": "round-robin"}
-        return {"distinct_inputs": count, "draw": "zipf", "zipf_s": self.zipf}
+        """What the result records: how many distinct inputs, drawn how, in which
+        classes."""
+        out: dict[str, Any] = {"distinct_inputs": self.inputs_of(count), "draw": "round-robin"}
+        if self.zipf is not None:
+            out.update(draw="zipf", zipf_s=self.zipf)
+        if self.classes:
+            out["classes"] = [c.to_dict() for c in self.classes]
+        return out
 
 
 def lru_hit_ratio(probabilities: np.ndarray, capacity: int) -> float:

@@ -54,11 +54,12 @@ class RecordBuffer:
     usage_tokens: list[bool] = field(default_factory=list)
     gap_count: list[int] = field(default_factory=list)
     gaps_ns: list[int] = field(default_factory=list)
+    request: list[int] = field(default_factory=list)
 
     def add(self, scheduled: int, sent: int, end: int, outcome: int, status: int,
             sent_bytes: int, received_bytes: int, rows: int,
             server: tuple[float, float, float, float] | None,
-            generation: Generated | None = None) -> None:
+            generation: Generated | None = None, request: int = -1) -> None:
         self.scheduled_ns.append(scheduled)
         self.sent_ns.append(sent)
         self.end_ns.append(end)
@@ -76,6 +77,7 @@ class RecordBuffer:
         self.usage_tokens.append(g.from_usage)
         self.gap_count.append(len(g.gaps_ns))
         self.gaps_ns.extend(g.gaps_ns)
+        self.request.append(request)
 
     def freeze(self) -> Records:
         server = np.asarray(self.server_ms, dtype=np.float64).reshape(-1, 4)
@@ -96,6 +98,7 @@ class RecordBuffer:
             usage_tokens=np.asarray(self.usage_tokens, bool),
             gap_count=np.asarray(self.gap_count, np.int32),
             gaps_ns=np.asarray(self.gaps_ns, np.int64),
+            request=np.asarray(self.request, np.int32),
         )
 
 
@@ -138,6 +141,7 @@ class Records:
     usage_tokens: np.ndarray
     gap_count: np.ndarray  # inter-token gaps of each request, in order, in ``gaps_ns``
     gaps_ns: np.ndarray  # flat: not one entry per request
+    request: np.ndarray  # which prepared request was sent (-1: unknown)
 
     def __len__(self) -> int:
         return int(self.scheduled_ns.size)
@@ -233,6 +237,7 @@ class Records:
             "bytes_sent": self.bytes_sent,
             "bytes_received": self.bytes_received,
             "rows": self.rows,
+            "request": self.request,
             **{f"server_{p}_ms": self.server_ms[:, i] for i, p in enumerate(SERVER_PARTS)},
         }
         if self.generated:

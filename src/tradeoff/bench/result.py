@@ -17,6 +17,7 @@ from tradeoff.bench.records import OK, OUTCOME_NAMES, SERVER_PARTS, Records
 from tradeoff.bench.runner import RunOutcome
 from tradeoff.results import (
     BenchResult,
+    ClassSummary,
     ClientReport,
     Generation,
     InputTokens,
@@ -243,4 +244,27 @@ def build_result(adapter: Adapter, spec: LoadSpec, outcome: RunOutcome,
         client=ClientReport(workers, outcome.client_cpu_percent, send_lag, loop_lag,
                             bool(reasons), reasons, outcome.notes),
         summary=summary,
+        classes=_class_summaries(adapter, records, measured, ok, ended, seconds),
     )
+
+
+def _class_summaries(adapter: Adapter, records: Records, measured: Records, ok: np.ndarray,
+                     ended: np.ndarray, seconds: float) -> list[ClassSummary] | None:
+    """Each ``--mix`` class apart: its requests are those whose prepared request lies in
+    its block (mix.py lays the requests out class by class)."""
+    classes = adapter.mix.classes
+    if not classes:
+        return None
+    per = adapter.mix.inputs_of(adapter.input_count)
+    measured_class = measured.request // per
+    every_class = records.request // per
+    out = []
+    for index, request_class in enumerate(classes):
+        mine = measured_class == index
+        done = int((ended & (every_class == index)).sum())
+        out.append(ClassSummary(request_class.name, request_class.weight,
+                                request_class.parameters, int(mine.sum()),
+                                int((mine & ~ok).sum()),
+                                done / seconds if seconds > 0 else 0.0,
+                                distribution(measured.latency_ms[mine & ok])))
+    return out

@@ -172,21 +172,21 @@ class Runner:
                              f"event(s): {exc}")
             self.buffer.add(scheduled, sent, self.clock(), classify(exc), 0, len(raw),
                             0 if reader is None else reader.received, rows, None,
-                            None if reader is None else self._generated(reader, index))
+                            None if reader is None else self._generated(reader, index), index)
             return
         end = self.clock()
         ok = 200 <= response.status < 300
         if reader is None:
             self.buffer.add(scheduled, sent, end, OK if ok else HTTP_ERROR, response.status,
                             len(raw), len(response.body), rows,
-                            self.adapter.server_timing(response) if ok else None)
+                            self.adapter.server_timing(response) if ok else None, None, index)
             return
         failure = reader.failure()
         if failure is not None:
             self._failed(failure)
         outcome = OK if failure is None else STREAM if ok else HTTP_ERROR
         self.buffer.add(scheduled, sent, end, outcome, response.status, len(raw),
-                        reader.received, rows, None, self._generated(reader, index))
+                        reader.received, rows, None, self._generated(reader, index), index)
 
     def _failed(self, why: str) -> None:
         self.failures[why[:120]] = self.failures.get(why[:120], 0) + 1

@@ -138,6 +138,11 @@ endpoint_options = apply(
                  help="Zipf exponent of the draw: the k-th most popular input is sent with "
                       "probability ∝ 1/k**S (0: uniform) [default with --distinct-inputs: "
                       "1.0; without it: round-robin over the inputs]."),
+    click.option("--mix", "classes", multiple=True, metavar="NAME=WEIGHT[,param=value...]",
+                 help="v2: a class of requests with its share and the request parameters "
+                      "it carries (repeat it), e.g. --mix latency=20,class=latency --mix "
+                      "bulk=80,class=throughput: each request is drawn to a class, and "
+                      "every class is reported apart as well as together."),
     # used by the requests (inputs, connections) and by the load alike
     click.option("--timeout", type=DURATION, default=seconds_text(LOAD_DEFAULTS.timeout_s),
                  show_default=True,
@@ -157,6 +162,7 @@ def take_endpoint(url: str, options: dict[str, Any]) -> EndpointSpec:
         parse_shapes,
         parse_slo,
     )
+    from tradeoff.bench.mix import RequestClass
     from tradeoff.bench.prompts import parse_length
 
     generation = GenerationOptions(
@@ -173,7 +179,8 @@ def take_endpoint(url: str, options: dict[str, Any]) -> EndpointSpec:
         method=options.pop("method"), headers=parse_headers(options.pop("headers")),
         body=options.pop("body"), seed=options["seed"], timeout_s=options["timeout"],
         generation=generation, distinct_inputs=options.pop("distinct_inputs"),
-        zipf=options.pop("zipf"))
+        zipf=options.pop("zipf"),
+        classes=tuple(RequestClass.parse(text) for text in options.pop("classes")))
 
 
 # ------------------------------------------------------------------------ the load

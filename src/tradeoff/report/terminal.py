@@ -23,6 +23,22 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
+def _class_table(result: BenchResult, console: Console) -> None:
+    """Every --mix class apart (the table above holds them together)."""
+    classes = result.classes or []
+    total = sum(c.weight for c in classes)
+    table = Table(title="by request class")
+    for column in ("class", "share", "requests", "req/s", "p50 ms", "p99 ms", "p999 ms",
+                   "errors"):
+        table.add_column(column, justify="left" if column == "class" else "right",
+                         no_wrap=True)
+    for c in classes:
+        table.add_row(c.name, f"{c.weight / total:.0%}",
+                      f"{c.requests:,}", f"{c.throughput_rps:,.1f}", _ms(c.latency("p50")),
+                      _ms(c.latency("p99")), _ms(c.latency("p999")), f"{c.errors:,}")
+    console.print(table)
+
+
 def print_bench_result(result: BenchResult, console: Console) -> None:
     """The summary of one ``tradeoff bench`` result."""
     s = result.summary
@@ -82,6 +98,8 @@ def print_bench_result(result: BenchResult, console: Console) -> None:
     if client.loop_lag_ms:
         table.add_row("client loop lag p99 ms", _ms(client.loop_lag_ms["p99"]))
     console.print(table)
+    if result.classes:
+        _class_table(result, console)
     if client.client_bound:
         console.print("[bold yellow]client_bound[/]: the load generator could not keep up ("
                       + "; ".join(client.reasons) + "); the figures understate the "
