@@ -169,6 +169,9 @@ def test_bad_request(server: ServerProcess, path: str, body: bytes, headers: dic
     ("GET", "/v2/models/no_such_model/config", 404),
     ("GET", "/v2/models/no_such_model/stats", 404),
     ("GET", "/v2/models/versioned/versions/9", 404),
+    # digits outside ASCII pass str.isdigit() but not int(): found by the fuzz test
+    ("GET", "/v2/models/versioned/versions/%C2%B2/stats", 404),
+    ("GET", "/v2/models/versioned/versions/%C2%B2", 404),
     ("GET", "/v2/models/tiny/nothing", 404),
 ])
 def test_bad_route(server: ServerProcess, method: str, path: str, status: int) -> None:

@@ -237,7 +237,7 @@ def alias_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPro
     (root / "chat").mkdir()
     (root / "chat" / "router.yaml").write_text(
         "routes:\n  - when: {class: latency}\n    to: tinyllama_b\n  - to: tinyllama\n"
-        "fallback: [tinyllama_b]\n")
+        "fallback: [tinyllama_b]\nshadow: {to: tinyllama_b, fraction: 1.0}\n")
     yield from running_server(root)
 
 
@@ -253,12 +253,18 @@ def test_a_router_of_generative_models_is_an_alias_that_streams(alias_server: Se
         assert sum(len(c.choices[0].text) for c in chunks if c.choices) > 0
         latency = client.chat.completions.create(
             model="chat", messages=[{"role": "user", "content": "hi"}], max_tokens=3,
-            extra_body={"class": "latency"})
+            temperature=0, extra_body={"class": "latency"})
         assert latency.model == "tinyllama_b"
         by_header = client.with_options(default_headers={"X-Tradeoff-Class": "latency"}
                                         ).completions.create(model="chat", prompt="x",
-                                                             max_tokens=2)
+                                                             max_tokens=2, temperature=0)
         assert by_header.model == "tinyllama_b"
+        # tinyllama_b is the same model: the shadow chooses every token alike
+        wait_for(lambda: request(alias_server.url, "GET", "/v2/models/chat/stats").json()[
+            "model_stats"][0]["shadow"]["compared"] >= 2, "the shadow generations")
+        shadow = request(alias_server.url, "GET", "/v2/models/chat/stats").json()[
+            "model_stats"][0]["shadow"]
+        assert shadow["token_agreement"] == 1.0 and shadow["failed"] == 0
     assert post_json(alias_server.url, "/v2/repository/models/tinyllama/unload",
                      {}).status == 200
     with openai.OpenAI(base_url=f"{alias_server.url}/v1", api_key="unused",

@@ -40,6 +40,7 @@ class Handle:
     cache_key: Any = None  # set when the answer is to be kept in the response cache
     cache: str = ""  # the response cache's verdict (hit, miss); "" when not asked
     cache_ns: int = 0  # how long the lookup took
+    shadow: Any = None  # (router, target) when a router asked for a shadow copy
 
     @classmethod
     def replay(cls, prompt: list[int], params: Any, tokens: list[int],

@@ -110,7 +110,7 @@ class GenerativeConfig:
                                   f"{_hint(value, choices)} (one of {', '.join(choices)})")
         device = config.device
         if device not in ("auto", "cpu", "cuda") and not (
-                device.startswith("cuda:") and device[5:].isdigit()):
+                device.startswith("cuda:") and device[5:].isascii() and device[5:].isdigit()):
             raise ConfigError(source, "device", f"unsupported value {device!r}"
                               f"{_hint(device, ('auto', 'cpu', 'cuda'))} "
                               "(auto, cpu, cuda or cuda:N)")

@@ -81,7 +81,7 @@ def optimize_model(model_dir: Path, plan: OptimizePlan,
     source = repository.read(name)
     config = source.config
     on_disk = sorted(int(p.name) for p in model_dir.iterdir()
-                     if p.is_dir() and p.name.isdigit() and int(p.name) > 0)
+                     if p.is_dir() and p.name.isascii() and p.name.isdigit() and int(p.name) > 0)
     source_version = plan.source_version or max(
         (v for v in on_disk if version_parameter(v, "method") not in config.parameters),
         default=max(on_disk))

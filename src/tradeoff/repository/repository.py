@@ -100,7 +100,7 @@ class ModelRepository:
             config = parse_config_mapping({}, source=source, default_name=name,
                                           backends=self.backends)
         on_disk = {int(p.name): p for p in directory.iterdir()
-                   if p.is_dir() and p.name.isdigit() and int(p.name) > 0}
+                   if p.is_dir() and p.name.isascii() and p.name.isdigit() and int(p.name) > 0}
         selected = config.version_policy.select(sorted(on_disk))
         if not selected:
             raise ModelLoadError(f"{directory}: no version directory matches the version "

@@ -107,7 +107,7 @@ class CacheSpec:
             raise ValueError("--cache redis:// needs the redis package: pip install "
                              "'tradeoff[cache]'")
         ttl_text = values.get("ttl", "3600")
-        if not ttl_text.isdigit():
+        if not (ttl_text.isascii() and ttl_text.isdigit()):
             raise ValueError(f"--cache ttl={ttl_text!r}: give whole seconds (0: no expiry)")
         ttl = int(ttl_text)
         return cls("redis", url=head, ttl_s=ttl or None, max_item_bytes=max_item)

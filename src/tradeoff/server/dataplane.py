@@ -422,8 +422,11 @@ class DataPlane:
         if self.shutting_down:
             raise Unavailable("the server is shutting down and takes no new requests")
         routed = self.manager.get(name)
+        shadow = None
         if isinstance(routed, RoutedModel):  # an alias: the answer names its target
             name = self.route_generation(routed, route_parameters or {})
+            target = routed.wants_shadow()
+            shadow = (routed, target) if target is not None else None
         model = self.manager.generative(name)
         for _ in range(3):  # a reload may replace the version while the prompt is tokenized
             model.check_accepting()  # the cheap refusals before the tokenizer's work
@@ -440,7 +443,9 @@ class DataPlane:
             raise InvalidInput(f"prompt ({len(tokens)} tokens) + max_tokens "
                                f"({params.max_tokens}) is over the model's {limit} positions")
         if not (cache and self.cache is not None and model.config.response_cache):
-            return model, model.submit(tokens, params, priority), len(tokens)
+            handle = model.submit(tokens, params, priority)
+            handle.shadow = shadow
+            return model, handle, len(tokens)
         model.check_accepting()  # a stopping model answers 503, cached or not
         started = time.perf_counter_ns()
         key = generation_key(model.name, model.version, tokens, params)
@@ -456,6 +461,7 @@ class DataPlane:
             handle = model.submit(tokens, params, priority)
             handle.cache_key, handle.cache = key, "miss"
         handle.cache_ns = lookup_ns
+        handle.shadow = shadow
         return model, handle, len(tokens)
 
     def generated(self, handle: Handle, tokens: list[int], reason: str) -> None:
@@ -464,6 +470,47 @@ class DataPlane:
         if handle.cache_key is not None and self.cache is not None and \
                 reason in ("stop", "length"):
             self.cache.keep_generation(handle.cache_key, tokens, reason)
+        if handle.shadow is not None and reason in ("stop", "length"):
+            routed, target = handle.shadow
+            self._shadow_generation(routed, target, handle, tokens)
+
+    def _shadow_generation(self, routed: RoutedModel, target: Target, handle: Handle,
+                           tokens: list[int]) -> None:
+        """Generate the same prompt on the shadow model in the background (unless it is
+        busy) and record how many of the answer's tokens it chose alike."""
+        stats = routed.stats.shadow
+        try:
+            model = self.manager.generative(target.model)
+            model.check_accepting()
+        except RequestError:
+            stats.dropped += 1
+            return
+        if routed.shadows_in_flight >= SHADOW_IN_FLIGHT or model.engine.scheduler.waiting:
+            stats.dropped += 1
+            return
+        routed.shadows_in_flight += 1
+        stats.sent += 1
+        copy = model.submit(handle.prompt, handle.params, handle.priority)
+
+        async def follow() -> None:
+            shadow_tokens: list[int] = []
+            try:
+                while True:
+                    event = await copy.events.get()
+                    if event[0] == "token":
+                        shadow_tokens.append(event[1])
+                    elif event[0] == "done":
+                        stats.compare_tokens(tokens, shadow_tokens)
+                        return
+                    else:
+                        stats.failed += 1
+                        return
+            finally:
+                routed.shadows_in_flight -= 1
+
+        task = asyncio.ensure_future(follow())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
 
 def _version(version: int | None) -> str | None:

@@ -283,6 +283,9 @@ class RouterCollector(Collector):
         agreement = GaugeMetricFamily("tradeoff_router_shadow_top1_agreement",
                                       "Share of rows whose top-1 class agreed with the primary's",
                                       labels=["router"])
+        tokens = GaugeMetricFamily("tradeoff_router_shadow_token_agreement",
+                                   "Share of a generation's tokens the shadow chose alike, "
+                                   "position by position", labels=["router"])
         for routed in routers:
             stats = routed.stats
             for row in stats.routes():
@@ -293,10 +296,12 @@ class RouterCollector(Collector):
             for outcome in ("sent", "dropped", "failed"):
                 shadow.add_metric([routed.name, outcome], getattr(stats.shadow, outcome))
             difference.add_metric([routed.name], stats.shadow.max_abs_diff)
-            top1 = stats.shadow.to_dict()["top1_agreement"]
-            if top1 is not None:
-                agreement.add_metric([routed.name], top1)
-        yield from (requests, fallbacks, failures, shadow, difference, agreement)
+            shares = stats.shadow.to_dict()
+            if shares["top1_agreement"] is not None:
+                agreement.add_metric([routed.name], shares["top1_agreement"])
+            if shares["token_agreement"] is not None:
+                tokens.add_metric([routed.name], shares["token_agreement"])
+        yield from (requests, fallbacks, failures, shadow, difference, agreement, tokens)
 
 
 def make_registry(manager: ModelManager, dataplane: DataPlane | None = None

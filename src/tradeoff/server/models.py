@@ -422,7 +422,7 @@ class ModelManager:
         if entry is None:
             raise NotFound(f"unknown model {name!r}")
         if version:
-            if not version.isdigit():
+            if not (version.isascii() and version.isdigit()):
                 raise NotFound(f"model {name!r} has no version {version!r}")
             served = entry.versions.get(int(version))
             if served is None:

@@ -36,6 +36,15 @@ class ShadowStats:
     sum_max_abs_diff: float = 0.0  # of each comparison's largest difference
     top1_agree: int = 0
     top1_total: int = 0
+    token_agree: int = 0   # generations: positions where the shadow chose the same token
+    token_total: int = 0   # ... out of the primary answer's tokens
+
+    def compare_tokens(self, primary: list[int], shadow: list[int]) -> None:
+        """Record how many of the primary answer's tokens the shadow chose alike, position
+        by position."""
+        self.token_agree += sum(a == b for a, b in zip(primary, shadow, strict=False))
+        self.token_total += len(primary)
+        self.compared += 1
 
     def compare(self, primary: list[TensorOutput], shadow: list[TensorOutput]) -> None:
         """Record how ``shadow``'s numeric outputs differ from ``primary``'s."""
@@ -63,7 +72,9 @@ class ShadowStats:
                 "mean_max_abs_diff": self.sum_max_abs_diff / self.compared
                 if self.compared else None,
                 "top1_agreement": self.top1_agree / self.top1_total
-                if self.top1_total else None}
+                if self.top1_total else None,
+                "token_agreement": self.token_agree / self.token_total
+                if self.token_total else None}
 
 
 @dataclass
