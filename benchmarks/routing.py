@@ -13,7 +13,7 @@ core 0 with the load generator on core 1, serve `mlp` three ways:
 
 Rounds interleave the three; medians per class. Writes benchmarks/results/routing.json.
 
-    .venv/bin/python benchmarks/routing.py
+    .venv/bin/python benchmarks/routing.py                 # 1,300 and 1,800 req/s
     .venv/bin/python benchmarks/routing.py --rate 2000 --rounds 1 --duration 5
 """
 
@@ -69,10 +69,10 @@ def repository(root: Path) -> Path:
     return root
 
 
-def measure(server: ServerProcess, model: str, args: argparse.Namespace,
+def measure(server: ServerProcess, model: str, rate: float, args: argparse.Namespace,
             seed: int) -> dict[str, Any]:
     spec = EndpointSpec(server.url, model=model, classes=CLASSES, seed=seed)
-    load = LoadSpec(rate=args.rate, arrival="poisson", duration_s=args.duration,
+    load = LoadSpec(rate=rate, arrival="poisson", duration_s=args.duration,
                     warmup_s=args.warmup, seed=seed, max_connections=256)
     result, _, _ = run_benchmark(make_adapter(spec), load)
     out: dict[str, Any] = {"all": {"throughput_rps": result.summary.throughput_rps,
@@ -91,27 +91,10 @@ def median(runs: list[dict[str, Any]], group: str, key: str) -> float | None:
     return statistics.median(values) if values else None
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rate", type=float, default=2500.0, help="requests per second")
-    parser.add_argument("--duration", type=float, default=8.0)
-    parser.add_argument("--warmup", type=float, default=2.0)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--output", type=Path,
-                        default=Path(__file__).parent / "results" / "routing.json")
-    args = parser.parse_args()
-    console = Console(width=120)
-    runs: dict[str, list[dict[str, Any]]] = {setup: [] for setup in SETUPS}
-    with tempfile.TemporaryDirectory(prefix="tradeoff-routing-") as scratch:
-        root = repository(Path(scratch))
-        with ServerProcess(root, cpus="0") as server:
-            os.sched_setaffinity(0, {1})
-            for round_ in range(args.rounds):
-                for setup, model in SETUPS.items():
-                    runs[setup].append(measure(server, model, args, round_))
-                    console.print(f"round {round_ + 1} {setup}: {runs[setup][-1]}")
-            os.sched_setaffinity(0, {0, 1})
-    table = Table(title=f"mixed load, {args.rate:g} req/s Poisson, 20% latency class "
+def report(rate: float, runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace,
+           console: Console) -> dict[str, Any]:
+    """The medians of each setup, as a table and as JSON."""
+    table = Table(title=f"mixed load, {rate:g} req/s Poisson, 20% latency class "
                         f"(medians of {args.rounds} rounds)")
     for column in ("setup", "latency p50", "latency p99", "throughput-class req/s",
                    "throughput p99", "all req/s", "errors"):
@@ -121,17 +104,45 @@ def main() -> int:
         row = {f"{group}_{key}": median(runs[setup], group, key)
                for group in ("latency", "throughput", "all")
                for key in ("throughput_rps", "p50_ms", "p99_ms", "errors")}
+        row["client_bound"] = any(r["client_bound"] for r in runs[setup])
         summary[setup] = row
         table.add_row(setup, f"{row['latency_p50_ms']:.2f}", f"{row['latency_p99_ms']:.2f}",
                       f"{row['throughput_throughput_rps']:,.0f}",
                       f"{row['throughput_p99_ms']:.2f}", f"{row['all_throughput_rps']:,.0f}",
                       f"{row['all_errors']:.0f}")
     console.print(table)
+    return summary
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rate", type=float, nargs="+", default=[1300.0, 1800.0],
+                        help="requests per second (each rate is its own run)")
+    parser.add_argument("--duration", type=float, default=8.0)
+    parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--output", type=Path,
+                        default=Path(__file__).parent / "results" / "routing.json")
+    args = parser.parse_args()
+    console = Console(width=120)
+    out: dict[str, Any] = {"command": " ".join(["benchmarks/routing.py", *sys.argv[1:]]),
+                           "rates": {}}
+    with tempfile.TemporaryDirectory(prefix="tradeoff-routing-") as scratch:
+        root = repository(Path(scratch))
+        with ServerProcess(root, cpus="0") as server:
+            os.sched_setaffinity(0, {1})
+            for rate in args.rate:
+                runs: dict[str, list[dict[str, Any]]] = {setup: [] for setup in SETUPS}
+                for round_ in range(args.rounds):
+                    for setup, model in SETUPS.items():
+                        runs[setup].append(measure(server, model, rate, args, round_))
+                        console.print(f"{rate:g}/s round {round_ + 1} {setup}: "
+                                      f"{runs[setup][-1]}")
+                out["rates"][str(rate)] = {"rounds": runs, "medians": report(rate, runs, args,
+                                                                             console)}
+            os.sched_setaffinity(0, {0, 1})
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps({"command": " ".join(["benchmarks/routing.py",
-                                                            *sys.argv[1:]]),
-                                       "rate": args.rate, "rounds": runs,
-                                       "medians": summary}, indent=1))
+    args.output.write_text(json.dumps(out, indent=1))
     console.print(f"results: {args.output}")
     return 0
 
