@@ -247,8 +247,10 @@ def test_a_router_of_generative_models_is_an_alias_that_streams(alias_server: Se
     with openai.OpenAI(base_url=f"{alias_server.url}/v1", api_key="unused",
                        max_retries=0) as client:
         assert "chat" in {m.id for m in client.models.list()}
-        chunks = list(client.completions.create(model="chat", prompt="route me",
-                                                max_tokens=5, stream=True))
+        with client.completions.with_streaming_response.create(
+                model="chat", prompt="route me", max_tokens=5, stream=True) as response:
+            assert response.headers["server-timing"] == 'route;desc="tinyllama"'
+            chunks = list(response.parse())
         assert {c.model for c in chunks} == {"tinyllama"}
         assert sum(len(c.choices[0].text) for c in chunks if c.choices) > 0
         latency = client.chat.completions.create(

@@ -41,6 +41,7 @@ class Handle:
     cache: str = ""  # the response cache's verdict (hit, miss); "" when not asked
     cache_ns: int = 0  # how long the lookup took
     shadow: Any = None  # (router, target) when a router asked for a shadow copy
+    route: str = ""  # the model a router sent this request to
 
     @classmethod
     def replay(cls, prompt: list[int], params: Any, tokens: list[int],

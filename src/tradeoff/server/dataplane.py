@@ -423,8 +423,9 @@ class DataPlane:
             raise Unavailable("the server is shutting down and takes no new requests")
         routed = self.manager.get(name)
         shadow = None
+        route = ""
         if isinstance(routed, RoutedModel):  # an alias: the answer names its target
-            name = self.route_generation(routed, route_parameters or {})
+            name = route = self.route_generation(routed, route_parameters or {})
             target = routed.wants_shadow()
             shadow = (routed, target) if target is not None else None
         model = self.manager.generative(name)
@@ -444,7 +445,7 @@ class DataPlane:
                                f"({params.max_tokens}) is over the model's {limit} positions")
         if not (cache and self.cache is not None and model.config.response_cache):
             handle = model.submit(tokens, params, priority)
-            handle.shadow = shadow
+            handle.shadow, handle.route = shadow, route
             return model, handle, len(tokens)
         model.check_accepting()  # a stopping model answers 503, cached or not
         started = time.perf_counter_ns()
@@ -461,7 +462,7 @@ class DataPlane:
             handle = model.submit(tokens, params, priority)
             handle.cache_key, handle.cache = key, "miss"
         handle.cache_ns = lookup_ns
-        handle.shadow = shadow
+        handle.shadow, handle.route = shadow, route
         return model, handle, len(tokens)
 
     def generated(self, handle: Handle, tokens: list[int], reason: str) -> None:

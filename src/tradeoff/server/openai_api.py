@@ -253,14 +253,18 @@ class _Reply:
         await send_json(send, 200, {
             "id": self.id, "object": "chat.completion" if self.chat else "text_completion",
             "created": self.created, "model": self.model.name, "choices": [choice],
-            "usage": self.usage()}, self._cache_header())
+            "usage": self.usage()}, self._timing_header())
         return reason
 
-    def _cache_header(self) -> list[tuple[bytes, bytes]] | None:
-        if not self.handle.cache:
-            return None
-        return [(b"server-timing", f"cache;desc={self.handle.cache};"
-                 f"dur={self.handle.cache_ns / 1e6:.3f}".encode())]
+    def _timing_header(self) -> list[tuple[bytes, bytes]]:
+        """``Server-Timing`` naming the router's target and the cache's verdict, when
+        either applies."""
+        parts = []
+        if self.handle.route:
+            parts.append(f'route;desc="{self.handle.route}"')
+        if self.handle.cache:
+            parts.append(f"cache;desc={self.handle.cache};dur={self.handle.cache_ns / 1e6:.3f}")
+        return [(b"server-timing", ", ".join(parts).encode())] if parts else []
 
     def _chunk(self, delta: str | None, reason: str | None, role: bool = False) -> bytes:
         if self.chat:
@@ -280,7 +284,7 @@ class _Reply:
     async def stream(self, first: tuple[Any, ...], send: Send, include_usage: bool) -> None:
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream"),
-                                (b"cache-control", b"no-cache")]})
+                                (b"cache-control", b"no-cache"), *self._timing_header()]})
 
         async def body(data: bytes) -> None:
             await send({"type": "http.response.body", "body": data, "more_body": True})
