@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import http.client
 import json
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -124,3 +126,25 @@ def running_server(repository: Path, cls: type[ServerProcess] = ServerProcess,
         process.log.close()
         Path(process.log.name).unlink(missing_ok=True)
     assert code == 0, f"server exited with {code}:\n{log[-3000:]}"
+
+
+@contextmanager
+def background_load(send: Callable[[], int], threads: int = 4) -> Iterator[list[int]]:
+    """``threads`` threads calling ``send`` (which returns an HTTP status) over and over
+    while the block runs; yields the list the statuses are appended to."""
+    statuses: list[int] = []
+    stop = threading.Event()
+
+    def load() -> None:
+        while not stop.is_set():
+            statuses.append(send())
+
+    workers = [threading.Thread(target=load) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    try:
+        yield statuses
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join(30)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +17,7 @@ from tradeoff.protocol.v2 import TensorOutput
 from tradeoff.server.cache import REDIS_PREFIX, encode_outputs, tensor_key
 from tradeoff.server.process import ServerProcess, free_port
 
-from .helpers import infer_json, metric_samples, running_server, wait_for
+from .helpers import background_load, infer_json, metric_samples, running_server, wait_for
 
 redis = pytest.importorskip("redis")
 pytestmark = pytest.mark.integration
@@ -144,31 +143,22 @@ def test_redis_killed_under_load_loses_no_request_and_comes_back(repo: Path,
                                                                  store: RedisServer) -> None:
     server_gen = running_server(repo, extra_args=("--cache", store.url))
     server: ServerProcess = next(server_gen)
-    statuses: list[int] = []
-    stop = threading.Event()
     values = np.random.default_rng(2).standard_normal((20, 1, 256)).astype(np.float32)
+    rng = np.random.default_rng(3)
 
-    def load(seed: int) -> None:
-        rng = np.random.default_rng(seed)
-        while not stop.is_set():
-            statuses.append(infer_json(server.url, "mlp",
-                                       inputs(values[rng.integers(20)])).status)
+    def send() -> int:
+        return infer_json(server.url, "mlp", inputs(values[rng.integers(20)])).status
 
     restarted: RedisServer | None = None
     try:
-        workers = [threading.Thread(target=load, args=(k,)) for k in range(4)]
-        for worker in workers:
-            worker.start()
-        time.sleep(1.5)
-        served_before = len(statuses)
-        store.kill()  # mid-load: connections reset, then refused
-        time.sleep(2.5)
-        served_while_down = len(statuses) - served_before
-        restarted = RedisServer(store.port).start()  # the same address, empty
-        time.sleep(2.5)
-        stop.set()
-        for worker in workers:
-            worker.join(30)
+        with background_load(send) as statuses:
+            time.sleep(1.5)
+            served_before = len(statuses)
+            store.kill()  # mid-load: connections reset, then refused
+            time.sleep(2.5)
+            served_while_down = len(statuses) - served_before
+            restarted = RedisServer(store.port).start()  # the same address, empty
+            time.sleep(2.5)
         assert statuses and set(statuses) == {200}, f"not all 200: {set(statuses)}"
         assert served_while_down > 20  # it kept serving without the cache
         errors = ("tradeoff_cache_errors_total", frozenset({"store": "redis"}.items()))
@@ -185,7 +175,6 @@ def test_redis_killed_under_load_loses_no_request_and_comes_back(repo: Path,
                     if "WARNING" in line and "response cache: Redis at" in line]
         assert len(warnings) == 1, warnings  # once per interval, not once per failed call
     finally:
-        stop.set()
         if restarted is not None:
             restarted.kill()
         with pytest.raises(StopIteration):

@@ -4,7 +4,6 @@ never hold up the answer; over HTTP and gRPC."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +15,15 @@ import tritonclient.grpc as triton_grpc
 from tradeoff.models import build_repository
 from tradeoff.server.process import ServerProcess
 
-from .helpers import infer_json, metric_samples, post_json, request, running_server, wait_for
+from .helpers import (
+    background_load,
+    infer_json,
+    metric_samples,
+    post_json,
+    request,
+    running_server,
+    wait_for,
+)
 from .model_repo import _write, add_constant_model
 
 pytestmark = pytest.mark.integration
@@ -131,28 +138,14 @@ def test_weights_hold_and_a_caller_stays_on_one_arm(server: ServerProcess) -> No
 
 
 def test_an_unloaded_target_fails_over_with_no_failed_request(server: ServerProcess) -> None:
-    statuses: list[int] = []
-    stop = threading.Event()
-
-    def load() -> None:
-        while not stop.is_set():
-            statuses.append(ask(server, user="to-big").status)
-
     assert routed(ask(server, user="to-big")) == "big"
-    workers = [threading.Thread(target=load) for _ in range(4)]
-    for worker in workers:
-        worker.start()
-    try:
+    with background_load(lambda: ask(server, user="to-big").status) as statuses:
         time.sleep(0.5)
         assert post_json(server.url, "/v2/repository/models/big/unload", {}).status == 200
         time.sleep(1.0)
         assert routed(ask(server, user="to-big")) == "small"
         assert post_json(server.url, "/v2/repository/models/big/load", {}).status == 200
         time.sleep(0.5)
-    finally:
-        stop.set()
-        for worker in workers:
-            worker.join(30)
     assert len(statuses) > 50 and set(statuses) == {200}
     assert stats(server)["fallbacks"].get("small", 0) > 0
     assert routed(ask(server, user="to-big")) == "big"
@@ -198,26 +191,14 @@ def test_the_shadow_copy_never_holds_up_the_answer(server: ServerProcess) -> Non
 
 def test_rules_swap_under_load_with_no_failed_request(server: ServerProcess,
                                                       repo: Path) -> None:
-    statuses: list[int] = []
-    stop = threading.Event()
-
-    def load() -> None:
-        while not stop.is_set():
-            statuses.append(ask(server).status)
-
-    workers = [threading.Thread(target=load) for _ in range(4)]
-    for worker in workers:
-        worker.start()
     path = repo / "front" / "router.yaml"
     try:
-        time.sleep(0.3)
-        path.write_text("routes: [{to: small}]\n")
-        assert post_json(server.url, "/v2/repository/models/front/load", {}).status == 200
-        time.sleep(0.5)
+        with background_load(lambda: ask(server).status) as statuses:
+            time.sleep(0.3)
+            path.write_text("routes: [{to: small}]\n")
+            assert post_json(server.url, "/v2/repository/models/front/load", {}).status == 200
+            time.sleep(0.5)
     finally:
-        stop.set()
-        for worker in workers:
-            worker.join(30)
         path.write_text(ROUTER)
     assert len(statuses) > 20 and set(statuses) == {200}
     assert {routed(ask(server)) for _ in range(20)} == {"small"}
