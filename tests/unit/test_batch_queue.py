@@ -470,3 +470,33 @@ def test_batching_off_keeps_multi_row_requests_whole(clock: Clock) -> None:
     q = BatchQueue("m", 8, None)
     push_all(q, clock, make("a", rows=5), make("b", rows=2))
     assert take_all(q, clock.now) == [["a"], ["b"]]
+
+
+def test_a_level_with_its_own_short_delay_does_not_wait_for_a_batch_to_fill(clock: Clock
+                                                                            ) -> None:
+    """Level 1 (latency) has delay 0, level 2 (throughput) 10 ms: a throughput request
+    waits to batch; a latency request goes at once and takes the waiting one with it."""
+    q = BatchQueue("m", 8, DynamicBatching(max_queue_delay_us=10_000, priority_levels=2,
+                                           default_priority_level=2,
+                                           priority_queue_delay_us={1: 0}))
+    q.push(make("bulk"), clock.now)
+    batch, wake = q.next_batch(clock.advance_us(100))
+    assert batch is None and wake == clock.now - 100 * US + 10_000 * US
+    q.push(make("urgent", priority=1), clock.advance_us(100))
+    batch, _ = q.next_batch(clock.now)
+    assert [r.name for r in batch or []] == ["urgent", "bulk"]
+
+
+def test_a_level_with_a_shorter_delay_sets_the_batch_deadline(clock: Clock) -> None:
+    q = BatchQueue("m", 8, DynamicBatching(max_queue_delay_us=10_000, priority_levels=2,
+                                           default_priority_level=2,
+                                           priority_queue_delay_us={1: 2_000}))
+    q.push(make("bulk"), clock.now)
+    q.push(make("urgent", priority=1), clock.advance_us(1_000))
+    batch, wake = q.next_batch(clock.now)
+    assert batch is None and wake == clock.now + 2_000 * US  # urgent's own 2 ms
+    batch, _ = q.next_batch(clock.advance_us(2_000))
+    assert [r.name for r in batch or []] == ["urgent", "bulk"]
+    q.push(make("alone"), clock.now)  # no urgent request: the level's 10 ms again
+    batch, wake = q.next_batch(clock.advance_us(5_000))
+    assert batch is None and wake == clock.now + 5_000 * US

@@ -743,3 +743,32 @@ def test_validate_preferred_batch_size_against_autocompleted_max_batch_size() ->
     assert config.max_batch_size == 4
     with raises_config_error(PBTXT_SOURCE, "dynamic_batching.preferred_batch_size[1]"):
         validate_against_model(config, PBTXT_SOURCE)
+
+
+PRIORITY_DELAYS = """
+max_batch_size: 8
+dynamic_batching {{ max_queue_delay_microseconds: 10000 priority_levels: 2
+                   default_priority_level: 2 }}
+parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}
+"""
+
+
+def test_a_priority_level_may_have_its_own_queue_delay() -> None:
+    cfg = parse_text(PRIORITY_DELAYS.format(key="priority_1_max_queue_delay_microseconds",
+                                            value="0"))
+    assert cfg.dynamic_batching is not None
+    assert cfg.dynamic_batching.priority_queue_delay_us == {1: 0}
+    assert cfg.dynamic_batching.delay_for(1) == 0 and cfg.dynamic_batching.delay_for(2) == 10000
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("priority_3_max_queue_delay_microseconds", "0", "between 1 and priority_levels (2)"),
+    ("priority_1_max_queue_delay_microseconds", "2ms", "whole number of microseconds"),
+])
+def test_bad_priority_delays_name_the_parameter(key: str, value: str, message: str) -> None:
+    with raises_config_error(PBTXT_SOURCE, f"parameters.{key}") as caught:
+        parse_text(PRIORITY_DELAYS.format(key=key, value=value))
+    assert message in str(caught.value)
+    with raises_config_error(PBTXT_SOURCE, "parameters"):
+        parse_text('max_batch_size: 8\nparameters { key: '
+                   '"priority_1_max_queue_delay_microseconds" value: { string_value: "0" } }')

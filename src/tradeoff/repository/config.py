@@ -59,9 +59,15 @@ class DynamicBatching:
     default_priority_level: int = 0
     default_queue_policy: QueuePolicy = QueuePolicy()
     priority_queue_policy: dict[int, QueuePolicy] = field(default_factory=dict)
+    # from parameters priority_N_max_queue_delay_microseconds: a level's own delay
+    priority_queue_delay_us: dict[int, int] = field(default_factory=dict)
 
     def policy_for(self, level: int) -> QueuePolicy:
         return self.priority_queue_policy.get(level, self.default_queue_policy)
+
+    def delay_for(self, level: int) -> int:
+        """The longest a batch waits to grow while it holds a request of ``level`` (µs)."""
+        return self.priority_queue_delay_us.get(level, self.max_queue_delay_us)
 
 
 @dataclass(frozen=True)
@@ -474,6 +480,29 @@ def _tensor(t: Any, *, source: str, where: str, is_input: bool) -> TensorConfig:
                         optional=bool(getattr(t, "optional", False)) if is_input else False)
 
 
+_PRIORITY_DELAY = re.compile(r"^priority_(\d+)_max_queue_delay_microseconds$")
+
+
+def _priority_delays(parameters: Any, levels: int, source: str) -> dict[int, int]:
+    """``priority_N_max_queue_delay_microseconds`` parameters: a priority level's own
+    queue delay, so a latency-class request need not wait for a throughput batch."""
+    delays = {}
+    for key, value in parameters.items():
+        match = _PRIORITY_DELAY.match(key)
+        if match is None:
+            continue
+        level = int(match.group(1))
+        if not 1 <= level <= levels:
+            raise ConfigError(source, f"parameters.{key}", f"priority level must be between "
+                              f"1 and priority_levels ({levels})")
+        text = value.string_value
+        if not (text.isascii() and text.isdigit()):
+            raise ConfigError(source, f"parameters.{key}",
+                              f"must be a whole number of microseconds, got {text!r}")
+        delays[level] = int(text)
+    return delays
+
+
 def _queue_policy(p: Any) -> QueuePolicy:
     return QueuePolicy(
         timeout_action=pb.QueuePolicy.TimeoutAction.Name(p.timeout_action),
@@ -549,7 +578,11 @@ def _from_message(m: Any, *, source: str, default_name: str, warnings: list[str]
             default_priority_level=default_level,
             default_queue_policy=_queue_policy(db.default_queue_policy),
             priority_queue_policy=per_level,
+            priority_queue_delay_us=_priority_delays(m.parameters, levels, source),
         )
+    elif any(_PRIORITY_DELAY.match(k) for k in m.parameters):
+        raise ConfigError(source, "parameters", "priority_N_max_queue_delay_microseconds "
+                          "needs dynamic_batching with priority_levels")
 
     policy_kind = m.version_policy.WhichOneof("policy_choice") or "latest"
     if policy_kind == "latest":

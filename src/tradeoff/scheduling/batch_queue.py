@@ -16,6 +16,10 @@ Rules (see docs/batching.md):
   goes at once when it cannot grow (full, the next request does not fit, or it reached
   the largest preferred size), or when the delay is 0; else the batcher waits.
 * Once the delay has passed, everything taken goes, up to ``max_batch_size``.
+* A priority level may have a delay of its own (parameters
+  ``priority_N_max_queue_delay_microseconds``): a batch waits no longer than the shortest
+  delay of the requests it holds, so a latency-class request (delay 0) goes at once and
+  takes whatever is queued with it.
 """
 
 from __future__ import annotations
@@ -43,6 +47,9 @@ class BatchQueue:
         self.default_level = cfg.default_priority_level or 1
         self.policies: list[QueuePolicy] = [cfg.policy_for(level)
                                             for level in range(1, self.levels + 1)]
+        # each level's delay (ns); the same for all unless priority delays are set
+        self.level_delay_ns = [cfg.delay_for(level) * 1000 for level in range(1, self.levels + 1)]
+        self.level_delays = bool(cfg.priority_queue_delay_us)
         self._queues: list[deque[InferenceRequest]] = [deque() for _ in range(self.levels)]
         self._delayed: list[deque[InferenceRequest]] = [deque() for _ in range(self.levels)]
         self._with_deadline = 0
@@ -143,6 +150,7 @@ class BatchQueue:
         best_preferred = 0  # requests in the batch to send when a preferred size is met
         first_key = None
         oldest = None
+        due = None  # with priority delays: when the batch's most urgent request is due
         for request in self._pending():
             if first_key is None:
                 first_key = request.shape_key
@@ -157,15 +165,23 @@ class BatchQueue:
             rows += request.rows
             if oldest is None or request.enqueue_ns < oldest:
                 oldest = request.enqueue_ns
+            if self.level_delays:
+                mine = request.enqueue_ns + self.level_delay_ns[request.priority - 1]
+                due = mine if due is None else min(due, mine)
             if rows in self.preferred:
                 best_preferred = count
         assert oldest is not None
-        delay_exceeded = self.delay_ns > 0 and now_ns - oldest >= self.delay_ns
+        if due is None:
+            due = oldest + self.delay_ns
+            immediate = not self.delay_ns
+        else:
+            immediate = due <= oldest  # a request of a level without delay
+        delay_exceeded = not immediate and now_ns >= due
         if best_preferred and not delay_exceeded:
             return self._take(best_preferred), None
-        if not can_grow or rows >= self.max_preferred or delay_exceeded or not self.delay_ns:
+        if not can_grow or rows >= self.max_preferred or delay_exceeded or immediate:
             return self._take(count), None
-        return None, oldest + self.delay_ns
+        return None, due
 
     def _take(self, count: int) -> list[InferenceRequest]:
         batch: list[InferenceRequest] = []
