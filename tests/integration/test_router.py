@@ -4,6 +4,7 @@ never hold up the answer; over HTTP and gRPC."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -284,3 +285,36 @@ def test_bench_mix_sends_classes_by_weight_and_reports_each(server: ServerProces
     sent_latency = int((records.request // 8 == 0).sum())
     assert after[(0, "small")] - before[(0, "small")] == sent_latency
     assert result.endpoint["input_mix"]["classes"][0]["parameters"] == {"class": "latency"}
+
+
+def test_a_latency_priority_with_its_own_delay_takes_the_waiting_batch(tmp_path: Path
+                                                                       ) -> None:
+    """The throughput level waits up to 5 s to fill a batch; a level-1 request (delay 0)
+    goes at once and takes the waiting request with it: one execution of two rows."""
+    config = MODEL.format(name="levels", extra=(
+        "dynamic_batching { max_queue_delay_microseconds: 5000000 priority_levels: 2 "
+        "default_priority_level: 2 }\n"
+        'parameters { key: "priority_1_max_queue_delay_microseconds" '
+        'value: { string_value: "0" } }\n'))
+    _write(tmp_path, "levels", {1: add_constant_model(1.0)}, config)
+    server_gen = running_server(tmp_path)
+    server = next(server_gen)
+    try:
+        rows = [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1.0] * 4}]
+        answers: dict[str, int] = {}
+        bulk = threading.Thread(target=lambda: answers.__setitem__(
+            "bulk", infer_json(server.url, "levels", rows).status))
+        bulk.start()
+        wait_for(lambda: stats(server, "levels")["inference_stats"]["success"]["count"] == 0
+                 and bool(metric_samples(server)[("tradeoff_inference_queue_depth",
+                                                  frozenset({"model": "levels",
+                                                             "version": "1"}.items()))]),
+                 "the bulk request to wait in the queue")
+        urgent = infer_json(server.url, "levels", rows, parameters={"priority": 1})
+        bulk.join(10)
+        assert urgent.status == 200 and answers == {"bulk": 200}
+        batches = stats(server, "levels")["batch_stats"]
+        assert [(b["batch_size"], b["compute_infer"]["count"]) for b in batches] == [(2, 1)]
+    finally:
+        with pytest.raises(StopIteration):
+            next(server_gen)
