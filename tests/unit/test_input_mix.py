@@ -92,7 +92,8 @@ def test_request_classes_parse_and_draw_by_weight() -> None:
     assert zipf is not None and np.bincount(zipf % 100).argmax() == 0  # the most popular
 
 
-@pytest.mark.parametrize("text", ["latency", "latency=0", "=5", "a=x", "a=1,class"])
+@pytest.mark.parametrize("text", ["latency", "latency=0", "=5", "a=x", "a=1,class", "a=inf",
+                                  "a=nan", "a=-3"])
 def test_a_bad_request_class_says_how_to_write_one(text: str) -> None:
     with pytest.raises(ValueError) as caught:
         RequestClass.parse(text)

@@ -78,6 +78,8 @@ def test_weights_hold_within_two_percent_over_ten_thousand_requests(tmp_path: Pa
     ("routes: [{when: {deadline_ms_below: -1}, to: a}, {to: b}]",
      "routes[0].when.deadline_ms_below", "positive"),
     ("routes: [{to: [{model: a, weight: 0}]}]", "routes[0].to[0].weight", "positive"),
+    ("routes: [{to: [{model: a, weight: .inf}]}]", "routes[0].to[0].weight", "positive"),
+    ("routes: [{to: [{model: a, weight: .nan}]}]", "routes[0].to[0].weight", "positive"),
     ("routes: [{to: [{model: a, version: 0}]}]", "routes[0].to[0].version", "positive"),
     ("routes: [{to: []}]", "routes[0].to", "must name a model"),
     ("routes: [{to: a}]\nshadow: {to: b, fraction: 2}", "shadow.fraction", "(0, 1]"),

@@ -53,7 +53,7 @@ class RequestClass:
             weight = float(weight_text)
         except ValueError:
             weight = -1.0
-        if not sep or not name or not weight > 0:
+        if not sep or not name or not 0 < weight < float("inf"):
             raise ValueError(f"--mix {text!r}: use NAME=WEIGHT[,param=value...], e.g. "
                              "latency=20,class=latency")
         parameters: dict[str, Any] = {}

@@ -84,6 +84,9 @@ def apply(*decorators: Decorator) -> Decorator:
 
 # ---------------------------------------------------------------- what to send, to whom
 
+# inputs are made and held before the run: a bound on what one flag can allocate
+MAX_DISTINCT_INPUTS = 1_000_000
+
 endpoint_options = apply(
     click.option("--protocol", type=click.Choice(["v2", "v2-grpc", "http", "openai"]),
                  default="v2", show_default=True,
@@ -129,7 +132,7 @@ endpoint_options = apply(
     click.option("--slo", default="",
                  help="openai: goodput counts requests meeting all of these, e.g. "
                       "ttft_ms=500,tpot_ms=50 (keys ttft_ms, tpot_ms, e2e_ms)."),
-    click.option("--distinct-inputs", type=click.IntRange(1),
+    click.option("--distinct-inputs", type=click.IntRange(1, MAX_DISTINCT_INPUTS),
                  help="v2 random inputs or openai synthetic prompts: make N distinct ones "
                       "and draw each request's from a Zipf law (--zipf), reproducible with "
                       "--seed: traffic a response cache can be measured with "

@@ -243,7 +243,8 @@ def _targets(raw: Any, source: str, where: str, *, weights: bool,
                                     or version < 1):
             raise ConfigError(source, f"{at}.version", "must be a positive integer")
         weight = item.get("weight", 1)
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight <= 0:
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or \
+                not 0 < weight < float("inf"):
             raise ConfigError(source, f"{at}.weight", "must be a positive number")
         targets.append(Target(model, version, float(weight)))
     return tuple(targets)
