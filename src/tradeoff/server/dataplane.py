@@ -242,9 +242,7 @@ class DataPlane:
         router) exists, serves, and takes tensors."""
         served = self.manager.get(name, version)
         if isinstance(served, RoutedModel):
-            if served.generative:
-                raise InvalidInput(f"router {name!r} sends to generative models: send it "
-                                   "text at /v1/completions or /v1/chat/completions")
+            served.check_takes_tensors()
             return
         self.manager.tensor(name, version)
 
@@ -263,15 +261,11 @@ class DataPlane:
         """Send a request where the router's rules say; on a refusal (503) or a target
         not serving, and for an idempotent router on a failure, the fallbacks in turn.
         A request is answered once: by the first target that answers."""
-        if routed.generative:
-            raise InvalidInput(f"router {routed.name!r} sends to generative models: send "
-                               "it text at /v1/completions or /v1/chat/completions")
+        routed.check_takes_tensors()
         started = time.perf_counter_ns()
         decision = routed.decide(request.parameters)
-        candidates = [decision.target, *(t for t in routed.config.fallback
-                                         if t != decision.target)]
         error: RequestError | None = None
-        for index, target in enumerate(candidates):
+        for index, target in enumerate(routed.candidates(decision)):
             try:
                 served, timings, outputs = await self._infer_model(
                     target.model, _version(target.version), request)
@@ -395,10 +389,8 @@ class DataPlane:
             raise InvalidInput(f"router {routed.name!r} sends to tensor models: POST "
                                f"/v2/models/{routed.name}/infer")
         decision = routed.decide(parameters)
-        candidates = [decision.target, *(t for t in routed.config.fallback
-                                         if t != decision.target)]
         error: RequestError | None = None
-        for index, target in enumerate(candidates):
+        for index, target in enumerate(routed.candidates(decision)):
             try:
                 self.manager.generative(target.model).check_accepting()
             except (Unavailable, NotFound) as exc:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from tradeoff import dtypes
+from tradeoff.errors import InvalidInput
 from tradeoff.protocol.v2 import TensorOutput
 from tradeoff.repository.router import Decision, RouterConfig, Signature, Target
 
@@ -148,6 +149,16 @@ class RoutedModel:
         deadline_ms = timeout / 1000 if isinstance(timeout, int) and timeout > 0 else None
         return self.config.decide(request_class if isinstance(request_class, str) else None,
                                   deadline_ms, parameters, self._random.random())
+
+    def candidates(self, decision: Decision) -> list[Target]:
+        """The target the rules chose, then each fallback not already that one."""
+        return [decision.target, *(t for t in self.config.fallback if t != decision.target)]
+
+    def check_takes_tensors(self) -> None:
+        """InvalidInput when this router sends to generative models."""
+        if self.generative:
+            raise InvalidInput(f"router {self.name!r} sends to generative models: send it "
+                               "text at /v1/completions or /v1/chat/completions")
 
     def wants_shadow(self) -> Target | None:
         """The shadow target for this request, if it gets a copy."""
