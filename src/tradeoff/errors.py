@@ -5,6 +5,7 @@
     ├── ModelLoadError           a model could not be loaded
     ├── MissingDependency        an optional extra is not installed (names the pip command)
     ├── OptimizeError            tradeoff optimize cannot make or measure a version
+    ├── TuneError                tradeoff tune cannot search or measure
     ├── ResultFormatError        a file is not a result this version reads; also a ValueError
     └── RequestError             something a client caused or must be told; has .status
         ├── InvalidInput         400: malformed body, wrong dtype/shape, missing input
@@ -50,6 +51,10 @@ class ModelLoadError(TradeoffError):
 class OptimizeError(TradeoffError):
     """``tradeoff optimize`` cannot make or measure a version: a sample file that is missing
     or has the wrong inputs, a model with nothing to quantize, ..."""
+
+
+class TuneError(TradeoffError):
+    """``tradeoff tune`` cannot run its search (what to fix is in the message)."""
 
 
 class MissingDependency(TradeoffError):

@@ -1,11 +1,13 @@
-"""The result documents, typed: bench, sweep, soak, compare and optimize.
+"""The result documents, typed: bench, sweep, soak, compare, optimize and tune.
 
     doc = load_result("sweep.json")        # BenchResult | SweepResult | SoakResult | ...
     doc.knee.load if doc.knee else None
     write_json(doc, "copy.json")            # the same JSON again
 
 Each document is versioned by its ``schema`` field (``tradeoff.bench/1``,
-``tradeoff.sweep/1``, ``tradeoff.soak/1``, ``tradeoff.compare/1``, ``tradeoff.optimize/1``).
+``tradeoff.sweep/1``, ``tradeoff.soak/1``, ``tradeoff.compare/1``, ``tradeoff.optimize/1``,
+``tradeoff.tune/1``: a batch-size search or a serving-config search, told apart by
+``search``).
 :func:`load_result` is the one reader: it dispatches on the schema and names the file
 and the field when one is missing or the schema is unknown. ``to_dict()`` and
 :func:`write_json` are the one writer: a document read from a file writes back the same
@@ -38,6 +40,7 @@ SWEEP_SCHEMA = "tradeoff.sweep/1"
 SOAK_SCHEMA = "tradeoff.soak/1"
 COMPARE_SCHEMA = "tradeoff.compare/1"
 OPTIMIZE_SCHEMA = "tradeoff.optimize/1"
+TUNE_SCHEMA = "tradeoff.tune/1"
 
 Distribution = dict[str, float]
 """min, mean, stddev, p50, p90, p95, p99, p999, max of raw samples (some only ``mean``)."""
@@ -893,14 +896,176 @@ class OptimizeResult:
                    [VersionReport.read(v) for v in f.items("versions")])
 
 
+# ------------------------------------------------------------------------ tune
+
+
+@dataclass(frozen=True)
+class BatchPoint:
+    """One batch size of ``tradeoff tune batch-size``, measured in process."""
+
+    batch_size: int
+    # doubling: a step of the search; back-off: the recommendation; memory: one run past
+    # the knee, to find the largest batch within --max-memory
+    role: str
+    samples_per_s: float | None  # None when the batch could not run
+    latency_ms: Distribution | None  # of one batch
+    memory_bytes: int | None  # the most held above what the process held before the model
+    fits: bool  # within --max-memory (True without one)
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def read(cls, f: _Fields) -> BatchPoint:
+        return cls(f("batch_size"), f("role"), f("samples_per_s"), f("latency_ms"),
+                   f("memory_bytes"), f("fits"), f.get("error"))
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """What memory says about the largest batch: the formula next to the measurement."""
+
+    source: str  # how memory was measured
+    weights_bytes: int  # held once the model was loaded, before any batch
+    per_sample_bytes: float | None  # slope of memory over batch size (None: not measurable)
+    max_memory_bytes: int | None  # --max-memory
+    estimated_max_batch: int | None  # (max_memory - weights) / per_sample
+    largest_fit: int | None  # the largest batch measured that stayed within max_memory
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def read(cls, f: _Fields) -> MemoryEstimate:
+        return cls(f("source"), f("weights_bytes"), f("per_sample_bytes"),
+                   f("max_memory_bytes"), f("estimated_max_batch"), f("largest_fit"))
+
+
+@dataclass(frozen=True)
+class BatchSizeTune:
+    """``tradeoff tune batch-size``: the doubling search and the batch size it recommends."""
+
+    model: str
+    repository: str
+    device: str
+    plan: dict[str, Any]
+    environment: dict[str, Any]
+    points: list[BatchPoint]
+    knee: int | None  # the batch size where doubling stopped paying
+    recommended: int
+    why: str
+    stop_reason: str
+    memory: MemoryEstimate
+    schema = TUNE_SCHEMA
+    search = "batch-size"
+
+    @property
+    def doubling(self) -> list[BatchPoint]:
+        return [p for p in self.points if p.role == "doubling"]
+
+    def point(self, batch_size: int) -> BatchPoint | None:
+        return next((p for p in self.points if p.batch_size == batch_size), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": self.schema, "search": self.search, "model": self.model,
+                "repository": self.repository, "device": self.device, "plan": self.plan,
+                "environment": self.environment, "points": [p.to_dict() for p in self.points],
+                "knee": self.knee, "recommended": self.recommended, "why": self.why,
+                "stop_reason": self.stop_reason, "memory": self.memory.to_dict()}
+
+    @classmethod
+    def read(cls, f: _Fields) -> BatchSizeTune:
+        return cls(f("model"), f("repository"), f("device"), dict(f("plan")),
+                   dict(f("environment")), [BatchPoint.read(p) for p in f.items("points")],
+                   f("knee"), f("recommended"), f("why"), f("stop_reason"),
+                   MemoryEstimate.read(f.sub("memory")))
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One serving configuration ``tradeoff tune serve`` tried on the live server."""
+
+    name: str
+    knobs: dict[str, Any]  # max_batch_size, max_queue_delay_us, preferred_batch_size, ...
+    status: str  # measured | refused (the server would not load it) | failed
+    reason: str | None
+    throughput_rps: float | None = None
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    error_percent: float | None = None
+    cost_per_million: float | None = None
+    meets_sla: bool = False
+    pareto: bool = False
+    seconds: float = 0.0  # search time it took
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def read(cls, f: _Fields) -> Trial:
+        return cls(**{field.name: f(field.name) for field in dataclasses.fields(cls)})
+
+
+@dataclass(frozen=True)
+class ServeTune:
+    """``tradeoff tune serve``: every configuration tried, the Pareto front, the winner."""
+
+    endpoint: dict[str, Any]
+    model: str
+    goal: dict[str, Any]  # sla_p99_ms, rate or max-throughput, price, budget_s, strategy
+    environment: dict[str, Any]
+    trials: list[Trial]
+    baseline: str  # name of the configuration the server had
+    winner: str | None
+    stop_reason: str
+    elapsed_s: float
+    grid_size: int
+    written: str | None  # where the winner's config.pbtxt went
+    schema = TUNE_SCHEMA
+    search = "serve"
+
+    def trial(self, name: str | None) -> Trial | None:
+        return next((t for t in self.trials if t.name == name), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": self.schema, "search": self.search, "endpoint": self.endpoint,
+                "model": self.model, "goal": self.goal, "environment": self.environment,
+                "trials": [t.to_dict() for t in self.trials], "baseline": self.baseline,
+                "winner": self.winner, "stop_reason": self.stop_reason,
+                "elapsed_s": self.elapsed_s, "grid_size": self.grid_size,
+                "written": self.written}
+
+    @classmethod
+    def read(cls, f: _Fields) -> ServeTune:
+        return cls(dict(f("endpoint")), f("model"), dict(f("goal")), dict(f("environment")),
+                   [Trial.read(t) for t in f.items("trials")], f("baseline"), f("winner"),
+                   f("stop_reason"), f("elapsed_s"), f("grid_size"), f("written"))
+
+
+class _TuneDocuments:
+    """Reads a ``tradeoff.tune/1`` document as the search it records."""
+
+    @staticmethod
+    def read(f: _Fields) -> BatchSizeTune | ServeTune:
+        search = f("search")
+        kinds: dict[str, Any] = {"batch-size": BatchSizeTune, "serve": ServeTune}
+        if search not in kinds:
+            raise ResultFormatError(f"{f.where}.search: {search!r} is not a tune search this "
+                                    f"version reads ({', '.join(kinds)})")
+        document: BatchSizeTune | ServeTune = kinds[search].read(f)
+        return document
+
+
 # ------------------------------------------------------------ reader and writer
 
-ResultDocument = Union[BenchResult, SweepResult, SoakResult, CompareResult, OptimizeResult]
+ResultDocument = Union[BenchResult, SweepResult, SoakResult, CompareResult, OptimizeResult,
+                       BatchSizeTune, ServeTune]
 READERS: dict[str, Any] = {BENCH_SCHEMA: BenchResult, SWEEP_SCHEMA: SweepResult,
                            SOAK_SCHEMA: SoakResult, COMPARE_SCHEMA: CompareResult,
-                           OPTIMIZE_SCHEMA: OptimizeResult}
+                           OPTIMIZE_SCHEMA: OptimizeResult, TUNE_SCHEMA: _TuneDocuments}
 _Document = TypeVar("_Document", BenchResult, SweepResult, SoakResult, CompareResult,
-                    OptimizeResult)
+                    OptimizeResult, BatchSizeTune, ServeTune)
 
 
 def load_result(source: str | Path | Mapping[str, Any] | ResultDocument,
@@ -911,7 +1076,7 @@ def load_result(source: str | Path | Mapping[str, Any] | ResultDocument,
     field raises :class:`ResultFormatError` naming the file (or ``name``) and the field.
     """
     if isinstance(source, (BenchResult, SweepResult, SoakResult, CompareResult,
-                           OptimizeResult)):
+                           OptimizeResult, BatchSizeTune, ServeTune)):
         return source
     if isinstance(source, (str, Path)):
         where = name or str(source)

@@ -420,8 +420,10 @@ def diagnose(result: ResultDocument) -> list[Finding]:
                        r["action"], result.label) for r in result.verdict.reasons]
     elif isinstance(result, OptimizeResult):
         out = _diagnose_optimize(result)
-    else:
+    elif isinstance(result, CompareResult):
         out = _diagnose_compare(result)
+    else:  # a tune result states its own recommendation and why
+        out = []
     return sorted(out, key=lambda f: SEVERITY_ORDER.get(f.severity, 3))
 
 

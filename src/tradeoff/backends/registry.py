@@ -37,7 +37,8 @@ from tradeoff.backends.base import Backend, TensorSpec
 from tradeoff.errors import ConfigError, ModelLoadError
 
 TENSOR, GENERATIVE = "tensor", "generative"
-BUILTIN_MODULES = {TENSOR: ("tradeoff.backends.onnxruntime", "tradeoff.backends.text_encoder"),
+BUILTIN_MODULES = {TENSOR: ("tradeoff.backends.onnxruntime", "tradeoff.backends.text_encoder",
+                            "tradeoff.backends.synthetic"),
                    GENERATIVE: ("tradeoff.backends.llama_loader",)}
 ENTRY_POINT_GROUPS = {TENSOR: "tradeoff.backends.tensor",
                       GENERATIVE: "tradeoff.backends.generative"}

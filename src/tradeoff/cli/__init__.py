@@ -1,5 +1,5 @@
 """The ``tradeoff`` command line: serve, models build, demo, bench, sweep, soak, compare,
-diagnose, report, optimize.
+diagnose, report, optimize, tune.
 
 A thin layer: each command translates its flags into the domain's objects and prints what
 comes back. Options that several commands take are declared once in ``options``; the load
@@ -22,6 +22,7 @@ from tradeoff.cli.optimize import optimize
 from tradeoff.cli.serve import models, serve
 from tradeoff.cli.soak import soak
 from tradeoff.cli.sweep import sweep
+from tradeoff.cli.tune import tune
 from tradeoff.errors import TradeoffError
 
 __all__ = ["main"]
@@ -55,6 +56,8 @@ def main() -> None:
       tradeoff sweep http://127.0.0.1:8000 --model mlp --concurrency-range 1:256 --json s.json
       tradeoff diagnose s.json && tradeoff report s.json -o report.html
       tradeoff optimize ./models/minilm --int8 dynamic --per-channel --json opt.json
+      tradeoff tune batch-size ./models/mlp --max-memory 4GB
+      tradeoff tune serve http://127.0.0.1:8000 --model mlp --sla-p99-ms 20 --max-throughput
       tradeoff bench http://127.0.0.1:8000/v1 --protocol openai --model smollm2-135m \\
           --concurrency 4 --duration 1m --output-tokens 16:256 --ignore-eos
     """
@@ -70,3 +73,4 @@ main.add_command(compare)
 main.add_command(diagnose)
 main.add_command(report)
 main.add_command(optimize)
+main.add_command(tune)

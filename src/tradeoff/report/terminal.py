@@ -1,4 +1,4 @@
-"""Terminal tables for benchmark and optimize results."""
+"""Terminal tables for benchmark, optimize and tune results."""
 
 from __future__ import annotations
 
@@ -9,11 +9,13 @@ from rich.console import Console
 from rich.table import Table
 
 from tradeoff.results import (
+    BatchSizeTune,
     BenchResult,
     CompareResult,
     Generation,
     OptimizeResult,
     Ratio,
+    ServeTune,
     SoakResult,
     SweepResult,
 )
@@ -364,3 +366,48 @@ def print_optimize(result: OptimizeResult, console: Console) -> None:
         console.print(f"  v{v.version}{f' ({v.model})' if v.model else ''}: {v.method}")
     console.print(f"accuracy: against v{base} on {result.validation['samples']} samples "
                   f"from {result.validation['source']}; max drop {result.max_drop:g}")
+
+
+def _mb(value: float | None) -> str:
+    return "-" if value is None else f"{value / 1e6:,.1f}"
+
+
+def print_batch_size_tune(result: BatchSizeTune, console: Console) -> None:
+    """The doubling search: each batch size, the knee, the recommendation and why."""
+    plan = result.plan
+    table = Table(title=f"{result.model}: batch size in process ({result.device}, "
+                        f"{plan.get('intra_op_threads', 1)} thread(s))", box=box.SIMPLE_HEAD)
+    for column in ("batch", "samples/s", "batch p50 ms", "batch p99 ms", "ms/sample",
+                   "peak MB"):
+        table.add_column(column, justify="right")
+    table.add_column("", min_width=12)
+    for p in result.points:
+        latency = p.latency_ms or {}
+        mark = []
+        if p.batch_size == result.knee:
+            mark.append("knee")
+        if p.batch_size == result.recommended:
+            mark.append("[green]recommended[/green]")
+        if p.role == "memory":
+            mark.append("memory probe")
+        if p.error:
+            mark.append(f"[red]failed: {p.error}[/red]")
+        elif not p.fits:
+            mark.append("[red]over --max-memory[/red]")
+        per_sample = latency.get("p50", 0) / p.batch_size if latency else None
+        table.add_row(str(p.batch_size),
+                      "-" if p.samples_per_s is None else f"{p.samples_per_s:,.0f}",
+                      _ms(latency.get("p50")), _ms(latency.get("p99")), _ms(per_sample),
+                      _mb(p.memory_bytes), ", ".join(mark))
+    console.print(table)
+    console.print(f"recommended batch size: [bold]{result.recommended}[/bold] ({result.why})")
+    console.print(f"stopped: {result.stop_reason}")
+    m = result.memory
+    per = "not measurable (memory did not grow with the batch)" if m.per_sample_bytes is None \
+        else f"{m.per_sample_bytes / 1e6:,.3f} MB per sample"
+    console.print(f"memory ({m.source}): model {m.weights_bytes / 1e6:,.1f} MB, {per}")
+    if m.max_memory_bytes is not None:
+        estimate = "-" if m.estimated_max_batch is None else f"{m.estimated_max_batch:,}"
+        fit = "none" if m.largest_fit is None else f"{m.largest_fit:,}"
+        console.print(f"largest batch within {m.max_memory_bytes / 1e6:,.0f} MB: formula "
+                      f"(max - model) / per sample = {estimate}; measured (doubling) = {fit}")

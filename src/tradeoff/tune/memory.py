@@ -1,0 +1,102 @@
+"""How much memory this process holds at its peak: RSS on the CPU, the device on CUDA.
+
+    meter = memory_meter("cpu")
+    meter.reset()            # the peak starts again from what is held now
+    ...                      # run a batch
+    meter.peak()             # bytes: the most held since reset
+
+On Linux the CPU peak is the kernel's own high-water mark of the resident set
+(``VmHWM`` in ``/proc/self/status``), which writing ``5`` to ``/proc/self/clear_refs``
+resets; nothing is sampled, so no short peak is missed. The C heap is trimmed before each
+reset, so memory an earlier batch freed is not counted again. On CUDA it is what
+``nvidia-smi`` reports this process using: ONNX Runtime's CUDA arena keeps what it
+took, so the figure after a batch is its peak.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from tradeoff.errors import TuneError
+
+_STATUS = Path("/proc/self/status")
+_CLEAR_REFS = Path("/proc/self/clear_refs")
+
+
+def _status_kib(field: str) -> int:
+    for line in _STATUS.read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise TuneError(f"/proc/self/status has no {field}: cannot measure memory here")
+
+
+def _trim_heap() -> None:
+    """Give the C heap's free memory back to the system, so what an earlier batch freed
+    does not count as held by the next one (glibc keeps it resident otherwise)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: the peak then includes freed heap
+        pass
+
+
+class RssMeter:
+    """Peak resident memory of this process (Linux)."""
+
+    source = "peak RSS of the process (VmHWM, reset before each batch size)"
+
+    def __init__(self) -> None:
+        if not _STATUS.is_file():
+            raise TuneError("measuring memory needs Linux's /proc/self/status")
+
+    def now(self) -> int:
+        return _status_kib("VmRSS") * 1024
+
+    def reset(self) -> None:
+        _trim_heap()
+        try:
+            _CLEAR_REFS.write_text("5")
+        except OSError as exc:
+            raise TuneError(f"cannot reset the peak RSS ({exc}); the kernel refuses "
+                            "/proc/self/clear_refs here") from None
+
+    def peak(self) -> int:
+        return _status_kib("VmHWM") * 1024
+
+
+class CudaMeter:
+    """Device memory this process holds on one GPU, from ``nvidia-smi``."""
+
+    source = "device memory of the process (nvidia-smi, after each batch size)"
+
+    def __init__(self, device_id: int = 0) -> None:
+        self.tool = shutil.which("nvidia-smi")
+        if self.tool is None:
+            raise TuneError("--device cuda needs nvidia-smi to measure device memory")
+        self.device_id = device_id
+
+    def now(self) -> int:
+        out = subprocess.run(
+            [self.tool or "nvidia-smi", f"--id={self.device_id}",
+             "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=30, check=False)
+        if out.returncode:
+            raise TuneError(f"nvidia-smi failed: {out.stderr.strip() or out.returncode}")
+        pid = str(os.getpid())
+        used = [int(f.split(",")[1]) for f in out.stdout.splitlines()
+                if f.split(",")[0].strip() == pid]
+        return sum(used) * 1024 * 1024
+
+    def reset(self) -> None:
+        """The arena does not give memory back, so there is nothing to reset."""
+
+    def peak(self) -> int:
+        return self.now()
+
+
+def memory_meter(device: str) -> RssMeter | CudaMeter:
+    """The meter for ``cpu`` or ``cuda``."""
+    return CudaMeter() if device == "cuda" else RssMeter()
