@@ -14,6 +14,7 @@ Every problem raises :class:`~tradeoff.errors.ConfigError` naming the file and t
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -61,6 +62,8 @@ class DynamicBatching:
     priority_queue_policy: dict[int, QueuePolicy] = field(default_factory=dict)
     # from parameters priority_N_max_queue_delay_microseconds: a level's own delay
     priority_queue_delay_us: dict[int, int] = field(default_factory=dict)
+    # from parameters target_p99_ms: the adaptive batcher sets the delay and batch cap
+    target_p99_ms: float | None = None
 
     def policy_for(self, level: int) -> QueuePolicy:
         return self.priority_queue_policy.get(level, self.default_queue_policy)
@@ -480,6 +483,7 @@ def _tensor(t: Any, *, source: str, where: str, is_input: bool) -> TensorConfig:
                         optional=bool(getattr(t, "optional", False)) if is_input else False)
 
 
+TARGET_P99 = "target_p99_ms"
 _PRIORITY_DELAY = re.compile(r"^priority_(\d+)_max_queue_delay_microseconds$")
 
 
@@ -501,6 +505,24 @@ def _priority_delays(parameters: Any, levels: int, source: str) -> dict[int, int
                               f"must be a whole number of microseconds, got {text!r}")
         delays[level] = int(text)
     return delays
+
+
+def _target_p99(parameters: Any, max_batch_size: int, source: str) -> float | None:
+    """``target_p99_ms``: the p99 the adaptive batcher keeps the model under."""
+    if TARGET_P99 not in parameters:
+        return None
+    text = parameters[TARGET_P99].string_value
+    try:
+        target = float(text)
+    except ValueError:
+        target = math.nan
+    if not (math.isfinite(target) and target > 0):
+        raise ConfigError(source, f"parameters.{TARGET_P99}",
+                          f"must be a positive number of milliseconds, got {text!r}")
+    if max_batch_size <= 0:
+        raise ConfigError(source, f"parameters.{TARGET_P99}",
+                          "the adaptive batcher needs max_batch_size > 0")
+    return target
 
 
 def _queue_policy(p: Any) -> QueuePolicy:
@@ -579,7 +601,11 @@ def _from_message(m: Any, *, source: str, default_name: str, warnings: list[str]
             default_queue_policy=_queue_policy(db.default_queue_policy),
             priority_queue_policy=per_level,
             priority_queue_delay_us=_priority_delays(m.parameters, levels, source),
+            target_p99_ms=_target_p99(m.parameters, m.max_batch_size, source),
         )
+    elif TARGET_P99 in m.parameters:
+        raise ConfigError(source, f"parameters.{TARGET_P99}", "the adaptive batcher needs "
+                          "dynamic_batching { } (and max_batch_size > 0)")
     elif any(_PRIORITY_DELAY.match(k) for k in m.parameters):
         raise ConfigError(source, "parameters", "priority_N_max_queue_delay_microseconds "
                           "needs dynamic_batching with priority_levels")

@@ -16,6 +16,8 @@ Rules (see docs/batching.md):
   goes at once when it cannot grow (full, the next request does not fit, or it reached
   the largest preferred size), or when the delay is 0; else the batcher waits.
 * Once the delay has passed, everything taken goes, up to ``max_batch_size``.
+* With the adaptive batcher (:mod:`tradeoff.scheduling.adaptive`) the delay and a cap on
+  the batch's rows (``cap``, at most ``max_batch_size``) change as the load does.
 * A priority level may have a delay of its own (parameters
   ``priority_N_max_queue_delay_microseconds``): a batch waits no longer than the shortest
   delay of the requests it holds, so a latency-class request (delay 0) goes at once and
@@ -39,6 +41,7 @@ class BatchQueue:
         self.model = model
         self.batching = batching is not None and max_batch_size > 0
         self.max_rows = max(max_batch_size, 1)
+        self.cap = self.max_rows  # rows a batch may take now (the adaptive batcher lowers it)
         cfg = batching or DynamicBatching()
         self.delay_ns = cfg.max_queue_delay_us * 1000
         self.preferred = tuple(sorted(cfg.preferred_batch_sizes))
@@ -47,8 +50,10 @@ class BatchQueue:
         self.default_level = cfg.default_priority_level or 1
         self.policies: list[QueuePolicy] = [cfg.policy_for(level)
                                             for level in range(1, self.levels + 1)]
-        # each level's delay (ns); the same for all unless priority delays are set
-        self.level_delay_ns = [cfg.delay_for(level) * 1000 for level in range(1, self.levels + 1)]
+        # a level's own delay (ns), or None: the model's (which the adaptive batcher moves)
+        self.level_delay_ns = [None if level not in cfg.priority_queue_delay_us
+                               else cfg.priority_queue_delay_us[level] * 1000
+                               for level in range(1, self.levels + 1)]
         self.level_delays = bool(cfg.priority_queue_delay_us)
         self._queues: list[deque[InferenceRequest]] = [deque() for _ in range(self.levels)]
         self._delayed: list[deque[InferenceRequest]] = [deque() for _ in range(self.levels)]
@@ -147,6 +152,8 @@ class BatchQueue:
 
         count = rows = 0
         can_grow = True
+        cap = min(self.cap, self.max_rows)
+        largest = min(self.max_preferred, cap)
         best_preferred = 0  # requests in the batch to send when a preferred size is met
         first_key = None
         oldest = None
@@ -155,10 +162,10 @@ class BatchQueue:
             if first_key is None:
                 first_key = request.shape_key
             else:
-                if rows + request.rows > self.max_preferred and not best_preferred:
+                if rows + request.rows > largest and not best_preferred:
                     # Past the largest preferred size: the batch so far is the one to send.
                     best_preferred = count
-                if rows + request.rows > self.max_rows or request.shape_key != first_key:
+                if rows + request.rows > cap or request.shape_key != first_key:
                     can_grow = False
                     break
             count += 1
@@ -166,7 +173,8 @@ class BatchQueue:
             if oldest is None or request.enqueue_ns < oldest:
                 oldest = request.enqueue_ns
             if self.level_delays:
-                mine = request.enqueue_ns + self.level_delay_ns[request.priority - 1]
+                own = self.level_delay_ns[request.priority - 1]
+                mine = request.enqueue_ns + (self.delay_ns if own is None else own)
                 due = mine if due is None else min(due, mine)
             if rows in self.preferred:
                 best_preferred = count
@@ -179,7 +187,7 @@ class BatchQueue:
         delay_exceeded = not immediate and now_ns >= due
         if best_preferred and not delay_exceeded:
             return self._take(best_preferred), None
-        if not can_grow or rows >= self.max_preferred or delay_exceeded or immediate:
+        if not can_grow or rows >= largest or delay_exceeded or immediate:
             return self._take(count), None
         return None, due
 

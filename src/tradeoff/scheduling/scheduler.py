@@ -31,6 +31,7 @@ from tradeoff.errors import (
     Unavailable,
 )
 from tradeoff.repository.config import ModelConfig
+from tradeoff.scheduling.adaptive import AdaptiveBatcher
 from tradeoff.scheduling.batch_queue import BatchQueue
 from tradeoff.scheduling.request import InferenceRequest, Timings
 from tradeoff.scheduling.stats import ModelStats
@@ -132,6 +133,10 @@ class Scheduler:
         self._preserve_ordering = preserve
         self._order: deque[InferenceRequest] = deque()
         self._dead: list[Backend] = []
+        batching = config.dynamic_batching
+        self.adaptive = None if batching is None or batching.target_p99_ms is None else \
+            AdaptiveBatcher(batching.target_p99_ms, config.max_batch_size, len(instances),
+                            batching.max_queue_delay_us, clock())
         # called once when the last instance has died, with the cause
         self.on_dead: Callable[[str], None] | None = None
 
@@ -180,6 +185,9 @@ class Scheduler:
             raise
         self.in_flight += 1
         self._idle.clear()
+        if self.adaptive is not None:
+            self.adaptive.arrived(request.rows)
+            self._adapt(request.enqueue_ns)
         # Dispatch on the next loop turn, so requests that arrive together batch together.
         self._wake()
         try:
@@ -275,6 +283,9 @@ class Scheduler:
         else:
             results, timings = result
             self.stats.record_execution(timings.batch_size, timings)
+            if self.adaptive is not None:
+                self.adaptive.executed(timings.batch_size, timings.compute_input_ns
+                                       + timings.compute_infer_ns + timings.compute_output_ns)
             for request, outputs in zip(batch, results, strict=True):
                 t = request.timings
                 t.compute_input_ns = timings.compute_input_ns
@@ -282,6 +293,8 @@ class Scheduler:
                 t.compute_output_ns = timings.compute_output_ns
                 t.batch_size = timings.batch_size
                 self.stats.record_success(request.rows, t, end - request.enqueue_ns)
+                if self.adaptive is not None:
+                    self.adaptive.finished(end - request.enqueue_ns)
                 self.in_flight -= 1
                 request.result = (t, outputs)
                 if not self._preserve_ordering:
@@ -292,7 +305,17 @@ class Scheduler:
         if len(self._dead) == len(self._instances) and self.state is not SchedulerState.DEAD:
             self._die(str(exc))
             return
+        if self.adaptive is not None:
+            self._adapt(end)
         self._dispatch()
+
+    def _adapt(self, now: int) -> None:
+        """Let the adaptive batcher set the queue's delay and cap (once per tick)."""
+        assert self.adaptive is not None
+        if self.adaptive.update(now):
+            self.queue.delay_ns = self.adaptive.delay_ns
+            self.queue.cap = self.adaptive.cap
+            log.debug("model %s: %s", self.config.name, self.adaptive.describe())
 
     def _die(self, cause: str) -> None:
         """Every instance is dead: refuse new requests and answer the queued ones."""

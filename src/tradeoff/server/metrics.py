@@ -71,6 +71,12 @@ class ServerCollector(Collector):
                                       "Requests accepted and not yet answered", labels=labels)
         ready = GaugeMetricFamily("tradeoff_model_ready", "1 when the model version serves",
                                   labels=labels)
+        delay = GaugeMetricFamily("tradeoff_batcher_queue_delay_us",
+                                  "The queue delay the adaptive batcher (target_p99_ms) uses "
+                                  "now, microseconds", labels=labels)
+        cap = GaugeMetricFamily("tradeoff_batcher_batch_cap",
+                                "The most rows the adaptive batcher lets a batch take now",
+                                labels=labels)
         request_hist = queue_hist = batch_hist = None
         for served in self.manager.tensor_versions():
             stats = served.stats
@@ -88,6 +94,10 @@ class ServerCollector(Collector):
             queue_depth.add_metric(lv, served.scheduler.queue_depth)
             in_flight.add_metric(lv, served.scheduler.in_flight)
             ready.add_metric(lv, 1)
+            adaptive = served.scheduler.adaptive
+            if adaptive is not None:
+                delay.add_metric(lv, adaptive.delay_ns / 1000)
+                cap.add_metric(lv, adaptive.cap)
             request_hist = _histogram(
                 "tradeoff_inference_request_duration_seconds",
                 "Server-side latency of successful requests (queue + compute)",
@@ -109,7 +119,7 @@ class ServerCollector(Collector):
                 "Rows per model execution: is dynamic batching working?",
                 sizes, bounds, rows_total, lv, batch_hist)
         yield from (success, failure, count, executions, *durations.values(), queue_depth,
-                    in_flight, ready)
+                    in_flight, ready, delay, cap)
         if self.dataplane is not None:
             yield GaugeMetricFamily("tradeoff_server_in_flight",
                                     "Inference requests admitted by the server and not yet "
