@@ -83,6 +83,9 @@ from tradeoff.errors import TradeoffError
 @click.option("--intra-op-threads", default=1, show_default=True, type=click.IntRange(0),
               help="ONNX Runtime threads per instance unless the model's parameters "
                    "set intra_op_thread_count (0: runtime default).")
+@click.option("--max-instances", default=16, show_default=True, type=click.IntRange(1),
+              help="Most instances one model version may have: a config or load request "
+                   "asking more is refused.")
 @click.option("--api-key", "api_keys", multiple=True,
               help="Require 'Authorization: Bearer KEY' for inference and metadata "
                    "(repeatable; also --api-key-file and $TRADEOFF_API_KEY).")
@@ -118,7 +121,8 @@ def serve(repository: Path, host: str, http_port: int, metrics_port: int, no_met
           max_connections_per_client: int,
           allowed_hosts: tuple[str, ...], allowed_origins: tuple[str, ...],
           cache: str | None, shutdown_timeout: float, default_max_batch_size: int,
-          intra_op_threads: int, api_keys: tuple[str, ...], api_key_files: tuple[Path, ...],
+          intra_op_threads: int, max_instances: int, api_keys: tuple[str, ...],
+          api_key_files: tuple[Path, ...],
           admin_keys: tuple[str, ...], admin_key_files: tuple[Path, ...],
           metrics_keys: tuple[str, ...],
           tls_cert: Path | None, tls_key: Path | None, allow_fault_injection: bool,
@@ -165,6 +169,7 @@ def serve(repository: Path, host: str, http_port: int, metrics_port: int, no_met
         max_request_bytes=max_request_bytes, max_inflight=max_inflight or None,
         shutdown_timeout=shutdown_timeout,
         default_max_batch_size=default_max_batch_size, intra_op_threads=intra_op_threads,
+        max_instances=max_instances,
         strict_readiness=strict_readiness, allow_fault_injection=allow_fault_injection,
         access=access, tls_cert=tls_cert, tls_key=tls_key, cache=cache_spec,
         allowed_hosts=allowed_hosts, allowed_origins=allowed_origins,

@@ -7,7 +7,18 @@ from typing import Any
 
 import click
 
-from tradeoff.cli.options import json_option, save_result, user_errors
+from tradeoff.bench.load import LOAD_DEFAULTS
+from tradeoff.cli.options import (
+    Duration,
+    endpoint_options,
+    json_option,
+    load_options,
+    max_error_percent_option,
+    save_result,
+    take_endpoint,
+    take_load,
+    user_errors,
+)
 
 
 @click.group()
@@ -76,6 +87,110 @@ def batch_size(model_dir: Path, device: str, max_memory: str | None,
     except user_errors() as exc:
         raise click.ClickException(str(exc)) from None
     print_batch_size_tune(result, console)
+    save_result(result, json_path, console, "tune result")
+
+
+def _values(text: str, option: str, least: int) -> tuple[int, ...]:
+    try:
+        values = tuple(sorted({int(v) for v in text.split(",") if v.strip()}))
+    except ValueError:
+        values = ()
+    if not values or values[0] < least:
+        raise click.BadParameter(f"{text!r}: give whole numbers >= {least}, such as 1,4,16",
+                                 param_hint=option)
+    return values
+
+
+@tune.command("serve")
+@click.argument("url")
+@endpoint_options
+@load_options("arrival", "duration", "warmup", "max_connections")
+@click.option("--sla-p99-ms", type=click.FloatRange(min=0, min_open=True), required=True,
+              help="The SLA: p99 latency at most this.")
+@click.option("--rate", type=click.FloatRange(min=0, min_open=True),
+              help="Requests per second the deployment must serve within the SLA; the "
+                   "winner is the cheapest (then lowest p99) that does.")
+@click.option("--max-throughput", is_flag=True,
+              help="Find the configuration with the highest throughput within the SLA "
+                   "(each candidate gets an SLA rate search).")
+@max_error_percent_option
+@click.option("--price-per-hour", type=click.FloatRange(min=0, min_open=True),
+              help="USD per hour of the deployment: cost per million requests.")
+@click.option("--price-per-core-hour", type=click.FloatRange(min=0, min_open=True),
+              help="USD per core-hour: a configuration pays for instances x threads cores.")
+@click.option("--budget", type=Duration(minimum_s=1), default="10m", show_default=True,
+              help="Time the search may take (90s, 10m, 1h).")
+@click.option("--strategy", type=click.Choice(["coordinate", "grid"]), default="coordinate",
+              show_default=True, help="coordinate: one knob at a time from the server's "
+                                      "config; grid: every combination.")
+@click.option("--max-batch-sizes", default="1,4,16,64", show_default=True,
+              help="max_batch_size values to try.")
+@click.option("--delays-us", default="0,500,2000,10000", show_default=True,
+              help="max_queue_delay_microseconds values to try.")
+@click.option("--instances", default="1,2", show_default=True,
+              help="instance_group count values to try.")
+@click.option("--threads", default="1,2", show_default=True,
+              help="Intra-op thread values to try (parameters intra_op_thread_count).")
+@click.option("--output", "output_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Where the winner's config.pbtxt goes (default: ./tune-MODEL), with the "
+                   "server's config beside it as original.pbtxt.")
+@click.option("--apply-to", type=click.Path(file_okay=False, path_type=Path),
+              metavar="REPOSITORY/MODEL",
+              help="Also write the winner as this model's config.pbtxt (the file there is "
+                   "kept as config.pbtxt.orig).")
+@json_option("tradeoff.tune/1")
+def serve(url: str, sla_p99_ms: float, rate: float | None, max_throughput: bool,
+          max_error_percent: float, price_per_hour: float | None,
+          price_per_core_hour: float | None, budget: float, strategy: str,
+          max_batch_sizes: str, delays_us: str, instances: str, threads: str,
+          output_dir: Path | None, apply_to: Path | None, json_path: Path | None,
+          **shared: Any) -> None:
+    """Search the serving config of a model on a running `tradeoff serve` for an SLA:
+    max_batch_size, max_queue_delay_microseconds, preferred_batch_size, instance count and
+    intra-op threads. Each candidate is loaded live (the repository extension's load with
+    a config; no restart) and measured with the bench engine: at --rate, or for the
+    highest throughput within the SLA (--max-throughput). The search stops at --budget;
+    the server gets its original config back at the end.
+
+    Prints every configuration tried (a refused one with the server's reason), marks the
+    Pareto front of throughput, p99 and cost per million requests, and writes the winner
+    as config.pbtxt.
+
+    \b
+    Examples:
+      tradeoff tune serve http://127.0.0.1:8000 --model mlp --sla-p99-ms 20 \\
+          --max-throughput --budget 5m
+      tradeoff tune serve http://127.0.0.1:8000 --model minilm --sla-p99-ms 20 \\
+          --rate 200 --price-per-core-hour 0.05 --json tune.json
+      tradeoff tune serve http://127.0.0.1:8000 --model mlp --sla-p99-ms 10 \\
+          --max-throughput --strategy grid --budget 30m --apply-to ./models/mlp
+    """
+    from rich.console import Console
+
+    from tradeoff.report.terminal import print_serve_tune
+    from tradeoff.stats.cost import Price
+    from tradeoff.tune.serve_search import ServeGoal, ServeSearch, Space, write_winner
+
+    console = Console()
+    if (rate is None) == (not max_throughput):
+        raise click.UsageError("give one of --rate R or --max-throughput")
+    try:
+        space = Space(_values(max_batch_sizes, "--max-batch-sizes", 1),
+                      _values(delays_us, "--delays-us", 0), _values(instances, "--instances", 1),
+                      _values(threads, "--threads", 1))
+        target = take_endpoint(url, shared)
+        base = take_load(shared, default_duration_s=LOAD_DEFAULTS.point_duration_s)
+        goal = ServeGoal(sla_p99_ms, rate,
+                         Price(per_hour=price_per_hour) if price_per_hour else None,
+                         price_per_core_hour, budget, strategy, max_error_percent)
+        with _progress(console) as say:
+            search = ServeSearch(target, base, goal, space, say)
+            result = search.run()
+        result = write_winner(result, search.original,
+                              output_dir or Path(f"tune-{result.model}"), apply_to)
+    except user_errors() as exc:
+        raise click.ClickException(str(exc)) from None
+    print_serve_tune(result, console)
     save_result(result, json_path, console, "tune result")
 
 

@@ -411,3 +411,48 @@ def print_batch_size_tune(result: BatchSizeTune, console: Console) -> None:
         fit = "none" if m.largest_fit is None else f"{m.largest_fit:,}"
         console.print(f"largest batch within {m.max_memory_bytes / 1e6:,.0f} MB: formula "
                       f"(max - model) / per sample = {estimate}; measured (doubling) = {fit}")
+
+
+def print_serve_tune(result: ServeTune, console: Console) -> None:
+    """Every configuration tried, the Pareto front marked, the winner and where it went."""
+    goal = result.goal
+    asked = (f"at {goal['rate']:g} req/s" if goal["rate"] is not None
+             else "highest throughput")
+    table = Table(title=f"{result.model}: serving configs tried ({asked}, p99 <= "
+                        f"{goal['sla_p99_ms']:g} ms)", box=box.SIMPLE_HEAD)
+    for column in ("configuration", "req/s", "p50 ms", "p99 ms", "errors", "$/1M", ""):
+        table.add_column(column, justify="left" if column in ("configuration", "")
+                         else "right")
+    for t in result.trials:
+        marks = []
+        if t.name == result.winner:
+            marks.append("[green bold]winner[/green bold]")
+        if t.name == result.baseline:
+            marks.append("server's config")
+        if t.pareto:
+            marks.append("pareto")
+        if t.status != "measured":
+            marks.append(f"[red]{t.status}: {t.reason}[/red]")
+        elif not t.meets_sla:
+            marks.append("[yellow]misses SLA[/yellow]")
+        money = "-" if t.cost_per_million is None else f"{t.cost_per_million:,.3f}"
+        table.add_row(t.name, "-" if t.throughput_rps is None else f"{t.throughput_rps:,.1f}",
+                      _ms(t.p50_ms), _ms(t.p99_ms),
+                      "-" if t.error_percent is None else f"{t.error_percent:.1f}%", money,
+                      ", ".join(marks))
+    console.print(table)
+    console.print(f"{len(result.trials)} of {result.grid_size} configurations of the grid "
+                  f"tried in {result.elapsed_s:,.0f} s ({goal['strategy']}); stopped: "
+                  f"{result.stop_reason}")
+    winner, baseline = result.trial(result.winner), result.trial(result.baseline)
+    if winner is None:
+        console.print("[red]no configuration met the SLA[/red]")
+        return
+    gain = ""
+    if baseline and baseline.throughput_rps and winner.throughput_rps and \
+            goal["rate"] is None:
+        gain = f" ({winner.throughput_rps / baseline.throughput_rps:.2f}x the server's config)"
+    console.print(f"winner: [bold]{winner.name}[/bold]: {winner.throughput_rps or 0:,.1f} "
+                  f"req/s at p99 {_ms(winner.p99_ms)} ms{gain}")
+    if result.written:
+        console.print(f"config.pbtxt of the winner: {result.written}")

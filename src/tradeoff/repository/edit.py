@@ -71,3 +71,37 @@ def _serve_all_versions(text: str, source: str) -> str:
 def _without_comments(text: str) -> str:
     """``text`` with ``#`` comments blanked, same length (so offsets still match)."""
     return re.sub(r"#[^\n]*", lambda m: " " * len(m.group()), text)
+
+
+def config_text(config: Mapping[str, object]) -> str:
+    """A Triton JSON config (as ``GET /v2/models/{m}/config`` returns it) as
+    ``config.pbtxt`` text; ConfigError when it is not a model config."""
+    from google.protobuf import json_format, text_format
+
+    from tradeoff.protocol import model_config_pb2
+
+    message = model_config_pb2.ModelConfig()
+    try:
+        json_format.ParseDict(dict(config), message)
+    except json_format.ParseError as exc:
+        raise ConfigError("config", "", f"not a model config: {exc}") from None
+    return str(text_format.MessageToString(message))
+
+
+def write_config(model_dir: Path, config: Mapping[str, object]) -> tuple[Path, Path | None]:
+    """Write ``config`` as the model's ``config.pbtxt``, keeping the config file that was
+    there as ``<name>.orig`` (an ``.orig`` already there is kept: it is the first
+    original). Returns (written, kept original or None)."""
+    text = config_text(config)
+    kept = None
+    for name in (PBTXT, *YAML_FILES):
+        current = model_dir / name
+        if current.is_file():
+            kept = current.with_name(current.name + ".orig")
+            if not kept.exists():
+                current.rename(kept)
+            else:
+                current.unlink()
+    path = model_dir / PBTXT
+    path.write_text(text)
+    return path, kept

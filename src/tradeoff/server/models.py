@@ -186,8 +186,10 @@ class ModelManager:
     """Every model of a repository, by name, with its state."""
 
     def __init__(self, repository: ModelRepository, *, default_intra_op_threads: int = 1,
-                 allow_fault_injection: bool = False, drain_timeout_s: float = 30.0) -> None:
+                 allow_fault_injection: bool = False, drain_timeout_s: float = 30.0,
+                 max_instances: int = 16) -> None:
         self.repository = repository
+        self.max_instances = max_instances  # per model version: a load asking more is refused
         self.default_intra_op_threads = default_intra_op_threads
         self.allow_fault_injection = allow_fault_injection
         self.drain_timeout_s = drain_timeout_s  # generations still running then end
@@ -207,6 +209,11 @@ class ModelManager:
                               "fault injection is for tests; start the server with "
                               "--allow-fault-injection to use it")
         fail_on, die_on = fault_values(config.parameters, f"model {name!r}")
+        if config.instance_count > self.max_instances:
+            raise ConfigError(f"model {name!r}", "instance_group",
+                              f"asks for {config.instance_count} instances; this server "
+                              f"allows at most {self.max_instances} per model "
+                              "(serve --max-instances)")
         backend_type = self.repository.backends.tensor(config.backend)
         built: dict[int, tuple[list[Backend], Path]] = {}
         try:

@@ -45,6 +45,7 @@ class ServeOptions:
     shutdown_timeout: float = 30.0
     default_max_batch_size: int = 4
     intra_op_threads: int = 1
+    max_instances: int = 16
     strict_readiness: bool = False
     max_inflight: int | None = 1024
     allow_fault_injection: bool = False
@@ -127,7 +128,8 @@ def serve(options: ServeOptions) -> None:
     repository = ModelRepository(options.model_repository, options.default_max_batch_size)
     manager = ModelManager(repository, default_intra_op_threads=options.intra_op_threads,
                            allow_fault_injection=options.allow_fault_injection,
-                           drain_timeout_s=_generation_drain_s(options.shutdown_timeout))
+                           drain_timeout_s=_generation_drain_s(options.shutdown_timeout),
+                           max_instances=options.max_instances)
     cache = ResponseCache.from_spec(options.cache) if options.cache is not None else None
     manager.cache_enabled = cache is not None
     dataplane = DataPlane(manager, options.max_inflight, options.limits, cache)

@@ -53,6 +53,8 @@ class RssMeter:
             raise TuneError("measuring memory needs Linux's /proc/self/status")
 
     def now(self) -> int:
+        """Resident memory now, freed heap given back first."""
+        _trim_heap()
         return _status_kib("VmRSS") * 1024
 
     def reset(self) -> None:

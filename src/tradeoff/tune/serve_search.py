@@ -1,0 +1,405 @@
+"""``tradeoff tune serve``: the serving configuration that meets a p99 SLA at the lowest
+cost, searched on a running ``tradeoff serve``.
+
+Each candidate is a set of knobs (``max_batch_size``, ``max_queue_delay_microseconds``,
+``preferred_batch_size``, ``instance_group.count``, intra-op threads) applied live through
+the repository extension's load with a ``config`` parameter (no restart), then measured
+with the bench engine:
+
+* ``rate``: one open-loop run at the asked rate; the candidate meets the SLA when p99 and
+  the error rate stay within it;
+* max throughput (no rate): a closed-loop probe finds the candidate's capacity, then the
+  sweep's SLA search (steps up through rates, then bisects) finds the highest rate whose
+  p99 meets the SLA; that rate's throughput is the candidate's.
+
+Search: ``coordinate`` descent (the default) starts from the server's config and, one knob
+at a time, tries that knob's values with the others held at the best so far, keeps the
+best, and goes round again until a round improves nothing; ``grid`` tries every
+combination. Both stop at the time budget. "Best" is the highest throughput under the SLA
+(max throughput), or the lowest cost per million requests and then the lowest p99 (at a
+rate). A candidate the server refuses is recorded with its reason and skipped.
+
+    goal = ServeGoal(sla_p99_ms=20, rate=None, budget_s=600)
+    result = ServeSearch(target, base_load, goal, Space()).run()
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tradeoff.bench.endpoint import EndpointSpec, make_adapter
+from tradeoff.bench.load import LoadSpec
+from tradeoff.bench.session import run_benchmark
+from tradeoff.bench.sweep import Sweep, SweepPlan, point_summary
+from tradeoff.errors import TuneError
+from tradeoff.repository.edit import config_text, write_config
+from tradeoff.results import ServeTune, SweepRow, Trial, environment
+from tradeoff.stats.cost import Price
+
+Progress = Callable[[str], None]
+KNOBS = ("max_batch_size", "max_queue_delay_us", "instances", "threads", "preferred")
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """One serving configuration: the values the search moves."""
+
+    max_batch_size: int
+    max_queue_delay_us: int
+    instances: int
+    threads: int
+    preferred: bool  # preferred_batch_size = max_batch_size
+
+    def normal(self) -> Knobs:
+        """The same configuration written one way: without batching there is no delay
+        and no preferred size."""
+        if self.max_batch_size <= 1:
+            return dataclasses.replace(self, max_queue_delay_us=0, preferred=False)
+        return self
+
+    @property
+    def name(self) -> str:
+        return (f"batch {self.max_batch_size}, delay {self.max_queue_delay_us} us, "
+                f"{self.instances} inst x {self.threads} thr"
+                + (", preferred" if self.preferred else ""))
+
+    @property
+    def cores(self) -> int:
+        return self.instances * self.threads
+
+    def config(self, original: dict[str, Any]) -> dict[str, Any]:
+        """``original`` (Triton's JSON config) with these knobs."""
+        config = json.loads(json.dumps(original))
+        config["max_batch_size"] = self.max_batch_size
+        batching = dict(config.get("dynamic_batching") or {})
+        batching["max_queue_delay_microseconds"] = self.max_queue_delay_us
+        batching["preferred_batch_size"] = [self.max_batch_size] if self.preferred else []
+        config["dynamic_batching"] = batching
+        groups = config.get("instance_group") or [{"kind": "KIND_CPU"}]
+        config["instance_group"] = [{"kind": groups[0].get("kind", "KIND_CPU"),
+                                     "count": self.instances}]
+        parameters = dict(config.get("parameters") or {})
+        parameters["intra_op_thread_count"] = {"string_value": str(self.threads)}
+        config["parameters"] = parameters
+        for warmup in config.get("model_warmup") or []:
+            warmup["batch_size"] = min(warmup.get("batch_size", 1), self.max_batch_size)
+        return config
+
+    @classmethod
+    def of(cls, config: dict[str, Any]) -> Knobs:
+        """The knobs of a Triton JSON config as the server reports it."""
+        batching = config.get("dynamic_batching") or {}
+        groups = config.get("instance_group") or [{}]
+        threads = (config.get("parameters") or {}).get("intra_op_thread_count", {})
+        max_batch = int(config.get("max_batch_size", 0))
+        return cls(max(max_batch, 1), int(batching.get("max_queue_delay_microseconds", 0)),
+                   sum(int(g.get("count", 1)) for g in groups),
+                   int(threads.get("string_value", 1) or 1),
+                   bool(batching.get("preferred_batch_size"))
+                   and list(batching["preferred_batch_size"]) == [max_batch]).normal()
+
+
+@dataclass(frozen=True)
+class Space:
+    """The values each knob may take."""
+
+    max_batch_size: tuple[int, ...] = (1, 4, 16, 64)
+    max_queue_delay_us: tuple[int, ...] = (0, 500, 2000, 10000)
+    instances: tuple[int, ...] = (1, 2)
+    threads: tuple[int, ...] = (1, 2)
+    preferred: tuple[bool, ...] = (False, True)
+
+    def __post_init__(self) -> None:
+        for knob in KNOBS:
+            values = getattr(self, knob)
+            if not values:
+                raise TuneError(f"no values to try for {knob}")
+            if knob != "preferred" and min(values) < (0 if knob == "max_queue_delay_us"
+                                                      else 1):
+                raise TuneError(f"{knob}: {list(values)} holds a value below the least "
+                                "allowed")
+
+    def grid(self) -> list[Knobs]:
+        """Every distinct combination, in order."""
+        seen: dict[Knobs, None] = {}
+        for values in itertools.product(*(getattr(self, k) for k in KNOBS)):
+            seen.setdefault(Knobs(**dict(zip(KNOBS, values, strict=True))).normal())
+        return list(seen)
+
+
+@dataclass(frozen=True)
+class ServeGoal:
+    """What the search optimises and how long it may take."""
+
+    sla_p99_ms: float
+    rate: float | None = None  # None: the highest throughput that meets the SLA
+    price: Price | None = None  # the deployment, per hour or per 1k requests
+    price_per_core_hour: float | None = None  # or per core the configuration occupies
+    budget_s: float = 600.0
+    strategy: str = "coordinate"
+    max_error_percent: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.strategy not in ("coordinate", "grid"):
+            raise TuneError(f"--strategy {self.strategy!r}: use coordinate or grid")
+        if not self.sla_p99_ms > 0:
+            raise TuneError("--sla-p99-ms must be positive")
+        if self.price is not None and self.price_per_core_hour is not None:
+            raise TuneError("give one of --price-per-hour and --price-per-core-hour")
+
+    def cost_per_million(self, knobs: Knobs, throughput_rps: float) -> float | None:
+        if self.price_per_core_hour is not None:
+            return Price(per_hour=self.price_per_core_hour * knobs.cores).per_million(
+                throughput_rps)
+        return self.price.per_million(throughput_rps) if self.price else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sla_p99_ms": self.sla_p99_ms, "rate": self.rate,
+                "objective": "max-throughput" if self.rate is None else "rate",
+                "price": self.price.to_dict() if self.price else None,
+                "price_per_core_hour": self.price_per_core_hour, "budget_s": self.budget_s,
+                "strategy": self.strategy, "max_error_percent": self.max_error_percent}
+
+
+class ModelControl:
+    """The server's config and repository-load calls for one model."""
+
+    def __init__(self, url: str, model: str, timeout_s: float = 300.0,
+                 headers: dict[str, str] | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.model = model
+        self.timeout_s = timeout_s
+        self.headers = headers or {}
+
+    def _call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(f"{self.url}{path}", data=data, method=method,
+                                         headers={"Content-Type": "application/json",
+                                                  **self.headers})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                text = response.read()
+                return response.status, json.loads(text) if text else {}
+        except urllib.error.HTTPError as exc:
+            text = exc.read().decode(errors="replace")
+            try:
+                return exc.code, json.loads(text)
+            except ValueError:
+                return exc.code, {"error": text[:300]}
+        except (urllib.error.URLError, OSError) as exc:
+            raise TuneError(f"{method} {self.url}{path}: {exc}") from None
+
+    def config(self) -> dict[str, Any]:
+        status, body = self._call("GET", f"/v2/models/{self.model}/config")
+        if status != 200:
+            raise TuneError(f"cannot read the config of {self.model!r}: HTTP {status} "
+                            f"{body.get('error', body)}")
+        return dict(body)
+
+    def load(self, config: dict[str, Any] | None) -> str | None:
+        """Load the model with ``config`` (None: its file); the server's refusal, or None."""
+        body = {} if config is None else {"parameters": {"config": json.dumps(config)}}
+        status, answer = self._call("POST", f"/v2/repository/models/{self.model}/load", body)
+        if status == 200:
+            return None
+        return f"HTTP {status}: {answer.get('error', answer)}"
+
+
+class ServeSearch:
+    """Runs the search on one model of a live server."""
+
+    def __init__(self, target: EndpointSpec, base: LoadSpec, goal: ServeGoal, space: Space,
+                 progress: Progress | None = None, control: ModelControl | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if target.protocol not in ("v2", "v2-grpc"):
+            raise TuneError("tune serve drives a v2 endpoint (--protocol v2 or v2-grpc): it "
+                            "changes the model's config through the repository extension")
+        if not target.model:
+            raise TuneError("give --model: the model whose config to tune")
+        self.target = target
+        self.base = base
+        self.goal = goal
+        self.space = space
+        self.say = progress or (lambda _: None)
+        http_url = target.url if target.url.startswith("http") else f"http://{target.url}"
+        self.control = control or ModelControl(http_url, target.model)
+        self.clock = clock
+        self.trials: dict[Knobs, Trial] = {}
+        self.started = 0.0
+        self.original: dict[str, Any] = {}
+
+    # ---------------------------------------------------------------- measuring
+
+    def _left(self) -> float:
+        return self.goal.budget_s - (self.clock() - self.started)
+
+    def _typical_s(self) -> float:
+        measured = [t.seconds for t in self.trials.values() if t.status == "measured"]
+        return sum(measured) / len(measured) if measured else 0.0
+
+    def try_knobs(self, knobs: Knobs, original: dict[str, Any]) -> Trial | None:
+        """Measure one candidate (the recorded trial when it was tried); None when the
+        budget cannot hold another measurement."""
+        if knobs in self.trials:
+            return self.trials[knobs]
+        if self.trials and self._left() < self._typical_s():
+            return None
+        start = self.clock()
+        self.say(f"trial {len(self.trials) + 1}: {knobs.name}")
+        refused = self.control.load(knobs.config(original))
+        if refused is not None:
+            trial = Trial(knobs.name, dataclasses.asdict(knobs), "refused", refused,
+                          seconds=self.clock() - start)
+        else:
+            try:
+                row = self._measure()
+                trial = self._trial(knobs, row, self.clock() - start)
+            except TuneError as exc:
+                trial = Trial(knobs.name, dataclasses.asdict(knobs), "failed", str(exc),
+                              seconds=self.clock() - start)
+        self.trials[knobs] = trial
+        return trial
+
+    def _measure(self) -> SweepRow:
+        adapter = make_adapter(self.target)
+        if self.goal.rate is not None:
+            spec = dataclasses.replace(self.base, rate=self.goal.rate, concurrency=None,
+                                       intervals=None)
+            result, _, _ = run_benchmark(adapter, spec)
+            return point_summary(result)
+        probe = dataclasses.replace(self.base, concurrency=8, rate=None, intervals=None)
+        capacity = point_summary(run_benchmark(adapter, probe)[0]).throughput_rps
+        if capacity <= 0:
+            raise TuneError("the closed-loop probe served nothing")
+        levels = [round(capacity * f, 1) for f in (0.4, 0.6, 0.8, 1.0)]
+        sweep = Sweep(adapter, self.base, SweepPlan(
+            "rate", levels, sla_p99_ms=self.goal.sla_p99_ms,
+            max_error_percent=self.goal.max_error_percent, bisect_steps=2))
+        answer = sweep.run().sla
+        if answer is None or answer.best is None:
+            return point_summary(sweep.points[0])  # the lowest rate: it missed the SLA
+        return answer.best
+
+    def _trial(self, knobs: Knobs, row: SweepRow, seconds: float) -> Trial:
+        meets = (row.p99_ms is not None and row.p99_ms <= self.goal.sla_p99_ms
+                 and row.error_percent <= self.goal.max_error_percent)
+        why = None if meets else (
+            f"p99 {row.p99_ms or math.nan:.2f} ms, errors {row.error_percent:.1f}% miss the "
+            f"SLA (p99 <= {self.goal.sla_p99_ms:g} ms, errors <= "
+            f"{self.goal.max_error_percent:g}%)")
+        return Trial(knobs.name, dataclasses.asdict(knobs), "measured", why,
+                     row.throughput_rps, row.p50_ms, row.p99_ms, row.error_percent,
+                     self.goal.cost_per_million(knobs, row.throughput_rps), meets,
+                     seconds=seconds)
+
+    # ---------------------------------------------------------------- choosing
+
+    def key(self, trial: Trial) -> tuple[float, ...]:
+        """Sort key: smaller is better; a trial that misses the SLA sorts last."""
+        if not trial.meets_sla:
+            return (1, math.inf, math.inf)
+        if self.goal.rate is None:
+            return (0, -(trial.throughput_rps or 0), trial.p99_ms or math.inf)
+        cost = trial.cost_per_million if trial.cost_per_million is not None else 0.0
+        return (0, cost, trial.p99_ms or math.inf)
+
+    def _best(self, knobs: list[Knobs]) -> Knobs:
+        return min(knobs, key=lambda k: self.key(self.trials[k]))
+
+    # ---------------------------------------------------------------- searching
+
+    def run(self) -> ServeTune:
+        self.started = self.clock()
+        original = self.original = self.control.config()
+        baseline = Knobs.of(original)
+        try:
+            stop = self._grid(original) if self.goal.strategy == "grid" else \
+                self._coordinate(baseline, original)
+        finally:
+            refused = self.control.load(original)  # the server goes back to what it had
+        if refused is not None:
+            raise TuneError(f"could not restore the original config of {self.target.model!r}:"
+                            f" {refused}")
+        return self._result(baseline, stop)
+
+    def _coordinate(self, baseline: Knobs, original: dict[str, Any]) -> str:
+        if self.try_knobs(baseline, original) is None:
+            return "budget spent"
+        best = baseline
+        rounds = 0
+        while True:
+            rounds += 1
+            start_of_round = best
+            for knob in KNOBS:
+                for value in getattr(self.space, knob):
+                    candidate = dataclasses.replace(best, **{knob: value}).normal()
+                    if self.try_knobs(candidate, original) is None:
+                        return f"budget of {self.goal.budget_s:g} s spent"
+                best = self._best([best, *[k for k in self.trials
+                                           if self.trials[k].status == "measured"]])
+            if best == start_of_round:
+                return (f"coordinate descent converged after {rounds} round(s): no single "
+                        "knob improved on the best")
+
+    def _grid(self, original: dict[str, Any]) -> str:
+        for knobs in self.space.grid():
+            if self.try_knobs(knobs, original) is None:
+                return f"budget of {self.goal.budget_s:g} s spent"
+        return "every configuration of the grid tried"
+
+    def _result(self, baseline: Knobs, stop: str) -> ServeTune:
+        measured = [k for k, t in self.trials.items() if t.status == "measured"]
+        winner = self._best(measured) if measured else None
+        if winner is not None and not self.trials[winner].meets_sla:
+            winner = None
+        front = pareto_front([self.trials[k] for k in measured])
+        trials = [dataclasses.replace(t, pareto=t.name in front) for t in self.trials.values()]
+        return ServeTune(
+            endpoint=make_adapter(self.target).describe(), model=self.target.model or "",
+            goal=self.goal.to_dict(), environment=environment(), trials=trials,
+            baseline=baseline.name, winner=winner.name if winner else None,
+            stop_reason=stop, elapsed_s=self.clock() - self.started,
+            grid_size=len(self.space.grid()), written=None)
+
+
+def pareto_front(trials: list[Trial]) -> set[str]:
+    """Names of the trials no other beats on throughput, p99 and cost at once (more
+    throughput, less p99, less cost; an unpriced cost counts as equal)."""
+    def dominates(a: Trial, b: Trial) -> bool:
+        pairs = [(a.throughput_rps or 0, b.throughput_rps or 0),
+                 (-(a.p99_ms or math.inf), -(b.p99_ms or math.inf)),
+                 (-(a.cost_per_million or 0), -(b.cost_per_million or 0))]
+        return all(x >= y for x, y in pairs) and any(x > y for x, y in pairs)
+
+    return {t.name for t in trials if not any(dominates(o, t) for o in trials if o is not t)}
+
+
+def write_winner(result: ServeTune, original: dict[str, Any], directory: Path,
+                 model_dir: Path | None = None) -> ServeTune:
+    """Write the winner's ``config.pbtxt`` (and the config the server had, as
+    ``original.pbtxt``) into ``directory``; with ``model_dir`` (REPOSITORY/MODEL) also
+    as the model's config, its previous file kept as ``.orig``. Returns ``result`` saying
+    where the winner went."""
+    trial = result.trial(result.winner)
+    if trial is None:
+        return result
+    winner = Knobs(**trial.knobs).config(original)
+    directory.mkdir(parents=True, exist_ok=True)
+    written = directory / "config.pbtxt"
+    written.write_text(config_text(winner))
+    (directory / "original.pbtxt").write_text(config_text(original))
+    if model_dir is not None:
+        if not model_dir.is_dir():
+            raise TuneError(f"--apply-to {model_dir}: no such model directory")
+        written, _ = write_config(model_dir, winner)
+    return dataclasses.replace(result, written=str(written))

@@ -1,0 +1,127 @@
+"""tradeoff tune serve on a live server, and the adaptive batcher on a live server."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from tradeoff.cli import main
+from tradeoff.results import ServeTune, load_result
+from tradeoff.server.process import ServerProcess
+
+from ..synthetic_model import write_synthetic_model
+from .helpers import (
+    background_load,
+    model_metric,
+    post_json,
+    request,
+    running_server,
+    wait_for,
+)
+
+ADAPTIVE = 'dynamic_batching { }\nparameters { key: "target_p99_ms" value: ' \
+           '{ string_value: "25" } }'
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("tune-models")
+    write_synthetic_model(root, "synthetic", fixed_ms=1.0, per_row_ms=0.1, max_batch_size=8,
+                          extra="dynamic_batching { }")
+    write_synthetic_model(root, "adaptive", fixed_ms=1.0, per_row_ms=0.1, max_batch_size=32,
+                          extra=ADAPTIVE)
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(repository: Path) -> Iterator[ServerProcess]:
+    yield from running_server(repository, extra_args=("--max-instances", "1"))
+
+
+def config(server: ServerProcess, model: str = "synthetic") -> dict:
+    return request(server.url, "GET", f"/v2/models/{model}/config").json()
+
+
+def tune(server: ServerProcess, tmp_path: Path, *args: str) -> ServeTune:
+    out = tmp_path / "tune.json"
+    run = CliRunner().invoke(main, [
+        "tune", "serve", server.url, "--model", "synthetic", "--sla-p99-ms", "50",
+        "--rate", "100", "--duration", "0.6s", "--warmup", "0.2s", "--delays-us", "0",
+        "--threads", "1", "--output", str(tmp_path / "out"), "--json", str(out), *args])
+    assert run.exit_code == 0, run.output
+    document = load_result(out)
+    assert isinstance(document, ServeTune)
+    return document
+
+
+def test_a_refused_candidate_is_skipped_with_the_reason_and_the_winner_is_written(
+        server: ServerProcess, tmp_path: Path) -> None:
+    before = config(server)
+    result = tune(server, tmp_path, "--max-batch-sizes", "1,8", "--instances", "1,2",
+                  "--strategy", "grid")
+    refused = [t for t in result.trials if t.status == "refused"]
+    assert refused and all(t.knobs["instances"] == 2 for t in refused)
+    assert all("--max-instances" in (t.reason or "") and "HTTP 400" in (t.reason or "")
+               for t in refused)
+    measured = [t for t in result.trials if t.status == "measured"]
+    assert len(measured) == 3 and result.winner in {t.name for t in measured}
+    assert result.stop_reason == "every configuration of the grid tried"
+    assert any(t.pareto for t in measured)
+    # the server has its own config back
+    assert config(server) == before
+    written = Path(result.written or "")
+    assert written.name == "config.pbtxt" and (written.parent / "original.pbtxt").is_file()
+
+
+def test_the_written_config_loads_and_the_original_is_kept(server: ServerProcess,
+                                                           repository: Path,
+                                                           tmp_path: Path) -> None:
+    model_dir = repository / "synthetic"
+    original_text = (model_dir / "config.pbtxt").read_text()
+    try:
+        result = tune(server, tmp_path, "--max-batch-sizes", "4", "--instances", "1",
+                      "--apply-to", str(model_dir))
+        assert result.written == str(model_dir / "config.pbtxt")
+        assert (model_dir / "config.pbtxt.orig").read_text() == original_text
+        assert post_json(server.url, "/v2/repository/models/synthetic/load", {}).status == 200
+        loaded = config(server)
+        winner = result.trial(result.winner)
+        assert winner is not None and loaded["max_batch_size"] == winner.knobs["max_batch_size"]
+        answer = post_json(server.url, "/v2/models/synthetic/infer", {"inputs": [
+            {"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]})
+        assert answer.status == 200 and answer.json()["outputs"][0]["data"] == [1, 2, 3, 4]
+    finally:
+        (model_dir / "config.pbtxt").write_text(original_text)
+        (model_dir / "config.pbtxt.orig").unlink(missing_ok=True)
+        post_json(server.url, "/v2/repository/models/synthetic/load", {})
+
+
+def test_the_budget_stops_the_search(server: ServerProcess, tmp_path: Path) -> None:
+    result = tune(server, tmp_path, "--max-batch-sizes", "1,2,4,8", "--instances", "1",
+                  "--strategy", "grid", "--budget", "1s")
+    assert result.stop_reason == "budget of 1 s spent"
+    # the grid: batch 1, and 2, 4 and 8 each with and without a preferred size
+    assert 1 <= len(result.trials) < result.grid_size == 7
+
+
+def test_the_adaptive_batcher_reports_its_delay_and_cap(server: ServerProcess) -> None:
+    def gauge(name: str) -> float:
+        return model_metric(server, name, "adaptive")
+
+    assert gauge("tradeoff_batcher_batch_cap") == 32
+    body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4],
+                        "data": np.arange(4).tolist()}]}
+    with background_load(lambda: post_json(server.url, "/v2/models/adaptive/infer",
+                                           body).status, threads=8) as statuses:
+        wait_for(lambda: len(statuses) >= 300, "300 answers")
+    assert set(statuses) == {200}
+    cap = gauge("tradeoff_batcher_batch_cap")
+    delay = gauge("tradeoff_batcher_queue_delay_us")
+    # 2 * (1 ms + 0.1 ms * cap) <= 0.8 * 25 ms: the cap the rule gives is 32 (the model's)
+    assert cap == 32 and 0 <= delay <= 25_000
+    stats = request(server.url, "GET", "/v2/models/adaptive/stats").json()["model_stats"][0]
+    assert stats["inference_count"] >= 300 > stats["execution_count"]  # it batched
