@@ -18,11 +18,13 @@ from tradeoff.bench.sweep import KNEE_RULE, point_summary
 from tradeoff.report import plots
 from tradeoff.report.terminal import accuracy_cell
 from tradeoff.results import (
+    BatchSizeTune,
     BenchResult,
     CompareResult,
     OptimizeResult,
     Ratio,
     ResultDocument,
+    ServeTune,
     SoakResult,
     SweepResult,
 )
@@ -274,6 +276,63 @@ def _optimize_section(report: Report, result: OptimizeResult) -> None:
                "(marked rows lose more).</p>")
 
 
+def _batch_size_section(report: Report, result: BatchSizeTune) -> None:
+    """``tradeoff tune batch-size``: the curve, the table and the recommendation."""
+    rows = []
+    for p in result.points:
+        latency = p.latency_ms or {}
+        note = p.error or ("over --max-memory" if not p.fits else
+                           "recommended" if p.batch_size == result.recommended else
+                           "knee" if p.batch_size == result.knee else p.role)
+        rows.append([_e(p.batch_size), _num(p.samples_per_s, 0), _num(latency.get("p50")),
+                     _num(latency.get("p99")),
+                     _num(None if p.memory_bytes is None else p.memory_bytes / 1e6, 1),
+                     _e(note)])
+    m = result.memory
+    memory = (f"model {m.weights_bytes / 1e6:,.1f} MB; "
+              + ("memory per sample not measurable" if m.per_sample_bytes is None else
+                 f"{m.per_sample_bytes / 1e6:,.3f} MB per sample"))
+    if m.max_memory_bytes is not None:
+        memory += (f"; largest batch within {m.max_memory_bytes / 1e6:,.0f} MB: formula "
+                   f"{_e(m.estimated_max_batch)}, measured {_e(m.largest_fit)}")
+    report.add(f"Batch size of {result.model}",
+               report.figure(plots.batch_size_curve(result), f"batch-size-{result.model}",
+                             "Samples per second (left) and batch p99 (right) by batch size.")
+               + f"<p>Recommended batch size: <b>{result.recommended}</b>: "
+               f"{_e(result.why)}. Stopped: {_e(result.stop_reason)}.</p>"
+               + _table(["batch", "samples/s", "p50 ms", "p99 ms", "peak MB", ""], rows,
+                        left=0)
+               + f"<p class='muted'>{_e(m.source)}: {memory}.</p>")
+
+
+def _serve_tune_section(report: Report, result: ServeTune) -> None:
+    """``tradeoff tune serve``: the Pareto plot and every configuration tried."""
+    rows, classes = [], []
+    for t in result.trials:
+        marks = [m for m, on in (("winner", t.name == result.winner),
+                                 ("server's config", t.name == result.baseline),
+                                 ("pareto", t.pareto)) if on]
+        if t.status != "measured":
+            marks.append(f"{t.status}: {t.reason}")
+        elif not t.meets_sla:
+            marks.append("misses the SLA")
+        rows.append([_e(t.name), _num(t.throughput_rps, 1), _num(t.p50_ms), _num(t.p99_ms),
+                     _num(t.error_percent, 1), _num(t.cost_per_million, 3),
+                     _e(", ".join(marks))])
+        classes.append("ok" if t.name == result.winner else
+                       "bad" if t.status != "measured" or not t.meets_sla else "")
+    goal = result.goal
+    report.add(f"Serving configuration of {result.model}",
+               report.figure(plots.pareto(result), f"tune-{result.model}",
+                             "p99 against throughput of each configuration tried.")
+               + _table(["configuration", "req/s", "p50 ms", "p99 ms", "errors %", "$/1M",
+                         ""], rows, classes, left=1)
+               + f"<p class='muted'>SLA p99 &le; {goal['sla_p99_ms']:g} ms, "
+               f"{_e(goal['objective'])}, {_e(goal['strategy'])} search: "
+               f"{len(result.trials)} of {result.grid_size} configurations in "
+               f"{result.elapsed_s:,.0f} s; {_e(result.stop_reason)}.</p>")
+
+
 def _findings_section(report: Report, documents: Sequence[ResultDocument]) -> None:
     rows = []
     for doc in documents:
@@ -332,6 +391,11 @@ def build_report(documents: Sequence[ResultDocument], png_dir: Path | None = Non
         _soak_section(report, soak)
     for document in optimized:
         _optimize_section(report, document)
+    for tuned in documents:
+        if isinstance(tuned, BatchSizeTune):
+            _batch_size_section(report, tuned)
+        elif isinstance(tuned, ServeTune):
+            _serve_tune_section(report, tuned)
     _findings_section(report, documents)
     _environment_section(report, documents)
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

@@ -13,7 +13,14 @@ from itertools import cycle, islice
 from typing import TYPE_CHECKING, Any
 
 from tradeoff.errors import MissingDependency
-from tradeoff.results import CompareResult, SoakResult, Summary, SweepResult
+from tradeoff.results import (
+    BatchSizeTune,
+    CompareResult,
+    ServeTune,
+    SoakResult,
+    Summary,
+    SweepResult,
+)
 from tradeoff.stats.distribution import PERCENTILES
 
 if TYPE_CHECKING:
@@ -126,6 +133,68 @@ def frontier(sweeps: list[SweepResult]) -> Figure:
     axes.set_ylabel("p99 latency (ms)")
     axes.set_title("Latency-throughput frontier (labels: load)")
     axes.legend()
+    return figure
+
+
+def batch_size_curve(result: BatchSizeTune) -> Figure:
+    """Samples/s and batch latency over the batch size, the knee and the recommendation
+    marked."""
+    figure, axes = _figure()
+    ran = [p for p in result.points if p.samples_per_s is not None]
+    doubling = [p for p in ran if p.role == "doubling"]
+    axes.plot([p.batch_size for p in doubling], [p.samples_per_s for p in doubling], "o-",
+              color=COLORS[0], label="samples/s")
+    others = [p for p in ran if p.role != "doubling"]
+    axes.plot([p.batch_size for p in others], [p.samples_per_s for p in others], "o",
+              color=COLORS[0], alpha=0.4, label="back-off and memory probes")
+    knee = result.point(result.knee) if result.knee is not None else None
+    if knee is not None:
+        _knee_marker(axes, knee.batch_size, knee.samples_per_s, COLORS[0])
+    chosen = result.point(result.recommended)
+    if chosen is not None and chosen.samples_per_s is not None:
+        axes.plot([chosen.batch_size], [chosen.samples_per_s], marker="*", markersize=14,
+                  color=COLORS[2], linestyle="none", label=f"recommended ({chosen.batch_size})")
+    latency = axes.twinx()
+    latency.plot([p.batch_size for p in doubling],
+                 [(p.latency_ms or {}).get("p99") for p in doubling], "s--", color=COLORS[1],
+                 alpha=0.7, label="batch p99 ms")
+    latency.set_ylabel("batch p99 (ms)")
+    latency.set_yscale("log")
+    axes.set_xscale("log", base=2)
+    _plain_log_axis(axes)
+    axes.set_xlabel("batch size")
+    axes.set_ylabel("samples/s")
+    axes.set_title(f"{result.model}: throughput and latency by batch size")
+    lines, labels = axes.get_legend_handles_labels()
+    more, more_labels = latency.get_legend_handles_labels()
+    axes.legend(lines + more, labels + more_labels, fontsize=7)
+    return figure
+
+
+def pareto(result: ServeTune) -> Figure:
+    """p99 against throughput of every configuration tried: the Pareto front joined, the
+    SLA drawn, the winner starred."""
+    figure, axes = _figure()
+    measured = [t for t in result.trials if t.status == "measured" and t.p99_ms]
+    for meets, color, label in ((True, COLORS[0], "meets the SLA"),
+                                (False, COLORS[6], "misses the SLA")):
+        chosen = [t for t in measured if t.meets_sla == meets]
+        axes.plot([t.throughput_rps for t in chosen], [t.p99_ms for t in chosen], "o",
+                  color=color, alpha=0.8, label=label)
+    front = sorted((t for t in measured if t.pareto), key=lambda t: t.throughput_rps or 0)
+    axes.plot([t.throughput_rps for t in front], [t.p99_ms for t in front], "-",
+              color=COLORS[2], label="Pareto front")
+    winner = result.trial(result.winner)
+    if winner is not None:
+        axes.plot([winner.throughput_rps], [winner.p99_ms], marker="*", markersize=16,
+                  color=COLORS[2], linestyle="none", label="winner")
+    axes.axhline(result.goal["sla_p99_ms"], color=COLORS[1], linestyle=":",
+                 label=f"SLA p99 {result.goal['sla_p99_ms']:g} ms")
+    axes.set_yscale("log")
+    axes.set_xlabel("throughput (req/s)")
+    axes.set_ylabel("p99 latency (ms)")
+    axes.set_title(f"{result.model}: configurations tried")
+    axes.legend(fontsize=7)
     return figure
 
 
