@@ -68,7 +68,7 @@ def test_documents_round_trip_and_make_report_sections(tmp_path: Path) -> None:
         write_json(document, path)
         again = load_result(path)
         assert again == document and again.to_dict() == document.to_dict()
-    page, report = build_report([batch, serve_tune()])
+    page, _ = build_report([batch, serve_tune()])
     assert "Batch size of mlp" in page and "Serving configuration of mlp" in page
     assert "refused: HTTP 400: too many instances" in page
     assert page.count("<svg") >= 2
