@@ -8,7 +8,8 @@ with the bench engine:
 
 * ``rate``: one open-loop run at the asked rate; the candidate meets the SLA when p99 and
   the error rate stay within it;
-* max throughput (no rate): a closed-loop probe finds the candidate's capacity, then the
+* max throughput (no rate): a closed-loop probe (enough requests in flight to fill two
+  batches on every instance) finds the candidate's capacity, then the
   sweep's SLA search (steps up through rates, then bisects) finds the highest rate whose
   p99 meets the SLA; that rate's throughput is the candidate's.
 
@@ -262,7 +263,7 @@ class ServeSearch:
                           seconds=self.clock() - start)
         else:
             try:
-                row = self._measure()
+                row = self._measure(knobs)
                 trial = self._trial(knobs, row, self.clock() - start)
             except TuneError as exc:
                 trial = Trial(knobs.name, dataclasses.asdict(knobs), "failed", str(exc),
@@ -270,14 +271,15 @@ class ServeSearch:
         self.trials[knobs] = trial
         return trial
 
-    def _measure(self) -> SweepRow:
+    def _measure(self, knobs: Knobs) -> SweepRow:
         adapter = make_adapter(self.target)
         if self.goal.rate is not None:
             spec = dataclasses.replace(self.base, rate=self.goal.rate, concurrency=None,
                                        intervals=None)
             result, _, _ = run_benchmark(adapter, spec)
             return point_summary(result)
-        probe = dataclasses.replace(self.base, concurrency=8, rate=None, intervals=None)
+        probe = dataclasses.replace(self.base, concurrency=probe_concurrency(knobs),
+                                    rate=None, intervals=None)
         capacity = point_summary(run_benchmark(adapter, probe)[0]).throughput_rps
         if capacity <= 0:
             raise TuneError("the closed-loop probe served nothing")
@@ -370,6 +372,13 @@ class ServeSearch:
             baseline=baseline.name, winner=winner.name if winner else None,
             stop_reason=stop, elapsed_s=self.clock() - self.started,
             grid_size=len(self.space.grid()), written=None)
+
+
+def probe_concurrency(knobs: Knobs) -> int:
+    """Concurrency of the capacity probe: enough requests in flight to fill two batches on
+    every instance (at least 8, at most 256), so a large batch is not judged at a load
+    that could never fill it."""
+    return min(256, max(8, 2 * knobs.max_batch_size * knobs.instances))
 
 
 def pareto_front(trials: list[Trial]) -> set[str]:
