@@ -9,8 +9,8 @@ On Linux the CPU peak is the kernel's own high-water mark of the resident set
 (``VmHWM`` in ``/proc/self/status``), which writing ``5`` to ``/proc/self/clear_refs``
 resets; nothing is sampled, so no short peak is missed. The C heap is trimmed before each
 reset, so memory an earlier batch freed is not counted again. On CUDA it is what
-``nvidia-smi`` reports this process using: ONNX Runtime's CUDA arena keeps what it
-took, so the figure after a batch is its peak.
+``nvidia-smi`` reports the GPU holding: ONNX Runtime's CUDA arena keeps what it took,
+so the figure after a batch is its peak.
 """
 
 from __future__ import annotations
@@ -70,9 +70,9 @@ class RssMeter:
 
 
 class CudaMeter:
-    """Device memory this process holds on one GPU, from ``nvidia-smi``."""
+    """Memory one GPU holds, from ``nvidia-smi``."""
 
-    source = "device memory of the process (nvidia-smi, after each batch size)"
+    source = "memory the GPU holds (nvidia-smi, after each batch size)"
 
     def __init__(self, device_id: int = 0) -> None:
         self.tool = shutil.which("nvidia-smi")
@@ -80,17 +80,21 @@ class CudaMeter:
             raise TuneError("--device cuda needs nvidia-smi to measure device memory")
         self.device_id = device_id
 
-    def now(self) -> int:
-        out = subprocess.run(
-            [self.tool or "nvidia-smi", f"--id={self.device_id}",
-             "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=30, check=False)
+    def _query(self, *fields: str) -> list[list[str]]:
+        out = subprocess.run([self.tool or "nvidia-smi", f"--id={self.device_id}", *fields,
+                              "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30, check=False)
         if out.returncode:
             raise TuneError(f"nvidia-smi failed: {out.stderr.strip() or out.returncode}")
-        pid = str(os.getpid())
-        used = [int(f.split(",")[1]) for f in out.stdout.splitlines()
-                if f.split(",")[0].strip() == pid]
-        return sum(used) * 1024 * 1024
+        return [[part.strip() for part in line.split(",")] for line in out.stdout.splitlines()
+                if line.strip()]
+
+    def now(self) -> int:
+        """What the device holds now. The whole device, not this process: before the
+        model loads this process has no CUDA context to list, and a container's own PID
+        namespace hides it from nvidia-smi. The difference from before the model loaded is
+        what counts, so keep other work off the GPU while tuning."""
+        return sum(int(row[0]) for row in self._query("--query-gpu=memory.used")) * 1024 * 1024
 
     def reset(self) -> None:
         """The arena does not give memory back, so there is nothing to reset."""
