@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -125,3 +126,21 @@ def test_the_adaptive_batcher_reports_its_delay_and_cap(server: ServerProcess) -
     assert cap == 32 and 0 <= delay <= 25_000
     stats = request(server.url, "GET", "/v2/models/adaptive/stats").json()["model_stats"][0]
     assert stats["inference_count"] >= 300 > stats["execution_count"]  # it batched
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    ({"instance_group": [{"kind": "KIND_CPU", "count": 1000}]},
+     "asks for 1000 instances; this server allows at most 1"),
+    ({"parameters": {"intra_op_thread_count": {"string_value": "100000"}}},
+     "asks for 100000 threads per instance"),
+])
+def test_a_load_asking_for_too_many_instances_or_threads_is_refused(
+        server: ServerProcess, change: dict, says: str) -> None:
+    before = config(server)
+    answer = post_json(server.url, "/v2/repository/models/synthetic/load",
+                       {"parameters": {"config": json.dumps({**before, **change})}})
+    assert answer.status == 400 and says in answer.json()["error"]
+    assert config(server) == before  # the version serving stays
+    assert post_json(server.url, "/v2/models/synthetic/infer", {"inputs": [
+        {"name": "INPUT0", "datatype": "FP32", "shape": [1, 4],
+         "data": [1, 2, 3, 4]}]}).status == 200

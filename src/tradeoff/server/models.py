@@ -14,6 +14,7 @@ import asyncio
 import enum
 import functools
 import logging
+import os
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -190,6 +191,8 @@ class ModelManager:
                  max_instances: int = 16) -> None:
         self.repository = repository
         self.max_instances = max_instances  # per model version: a load asking more is refused
+        # intra-op threads one instance may ask for: a load asking thousands is refused
+        self.max_threads = 4 * (os.cpu_count() or 1)
         self.default_intra_op_threads = default_intra_op_threads
         self.allow_fault_injection = allow_fault_injection
         self.drain_timeout_s = drain_timeout_s  # generations still running then end
@@ -214,6 +217,11 @@ class ModelManager:
                               f"asks for {config.instance_count} instances; this server "
                               f"allows at most {self.max_instances} per model "
                               "(serve --max-instances)")
+        threads = config.parameters.get("intra_op_thread_count", "")
+        if threads.isascii() and threads.isdigit() and int(threads) > self.max_threads:
+            raise ConfigError(f"model {name!r}", "parameters.intra_op_thread_count",
+                              f"asks for {int(threads)} threads per instance; this server "
+                              f"allows at most {self.max_threads} (4 per core it sees)")
         backend_type = self.repository.backends.tensor(config.backend)
         built: dict[int, tuple[list[Backend], Path]] = {}
         try:

@@ -16,7 +16,6 @@ so the figure after a batch is its peak.
 from __future__ import annotations
 
 import ctypes
-import os
 import shutil
 import subprocess
 from pathlib import Path
