@@ -16,13 +16,16 @@ from tradeoff.errors import (
     RequestTimeout,
     ResultFormatError,
     TradeoffError,
+    TuneError,
     Unauthorized,
     Unavailable,
 )
 from tradeoff.results import (
+    BatchSizeTune,
     BenchResult,
     CompareResult,
     OptimizeResult,
+    ServeTune,
     SoakResult,
     SweepResult,
     load_result,
@@ -32,6 +35,7 @@ from tradeoff.results import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "BatchSizeTune",
     "BenchResult",
     "CompareResult",
     "ConfigError",
@@ -49,9 +53,11 @@ __all__ = [
     "RequestError",
     "RequestTimeout",
     "ResultFormatError",
+    "ServeTune",
     "SoakResult",
     "SweepResult",
     "TradeoffError",
+    "TuneError",
     "Unauthorized",
     "Unavailable",
     "__version__",
