@@ -131,15 +131,18 @@ def test_a_peak_takes_larger_batches_within_the_target() -> None:
     assert delay + 2 * sim.batcher.compute_s(np.mean(peak)) < TARGET_MS / 1e3
 
 
-def test_a_burst_past_capacity_backs_the_delay_off_and_the_quiet_brings_it_back() -> None:
+def test_a_burst_past_capacity_takes_the_largest_batches_and_the_quiet_brings_it_back(
+        ) -> None:
     sim = Simulation()
     # 12,000 rows/s is past what one instance can do (64 rows / 7.4 ms = 8,650/s): the
-    # queue grows, p99 passes the target, the headroom and with it the delay fall.
+    # longest wait the target allows, 0.8 * 20 - 2 * c(64) = 1.2 ms, and full batches;
+    # after the burst, back to the steady rule.
     sim.run([(4.0, 2000.0), (1.0, 12000.0), (6.0, 2000.0)])
     before = np.median(sim.delays_between(2, 4))
-    during = sim.delays_between(4.5, 5.5)
+    during = sim.delays_between(4.5, 5.0)
     after = np.median(sim.delays_between(9, 11))
-    assert before > 0 and np.median(during) < before / 4
+    assert np.median(during) / 1e9 == pytest.approx(0.016 - 2 * 0.0074, abs=1e-4)
+    assert max(sim.batches) == 64
     assert after == pytest.approx(before, rel=0.3)
     assert sim.p99_ms(9, 11) < TARGET_MS
 

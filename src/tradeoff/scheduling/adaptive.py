@@ -9,7 +9,9 @@ at most every ``TICK_S``, sets the delay and the cap. The rule (docs/batching.md
 * cap ``B``: the largest batch with ``2*c(B) <= 0.8 * target`` (a request that arrives as
   a batch starts waits for it, then rides the next one), within ``max_batch_size``;
 * rows a batch needs so each instance stays under 80% busy at the arrival rate ``r`` per
-  instance: ``b* = r*a / (0.8 - r*k)`` (``B`` when ``r*k >= 0.8``: overload);
+  instance: ``b* = r*a / (0.8 - r*k)`` (when ``r*k >= 0.8`` no batch is large enough:
+  the model is overloaded, and the delay is the longest the target allows,
+  ``0.8*target - 2*c(B)``, so every batch is as large as it may be);
 * delay: ``0`` when ``b* <= 1`` (light traffic: nothing to wait for); otherwise the time
   the next ``b* - 1`` rows take to arrive, ``(min(b*, B) - 1) / r``, at most
   ``h*target - 2*c(b)``;
@@ -149,6 +151,8 @@ class AdaptiveBatcher:
 
     def _delay(self) -> float:
         needed = self.needed_rows()
+        if math.isinf(needed):
+            return max(0.0, CAP_SHARE * self.target_s - 2 * self.compute_s(self.cap))
         if needed <= 1 or self.rate <= 0:
             return 0.0
         rows = min(needed, self.cap)
