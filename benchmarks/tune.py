@@ -6,8 +6,11 @@ on core 1 twice, with `--strategy coordinate` and then `--strategy grid`, over t
 space and SLA. Reads both `--json` results (schema tradeoff.tune/1) and reports, per
 model: the configurations each strategy tried, the time each took, the coordinate
 winner's throughput against the server's default config (the baseline trial) and
-against the best grid point, and coordinate's time as a fraction of the grid's. Prints a
-table and writes benchmarks/results/tune.json.
+against the best grid point, and coordinate's time as a fraction of the grid's. A search
+picks its winner from one short measurement per config, and on a noisy machine that
+favours the lucky; so the server's config, the coordinate winner and the grid winner
+are then measured again, interleaved, with longer points, and those medians give the
+ratios. Prints the tables and writes benchmarks/results/tune.json.
 
     .venv/bin/python benchmarks/tune.py
     .venv/bin/python benchmarks/tune.py --models mlp --duration 2s --max-batch-sizes 1,16,64
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -66,6 +70,54 @@ def tune(url: str, model: str, strategy: str, space: dict[str, str],
     result["_wall_s"] = wall
     result["_command"] = " ".join(command[3:])
     return result
+
+
+def confirm(url: str, model: str, knobs: dict[str, Any], args: argparse.Namespace,
+            scratch: Path, client_cpu: int, tag: str) -> float | None:
+    """One configuration measured again on its own (a one-point grid, longer points):
+    its throughput within the SLA, or None when it missed it."""
+    out = scratch / f"confirm-{model}-{tag}.json"
+    command = ["taskset", "-c", str(client_cpu), CLI, "tune", "serve", url,
+               "--model", model, "--sla-p99-ms", str(args.sla_p99_ms), "--max-throughput",
+               "--strategy", "grid", "--max-batch-sizes", str(knobs["max_batch_size"]),
+               "--delays-us", str(knobs["max_queue_delay_us"]),
+               "--instances", str(knobs["instances"]), "--threads", str(knobs["threads"]),
+               "--preferred", "max" if knobs["preferred"] else "off",
+               "--duration", args.confirm_duration, "--warmup", args.warmup,
+               "--output", str(scratch / "confirm"), "--json", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"confirm {model} {tag} failed:\n{done.stdout[-2000:]}")
+    measured = json.loads(out.read_text())["trials"][0]
+    return measured["throughput_rps"] if measured["meets_sla"] else None
+
+
+def confirm_side_by_side(url: str, model: str, runs: dict[str, dict[str, Any]],
+                         args: argparse.Namespace, scratch: Path,
+                         client_cpu: int) -> dict[str, Any]:
+    """The server's config, the coordinate winner and the grid winner measured again,
+    interleaved, ``--confirm-repeats`` times: medians and their ratios."""
+    coord, grid = runs["coordinate"], runs["grid"]
+    chosen = {"baseline": trial(coord, coord["baseline"]),
+              "coordinate winner": trial(coord, coord["winner"]),
+              "grid winner": trial(grid, grid["winner"])}
+    figures: dict[str, list[float]] = {name: [] for name in chosen}
+    for repeat in range(args.confirm_repeats):
+        for name, picked in chosen.items():
+            if picked is None:
+                continue
+            value = confirm(url, model, picked["knobs"], args, scratch, client_cpu,
+                            f"{name.replace(' ', '-')}-{repeat}")
+            figures[name].append(value or 0.0)
+            print(f"  confirm {model} {name} [{repeat + 1}]: {value or 0:,.0f} req/s",
+                  flush=True)
+    medians = {name: (statistics.median(v) if v else None) for name, v in figures.items()}
+    base, c_win, g_win = (medians["baseline"], medians["coordinate winner"],
+                          medians["grid winner"])
+    return {"configs": {n: (t["name"] if t else None) for n, t in chosen.items()},
+            "runs": figures, "medians": medians,
+            "coordinate_over_baseline": c_win / base if c_win and base else None,
+            "coordinate_over_grid_winner": c_win / g_win if c_win and g_win else None}
 
 
 def trial(result: dict[str, Any], name: str | None) -> dict[str, Any] | None:
@@ -125,6 +177,9 @@ def main() -> None:
     parser.add_argument("--threads", default="1")
     parser.add_argument("--minilm-max-batch-sizes", default="1,8",
                         help="minilm is slow: its smaller max_batch_size list")
+    parser.add_argument("--confirm-duration", default="3s",
+                        help="per point when the three configs are measured again")
+    parser.add_argument("--confirm-repeats", type=int, default=3)
     parser.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/tune.json")
     args = parser.parse_args()
     cores = sorted(os.sched_getaffinity(0))
@@ -153,7 +208,10 @@ def main() -> None:
                     print(f"{model:7s} {strategy:10s} {len(r['trials'])} configs in "
                           f"{r['elapsed_s']:.0f} s, winner {r['winner']}", flush=True)
                 raw[model] = runs
-                rows.append(summarise(model, runs))
+                row = summarise(model, runs)
+                row["confirmed"] = confirm_side_by_side(server.url, model, runs, args,
+                                                        scratch, client_cpu)
+                rows.append(row)
             exit_code = server.stop()
 
     print()
@@ -168,6 +226,18 @@ def main() -> None:
               f"{fmt(r['baseline_rps'])} | {fmt(c['winner_rps'])} | {fmt(g['winner_rps'])} | "
               f"{fmt(r['coordinate_over_baseline'], '.2f')}x | "
               f"{fmt(r['coordinate_over_grid_best'], '.2f')}x |")
+    print()
+    print("measured again side by side (medians of the interleaved repeats, req/s within "
+          "the SLA):")
+    print("| model | server's config | coordinate winner | grid winner | coord/server's | "
+          "coord/grid winner |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for r in rows:
+        m = r["confirmed"]["medians"]
+        print(f"| {r['model']} | {fmt(m['baseline'])} | {fmt(m['coordinate winner'])} | "
+              f"{fmt(m['grid winner'])} | "
+              f"{fmt(r['confirmed']['coordinate_over_baseline'], '.2f')}x | "
+              f"{fmt(r['confirmed']['coordinate_over_grid_winner'], '.2f')}x |")
     for r in rows:
         print(f"{r['model']}: baseline = {r['baseline']}; coordinate winner = "
               f"{r['coordinate']['winner']}; grid winner = {r['grid']['winner']}")

@@ -131,6 +131,9 @@ def _values(text: str, option: str, least: int) -> tuple[int, ...]:
               help="instance_group count values to try.")
 @click.option("--threads", default="1,2", show_default=True,
               help="Intra-op thread values to try (parameters intra_op_thread_count).")
+@click.option("--preferred", type=click.Choice(["both", "off", "max"]), default="both",
+              show_default=True, help="preferred_batch_size values to try: none, equal to "
+                                      "max_batch_size, or both.")
 @click.option("--output", "output_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Where the winner's config.pbtxt goes (default: ./tune-MODEL), with the "
                    "server's config beside it as original.pbtxt.")
@@ -143,7 +146,7 @@ def serve(url: str, sla_p99_ms: float, rate: float | None, max_throughput: bool,
           max_error_percent: float, price_per_hour: float | None,
           price_per_core_hour: float | None, budget: float, strategy: str,
           max_batch_sizes: str, delays_us: str, instances: str, threads: str,
-          output_dir: Path | None, apply_to: Path | None, json_path: Path | None,
+          preferred: str, output_dir: Path | None, apply_to: Path | None, json_path: Path | None,
           **shared: Any) -> None:
     """Search the serving config of a model on a running `tradeoff serve` for an SLA:
     max_batch_size, max_queue_delay_microseconds, preferred_batch_size, instance count and
@@ -177,7 +180,8 @@ def serve(url: str, sla_p99_ms: float, rate: float | None, max_throughput: bool,
     try:
         space = Space(_values(max_batch_sizes, "--max-batch-sizes", 1),
                       _values(delays_us, "--delays-us", 0), _values(instances, "--instances", 1),
-                      _values(threads, "--threads", 1))
+                      _values(threads, "--threads", 1),
+                      {"both": (False, True), "off": (False,), "max": (True,)}[preferred])
         target = take_endpoint(url, shared)
         base = take_load(shared, default_duration_s=LOAD_DEFAULTS.point_duration_s)
         goal = ServeGoal(sla_p99_ms, rate,
