@@ -998,6 +998,9 @@ class Trial:
     meets_sla: bool = False
     pareto: bool = False
     seconds: float = 0.0  # search time it took
+    # each measurement (throughput_rps, p50_ms, p99_ms, error_percent); the figures above
+    # are their medians (a configuration in the final round was measured more than once)
+    measurements: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

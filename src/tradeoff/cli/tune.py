@@ -131,6 +131,9 @@ def _values(text: str, option: str, least: int) -> tuple[int, ...]:
               help="instance_group count values to try.")
 @click.option("--threads", default="1,2", show_default=True,
               help="Intra-op thread values to try (parameters intra_op_thread_count).")
+@click.option("--confirm", type=click.IntRange(min=0), default=3, show_default=True,
+              help="After the search, measure this many of the best again (with the "
+                   "server's config) and pick the winner on the medians; 0: do not.")
 @click.option("--preferred", type=click.Choice(["both", "off", "max"]), default="both",
               show_default=True, help="preferred_batch_size values to try: none, equal to "
                                       "max_batch_size, or both.")
@@ -146,7 +149,8 @@ def serve(url: str, sla_p99_ms: float, rate: float | None, max_throughput: bool,
           max_error_percent: float, price_per_hour: float | None,
           price_per_core_hour: float | None, budget: float, strategy: str,
           max_batch_sizes: str, delays_us: str, instances: str, threads: str,
-          preferred: str, output_dir: Path | None, apply_to: Path | None, json_path: Path | None,
+          confirm: int, preferred: str, output_dir: Path | None, apply_to: Path | None,
+          json_path: Path | None,
           **shared: Any) -> None:
     """Search the serving config of a model on a running `tradeoff serve` for an SLA:
     max_batch_size, max_queue_delay_microseconds, preferred_batch_size, instance count and
@@ -186,7 +190,7 @@ def serve(url: str, sla_p99_ms: float, rate: float | None, max_throughput: bool,
         base = take_load(shared, default_duration_s=LOAD_DEFAULTS.point_duration_s)
         goal = ServeGoal(sla_p99_ms, rate,
                          Price(per_hour=price_per_hour) if price_per_hour else None,
-                         price_per_core_hour, budget, strategy, max_error_percent)
+                         price_per_core_hour, budget, strategy, max_error_percent, confirm)
         with _progress(console) as say:
             search = ServeSearch(target, base, goal, space, say)
             result = search.run()

@@ -431,6 +431,8 @@ def print_serve_tune(result: ServeTune, console: Console) -> None:
             marks.append("server's config")
         if t.pareto:
             marks.append("pareto")
+        if len(t.measurements) > 1:
+            marks.append(f"median of {len(t.measurements)}")
         if t.status != "measured":
             marks.append(f"[red]{t.status}: {t.reason}[/red]")
         elif not t.meets_sla:

@@ -16,7 +16,10 @@ with the bench engine:
 Search: ``coordinate`` descent (the default) starts from the server's config and, one knob
 at a time, tries that knob's values with the others held at the best so far, keeps the
 best, and goes round again until a round improves nothing; ``grid`` tries every
-combination. Both stop at the time budget. "Best" is the highest throughput under the SLA
+combination. Both stop at the time budget. Then the ``confirm`` best configurations and the server's
+own are measured once more each and judged on the medians: with one short measurement
+each, the search favours whichever caught a fast moment of the machine (the winner's
+curse). "Best" is the highest throughput under the SLA
 (max throughput), or the lowest cost per million requests and then the lowest p99 (at a
 rate). A candidate the server refuses is recorded with its reason and skipped.
 
@@ -37,6 +40,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from tradeoff.bench.endpoint import EndpointSpec, make_adapter
 from tradeoff.bench.load import LoadSpec
@@ -149,7 +154,7 @@ class ServeGoal:
     budget_s: float = 600.0
     strategy: str = "coordinate"
     max_error_percent: float = 1.0
-
+    confirm: int = 3  # the best this many are measured again, with the server's config
     def __post_init__(self) -> None:
         if self.strategy not in ("coordinate", "grid"):
             raise TuneError(f"--strategy {self.strategy!r}: use coordinate or grid")
@@ -169,7 +174,8 @@ class ServeGoal:
                 "objective": "max-throughput" if self.rate is None else "rate",
                 "price": self.price.to_dict() if self.price else None,
                 "price_per_core_hour": self.price_per_core_hour, "budget_s": self.budget_s,
-                "strategy": self.strategy, "max_error_percent": self.max_error_percent}
+                "strategy": self.strategy, "max_error_percent": self.max_error_percent,
+                "confirm": self.confirm}
 
 
 class ModelControl:
@@ -236,6 +242,7 @@ class ServeSearch:
         self.control = control or ModelControl(http_url, target.model)
         self.clock = clock
         self.trials: dict[Knobs, Trial] = {}
+        self.rows: dict[Knobs, list[SweepRow]] = {}
         self.started = 0.0
         self.original: dict[str, Any] = {}
 
@@ -263,8 +270,8 @@ class ServeSearch:
                           seconds=self.clock() - start)
         else:
             try:
-                row = self._measure(knobs)
-                trial = self._trial(knobs, row, self.clock() - start)
+                self.rows[knobs] = [self._measure(knobs)]
+                trial = self._trial(knobs, self.rows[knobs], self.clock() - start)
             except TuneError as exc:
                 trial = Trial(knobs.name, dataclasses.asdict(knobs), "failed", str(exc),
                               seconds=self.clock() - start)
@@ -292,7 +299,19 @@ class ServeSearch:
             return point_summary(sweep.points[0])  # the lowest rate: it missed the SLA
         return answer.best
 
-    def _trial(self, knobs: Knobs, row: SweepRow, seconds: float) -> Trial:
+    def _trial(self, knobs: Knobs, rows: list[SweepRow], seconds: float) -> Trial:
+        """The trial of ``rows``, each one measurement: its figures are their medians."""
+        def median(values: list[float | None]) -> float | None:
+            known = [v for v in values if v is not None]
+            return float(np.median(known)) if known else None
+
+        row = SweepRow(load=rows[0].load,
+                       throughput_rps=median([r.throughput_rps for r in rows]) or 0.0,
+                       inferences_per_s=median([r.inferences_per_s for r in rows]) or 0.0,
+                       p50_ms=median([r.p50_ms for r in rows]),
+                       p99_ms=median([r.p99_ms for r in rows]),
+                       error_percent=median([r.error_percent for r in rows]) or 0.0,
+                       requests=sum(r.requests for r in rows))
         meets = (row.p99_ms is not None and row.p99_ms <= self.goal.sla_p99_ms
                  and row.error_percent <= self.goal.max_error_percent)
         why = None if meets else (
@@ -302,7 +321,10 @@ class ServeSearch:
         return Trial(knobs.name, dataclasses.asdict(knobs), "measured", why,
                      row.throughput_rps, row.p50_ms, row.p99_ms, row.error_percent,
                      self.goal.cost_per_million(knobs, row.throughput_rps), meets,
-                     seconds=seconds)
+                     seconds=seconds,
+                     measurements=[{"throughput_rps": r.throughput_rps, "p50_ms": r.p50_ms,
+                                    "p99_ms": r.p99_ms, "error_percent": r.error_percent}
+                                   for r in rows])
 
     # ---------------------------------------------------------------- choosing
 
@@ -327,12 +349,48 @@ class ServeSearch:
         try:
             stop = self._grid(original) if self.goal.strategy == "grid" else \
                 self._coordinate(baseline, original)
+            stop += self._confirm(baseline, original)
         finally:
             refused = self.control.load(original)  # the server goes back to what it had
         if refused is not None:
             raise TuneError(f"could not restore the original config of {self.target.model!r}:"
                             f" {refused}")
         return self._result(baseline, stop)
+
+    def _confirm(self, baseline: Knobs, original: dict[str, Any]) -> str:
+        """Measure the best ``confirm`` configurations and the server's own once more
+        each, in turn, and judge them on the medians: one short measurement per
+        configuration favours whichever caught a fast moment of the machine."""
+        if self.goal.confirm <= 0:
+            return ""
+        measured = [k for k, t in self.trials.items() if t.status == "measured"]
+        best = sorted((k for k in measured if self.trials[k].meets_sla),
+                      key=lambda k: self.key(self.trials[k]))[: self.goal.confirm]
+        chosen = best + [baseline] if baseline in measured and baseline not in best else best
+        if len(chosen) < 2:
+            return ""
+        done = 0
+        for knobs in chosen:
+            if self._left() < self._typical_s():
+                break
+            self.say(f"measuring again: {knobs.name}")
+            start = self.clock()
+            if self.control.load(knobs.config(original)) is not None:
+                continue  # loaded before; a refusal now leaves its first figure
+            try:
+                self.rows[knobs].append(self._measure(knobs))
+            except TuneError:
+                continue
+            spent = self.trials[knobs].seconds + self.clock() - start
+            self.trials[knobs] = self._trial(knobs, self.rows[knobs], spent)
+            done += 1
+        if done == 0:
+            return "; the budget left no time to measure the best again"
+        if done < len(chosen):
+            return (f"; {done} of the {len(chosen)} chosen measured again before the budget "
+                    "ran out")
+        also = " and the server's config" if baseline in chosen and baseline not in best else ""
+        return f"; the {len(best)} best{also} measured again"
 
     def _coordinate(self, baseline: Knobs, original: dict[str, Any]) -> str:
         if self.try_knobs(baseline, original) is None:
