@@ -35,6 +35,7 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
                           extra="dynamic_batching { }")
     write_synthetic_model(root, "adaptive", fixed_ms=1.0, per_row_ms=0.1, max_batch_size=32,
                           extra=ADAPTIVE)
+    write_synthetic_model(root, "nobatch", max_batch_size=0)
     return root
 
 
@@ -144,3 +145,15 @@ def test_a_load_asking_for_too_many_instances_or_threads_is_refused(
     assert post_json(server.url, "/v2/models/synthetic/infer", {"inputs": [
         {"name": "INPUT0", "datatype": "FP32", "shape": [1, 4],
          "data": [1, 2, 3, 4]}]}).status == 200
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--model", "nobatch", "--rate", "10"], "does not batch (max_batch_size 0)"),
+    (["--model", "synthetic", "--rate", "10", "--protocol", "v2-grpc"], "--protocol v2"),
+    (["--model", "synthetic"], "give one of --rate R or --max-throughput"),
+    (["--model", "synthetic", "--rate", "10", "--instances", "0"], "whole numbers >= 1"),
+])
+def test_tune_serve_mistakes_are_one_line(server: ServerProcess, args: list[str],
+                                          says: str) -> None:
+    run = CliRunner().invoke(main, ["tune", "serve", server.url, "--sla-p99-ms", "20", *args])
+    assert run.exit_code != 0 and says in run.output and "Traceback" not in run.output

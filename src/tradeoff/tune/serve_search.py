@@ -228,9 +228,9 @@ class ServeSearch:
     def __init__(self, target: EndpointSpec, base: LoadSpec, goal: ServeGoal, space: Space,
                  progress: Progress | None = None, control: ModelControl | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        if target.protocol not in ("v2", "v2-grpc"):
-            raise TuneError("tune serve drives a v2 endpoint (--protocol v2 or v2-grpc): it "
-                            "changes the model's config through the repository extension")
+        if target.protocol != "v2":
+            raise TuneError("tune serve drives a v2 HTTP endpoint (--protocol v2): it changes "
+                            "the model's config through the HTTP repository extension")
         if not target.model:
             raise TuneError("give --model: the model whose config to tune")
         self.target = target
@@ -239,7 +239,8 @@ class ServeSearch:
         self.space = space
         self.say = progress or (lambda _: None)
         http_url = target.url if target.url.startswith("http") else f"http://{target.url}"
-        self.control = control or ModelControl(http_url, target.model)
+        self.control = control or ModelControl(http_url, target.model,
+                                               headers=dict(target.headers or {}))
         self.clock = clock
         self.trials: dict[Knobs, Trial] = {}
         self.rows: dict[Knobs, list[SweepRow]] = {}
@@ -345,6 +346,10 @@ class ServeSearch:
     def run(self) -> ServeTune:
         self.started = self.clock()
         original = self.original = self.control.config()
+        if int(original.get("max_batch_size", 0)) <= 0:
+            raise TuneError(f"{self.target.model!r} does not batch (max_batch_size 0): its "
+                            "inputs have no batch dimension, so there is no batch size or "
+                            "queue delay to tune")
         baseline = Knobs.of(original)
         try:
             stop = self._grid(original) if self.goal.strategy == "grid" else \
