@@ -938,8 +938,7 @@ class MemoryEstimate:
 
     @classmethod
     def read(cls, f: _Fields) -> MemoryEstimate:
-        return cls(f("source"), f("weights_bytes"), f("per_sample_bytes"),
-                   f("max_memory_bytes"), f("estimated_max_batch"), f("largest_fit"))
+        return cls(**{field.name: f(field.name) for field in dataclasses.fields(cls)})
 
 
 @dataclass(frozen=True)
