@@ -57,6 +57,7 @@ test: $(STAMP)
 	-bash scripts/get_perf_analyzer.sh $(PY)
 	-bash scripts/apt_get.sh chromium chromium chromium-browser
 	-bash scripts/apt_get.sh redis-server redis-server
+	-bash scripts/apt_get.sh tmux tmux
 	$(INSTALL_WEIGHTS)
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/mypy src

@@ -1,5 +1,5 @@
 """The ``tradeoff`` command line: serve, models build, demo, bench, sweep, soak, compare,
-diagnose, report, optimize, tune.
+diagnose, report, optimize, tune, top.
 
 A thin layer: each command translates its flags into the domain's objects and prints what
 comes back. Options that several commands take are declared once in ``options``; the load
@@ -22,6 +22,7 @@ from tradeoff.cli.optimize import optimize
 from tradeoff.cli.serve import models, serve
 from tradeoff.cli.soak import soak
 from tradeoff.cli.sweep import sweep
+from tradeoff.cli.top import top
 from tradeoff.cli.tune import tune
 from tradeoff.errors import TradeoffError
 
@@ -58,6 +59,7 @@ def main() -> None:
       tradeoff optimize ./models/minilm --int8 dynamic --per-channel --json opt.json
       tradeoff tune batch-size ./models/mlp --max-memory 4GB
       tradeoff tune serve http://127.0.0.1:8000 --model mlp --sla-p99-ms 20 --max-throughput
+      tradeoff top http://127.0.0.1:8002     # live: req/s, p99, queue, batch per model
       tradeoff bench http://127.0.0.1:8000/v1 --protocol openai --model smollm2-135m \\
           --concurrency 4 --duration 1m --output-tokens 16:256 --ignore-eos
     """
@@ -74,3 +76,4 @@ main.add_command(diagnose)
 main.add_command(report)
 main.add_command(optimize)
 main.add_command(tune)
+main.add_command(top)

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from rich import box
-from rich.console import Console
+from rich.console import Console, Group
 from rich.table import Table
 
+from tradeoff.bench.scrape import GenerationRow, ModelRow
 from tradeoff.results import (
     BatchSizeTune,
     BenchResult,
@@ -458,3 +459,34 @@ def print_serve_tune(result: ServeTune, console: Console) -> None:
                   f"req/s at p99 {_ms(winner.p99_ms)} ms{gain}")
     if result.written:
         console.print(f"config.pbtxt of the winner: {result.written}")
+
+
+def live_view(models: list[ModelRow], generations: list[GenerationRow], source: str,
+              seconds: float) -> Group:
+    """``tradeoff top``'s screen: one row per model over the last interval."""
+    table = Table(title=f"{source}: last {seconds:.1f} s", box=box.SIMPLE_HEAD)
+    for column in ("model", "v", "req/s", "p50 ms", "p99 ms", "queue", "in flight",
+                   "exec/s", "batch", "fail/s"):
+        table.add_column(column, justify="left" if column == "model" else "right",
+                         no_wrap=True)
+    for m in models:
+        table.add_row(m.model, m.version, f"{m.requests_per_s:,.1f}", _ms(m.p50_ms),
+                      _ms(m.p99_ms), f"{m.queue_depth:,.0f}", f"{m.in_flight:,.0f}",
+                      f"{m.executions_per_s:,.1f}",
+                      "-" if m.mean_batch is None else f"{m.mean_batch:.1f}",
+                      f"[red]{m.failures_per_s:,.1f}[/red]" if m.failures_per_s
+                      else "0")
+    parts: list[Any] = [table]
+    if generations:
+        tokens = Table(title="generations", box=box.SIMPLE_HEAD)
+        for column in ("model", "tokens/s", "req/s", "running", "waiting", "KV used",
+                       "TTFT p50 ms", "TTFT p99 ms"):
+            tokens.add_column(column, justify="left" if column == "model" else "right",
+                              no_wrap=True)
+        for g in generations:
+            tokens.add_row(g.model, f"{g.output_tokens_per_s:,.1f}",
+                           f"{g.requests_per_s:,.2f}", f"{g.running:,.0f}",
+                           f"{g.waiting:,.0f}", f"{g.kv_usage:.0%}", _ms(g.ttft_p50_ms),
+                           _ms(g.ttft_p99_ms))
+        parts.append(tokens)
+    return Group(*parts)

@@ -1,0 +1,181 @@
+"""What a server's ``/metrics`` says now, and what changed between two readings.
+
+    before = scrape("http://127.0.0.1:8002/metrics")
+    time.sleep(1)
+    after = scrape("http://127.0.0.1:8002/metrics")
+    models, generations = live_rows(before, after)
+
+Counters become rates over the interval; latency percentiles come from the histogram
+buckets that filled in the interval, interpolated inside a bucket as Prometheus's
+``histogram_quantile`` does (so they are as fine as the buckets, no finer); gauges are
+read as they are at the second reading.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.error
+import urllib.request
+from collections import defaultdict
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tradeoff.bench.adapters import BenchSetupError
+
+Labels = frozenset[tuple[str, str]]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Every sample of one reading of ``/metrics``."""
+
+    at: float  # time.monotonic() of the reading
+    samples: dict[tuple[str, Labels], float]
+
+    def value(self, name: str, labels: dict[str, str]) -> float | None:
+        return self.samples.get((name, frozenset(labels.items())))
+
+    def label_sets(self, name: str) -> list[dict[str, str]]:
+        """The label sets ``name`` has samples for."""
+        return [dict(labels) for sample, labels in self.samples if sample == name]
+
+    def buckets(self, name: str, labels: dict[str, str]) -> dict[float, float]:
+        """Cumulative counts of histogram ``name`` by upper bound (``inf`` last)."""
+        out = {}
+        for (sample, sample_labels), value in self.samples.items():
+            if sample != f"{name}_bucket":
+                continue
+            rest = dict(sample_labels)
+            bound = rest.pop("le", None)
+            if bound is not None and rest == labels:
+                out[float(bound)] = value
+        return dict(sorted(out.items()))
+
+
+def parse(text: str, at: float | None = None) -> Snapshot:
+    """A Snapshot of Prometheus text exposition."""
+    samples = {(s.name, frozenset(s.labels.items())): float(s.value)
+               for family in text_string_to_metric_families(text) for s in family.samples}
+    return Snapshot(time.monotonic() if at is None else at, samples)
+
+
+def metrics_url(url: str) -> str:
+    """``url`` as a ``/metrics`` address (a bare ``host:port`` or base URL gets the path)."""
+    if "://" not in url:
+        url = f"http://{url}"
+    return url if url.rstrip("/").endswith("/metrics") else url.rstrip("/") + "/metrics"
+
+
+def scrape(url: str, timeout_s: float = 5.0) -> Snapshot:
+    """Read ``url`` (a server's ``/metrics``); BenchSetupError when it cannot."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            text = response.read().decode()
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise BenchSetupError(f"cannot read {url}: {exc}") from None
+    return parse(text)
+
+
+def quantile(q: float, before: dict[float, float], after: dict[float, float]) -> float | None:
+    """The ``q`` quantile of the observations that landed between two readings of a
+    histogram's cumulative buckets (None when none did)."""
+    counts = [(bound, after[bound] - before.get(bound, 0.0)) for bound in after]
+    if not counts or counts[-1][1] <= 0:
+        return None
+    rank = q * counts[-1][1]
+    lower_bound, lower_count = 0.0, 0.0
+    for bound, count in counts:
+        if count >= rank:
+            if bound == float("inf"):
+                return lower_bound  # past the last finite bound: the bound is all we know
+            share = (rank - lower_count) / (count - lower_count) if count > lower_count \
+                else 1.0
+            return lower_bound + (bound - lower_bound) * share
+        lower_bound, lower_count = bound, count
+    return lower_bound
+
+
+@dataclass(frozen=True)
+class ModelRow:
+    """One tensor model version over one interval."""
+
+    model: str
+    version: str
+    requests_per_s: float
+    failures_per_s: float
+    inferences_per_s: float
+    executions_per_s: float
+    p50_ms: float | None
+    p99_ms: float | None
+    queue_depth: float
+    in_flight: float
+
+    @property
+    def mean_batch(self) -> float | None:
+        return self.inferences_per_s / self.executions_per_s if self.executions_per_s else None
+
+
+@dataclass(frozen=True)
+class GenerationRow:
+    """One generative model over one interval."""
+
+    model: str
+    output_tokens_per_s: float
+    requests_per_s: float
+    running: float
+    waiting: float
+    kv_usage: float
+    ttft_p50_ms: float | None
+    ttft_p99_ms: float | None
+
+
+def _rate(name: str, labels: dict[str, str], before: Snapshot, after: Snapshot,
+          seconds: float) -> float:
+    now, then = after.value(name, labels), before.value(name, labels)
+    if now is None or seconds <= 0:
+        return 0.0
+    return max(now - (then or 0.0), 0.0) / seconds  # a restart resets counters: not < 0
+
+
+def live_rows(before: Snapshot, after: Snapshot) -> tuple[list[ModelRow], list[GenerationRow]]:
+    """Rates, percentiles and gauges of every model between two readings."""
+    seconds = after.at - before.at
+    models = []
+    for labels in sorted(after.label_sets("tradeoff_model_ready"),
+                         key=lambda d: (d["model"], d["version"])):
+        failures: dict[str, float] = defaultdict(float)
+        for failure in after.label_sets("tradeoff_inference_request_failure_total"):
+            if failure.get("model") == labels["model"] and \
+                    failure.get("version") == labels["version"]:
+                failures["all"] += _rate("tradeoff_inference_request_failure_total", failure,
+                                         before, after, seconds)
+        latency = "tradeoff_inference_request_duration_seconds"
+        then, now = before.buckets(latency, labels), after.buckets(latency, labels)
+        p50, p99 = quantile(0.5, then, now), quantile(0.99, then, now)
+        models.append(ModelRow(
+            labels["model"], labels["version"],
+            _rate("tradeoff_inference_request_success_total", labels, before, after, seconds),
+            failures["all"],
+            _rate("tradeoff_inference_count_total", labels, before, after, seconds),
+            _rate("tradeoff_inference_exec_count_total", labels, before, after, seconds),
+            None if p50 is None else p50 * 1e3, None if p99 is None else p99 * 1e3,
+            after.value("tradeoff_inference_queue_depth", labels) or 0.0,
+            after.value("tradeoff_inference_in_flight", labels) or 0.0))
+    generations = []
+    for labels in sorted(after.label_sets("tradeoff_generation_requests_running"),
+                         key=lambda d: d["model"]):
+        ttft = "tradeoff_generation_time_to_first_token_seconds"
+        then, now = before.buckets(ttft, labels), after.buckets(ttft, labels)
+        p50, p99 = quantile(0.5, then, now), quantile(0.99, then, now)
+        generations.append(GenerationRow(
+            labels["model"],
+            _rate("tradeoff_generation_generation_tokens_total", labels, before, after,
+                  seconds),
+            _rate("tradeoff_generation_requests_finished_total", labels, before, after,
+                  seconds),
+            after.value("tradeoff_generation_requests_running", labels) or 0.0,
+            after.value("tradeoff_generation_requests_waiting", labels) or 0.0,
+            after.value("tradeoff_generation_kv_cache_usage_ratio", labels) or 0.0,
+            None if p50 is None else p50 * 1e3, None if p99 is None else p99 * 1e3))
+    return models, generations
