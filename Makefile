@@ -58,6 +58,7 @@ test: $(STAMP)
 	-bash scripts/apt_get.sh chromium chromium chromium-browser
 	-bash scripts/apt_get.sh redis-server redis-server
 	-bash scripts/apt_get.sh tmux tmux
+	-bash scripts/apt_get.sh prometheus promtool
 	$(INSTALL_WEIGHTS)
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/mypy src
