@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import re
 import shutil
+import socket
 import subprocess
 import sys
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -80,3 +82,59 @@ def test_an_unreachable_server_is_one_line() -> None:
     run = CliRunner().invoke(main, ["top", "127.0.0.1:9", "--iterations", "1"])
     assert run.exit_code != 0 and "cannot read http://127.0.0.1:9/metrics" in run.output
     assert "Traceback" not in run.output
+
+
+@pytest.fixture
+def prometheus(server: ServerProcess, tmp_path: Path) -> Iterator[str]:
+    """A real Prometheus on 127.0.0.1 scraping the server every second."""
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.skip("prometheus is not installed (make test installs it: apt-get install "
+                    "prometheus)")
+    target = server.metrics_url.removeprefix("http://").removesuffix("/metrics")
+    config = tmp_path / "prometheus.yml"
+    config.write_text("global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+                      "scrape_configs:\n  - job_name: tradeoff\n"
+                      f"    static_configs: [{{targets: ['{target}']}}]\n")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen(
+        [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
+         f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: ready(url), "Prometheus to start", timeout=60)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+def ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/-/ready", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def test_top_reads_a_prometheus_that_scrapes_the_server(server: ServerProcess,
+                                                        prometheus: str) -> None:
+    def shown() -> str:
+        run = CliRunner().invoke(main, ["top", "--prometheus-url", prometheus, "--window",
+                                        "10s", "--iterations", "1"])
+        assert run.exit_code == 0, run.output
+        return run.output
+
+    with background_load(lambda: post_json(server.url, "/v2/models/synthetic/infer",
+                                           BODY).status, threads=4) as statuses:
+        # scraped every second; rates need two samples in the window
+        wait_for(lambda: requests_per_s(shown()) > 0, "Prometheus to see the load",
+                 timeout=60)
+        screen = shown()
+    assert set(statuses) == {200}
+    assert f"{prometheus} (Prometheus): rates over 10s" in screen
+    row = model_row(screen)
+    assert row is not None and row[0] == 1 and row[1] > 0

@@ -9,12 +9,18 @@ Counters become rates over the interval; latency percentiles come from the histo
 buckets that filled in the interval, interpolated inside a bucket as Prometheus's
 ``histogram_quantile`` does (so they are as fine as the buckets, no finer); gauges are
 read as they are at the second reading.
+
+:func:`prometheus_rows` gives the same rows from a Prometheus server that scrapes one or
+more servers (replicas summed), with PromQL over a window.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections import defaultdict
 from dataclasses import dataclass
@@ -178,4 +184,78 @@ def live_rows(before: Snapshot, after: Snapshot) -> tuple[list[ModelRow], list[G
             after.value("tradeoff_generation_requests_waiting", labels) or 0.0,
             after.value("tradeoff_generation_kv_cache_usage_ratio", labels) or 0.0,
             None if p50 is None else p50 * 1e3, None if p99 is None else p99 * 1e3))
+    return models, generations
+
+
+# ------------------------------------------------------------------ from Prometheus
+
+def _query(base: str, expr: str, timeout_s: float) -> list[tuple[dict[str, str], float]]:
+    """One instant query of Prometheus's HTTP API: (labels, value) per series."""
+    url = f"{base.rstrip('/')}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            answer = json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode(errors="replace")[:300]
+        raise BenchSetupError(f"Prometheus at {base} refused {expr!r}: HTTP {exc.code} "
+                              f"{detail}") from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise BenchSetupError(f"cannot query Prometheus at {base}: {exc}") from None
+    if answer.get("status") != "success":
+        raise BenchSetupError(f"Prometheus at {base}: {answer.get('error', answer)}")
+    out = []
+    for series in answer["data"]["result"]:
+        value = float(series["value"][1])
+        out.append((series["metric"], value if math.isfinite(value) else math.nan))
+    return out
+
+
+def prometheus_rows(base: str, window: str = "1m", timeout_s: float = 5.0
+                    ) -> tuple[list[ModelRow], list[GenerationRow]]:
+    """The rows of :func:`live_rows`, from a Prometheus server that scrapes the servers:
+    rates and percentiles over ``window``, summed over every server (replica) it
+    scrapes."""
+    by = "model, version"
+
+    def per_model(expr: str, keys: str = by) -> dict[tuple[str, ...], float]:
+        names = [k.strip() for k in keys.split(",")]
+        return {tuple(m.get(n, "") for n in names): v
+                for m, v in _query(base, expr, timeout_s)}
+
+    def rate(name: str, keys: str = by) -> str:
+        return f"sum by ({keys}) (rate({name}[{window}]))"
+
+    def quantile(q: float, name: str, keys: str = by) -> str:
+        return (f"histogram_quantile({q}, sum by ({keys}, le) "
+                f"(rate({name}_bucket[{window}])))")
+
+    def ms(value: float | None) -> float | None:
+        return None if value is None or math.isnan(value) else value * 1e3
+
+    latency = "tradeoff_inference_request_duration_seconds"
+    ready = per_model(f"sum by ({by}) (tradeoff_model_ready)")
+    success = per_model(rate("tradeoff_inference_request_success_total"))
+    failure = per_model(rate("tradeoff_inference_request_failure_total"))
+    inferences = per_model(rate("tradeoff_inference_count_total"))
+    executions = per_model(rate("tradeoff_inference_exec_count_total"))
+    p50, p99 = per_model(quantile(0.5, latency)), per_model(quantile(0.99, latency))
+    queue = per_model(f"sum by ({by}) (tradeoff_inference_queue_depth)")
+    in_flight = per_model(f"sum by ({by}) (tradeoff_inference_in_flight)")
+    models = [ModelRow(key[0], key[1], success.get(key, 0.0), failure.get(key, 0.0),
+                       inferences.get(key, 0.0), executions.get(key, 0.0),
+                       ms(p50.get(key)), ms(p99.get(key)), queue.get(key, 0.0),
+                       in_flight.get(key, 0.0))
+              for key in sorted(ready)]
+    ttft = "tradeoff_generation_time_to_first_token_seconds"
+    running = per_model("sum by (model) (tradeoff_generation_requests_running)", "model")
+    waiting = per_model("sum by (model) (tradeoff_generation_requests_waiting)", "model")
+    kv = per_model("max by (model) (tradeoff_generation_kv_cache_usage_ratio)", "model")
+    tokens = per_model(rate("tradeoff_generation_generation_tokens_total", "model"), "model")
+    finished = per_model(rate("tradeoff_generation_requests_finished_total", "model"), "model")
+    t50 = per_model(quantile(0.5, ttft, "model"), "model")
+    t99 = per_model(quantile(0.99, ttft, "model"), "model")
+    generations = [GenerationRow(key[0], tokens.get(key, 0.0), finished.get(key, 0.0),
+                                 running.get(key, 0.0), waiting.get(key, 0.0),
+                                 kv.get(key, 0.0), ms(t50.get(key)), ms(t99.get(key)))
+                   for key in sorted(running)]
     return models, generations

@@ -1,4 +1,5 @@
-"""``tradeoff top``: a live view of a server's models, from its ``/metrics``."""
+"""``tradeoff top``: a live view of a server's models, from its ``/metrics`` or from a
+Prometheus that scrapes it."""
 
 from __future__ import annotations
 
@@ -10,46 +11,67 @@ from tradeoff.cli.options import Duration, user_errors
 
 
 @click.command()
-@click.argument("url")
+@click.argument("url", required=False)
+@click.option("--prometheus-url", help="Read a Prometheus server that scrapes the servers "
+                                       "instead (replicas summed), e.g. http://HOST:9090.")
+@click.option("--window", default="1m", show_default=True,
+              help="With --prometheus-url: the PromQL range of rates and percentiles.")
 @click.option("--interval", type=Duration(minimum_s=0.1), default="1s", show_default=True,
               help="Time between readings (rates and percentiles cover it).")
 @click.option("--iterations", type=click.IntRange(min=1),
               help="Stop after this many refreshes (default: until Ctrl-C).")
-def top(url: str, interval: float, iterations: int | None) -> None:
+def top(url: str | None, prometheus_url: str | None, window: str, interval: float,
+        iterations: int | None) -> None:
     """Watch a running server live: per model, requests per second, p50 and p99 (from the
     latency histograms), queue depth, requests in flight, executions per second and the
     mean batch, failures per second; for generative models, tokens per second, requests
     running and waiting, KV cache use and TTFT. Refreshed every --interval.
 
     URL is the server's metrics address (http://HOST:8002/metrics; the /metrics path
-    may be left out).
+    may be left out). With --prometheus-url, the figures come from PromQL over --window
+    instead, summed over every server that Prometheus scrapes.
 
     \b
     Examples:
       tradeoff top http://127.0.0.1:8002
       tradeoff top 127.0.0.1:8002/metrics --interval 2s
+      tradeoff top --prometheus-url http://127.0.0.1:9090 --window 30s
       tradeoff top http://127.0.0.1:8002 --iterations 10
     """
     from rich.console import Console
     from rich.live import Live
 
-    from tradeoff.bench.scrape import live_rows, metrics_url, scrape
+    from tradeoff.bench.scrape import live_rows, metrics_url, prometheus_rows, scrape
     from tradeoff.report.terminal import live_view
 
+    if (url is None) == (prometheus_url is None):
+        raise click.UsageError("give the server's metrics URL or --prometheus-url")
+    if prometheus_url is not None and not window.strip():
+        raise click.UsageError("--window: give a PromQL range such as 30s or 1m")
     console = Console()
-    address = metrics_url(url)
     try:
-        before = scrape(address)
+        address = metrics_url(url) if url else None
+        before = scrape(address) if address else None
         shown = 0
         with Live(console=console, auto_refresh=False, transient=False) as live:
-            while iterations is None or shown < iterations:
-                time.sleep(interval)
-                after = scrape(address)
-                models, generations = live_rows(before, after)
-                live.update(live_view(models, generations, address, after.at - before.at),
-                            refresh=True)
-                before = after
+            while True:
+                if address is not None and before is not None:
+                    time.sleep(interval)  # a reading needs the one before it
+                    after = scrape(address)
+                    models, generations = live_rows(before, after)
+                    view = live_view(models, generations, address, after.at - before.at)
+                    before = after
+                else:
+                    assert prometheus_url is not None
+                    models, generations = prometheus_rows(prometheus_url, window)
+                    view = live_view(models, generations, f"{prometheus_url} (Prometheus)",
+                                     window=window)
+                live.update(view, refresh=True)
                 shown += 1
+                if iterations is not None and shown >= iterations:
+                    break
+                if address is None:
+                    time.sleep(interval)
     except KeyboardInterrupt:
         pass
     except user_errors() as exc:

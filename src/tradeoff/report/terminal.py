@@ -462,13 +462,16 @@ def print_serve_tune(result: ServeTune, console: Console) -> None:
 
 
 def live_view(models: list[ModelRow], generations: list[GenerationRow], source: str,
-              seconds: float) -> Group:
-    """``tradeoff top``'s screen: one row per model over the last interval."""
-    table = Table(title=f"{source}: last {seconds:.1f} s", box=box.SIMPLE_HEAD)
-    for column in ("model", "v", "req/s", "p50 ms", "p99 ms", "queue", "in flight",
+              seconds: float | None = None, window: str | None = None) -> Group:
+    """``tradeoff top``'s screen: one row per model over the last interval (``seconds``)
+    or a PromQL ``window``."""
+    span = f"last {seconds:.1f} s" if seconds is not None else f"rates over {window}"
+    table = Table(title=f"{source}: {span}", box=box.SIMPLE_HEAD, pad_edge=False,
+                  collapse_padding=True)
+    for column in ("model", "v", "req/s", "p50 ms", "p99 ms", "queue", "inflight",
                    "exec/s", "batch", "fail/s"):
         table.add_column(column, justify="left" if column == "model" else "right",
-                         no_wrap=True)
+                         no_wrap=True, min_width=len(column))
     for m in models:
         table.add_row(m.model, m.version, f"{m.requests_per_s:,.1f}", _ms(m.p50_ms),
                       _ms(m.p99_ms), f"{m.queue_depth:,.0f}", f"{m.in_flight:,.0f}",
@@ -478,11 +481,12 @@ def live_view(models: list[ModelRow], generations: list[GenerationRow], source: 
                       else "0")
     parts: list[Any] = [table]
     if generations:
-        tokens = Table(title="generations", box=box.SIMPLE_HEAD)
+        tokens = Table(title="generations", box=box.SIMPLE_HEAD, pad_edge=False,
+                  collapse_padding=True)
         for column in ("model", "tokens/s", "req/s", "running", "waiting", "KV used",
                        "TTFT p50 ms", "TTFT p99 ms"):
             tokens.add_column(column, justify="left" if column == "model" else "right",
-                              no_wrap=True)
+                              no_wrap=True, min_width=len(column))
         for g in generations:
             tokens.add_row(g.model, f"{g.output_tokens_per_s:,.1f}",
                            f"{g.requests_per_s:,.2f}", f"{g.running:,.0f}",
