@@ -292,4 +292,6 @@ def test_a_failed_step_fails_only_the_request_that_caused_it(tmp_path: Path) -> 
         assert b'"finish_reason":"length"' in streamed, streamed[-300:]
         assert b"data: [DONE]\n\n" in streamed[-40:], streamed[-300:]
         assert b'"error"' not in streamed
-        assert complete(other.url, temperature=0.8)[0] == 200
+        # the model still serves: greedy from "a" is the stream above, which never held
+        # the poisoned token (sampling could draw it and fail, as it should)
+        assert complete(other.url, prompt="a", temperature=0)[0] == 200

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.console import Console, Group
 from rich.table import Table
 
-from tradeoff.bench.scrape import GenerationRow, ModelRow
 from tradeoff.results import (
     BatchSizeTune,
     BenchResult,
@@ -21,6 +20,9 @@ from tradeoff.results import (
     SweepResult,
 )
 
+if TYPE_CHECKING:  # for hints only: soak prints tables while it measures, and importing
+    # prometheus_client's parser then would cost a measured window its p99
+    from tradeoff.bench.scrape import GenerationRow, ModelRow
 
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
