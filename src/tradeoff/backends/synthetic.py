@@ -78,9 +78,9 @@ def describe(path: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
     return _specs(document, "inputs", path), _specs(document, "outputs", path)
 
 
-def read_cost(path: Path) -> Cost:
-    """The cost ``model.json`` declares."""
-    document = _read(path)
+def read_cost(path: Path, document: dict[str, Any] | None = None) -> Cost:
+    """The cost ``model.json`` declares (``document``: the file, already read)."""
+    document = _read(path) if document is None else document
     try:
         cost = dict(document.get("cost", {}))
         return Cost(fixed_ms=float(cost.get("fixed_ms", 1.0)),
@@ -97,8 +97,8 @@ class SyntheticBackend(Backend):
     """Sleeps for the batch's set cost, holding its set memory, and copies inputs out."""
 
     def __init__(self, spec: InstanceSpec) -> None:
-        self.cost = read_cost(spec.path)
         document = _read(spec.path)
+        self.cost = read_cost(spec.path, document)
         self.copy_of = {str(t["name"]): str(t.get("copy_of") or document["inputs"][0]["name"])
                         for t in document["outputs"]}
 

@@ -22,7 +22,6 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections import defaultdict
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -150,19 +149,18 @@ def live_rows(before: Snapshot, after: Snapshot) -> tuple[list[ModelRow], list[G
     models = []
     for labels in sorted(after.label_sets("tradeoff_model_ready"),
                          key=lambda d: (d["model"], d["version"])):
-        failures: dict[str, float] = defaultdict(float)
-        for failure in after.label_sets("tradeoff_inference_request_failure_total"):
-            if failure.get("model") == labels["model"] and \
-                    failure.get("version") == labels["version"]:
-                failures["all"] += _rate("tradeoff_inference_request_failure_total", failure,
-                                         before, after, seconds)
+        failed = "tradeoff_inference_request_failure_total"  # one series per reason
+        failures = sum(_rate(failed, reasons, before, after, seconds)
+                       for reasons in after.label_sets(failed)
+                       if (reasons.get("model"), reasons.get("version"))
+                       == (labels["model"], labels["version"]))
         latency = "tradeoff_inference_request_duration_seconds"
         then, now = before.buckets(latency, labels), after.buckets(latency, labels)
         p50, p99 = quantile(0.5, then, now), quantile(0.99, then, now)
         models.append(ModelRow(
             labels["model"], labels["version"],
             _rate("tradeoff_inference_request_success_total", labels, before, after, seconds),
-            failures["all"],
+            failures,
             _rate("tradeoff_inference_count_total", labels, before, after, seconds),
             _rate("tradeoff_inference_exec_count_total", labels, before, after, seconds),
             None if p50 is None else p50 * 1e3, None if p99 is None else p99 * 1e3,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from tradeoff.cli.options import json_option, save_result
+from tradeoff.cli.options import json_option, save_result, step_progress
 
 
 @click.command()
@@ -64,7 +64,6 @@ def optimize(model_dir: Path, int8: str | None, per_channel: bool, exclude: tupl
           --validation val.txt --max-drop 0.005
     """
     from rich.console import Console
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from tradeoff.optimize import OptimizePlan, Variant, optimize_model
     from tradeoff.report.terminal import print_optimize
@@ -86,11 +85,8 @@ def optimize(model_dir: Path, int8: str | None, per_channel: bool, exclude: tupl
     plan = OptimizePlan(tuple(variants), validation, calibration, max_drop, seconds,
                         from_version)
     console = Console()
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                  console=console, transient=True) as progress:
-        task = progress.add_task("reading the model", total=None)
-        result = optimize_model(model_dir, plan,
-                                lambda step: progress.update(task, description=step))
+    with step_progress(console, "reading the model") as say:
+        result = optimize_model(model_dir, plan, say)
     print_optimize(result, console)
     made = [v for v in result.versions if v.created]
     if made and made[0].model:

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -297,6 +298,18 @@ def save_result(document: ResultDocument, path: Path | None, console: Console,
         return
     write_json(document, path)
     console.print(f"{what}: {path}")
+
+
+@contextmanager
+def step_progress(console: Console, first: str = "starting") -> Iterator[Callable[[str], None]]:
+    """A spinner whose text is the step under way, for long work in process; yields the
+    function that names the next step."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                  console=console, transient=True) as progress:
+        task = progress.add_task(first, total=None)
+        yield lambda step: progress.update(task, description=step)
 
 
 def user_errors() -> tuple[type[Exception], ...]:

@@ -15,6 +15,7 @@ from tradeoff.cli.options import (
     load_options,
     max_error_percent_option,
     save_result,
+    step_progress,
     take_endpoint,
     take_load,
     user_errors,
@@ -82,7 +83,7 @@ def batch_size(model_dir: Path, device: str, max_memory: str | None,
             parse_size(max_memory, "--max-memory") if max_memory else None),
             max_latency_ms=max_latency_ms, max_batch=max_batch, seconds_per_batch=seconds,
             back_off=back_off, threads=threads)
-        with _progress(console) as say:
+        with step_progress(console) as say:
             result = tune_batch_size(model_dir, plan, say)
     except user_errors() as exc:
         raise click.ClickException(str(exc)) from None
@@ -191,7 +192,7 @@ def serve(url: str, sla_p99_ms: float, rate: float | None, max_throughput: bool,
         goal = ServeGoal(sla_p99_ms, rate,
                          Price(per_hour=price_per_hour) if price_per_hour else None,
                          price_per_core_hour, budget, strategy, max_error_percent, confirm)
-        with _progress(console) as say:
+        with step_progress(console) as say:
             search = ServeSearch(target, base, goal, space, say)
             result = search.run()
         result = write_winner(result, search.original,
@@ -200,21 +201,3 @@ def serve(url: str, sla_p99_ms: float, rate: float | None, max_throughput: bool,
         raise click.ClickException(str(exc)) from None
     print_serve_tune(result, console)
     save_result(result, json_path, console, "tune result")
-
-
-class _progress:
-    """A spinner whose text is the step being measured."""
-
-    def __init__(self, console: Any) -> None:
-        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"),
-                                 TimeElapsedColumn(), console=console, transient=True)
-
-    def __enter__(self) -> Any:
-        self.progress.__enter__()
-        task = self.progress.add_task("starting", total=None)
-        return lambda step: self.progress.update(task, description=step)
-
-    def __exit__(self, *exc: object) -> None:
-        self.progress.__exit__(*exc)  # type: ignore[arg-type]

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from tradeoff.backends.base import Backend
-from tradeoff.backends.registry import InstanceSpec
+from tradeoff.backends.registry import InstanceSpec, TensorBackendType
 from tradeoff.errors import ModelLoadError, OptimizeError, TradeoffError, TuneError
 from tradeoff.optimize.samples import VALIDATION, Samples, builtin_samples, sample_count
 from tradeoff.repository.config import ModelConfig
@@ -41,7 +41,7 @@ from tradeoff.repository.repository import ModelRepository
 from tradeoff.results import BatchPoint, BatchSizeTune, MemoryEstimate, environment
 from tradeoff.stats.distribution import distribution
 from tradeoff.stats.knee import MIN_GAIN, find_knee
-from tradeoff.tune.memory import memory_meter
+from tradeoff.tune.memory import CudaMeter, RssMeter, memory_meter
 
 Progress = Callable[[str], None]
 
@@ -97,13 +97,13 @@ class _Measurer:
     """Runs one batch size on the backend and reads the clock and the memory meter."""
 
     def __init__(self, backend: Backend, config: ModelConfig, samples: Samples,
-                 plan: BatchSizePlan, baseline: int) -> None:
+                 plan: BatchSizePlan, meter: RssMeter | CudaMeter, baseline: int) -> None:
         self.backend = backend
         self.config = config
         self.samples = samples
         self.plan = plan
+        self.meter = meter
         self.baseline = baseline
-        self.meter = memory_meter(plan.device)
         self.outputs = [t.name for t in config.outputs]
 
     def batch(self, size: int) -> Samples:
@@ -136,8 +136,8 @@ class _Measurer:
                           distribution(taken * 1e3), memory, fits)
 
 
-def _load(model_dir: Path, plan: BatchSizePlan) -> tuple[ModelConfig, InstanceSpec, Samples,
-                                                          str]:
+def _load(model_dir: Path, plan: BatchSizePlan
+          ) -> tuple[ModelConfig, InstanceSpec, Samples, str, TensorBackendType]:
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise TuneError(f"{model_dir}: not a model directory (give REPOSITORY/MODEL)")
@@ -165,7 +165,7 @@ def _load(model_dir: Path, plan: BatchSizePlan) -> tuple[ModelConfig, InstanceSp
     except OptimizeError as exc:
         raise TuneError(str(exc)) from None
     backend_type = repository.backends.tensor(config.backend)
-    return config, spec, samples, f"{where}; backend {backend_type.name}"
+    return config, spec, samples, f"{where}; backend {backend_type.name}", backend_type
 
 
 def _check_cuda(backend: str) -> None:
@@ -183,18 +183,17 @@ def tune_batch_size(model_dir: Path, plan: BatchSizePlan,
                     progress: Progress | None = None) -> BatchSizeTune:
     """Run the doubling search on the model in ``model_dir`` (REPOSITORY/MODEL)."""
     say = progress or (lambda _: None)
-    config, spec, samples, samples_from = _load(model_dir, plan)
-    repository = ModelRepository(Path(model_dir).parent)
+    config, spec, samples, samples_from, backend_type = _load(model_dir, plan)
     meter = memory_meter(plan.device)
     baseline = meter.now()
     say("loading the model")
     try:
-        backend = repository.backends.tensor(config.backend).create(spec)
+        backend = backend_type.create(spec)
     except ModelLoadError as exc:
         raise TuneError(str(exc)) from None
     try:
         weights = max(meter.now() - baseline, 0)
-        measurer = _Measurer(backend, config, samples, plan, baseline)
+        measurer = _Measurer(backend, config, samples, plan, meter, baseline)
         points, stop_reason = _double(measurer, plan, say)
         good = [p for p in points if p.samples_per_s is not None and p.fits
                 and _within_latency(p, plan)]
@@ -225,7 +224,7 @@ def tune_batch_size(model_dir: Path, plan: BatchSizePlan,
     fitted = [p.batch_size for p in points if p.fits and p.error is None
               and p.role in ("doubling", "memory")]
     memory = MemoryEstimate(
-        measurer.meter.source, weights, per_sample, plan.max_memory_bytes,
+        meter.source, weights, per_sample, plan.max_memory_bytes,
         estimated_max_batch(plan.max_memory_bytes, weights, per_sample),
         max(fitted) if plan.max_memory_bytes is not None and fitted else None)
     return BatchSizeTune(
