@@ -399,7 +399,7 @@ class ServeSearch:
 
     def _coordinate(self, baseline: Knobs, original: dict[str, Any]) -> str:
         if self.try_knobs(baseline, original) is None:
-            return "budget spent"
+            return f"budget of {self.goal.budget_s:g} s spent"
         best = baseline
         rounds = 0
         while True:
