@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from tradeoff.cli.options import DURATION, DURATION_OR_ZERO, setup_logging
 from tradeoff.errors import TradeoffError
+
+if TYPE_CHECKING:
+    from tradeoff.server.runner import ServeOptions
 
 
 @click.command()
@@ -110,6 +114,28 @@ from tradeoff.errors import TradeoffError
                    "fault_die_on_value): for reliability tests only.")
 @click.option("--strict-readiness", is_flag=True,
               help="/v2/health/ready only when every model in the repository is ready.")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None,
+              metavar="[ADDRESS]",
+              help="Serve as a Ray Serve deployment on the Ray cluster at ADDRESS (host:port "
+                   "of `ray start --head`; alone: start Ray here). HTTP v2 and /v1 through "
+                   "Ray's proxy on --host/--http-port; no gRPC. docs/scale-out.md.")
+@click.option("--replicas", default=1, show_default=True, type=click.IntRange(1),
+              help="With --ray: replicas of the whole data plane.")
+@click.option("--autoscale", metavar="MIN:MAX",
+              help="With --ray: let Ray Serve scale between MIN and MAX replicas.")
+@click.option("--target-ongoing-requests", default=32.0, show_default=True,
+              type=click.FloatRange(0, min_open=True),
+              help="With --autoscale: requests in flight per replica Ray Serve scales to "
+                   "hold (queued in the batcher or running).")
+@click.option("--max-ongoing-requests", default=256, show_default=True,
+              type=click.IntRange(1),
+              help="With --ray: requests one replica is sent at once; more wait in the proxy.")
+@click.option("--replica-cpus", default=1.0, show_default=True,
+              type=click.FloatRange(0, min_open=True),
+              help="With --ray: Ray CPUs each replica reserves.")
+@click.option("--proxy-every-node", is_flag=True,
+              help="With --ray: a proxy on every node (behind your load balancer), not only "
+                   "on the head.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def serve(repository: Path, host: str, http_port: int, metrics_port: int, no_metrics: bool,
@@ -126,7 +152,9 @@ def serve(repository: Path, host: str, http_port: int, metrics_port: int, no_met
           admin_keys: tuple[str, ...], admin_key_files: tuple[Path, ...],
           metrics_keys: tuple[str, ...],
           tls_cert: Path | None, tls_key: Path | None, allow_fault_injection: bool,
-          strict_readiness: bool, log_level: str) -> None:
+          strict_readiness: bool, ray_address: str | None, replicas: int,
+          autoscale: str | None, target_ongoing_requests: float, max_ongoing_requests: int,
+          replica_cpus: float, proxy_every_node: bool, log_level: str) -> None:
     """Serve a model repository over the Open Inference Protocol v2.
 
     \b
@@ -139,6 +167,8 @@ def serve(repository: Path, host: str, http_port: int, metrics_port: int, no_met
       tradeoff serve --model-repository ./models --cache local,size=512MB
       tradeoff serve --model-repository ./models --cache redis://127.0.0.1:6379/0,ttl=600
       curl -s localhost:8000/v2/models/mlp/stats
+      tradeoff serve --model-repository /shared/models --ray 10.0.0.1:6379 --replicas 4
+      tradeoff serve --model-repository /shared/models --ray --autoscale 1:8
     """
     import os
 
@@ -181,9 +211,29 @@ def serve(repository: Path, host: str, http_port: int, metrics_port: int, no_met
             max_connections_per_client=max_connections_per_client,
             max_body_memory=max_body_memory, max_json_bytes=max_json_bytes))
     try:
-        run_server(options)
+        if ray_address is None:
+            run_server(options)
+        else:
+            _serve_on_ray(options, ray_address, replicas, autoscale, target_ongoing_requests,
+                          max_ongoing_requests, replica_cpus, proxy_every_node)
     except (OSError, TradeoffError) as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def _serve_on_ray(options: ServeOptions, address: str, replicas: int,
+                  autoscale: str | None, target_ongoing_requests: float,
+                  max_ongoing_requests: int, replica_cpus: float, every_node: bool) -> None:
+    from tradeoff.server.ray_serve import RayOptions, parse_autoscale, serve_on_ray
+
+    try:
+        bounds = parse_autoscale(autoscale) if autoscale is not None else None
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    serve_on_ray(options, RayOptions(
+        address=None if address == "local" else address, replicas=replicas,
+        autoscale=bounds, target_ongoing_requests=target_ongoing_requests,
+        max_ongoing_requests=max_ongoing_requests, replica_cpus=replica_cpus,
+        every_node=every_node))
 
 
 @click.group()

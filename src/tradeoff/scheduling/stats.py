@@ -122,3 +122,43 @@ class ModelStats:
                 for size, e in sorted(self.batches.items())
             ],
         }
+
+
+def merge_model_stats(documents: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several servers' ``{"model_stats": [...]}`` (replicas of one deployment) as one:
+    counts and durations add up per model version and per batch size; the last
+    inference is the latest of any."""
+    merged: dict[tuple[str, str], dict[str, Any]] = {}
+    for document in documents:
+        for entry in document.get("model_stats", []):
+            key = (entry["name"], entry["version"])
+            into = merged.get(key)
+            if into is None:
+                merged[key] = _copy_entry(entry)
+                continue
+            into["last_inference"] = max(into["last_inference"], entry["last_inference"])
+            into["inference_count"] += entry["inference_count"]
+            into["execution_count"] += entry["execution_count"]
+            _add_durations(into["inference_stats"], entry["inference_stats"])
+            sizes = {b["batch_size"]: b for b in into["batch_stats"]}
+            for batch in entry["batch_stats"]:
+                if batch["batch_size"] in sizes:
+                    _add_durations(sizes[batch["batch_size"]], batch)
+                else:
+                    into["batch_stats"].append(_copy_entry(batch))
+            into["batch_stats"].sort(key=lambda b: b["batch_size"])
+    return {"model_stats": [merged[key] for key in sorted(merged)]}
+
+
+def _copy_entry(entry: dict[str, Any]) -> dict[str, Any]:
+    return {key: _copy_entry(value) if isinstance(value, dict) else
+            [_copy_entry(v) for v in value] if isinstance(value, list) else value
+            for key, value in entry.items()}
+
+
+def _add_durations(into: dict[str, Any], other: dict[str, Any]) -> None:
+    for part, duration in other.items():
+        if isinstance(duration, dict):
+            total = into.setdefault(part, _duration(0, 0))
+            total["count"] += duration["count"]
+            total["ns"] += duration["ns"]

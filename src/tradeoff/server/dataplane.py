@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from tradeoff import __version__
 from tradeoff.errors import (
@@ -32,6 +32,7 @@ from tradeoff.protocol.v2 import (
 from tradeoff.repository.config import ModelConfig
 from tradeoff.repository.router import Target
 from tradeoff.scheduling.request import InferenceRequest, Timings
+from tradeoff.scheduling.stats import merge_model_stats
 from tradeoff.server.asgi import OFF_LOOP_BYTES
 from tradeoff.server.cache import ResponseCache, generation_key, tensor_key
 from tradeoff.server.models import ModelManager, ModelVersion
@@ -39,6 +40,18 @@ from tradeoff.server.router import SHADOW_IN_FLIGHT, RoutedModel
 
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository", "parameters",
               "schedule_policy", "statistics"]
+
+
+class Peers(Protocol):
+    """The other replicas of a deployment (Ray Serve): what this one tells and asks them."""
+
+    async def publish(self, change: dict[str, Any]) -> None:
+        """Apply a repository change (load or unload) on every other replica; raises
+        when one of them fails it."""
+
+    async def statistics(self, name: str | None, version: str | None
+                         ) -> list[dict[str, Any]]:
+        """The other replicas' statistics documents."""
 
 
 class DataPlane:
@@ -58,6 +71,7 @@ class DataPlane:
         self.overload_refusals = 0
         self._admission = _Admission(self)
         self._background: set[asyncio.Task] = set()  # shadow copies in flight
+        self.peers: Peers | None = None  # a replica of a Ray Serve deployment
 
     # ------------------------------------------------------------ admission
 
@@ -159,10 +173,19 @@ class DataPlane:
             entries = [v.stats.to_dict() for _, v in sorted(versions.items())]
         return {"model_stats": entries}
 
-    async def load_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
+    async def all_statistics(self, name: str | None, version: str | None) -> dict[str, Any]:
+        """``statistics``, summed over every replica when this is one of several."""
+        mine = self.statistics(name, version)
+        if self.peers is None:
+            return mine
+        return merge_model_stats([mine, *await self.peers.statistics(name, version)])
+
+    async def load_model(self, name: str, parameters: dict[str, Any] | None = None, *,
+                         publish: bool = True) -> None:
         """The repository extension's load. ``parameters`` may carry Triton's ``config``
         (the model config as a JSON string) to use instead of the config file; any
-        failure but an unknown model is a 400 naming the model and the cause."""
+        failure but an unknown model is a 400 naming the model and the cause. A replica
+        then has every other replica load it too (``publish``)."""
         override = _config_override(parameters or {})
         try:
             await self.manager.load(name, override)
@@ -170,6 +193,15 @@ class DataPlane:
             raise
         except Exception as exc:
             raise InvalidInput(f"failed to load {name!r}: {exc}") from exc
+        if publish and self.peers is not None:
+            await self.peers.publish({"op": "load", "model": name,
+                                      "parameters": parameters or {}})
+
+    async def unload_model(self, name: str, *, publish: bool = True) -> None:
+        """The repository extension's unload, on every replica (``publish``)."""
+        await self.manager.unload(name)
+        if publish and self.peers is not None:
+            await self.peers.publish({"op": "unload", "model": name})
 
     # ------------------------------------------------------------ inference
 

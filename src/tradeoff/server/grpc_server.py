@@ -156,7 +156,8 @@ class GrpcService:
             config=json_format.ParseDict(config, model_config_pb2.ModelConfig()))
 
     async def model_statistics(self, request: pb.ModelStatisticsRequest, context: Any) -> Any:
-        stats = self.dataplane.statistics(request.name or None, request.version or None)
+        stats = await self.dataplane.all_statistics(request.name or None,
+                                                   request.version or None)
         return json_format.ParseDict(stats, pb.ModelStatisticsResponse(),
                                      ignore_unknown_fields=True)
 
@@ -173,7 +174,7 @@ class GrpcService:
 
     async def repository_model_unload(self, request: pb.RepositoryModelUnloadRequest,
                                       context: Any) -> Any:
-        await self.dataplane.manager.unload(request.model_name)
+        await self.dataplane.unload_model(request.model_name)
         return pb.RepositoryModelUnloadResponse()
 
     async def model_infer(self, request: pb.ModelInferRequest, context: Any) -> Any:

@@ -308,7 +308,7 @@ class HttpApp:
 
     async def all_stats(self, scope: Scope, receive: Receive, send: Send,
                         params: Params) -> None:
-        await send_json(send, 200, self.dataplane.statistics(None, None))
+        await send_json(send, 200, await self.dataplane.all_statistics(None, None))
 
     async def model_metadata(self, scope: Scope, receive: Receive, send: Send,
                              params: Params) -> None:
@@ -327,8 +327,8 @@ class HttpApp:
 
     async def model_stats(self, scope: Scope, receive: Receive, send: Send,
                           params: Params) -> None:
-        await send_json(send, 200, self.dataplane.statistics(params["model"],
-                                                         params.get("version")))
+        await send_json(send, 200, await self.dataplane.all_statistics(
+            params["model"], params.get("version")))
 
     async def repository_index(self, scope: Scope, receive: Receive, send: Send,
                                params: Params) -> None:
@@ -346,7 +346,7 @@ class HttpApp:
 
     async def unload(self, scope: Scope, receive: Receive, send: Send, params: Params) -> None:
         await self._read_body(scope, receive)
-        await self.dataplane.manager.unload(params["model"])
+        await self.dataplane.unload_model(params["model"])
         await send_body(send, 200, b"{}")
 
     async def infer(self, scope: Scope, receive: Receive, send: Send, params: Params) -> None:

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import signal
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -117,14 +117,9 @@ def _fit_open_files(limits: TransportLimits) -> TransportLimits:
     return replace(limits, max_connections=fitted, max_connections_per_client=per_client)
 
 
-def serve(options: ServeOptions) -> None:
-    """Run the server in this process until it is told to stop."""
-    install_rate_limit()
-    tls = None
-    if options.tls_cert is not None or options.tls_key is not None:
-        if options.tls_cert is None or options.tls_key is None:
-            raise OSError("TLS needs both --tls-cert and --tls-key")
-        tls = (options.tls_cert.read_bytes(), options.tls_key.read_bytes())
+def make_dataplane(options: ServeOptions
+                   ) -> tuple[ModelManager, DataPlane, ResponseCache | None]:
+    """The repository's models (not loaded yet), the cache and the data plane over them."""
     repository = ModelRepository(options.model_repository, options.default_max_batch_size)
     manager = ModelManager(repository, default_intra_op_threads=options.intra_op_threads,
                            allow_fault_injection=options.allow_fault_injection,
@@ -134,6 +129,30 @@ def serve(options: ServeOptions) -> None:
     manager.cache_enabled = cache is not None
     dataplane = DataPlane(manager, options.max_inflight, options.limits, cache)
     dataplane.strict_readiness = options.strict_readiness
+    return manager, dataplane, cache
+
+
+def make_app(options: ServeOptions, dataplane: DataPlane, transport: TransportLimits,
+             metrics_port: int | None, startup: Callable[[], Awaitable[None]],
+             shutdown: Callable[[], Awaitable[None]]) -> HttpApp:
+    """The ASGI application over ``dataplane``, with the options' keys and origins."""
+    return HttpApp(dataplane, make_registry(dataplane.manager, dataplane),
+                   metrics_port=metrics_port, max_request_bytes=options.max_request_bytes,
+                   on_startup=startup, on_shutdown=shutdown, access=options.access,
+                   limits=transport,
+                   origins=OriginPolicy.for_bind(options.host, options.allowed_hosts,
+                                                 options.allowed_origins))
+
+
+def serve(options: ServeOptions) -> None:
+    """Run the server in this process until it is told to stop."""
+    install_rate_limit()
+    tls = None
+    if options.tls_cert is not None or options.tls_key is not None:
+        if options.tls_cert is None or options.tls_key is None:
+            raise OSError("TLS needs both --tls-cert and --tls-key")
+        tls = (options.tls_cert.read_bytes(), options.tls_key.read_bytes())
+    manager, dataplane, cache = make_dataplane(options)
     sockets = [_bind(options.host, options.http_port)]
     http_port = sockets[0].getsockname()[1]
     metrics_port = None
@@ -178,13 +197,7 @@ def serve(options: ServeOptions) -> None:
         log.info("stopped")
 
     transport = _fit_open_files(options.transport)
-    app = HttpApp(dataplane, make_registry(manager, dataplane),
-                  metrics_port=metrics_port,
-                  max_request_bytes=options.max_request_bytes,
-                  on_startup=startup, on_shutdown=shutdown, access=options.access,
-                  limits=transport,
-                  origins=OriginPolicy.for_bind(options.host, options.allowed_hosts,
-                                                options.allowed_origins))
+    app = make_app(options, dataplane, transport, metrics_port, startup, shutdown)
     config = uvicorn.Config(
         app,
         loop="uvloop",

@@ -1,0 +1,201 @@
+"""``tradeoff serve --ray``: the data plane as a Ray Serve deployment.
+
+Each replica is a whole ``tradeoff`` data plane (every model of the repository, with its
+own batchers and instances) behind Ray Serve's HTTP proxy, which spreads requests over
+the replicas. The repository path must be one every node sees. Replicas keep their
+models in step through :mod:`tradeoff.server.replicas`; each serves its own Prometheus
+``/metrics`` on its node's address. Autoscaling is Ray Serve's: it holds the ongoing
+requests per replica near ``target_ongoing_requests``.
+
+gRPC is not carried: Ray Serve's gRPC proxy routes only methods defined on the
+deployment, and the KServe service is not one of them (docs/scale-out.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from dataclasses import dataclass, replace
+from typing import Any
+
+from tradeoff.errors import MissingDependency, TradeoffError
+from tradeoff.server.replicas import ReplicaCoordinator, ReplicaLink
+from tradeoff.server.runner import ServeOptions, make_app, make_dataplane
+
+log = logging.getLogger("tradeoff.server")
+
+NAMESPACE = "tradeoff"
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    """Where and how many: ``address`` None starts Ray in this process."""
+
+    address: str | None = None
+    replicas: int = 1
+    autoscale: tuple[int, int] | None = None  # (min, max) replicas
+    target_ongoing_requests: float = 32.0
+    max_ongoing_requests: int = 256
+    replica_cpus: float = 1.0
+    every_node: bool = False  # a proxy on every node, not only the head
+    app_name: str = "tradeoff"
+
+    @property
+    def coordinator_name(self) -> str:
+        return f"{self.app_name}-replicas"
+
+    def deployment_options(self) -> dict[str, Any]:
+        """Ray Serve's ``@serve.deployment`` arguments."""
+        scale: dict[str, Any]
+        if self.autoscale is not None:
+            low, high = self.autoscale
+            scale = {"autoscaling_config": {
+                "min_replicas": low, "max_replicas": high, "initial_replicas": low,
+                "target_ongoing_requests": self.target_ongoing_requests}}
+        else:
+            scale = {"num_replicas": self.replicas}
+        return {**scale, "max_ongoing_requests": self.max_ongoing_requests,
+                "ray_actor_options": {"num_cpus": self.replica_cpus},
+                "health_check_period_s": 2.0, "health_check_timeout_s": 10.0}
+
+
+def parse_autoscale(text: str) -> tuple[int, int]:
+    """``MIN:MAX`` replicas, as ``--autoscale`` takes them."""
+    low, sep, high = text.partition(":")
+    try:
+        bounds = int(low), int(high)
+    except ValueError:
+        bounds = (-1, -1)
+    if not sep or bounds[0] < 0 or bounds[1] < max(bounds[0], 1):
+        raise ValueError(f"--autoscale takes MIN:MAX replicas (0 <= MIN <= MAX, MAX >= 1), "
+                         f"got {text!r}")
+    return bounds
+
+
+class Replica:
+    """One replica: a data plane over the repository, its ASGI app and its peers."""
+
+    def __init__(self, options: ServeOptions, coordinator_name: str) -> None:
+        import ray
+        from ray import serve
+
+        self.options = options
+        self.manager, self.dataplane, self.cache = make_dataplane(options)
+        self.metrics_server: Any = None
+        self.link: ReplicaLink | None = None
+        self.coordinator = ray.get_actor(coordinator_name, namespace=NAMESPACE)
+        self.replica_id = serve.get_replica_context().replica_id.unique_id
+        self.node = ray.util.get_node_ip_address()
+        self.asgi_app = make_app(options, self.dataplane, options.transport, None,
+                            self._startup, self._shutdown)
+
+    def __serve_build_asgi_app__(self) -> Any:
+        return self.asgi_app
+
+    async def _startup(self) -> None:
+        await self.manager.load_all()
+        metrics_url = None
+        if self.options.metrics_port is not None:
+            from prometheus_client import start_http_server
+
+            self.metrics_server, _ = start_http_server(0, self.node, self.asgi_app.registry)
+            metrics_url = f"http://{self.node}:{self.metrics_server.server_port}/metrics"
+        self.link = ReplicaLink(self.coordinator, self.dataplane, self.replica_id,
+                                self.node, os.getpid(), metrics_url)
+        await self.link.join()
+        self.dataplane.started = True
+        log.info("replica %s ready on %s (pid %d)", self.replica_id, self.node,
+                 os.getpid())
+
+    async def _shutdown(self) -> None:
+        self.dataplane.begin_shutdown()
+        if self.link is not None:
+            await self.link.close()
+        await self.manager.close()
+        if self.cache is not None:
+            await self.cache.close()
+        if self.metrics_server is not None:
+            self.metrics_server.shutdown()
+
+
+def _import_serve() -> Any:
+    try:
+        from ray import serve
+    except ImportError:
+        raise MissingDependency("serve --ray", "ray[serve]", "ray") from None
+    return serve
+
+
+def deploy(options: ServeOptions, ray_options: RayOptions) -> Any:
+    """Start the coordinator, the proxy and the replicas on the connected Ray cluster;
+    returns the coordinator's handle once every replica is up."""
+    import ray
+
+    serve = _import_serve()
+    coordinator = ray.remote(num_cpus=0)(ReplicaCoordinator).options(
+        name=ray_options.coordinator_name, namespace=NAMESPACE).remote()
+    http: dict[str, Any] = {"host": options.host, "port": options.http_port}
+    if options.tls_cert is not None and options.tls_key is not None:
+        http.update(ssl_certfile=str(options.tls_cert), ssl_keyfile=str(options.tls_key))
+    serve.start(proxy_location="EveryNode" if ray_options.every_node else "HeadOnly",
+                http_options=http)
+    deployment = serve.deployment(serve.ingress()(Replica), name="tradeoff",
+                                  **ray_options.deployment_options())
+    serve.run(deployment.bind(options, ray_options.coordinator_name),
+              name=ray_options.app_name, route_prefix="/", blocking=False)
+    return coordinator
+
+
+def connect(address: str | None) -> None:
+    """Join the Ray cluster at ``address`` (None: start a local one)."""
+    _import_serve()
+    import ray
+
+    try:
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False,
+                 include_dashboard=False if address is None else None,
+                 configure_logging=False)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise TradeoffError(f"cannot reach the Ray cluster at {address}: {exc}; start one "
+                            "with `ray start --head`") from None
+
+
+def serve_on_ray(options: ServeOptions, ray_options: RayOptions) -> None:
+    """Run ``tradeoff serve --ray`` until SIGINT/SIGTERM, then take the deployment down."""
+    options = replace(options, model_repository=options.model_repository.resolve())
+    connect(ray_options.address)
+    serve = _import_serve()
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        coordinator = deploy(options, ray_options)
+        import ray
+
+        scheme = "https" if options.tls_cert else "http"
+        log.info("Ray Serve proxy (Open Inference Protocol v2, /v1) on %s://%s:%d",
+                 scheme, options.host, options.http_port)
+        known: set[str] = set()
+        while not stop.wait(1.0):
+            members = ray.get(coordinator.replicas.remote())
+            for member in members:
+                if member["replica"] not in known:
+                    known.add(member["replica"])
+                    log.info("replica %s on %s, pid %d, metrics %s", member["replica"],
+                             member["node"], member["pid"], member["metrics_url"] or "off")
+            gone = known - {m["replica"] for m in members}
+            for replica in sorted(gone):
+                log.info("replica %s is gone", replica)
+            known -= gone
+    finally:
+        log.info("taking the deployment down")
+        try:
+            serve.delete(ray_options.app_name)
+            serve.shutdown()
+        finally:
+            import ray
+
+            ray.shutdown()
+        log.info("stopped")
