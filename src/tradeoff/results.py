@@ -160,17 +160,25 @@ class ClientReport:
     client_bound: bool
     reasons: list[str]
     notes: list[str]
+    # Ray workers: per worker its node, requests and clock offset from this host's
+    # clock; and how far apart their starts may have been (the offsets' uncertainty)
+    hosts: list[dict[str, Any]] = field(default_factory=list)
+    start_skew_ms: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"workers": self.workers, "cpu_percent": self.cpu_percent,
-                "send_lag_ms": self.send_lag_ms, "loop_lag_ms": self.loop_lag_ms,
-                "client_bound": self.client_bound, "reasons": list(self.reasons),
-                "notes": list(self.notes)}
+        out: dict[str, Any] = {"workers": self.workers, "cpu_percent": self.cpu_percent,
+               "send_lag_ms": self.send_lag_ms, "loop_lag_ms": self.loop_lag_ms,
+               "client_bound": self.client_bound, "reasons": list(self.reasons),
+               "notes": list(self.notes)}
+        if self.hosts:  # only when the load came from Ray workers
+            out.update(hosts=[dict(h) for h in self.hosts], start_skew_ms=self.start_skew_ms)
+        return out
 
     @classmethod
     def read(cls, f: _Fields) -> ClientReport:
         return cls(f("workers"), f("cpu_percent"), f("send_lag_ms"), f("loop_lag_ms"),
-                   f("client_bound"), list(f("reasons")), list(f("notes")))
+                   f("client_bound"), list(f("reasons")), list(f("notes")),
+                   list(f.get("hosts") or []), f.get("start_skew_ms"))
 
 
 @dataclass(frozen=True)

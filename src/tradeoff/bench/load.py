@@ -92,6 +92,10 @@ class LoadSpec:
     max_connections: int = LOAD_DEFAULTS.max_connections
     seed: int = LOAD_DEFAULTS.seed
     offset_s: float = 0.0  # shifts the open-loop schedule (a worker's share of the rate)
+    # where the load comes from: this many load generators, merged exactly; processes
+    # here, or Ray actors spread over the nodes of the cluster at ray_address
+    workers: int = 1
+    ray_address: str | None = None
 
     def __post_init__(self) -> None:
         modes = [self.concurrency is not None, self.rate is not None,
@@ -110,6 +114,8 @@ class LoadSpec:
             raise ValueError(f"--window must be > 0 seconds, got {self.window_s}")
         if not 0 < self.stability_percent < 100:
             raise ValueError("--stability-percent must be between 0 and 100")
+        if self.workers < 1:
+            raise ValueError(f"--workers must be >= 1, got {self.workers}")
 
     @property
     def mode(self) -> str:
@@ -130,7 +136,8 @@ class LoadSpec:
                    warmup_s: float | None = None, window_s: float | None = None,
                    stability_percent: float | None = None, max_windows: int | None = None,
                    timeout_s: float | None = None, max_connections: int | None = None,
-                   seed: int | None = None, default_duration_s: float | None = None
+                   seed: int | None = None, default_duration_s: float | None = None,
+                   workers: int | None = None, ray_address: str | None = None
                    ) -> LoadSpec:
         """The spec for command-line values, the one place every command builds it;
         ``None`` means "not given" and takes the value of ``LOAD_DEFAULTS``. Without
@@ -158,7 +165,8 @@ class LoadSpec:
             timeout_s=d.timeout_s if timeout_s is None else timeout_s,
             max_connections=d.max_connections if max_connections is None
             else max_connections,
-            seed=d.seed if seed is None else seed)
+            seed=d.seed if seed is None else seed, workers=workers or 1,
+            ray_address=ray_address)
 
     def to_dict(self) -> dict:
         return {"mode": self.mode, "concurrency": self.concurrency, "rate": self.rate,

@@ -85,6 +85,9 @@ class RunOutcome:
     server_snapshots: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
     # how late the client's event loop woke for 10 ms timers during the load (ms)
     loop_lag_ms: np.ndarray = field(default_factory=lambda: np.empty(0))
+    # load from Ray workers: where each ran, and the uncertainty of their common start
+    hosts: list[dict[str, Any]] = field(default_factory=list)
+    start_skew_ms: float | None = None
 
 
 def window_report(index: int, start_ns: int, end_ns: int, end: np.ndarray, ok: np.ndarray,

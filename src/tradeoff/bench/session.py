@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
@@ -42,22 +43,28 @@ async def _progress(runner: Runner, console: Console, spec: LoadSpec) -> None:
             status.update(text)
 
 
-def run_benchmark(adapter: Adapter, spec: LoadSpec, console: Console | None = None,
-                  workers: int = 1) -> tuple[BenchResult, Records, int]:
-    """Run the load; returns (result, raw records, clock origin of the run)."""
+def run_benchmark(adapter: Adapter, spec: LoadSpec, console: Console | None = None
+                  ) -> tuple[BenchResult, Records, int]:
+    """Run the load; returns (result, raw records, clock origin of the run). The load
+    comes from this process, or from ``spec.workers`` processes or Ray actors."""
     requests = adapter.prepare()
     adapter.input_count = len(requests)
-    if workers > 1:
-        split_spec(spec, workers)  # refuse a bad split before any request is sent
+    if spec.workers > 1 or spec.ray_address is not None:
+        split_spec(spec, spec.workers)  # refuse a bad split before any request is sent
         cold_runner = Runner(adapter, requests, spec)
         cold = run_coroutine(cold_runner.cold_start())
         _refuse_if_unreachable(adapter, cold)
-        if console:
-            with console.status(f"{workers} workers running"):
-                outcome = run_workers(adapter, requests, spec, workers, cold)
-        else:
-            outcome = run_workers(adapter, requests, spec, workers, cold)
-        return build_result(adapter, spec, outcome, workers), outcome.records, outcome.start_ns
+        where = f" on Ray at {spec.ray_address}" if spec.ray_address else ""
+        with console.status(f"{spec.workers} workers running{where}") if console else \
+                contextlib.nullcontext():
+            if spec.ray_address is not None:
+                from tradeoff.bench.ray_load import run_ray_workers
+
+                outcome = run_ray_workers(adapter, requests, spec, cold)
+            else:
+                outcome = run_workers(adapter, requests, spec, cold)
+        return (build_result(adapter, spec, outcome, spec.workers), outcome.records,
+                outcome.start_ns)
     runner = Runner(adapter, requests, spec,
                     on_window=_window_printer(console) if console else None)
 

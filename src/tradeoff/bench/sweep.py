@@ -138,8 +138,10 @@ class Sweep:
 
     def _spec(self, load: float) -> LoadSpec:
         if self.plan.mode == "concurrency":
-            return dataclasses.replace(self.base, concurrency=max(round(load), 1),
-                                       rate=None, intervals=None)
+            concurrency = max(round(load), 1)  # a worker holds at least one request
+            return dataclasses.replace(self.base, concurrency=concurrency, rate=None,
+                                       intervals=None,
+                                       workers=min(self.base.workers, concurrency))
         return dataclasses.replace(self.base, rate=float(load), concurrency=None,
                                    intervals=None)
 

@@ -1,16 +1,17 @@
-"""Several load-generator processes on one host, merged exactly.
+"""Several load generators, merged exactly: processes on this host (here), or Ray actors
+on the nodes of a cluster (:mod:`tradeoff.bench.ray_load`, which merges the same way).
 
 Each worker offers its share of the load (concurrency split, or the rate split into
 interleaved schedules, or every N-th request of a trace) from its own process and event
-loop; all start at one agreed instant on the shared monotonic clock. Their raw records
-are concatenated, so percentiles are computed over every sample, never averaged.
+loop; all start at one agreed instant (here: on the shared monotonic clock). Their raw
+records are concatenated, so percentiles are computed over every sample, never averaged.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -39,7 +40,7 @@ def split_spec(spec: LoadSpec, workers: int) -> list[LoadSpec]:
                          "(stability windows are judged in one process)")
     shares = []
     for k in range(workers):
-        share = replace(spec, seed=spec.seed + k)
+        share = replace(spec, seed=spec.seed + k, workers=1, ray_address=None)
         if spec.requests is not None:
             count = spec.requests // workers + (1 if k < spec.requests % workers else 0)
             if count == 0:
@@ -80,10 +81,29 @@ def _worker(adapter: Adapter, requests: list[bytes], spec: LoadSpec, ready: Any,
         results.put(exc)
 
 
-def run_workers(adapter: Adapter, requests: list[bytes], spec: LoadSpec, workers: int,
+@dataclass
+class WorkerRuns:
+    """What the workers brought back: each outcome on its own clock, and what to add to
+    each clock to put it on the coordinating process's clock."""
+
+    outcomes: list[RunOutcome]
+    offsets_ns: list[int]
+    server_before: dict[str, Any] | None
+    server_after: dict[str, Any] | None
+    notes: list[str]
+    hosts: list[dict[str, Any]] = field(default_factory=list)
+    start_skew_ms: float | None = None
+
+
+def run_workers(adapter: Adapter, requests: list[bytes], spec: LoadSpec,
                 cold_start: Records) -> RunOutcome:
-    """Run ``workers`` processes and merge their records into one outcome."""
-    shares = split_spec(spec, workers)
+    """Run ``spec.workers`` processes here and merge their records into one outcome."""
+    shares = split_spec(spec, spec.workers)
+    return merge_runs(spec, _run_processes(adapter, requests, spec, shares), cold_start)
+
+
+def _run_processes(adapter: Adapter, requests: list[bytes], spec: LoadSpec,
+                   shares: list[LoadSpec]) -> WorkerRuns:
     context = multiprocessing.get_context("spawn")
     ready, results = context.Queue(), context.Queue()
     go = context.Event()
@@ -113,15 +133,24 @@ def run_workers(adapter: Adapter, requests: list[bytes], spec: LoadSpec, workers
             process.join(timeout=10)
             if process.is_alive():
                 process.kill()
-    records = Records.merge([o.records for o in outcomes])
-    measure_start = outcomes[0].measure_start_ns
-    stop_at = max(o.measure_end_ns for o in outcomes)
+    return WorkerRuns(outcomes, [0] * len(outcomes), server_before, server_after,
+                      [f"{len(shares)} worker processes; client CPU is the busiest "
+                       "worker's"])
+
+
+def merge_runs(spec: LoadSpec, runs: WorkerRuns, cold_start: Records) -> RunOutcome:
+    """One outcome of several workers' runs: records concatenated on one clock, windows
+    and stability over all of them."""
+    outcomes, offsets = runs.outcomes, runs.offsets_ns
+    records = Records.merge([o.records for o in outcomes], offsets)
+    measure_start = outcomes[0].measure_start_ns + offsets[0]
+    stop_at = max(o.measure_end_ns + off for o, off in zip(outcomes, offsets, strict=True))
     measure_end = fixed_end(spec, records, measure_start, stop_at)
     windows = fixed_windows(spec, records, measure_start, measure_end)
     stable = is_stable(windows, spec.stability_percent) if len(windows) >= 3 else None
     cpu = max(o.client_cpu_percent for o in outcomes)
     lags = np.concatenate([o.loop_lag_ms for o in outcomes])
-    return RunOutcome(records, cold_start, outcomes[0].start_ns, measure_start, measure_end,
-                      windows, stable, outcomes[0].stop_reason, cpu, server_before,
-                      server_after, notes=[f"{workers} worker processes; client CPU is the "
-                                           "busiest worker's"], loop_lag_ms=lags)
+    return RunOutcome(records, cold_start, outcomes[0].start_ns + offsets[0], measure_start,
+                      measure_end, windows, stable, outcomes[0].stop_reason, cpu,
+                      runs.server_before, runs.server_after, notes=runs.notes,
+                      loop_lag_ms=lags, hosts=runs.hosts, start_skew_ms=runs.start_skew_ms)

@@ -23,12 +23,10 @@ from tradeoff.cli.options import (
 @click.argument("url")
 @endpoint_options
 @load_options("concurrency", "rate", "arrival", "intervals", "duration", "requests",
-              "warmup", "window", "stability", "max_connections")
-@click.option("--workers", type=click.IntRange(1), default=1, show_default=True,
-              help="Load-generator processes; their raw records are merged exactly.")
+              "warmup", "window", "stability", "max_connections", "workers", "ray")
 @json_option("tradeoff.bench/1")
 @records_option
-def bench(url: str, workers: int, json_path: Path | None, records_path: Path | None,
+def bench(url: str, json_path: Path | None, records_path: Path | None,
           **shared: Any) -> None:
     """Measure an inference endpoint: latency percentiles, throughput, errors, and where
     the time goes on the server. Without --duration or --requests it measures windows
@@ -50,6 +48,8 @@ def bench(url: str, workers: int, json_path: Path | None, records_path: Path | N
           --slo ttft_ms=2000,tpot_ms=300
       tradeoff bench https://api.example.com/v1 --protocol openai --chat --model M \\
           --api-key-env PROVIDER_KEY --rate 2 --arrival poisson --duration 2m
+      tradeoff bench http://10.0.0.1:8000 --model mlp --rate 20000 --duration 30s \\
+          --ray 10.0.0.1:6379 --workers 8
     """
     from rich.console import Console
 
@@ -61,7 +61,7 @@ def bench(url: str, workers: int, json_path: Path | None, records_path: Path | N
     try:
         target = take_endpoint(url, shared)
         spec = take_load(shared)
-        result, records, start_ns = run_benchmark(make_adapter(target), spec, console, workers)
+        result, records, start_ns = run_benchmark(make_adapter(target), spec, console)
     except user_errors() as exc:
         raise click.ClickException(str(exc)) from None
     print_bench_result(result, console)

@@ -38,7 +38,8 @@ def _facts(values: tuple[str, ...]) -> dict[str, dict[str, str]]:
               help="NAME=URL[,model=M][,protocol=P][,version=V] (repeatable); the first "
                    "is the baseline.")
 @endpoint_options
-@load_options("concurrency", "rate", "arrival", "duration", "warmup", "max_connections")
+@load_options("concurrency", "rate", "arrival", "duration", "warmup", "max_connections",
+              "workers", "ray")
 @click.option("--rounds", type=click.IntRange(1), default=3, show_default=True,
               help="Interleaved rounds per endpoint (A B A B ...).")
 @click.option("--fact", "facts", multiple=True,

@@ -236,6 +236,16 @@ LOAD_OPTIONS: dict[str, Decorator] = {
     "max_connections": click.option(
         "--max-connections", type=click.IntRange(1), default=_D.max_connections,
         show_default=True, help="Open loop: most connections to hold at once."),
+    "workers": click.option(
+        "--workers", type=click.IntRange(1), default=1, show_default=True,
+        help="Load generators (processes, or Ray actors with --ray), each offering its "
+             "share of the load; their raw records are merged exactly. Needs --duration "
+             "or --requests."),
+    "ray": click.option(
+        "--ray", "ray_address", metavar="ADDRESS",
+        help="Run the --workers as Ray actors spread over the nodes of the Ray cluster at "
+             "ADDRESS (host:port of `ray start --head`); each times its own requests, "
+             "all start together, and the clock skew seen is reported."),
 }
 
 
@@ -261,7 +271,8 @@ def take_load(options: dict[str, Any], *, default_duration_s: float | None = Non
         stability_percent=options.pop("stability_percent", None),
         max_windows=options.pop("max_windows", None), timeout_s=options.pop("timeout"),
         max_connections=options.pop("max_connections", None), seed=options.pop("seed"),
-        default_duration_s=default_duration_s)
+        default_duration_s=default_duration_s, workers=options.pop("workers", None),
+        ray_address=options.pop("ray_address", None))
 
 
 # --------------------------------------------------------------- scoring and limits

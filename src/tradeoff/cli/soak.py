@@ -28,7 +28,7 @@ from tradeoff.cli.options import (
               show_default=True, help="Load as a fraction of the maximum rate.")
 @click.option("--max-rate", type=click.FloatRange(min=0, min_open=True),
               help="The endpoint's maximum req/s (default: measured first by a short sweep).")
-@load_options("arrival", "duration", "window", "max_connections")
+@load_options("arrival", "duration", "window", "max_connections", "workers", "ray")
 @click.option("--probe-duration", type=DURATION, default="5s", show_default=True,
               help="Length of each point of the sweep that measures the maximum rate.")
 @click.option("--server-pid", type=int, help="Watch the resident memory of this local "

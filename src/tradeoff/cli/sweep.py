@@ -27,7 +27,7 @@ from tradeoff.cli.options import (
 @click.option("--concurrency-range", help="START:END doubles (1:256), START:END:STEP steps "
                                           "like perf_analyzer, or a list 1,4,16.")
 @click.option("--rate-range", help="Open-loop rates, same forms (100:3200 doubles).")
-@load_options("arrival", "duration", "warmup", "max_connections")
+@load_options("arrival", "duration", "warmup", "max_connections", "workers", "ray")
 @click.option("--max-p99-ms", type=click.FloatRange(min=0, min_open=True),
               help="Stop once p99 passes this.")
 @max_error_percent_option
