@@ -112,3 +112,60 @@ class ServerProcess:
         self.stop()
         self.log.close()
         Path(self.log.name).unlink(missing_ok=True)
+
+
+class LocalRayCluster:
+    """A Ray cluster of ``nodes`` nodes on this machine, each a separate ``ray start`` on a
+    loopback address of its own (127.0.0.2, 127.0.0.3, ...), so no traffic leaves
+    loopback; torn down with ``ray stop`` (which stops every Ray process of this user).
+
+        with LocalRayCluster(nodes=2) as cluster:
+            cluster.address          # 127.0.0.2:<port>, for --ray
+    """
+
+    def __init__(self, nodes: int = 2, cpus_per_node: float = 1,
+                 object_store_bytes: int = 200 << 20) -> None:
+        self.nodes = nodes
+        self.cpus_per_node = cpus_per_node
+        self.object_store_bytes = object_store_bytes
+        self.port = free_port("127.0.0.2")
+        self.address = f"127.0.0.2:{self.port}"
+        self.temp_dir = tempfile.mkdtemp(prefix="tradeoff-ray-")
+        self.log = tempfile.NamedTemporaryFile(prefix="tradeoff-ray-", suffix=".log",
+                                               delete=False)
+
+    def _ray(self, *args: str, timeout: float = 120.0) -> None:
+        ray = Path(sys.executable).with_name("ray")
+        env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+        done = subprocess.run([str(ray), *args], stdout=self.log, stderr=subprocess.STDOUT,
+                              env=env, timeout=timeout, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"ray {' '.join(args)} failed:\n"
+                               f"{Path(self.log.name).read_text(errors='replace')[-3000:]}")
+
+    def start(self) -> LocalRayCluster:
+        common = ("--num-cpus", f"{self.cpus_per_node:g}", "--object-store-memory",
+                  str(self.object_store_bytes), "--disable-usage-stats")
+        self._ray("start", "--head", "--node-ip-address", "127.0.0.2", "--port",
+                  str(self.port), "--include-dashboard=false", "--temp-dir", self.temp_dir,
+                  *common)
+        try:
+            for k in range(1, self.nodes):
+                self._ray("start", "--address", self.address, "--node-ip-address",
+                          f"127.0.0.{2 + k}", *common)
+        except Exception:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        self._ray("stop", "--force")
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+    def __enter__(self) -> LocalRayCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        self.log.close()
+        Path(self.log.name).unlink(missing_ok=True)

@@ -148,15 +148,20 @@ def deploy(options: ServeOptions, ray_options: RayOptions) -> Any:
     return coordinator
 
 
-def connect(address: str | None) -> None:
-    """Join the Ray cluster at ``address`` (None: start a local one)."""
+def connect(address: str | None, every_node: bool = False) -> None:
+    """Join the Ray cluster at ``address`` (None: start a local one). With one proxy (on
+    the head), Ray Serve's preference for replicas on the proxy's own node is turned off
+    for the Serve actors this job starts: it would send every request to the head's
+    replicas until they hold ``max_ongoing_requests`` each."""
     _import_serve()
     import ray
 
+    env = {} if every_node else {"RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING": "0",
+                                 "RAY_SERVE_PROXY_PREFER_LOCAL_AZ_ROUTING": "0"}
     try:
         ray.init(address=address, namespace=NAMESPACE, log_to_driver=False,
                  include_dashboard=False if address is None else None,
-                 configure_logging=False)
+                 configure_logging=False, runtime_env={"env_vars": env} if env else None)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise TradeoffError(f"cannot reach the Ray cluster at {address}: {exc}; start one "
                             "with `ray start --head`") from None
@@ -165,7 +170,7 @@ def connect(address: str | None) -> None:
 def serve_on_ray(options: ServeOptions, ray_options: RayOptions) -> None:
     """Run ``tradeoff serve --ray`` until SIGINT/SIGTERM, then take the deployment down."""
     options = replace(options, model_repository=options.model_repository.resolve())
-    connect(ray_options.address)
+    connect(ray_options.address, ray_options.every_node)
     serve = _import_serve()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -177,6 +182,12 @@ def serve_on_ray(options: ServeOptions, ray_options: RayOptions) -> None:
         scheme = "https" if options.tls_cert else "http"
         log.info("Ray Serve proxy (Open Inference Protocol v2, /v1) on %s://%s:%d",
                  scheme, options.host, options.http_port)
+        if options.grpc_port is not None:
+            log.info("no gRPC under --ray: Ray Serve's proxy carries HTTP only here "
+                     "(docs/scale-out.md)")
+        if options.metrics_port is not None:
+            log.info("/metrics: each replica serves its own on its node (listed below), "
+                     "not --metrics-port")
         known: set[str] = set()
         while not stop.wait(1.0):
             members = ray.get(coordinator.replicas.remote())

@@ -1,0 +1,260 @@
+"""`tradeoff serve --ray` and `--ray` load workers on a real Ray cluster: a head and one
+more node, each a `ray start` of its own on 127.0.0.2 and 127.0.0.3."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tradeoff.server.process import LocalRayCluster, ServerProcess
+
+from .helpers import References, get_text, post_json, request, wait_for
+
+if importlib.util.find_spec("ray") is None:  # found, not imported: Ray runs in children
+    pytest.skip("ray[serve] is not installed: pip install 'tradeoff[ray]' (make test does)",
+                allow_module_level=True)
+tritonclient_http = pytest.importorskip("tritonclient.http")
+
+pytestmark = pytest.mark.integration
+
+REPLICA_LINE = re.compile(r"replica (\S+) on (\S+), pid (\d+), metrics (\S+)")
+GONE_LINE = re.compile(r"replica (\S+) is gone")
+SUCCESSES = "tradeoff_inference_request_success_total"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalRayCluster]:
+    with LocalRayCluster(nodes=2) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def ray_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tradeoff.models import build_repository
+
+    directory = tmp_path_factory.mktemp("ray-models")
+    build_repository(directory, ["tiny", "mlp", "tinyllama"])
+    return directory
+
+
+@pytest.fixture(scope="module")
+def deployment(cluster: LocalRayCluster, ray_repository: Path) -> Iterator[ServerProcess]:
+    server = ServerProcess(ray_repository, extra_args=(
+        "--ray", cluster.address, "--replicas", "2", "--replica-cpus", "1"),
+        env={"RAY_USAGE_STATS_ENABLED": "0"})
+    server.start(timeout=240)
+    try:
+        wait_for(lambda: len(live_replicas(server)) == 2, "two replicas listed", 60)
+        yield server
+    finally:
+        code = server.stop(timeout=60)
+        log = server.log_text()
+        server.log.close()
+        Path(server.log.name).unlink(missing_ok=True)
+        assert code == 0, f"serve --ray exited with {code}:\n{log[-3000:]}"
+
+
+def live_replicas(server: ServerProcess) -> dict[str, dict[str, Any]]:
+    """The replicas the `serve --ray` process has listed and not seen go."""
+    live: dict[str, dict[str, Any]] = {}
+    for line in server.log_text().splitlines():
+        if found := REPLICA_LINE.search(line):
+            replica, node, pid, metrics = found.groups()
+            live[replica] = {"node": node, "pid": int(pid), "metrics_url": metrics}
+        elif found := GONE_LINE.search(line):
+            live.pop(found.group(1), None)
+    return live
+
+
+def infer_tiny(url: str, value: float = 0.5) -> int:
+    doc = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 16],
+                       "data": [value] * 16}]}
+    return post_json(url, "/v2/models/tiny/infer", doc).status
+
+
+def metric_total(text: str, name: str, model: str) -> float:
+    pattern = re.compile(rf'^{name}\{{[^}}]*model="{model}"[^}}]*\}} (\S+)$', re.M)
+    return sum(float(v) for v in pattern.findall(text))
+
+
+def test_tritonclient_and_perf_analyzer_through_the_proxy(
+        deployment: ServerProcess, ray_repository: Path) -> None:
+    client = tritonclient_http.InferenceServerClient(f"127.0.0.1:{deployment.http_port}")
+    assert client.is_server_ready() and client.is_model_ready("tiny")
+    data = np.random.default_rng(0).standard_normal((3, 16)).astype(np.float32)
+    expected = References(ray_repository).run("tiny", {"INPUT0": data})["OUTPUT0"]
+    for binary in (True, False):  # binary tensors, then JSON
+        tensor = tritonclient_http.InferInput("INPUT0", [3, 16], "FP32")
+        tensor.set_data_from_numpy(data, binary_data=binary)
+        result = client.infer("tiny", [tensor])
+        np.testing.assert_allclose(result.as_numpy("OUTPUT0"), expected, rtol=1e-5)
+    assert client.get_model_metadata("mlp")["name"] == "mlp"
+    perf_analyzer = Path(__file__).resolve().parents[2] / ".tools" / "bin" / "perf_analyzer"
+    if perf_analyzer.exists():
+        run = subprocess.run([str(perf_analyzer), "-m", "tiny", "-u",
+                              f"127.0.0.1:{deployment.http_port}", "--concurrency-range", "2",
+                              "--measurement-interval", "2000", "--max-trials", "3",
+                              "--stability-percentage", "999"],
+                             capture_output=True, text=True, timeout=120, check=False)
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert "Throughput:" in run.stdout
+
+
+def test_openai_through_the_proxy(deployment: ServerProcess) -> None:
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"{deployment.url}/v1", api_key="none", max_retries=0)
+    chat = client.chat.completions.create(
+        model="tinyllama", messages=[{"role": "user", "content": "hello"}], max_tokens=4,
+        temperature=0)
+    assert chat.choices[0].message.content is not None
+    assert chat.usage is not None and chat.usage.completion_tokens >= 1
+    chunks = list(client.completions.create(model="tinyllama", prompt="one two", max_tokens=4,
+                                            stream=True, temperature=0))
+    assert chunks and chunks[-1].choices[0].finish_reason in ("length", "stop")
+
+
+def test_statistics_sum_over_replicas_and_each_replica_serves_metrics(
+        deployment: ServerProcess) -> None:
+    def count() -> int:
+        doc = json.loads(request(deployment.url, "GET", "/v2/models/tiny/stats").body)
+        return sum(entry["inference_count"] for entry in doc["model_stats"])
+
+    def per_replica() -> list[float]:
+        return [metric_total(get_text(r["metrics_url"]), SUCCESSES, "tiny")
+                for r in live_replicas(deployment).values()]
+
+    before, scraped_before = count(), sum(per_replica())
+    statuses = Counter(infer_tiny(deployment.url) for _ in range(40))
+    assert statuses == {200: 40}
+    assert count() - before == 40  # exact: the proxy's requests reached some replica each
+    scraped = per_replica()
+    assert sum(scraped) - scraped_before == 40
+    assert len(scraped) == 2 and all(n > 0 for n in scraped)  # both replicas served
+
+
+def test_load_and_unload_reach_every_replica(deployment: ServerProcess) -> None:
+    def every_answer(path: str, times: int = 12) -> set[int]:
+        return {request(deployment.url, "GET", path).status for _ in range(times)}
+
+    assert post_json(deployment.url, "/v2/repository/models/mlp/unload", {}).status == 200
+    assert every_answer("/v2/models/mlp/ready") == {503}
+    config = {"name": "mlp", "backend": "onnxruntime", "max_batch_size": 8,
+              "dynamic_batching": {"max_queue_delay_microseconds": 100}}
+    loaded = post_json(deployment.url, "/v2/repository/models/mlp/load",
+                       {"parameters": {"config": json.dumps(config)}})
+    assert loaded.status == 200, loaded.body
+    assert every_answer("/v2/models/mlp/ready") == {200}
+    sizes = {json.loads(request(deployment.url, "GET", "/v2/models/mlp/config").body)
+             ["max_batch_size"] for _ in range(12)}
+    assert sizes == {8}
+    refused = post_json(deployment.url, "/v2/repository/models/nope/load", {})
+    assert refused.status == 404 and b"nope" in refused.body
+
+
+def test_a_killed_replica_is_replaced_with_the_same_models(deployment: ServerProcess) -> None:
+    assert post_json(deployment.url, "/v2/repository/models/mlp/unload", {}).status == 200
+    before = live_replicas(deployment)
+    victim = next(iter(before.values()))
+    answers: Counter[object] = Counter()
+    stop = threading.Event()
+
+    def load() -> None:
+        while not stop.is_set():
+            try:
+                answers[infer_tiny(deployment.url)] += 1
+            except Exception as exc:  # a request with no answer at all
+                answers[type(exc).__name__] += 1
+
+    threads = [threading.Thread(target=load) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    time.sleep(1.5)
+    os.kill(victim["pid"], signal.SIGKILL)
+    time.sleep(3.0)
+    stop.set()
+    for thread in threads:
+        thread.join(60)
+    # every request was answered: 200, or the proxy's 500 for those in flight on the
+    # replica that died (Ray Serve does not retry a request a replica has begun)
+    assert set(answers) <= {200, 500}, answers
+    assert answers[200] > 0
+    wait_for(lambda: len(live_replicas(deployment)) == 2
+             and victim["pid"] not in {r["pid"] for r in live_replicas(deployment).values()},
+             "a replacement replica", 90)
+    # the replacement replayed the unload: no replica serves mlp, all serve tiny
+    assert {request(deployment.url, "GET", "/v2/models/mlp/ready").status
+            for _ in range(12)} == {503}
+    assert Counter(infer_tiny(deployment.url) for _ in range(12)) == {200: 12}
+
+
+def run_cli(tmp_path: Path, *args: str, name: str) -> dict[str, Any]:
+    out = tmp_path / f"{name}.json"
+    done = subprocess.run([sys.executable, "-m", "tradeoff", *args, "--json", str(out)],
+                          capture_output=True, text=True, timeout=300, check=False,
+                          env=dict(os.environ, RAY_USAGE_STATS_ENABLED="0"))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def plain_server(ray_repository: Path) -> Iterator[ServerProcess]:
+    with ServerProcess(ray_repository, extra_args=("--no-grpc",)) as server:
+        yield server
+
+
+def served(server: ServerProcess, model: str = "tiny") -> int:
+    doc = json.loads(request(server.url, "GET", f"/v2/models/{model}/stats").body)
+    return sum(entry["inference_count"] for entry in doc["model_stats"])
+
+
+def test_bench_workers_on_both_nodes_merge_exactly(cluster: LocalRayCluster,
+                                                   plain_server: ServerProcess,
+                                                   tmp_path: Path) -> None:
+    before = served(plain_server)
+    closed = run_cli(tmp_path, "bench", plain_server.url, "--model", "tiny", "--concurrency",
+                     "4", "--requests", "201", "--ray", cluster.address, "--workers", "2",
+                     name="closed")
+    assert closed["summary"]["requests"] == 201
+    assert served(plain_server) - before == closed["total_requests_sent"]
+    hosts = closed["client"]["hosts"]
+    assert {h["node"] for h in hosts} == {"127.0.0.2", "127.0.0.3"}
+    assert sorted(h["requests"] for h in hosts) == [100, 101]
+    assert closed["client"]["workers"] == 2 and closed["client"]["start_skew_ms"] >= 0
+    before = served(plain_server)
+    opened = run_cli(tmp_path, "bench", plain_server.url, "--model", "tiny", "--rate", "200",
+                     "--duration", "2", "--ray", cluster.address, "--workers", "2",
+                     name="open")
+    assert served(plain_server) - before == opened["total_requests_sent"]
+    assert abs(opened["summary"]["achieved_rate_rps"] - 200) <= 6
+
+
+def test_sweep_soak_and_compare_take_ray_workers(cluster: LocalRayCluster,
+                                                 plain_server: ServerProcess,
+                                                 tmp_path: Path) -> None:
+    ray = ("--ray", cluster.address, "--workers", "2")
+    sweep = run_cli(tmp_path, "sweep", plain_server.url, "--model", "tiny",
+                    "--concurrency-range", "2:4", "--duration", "1s", *ray, name="sweep")
+    assert [p["load"]["concurrency"] for p in sweep["points"]] == [2, 4]
+    soak = run_cli(tmp_path, "soak", plain_server.url, "--model", "tiny", "--max-rate", "200",
+                   "--fraction", "0.5", "--duration", "2s", "--window", "0.3s", *ray,
+                   name="soak")
+    compare = run_cli(tmp_path, "compare", "--endpoint", f"a={plain_server.url},model=tiny",
+                      "--endpoint", f"b={plain_server.url},model=mlp", "--concurrency", "2",
+                      "--duration", "1s", "--rounds", "1", *ray, name="compare")
+    results = [*sweep["points"], soak["result"], *(e["result"] for e in compare["endpoints"])]
+    for result in results:
+        assert {h["node"] for h in result["client"]["hosts"]} == {"127.0.0.2", "127.0.0.3"}
