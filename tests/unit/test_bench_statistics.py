@@ -176,6 +176,12 @@ def test_split_spec_shares_the_load() -> None:
     assert [s.intervals for s in trace] == [(0.0, 0.2), (0.1,)]
     with pytest.raises(ValueError, match="more than --concurrency"):
         split_spec(LoadSpec(concurrency=1, duration_s=1), 2)
+    # each share runs in one worker, wherever the whole load was placed
+    shares = split_spec(LoadSpec(concurrency=4, duration_s=1, workers=2,
+                                 ray_address="127.0.0.2:6379"), 2)
+    assert {(s.workers, s.ray_address) for s in shares} == {(1, None)}
+    with pytest.raises(ValueError, match="--workers must be >= 1"):
+        LoadSpec(concurrency=1, workers=0)
 
 
 def test_instability_says_why() -> None:

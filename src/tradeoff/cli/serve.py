@@ -127,6 +127,11 @@ if TYPE_CHECKING:
               type=click.FloatRange(0, min_open=True),
               help="With --autoscale: requests in flight per replica Ray Serve scales to "
                    "hold (queued in the batcher or running).")
+@click.option("--upscale-delay", default="30s", show_default=True, type=DURATION_OR_ZERO,
+              help="With --autoscale: how long the load must stay above the target before "
+                   "a replica is added.")
+@click.option("--downscale-delay", default="10m", show_default=True, type=DURATION_OR_ZERO,
+              help="With --autoscale: how long it must stay below before one is removed.")
 @click.option("--max-ongoing-requests", default=256, show_default=True,
               type=click.IntRange(1),
               help="With --ray: requests one replica is sent at once; more wait in the proxy.")
@@ -153,8 +158,9 @@ def serve(repository: Path, host: str, http_port: int, metrics_port: int, no_met
           metrics_keys: tuple[str, ...],
           tls_cert: Path | None, tls_key: Path | None, allow_fault_injection: bool,
           strict_readiness: bool, ray_address: str | None, replicas: int,
-          autoscale: str | None, target_ongoing_requests: float, max_ongoing_requests: int,
-          replica_cpus: float, proxy_every_node: bool, log_level: str) -> None:
+          autoscale: str | None, target_ongoing_requests: float, upscale_delay: float,
+          downscale_delay: float, max_ongoing_requests: int, replica_cpus: float,
+          proxy_every_node: bool, log_level: str) -> None:
     """Serve a model repository over the Open Inference Protocol v2.
 
     \b
@@ -214,14 +220,15 @@ def serve(repository: Path, host: str, http_port: int, metrics_port: int, no_met
         if ray_address is None:
             run_server(options)
         else:
-            _serve_on_ray(options, ray_address, replicas, autoscale, target_ongoing_requests,
+            _serve_on_ray(options, ray_address, replicas, autoscale,
+                          (target_ongoing_requests, upscale_delay, downscale_delay),
                           max_ongoing_requests, replica_cpus, proxy_every_node)
     except (OSError, TradeoffError) as exc:
         raise click.ClickException(str(exc)) from None
 
 
 def _serve_on_ray(options: ServeOptions, address: str, replicas: int,
-                  autoscale: str | None, target_ongoing_requests: float,
+                  autoscale: str | None, scaling: tuple[float, float, float],
                   max_ongoing_requests: int, replica_cpus: float, every_node: bool) -> None:
     from tradeoff.server.ray_serve import RayOptions, parse_autoscale, serve_on_ray
 
@@ -231,9 +238,9 @@ def _serve_on_ray(options: ServeOptions, address: str, replicas: int,
         raise click.UsageError(str(exc)) from None
     serve_on_ray(options, RayOptions(
         address=None if address == "local" else address, replicas=replicas,
-        autoscale=bounds, target_ongoing_requests=target_ongoing_requests,
-        max_ongoing_requests=max_ongoing_requests, replica_cpus=replica_cpus,
-        every_node=every_node))
+        autoscale=bounds, target_ongoing_requests=scaling[0], upscale_delay_s=scaling[1],
+        downscale_delay_s=scaling[2], max_ongoing_requests=max_ongoing_requests,
+        replica_cpus=replica_cpus, every_node=every_node))
 
 
 @click.group()

@@ -37,6 +37,8 @@ class RayOptions:
     replicas: int = 1
     autoscale: tuple[int, int] | None = None  # (min, max) replicas
     target_ongoing_requests: float = 32.0
+    upscale_delay_s: float = 30.0  # Ray Serve's defaults
+    downscale_delay_s: float = 600.0
     max_ongoing_requests: int = 256
     replica_cpus: float = 1.0
     every_node: bool = False  # a proxy on every node, not only the head
@@ -53,7 +55,12 @@ class RayOptions:
             low, high = self.autoscale
             scale = {"autoscaling_config": {
                 "min_replicas": low, "max_replicas": high, "initial_replicas": low,
-                "target_ongoing_requests": self.target_ongoing_requests}}
+                "target_ongoing_requests": self.target_ongoing_requests,
+                "upscale_delay_s": self.upscale_delay_s,
+                "downscale_delay_s": self.downscale_delay_s,
+                # decide on the last few seconds, not Ray's default 30 s
+                "metrics_interval_s": min(2.0, self.upscale_delay_s),
+                "look_back_period_s": max(2.0, min(30.0, self.upscale_delay_s * 2))}}
         else:
             scale = {"num_replicas": self.replicas}
         return {**scale, "max_ongoing_requests": self.max_ongoing_requests,
