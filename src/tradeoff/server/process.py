@@ -124,8 +124,10 @@ class LocalRayCluster:
     """
 
     def __init__(self, nodes: int = 2, cpus_per_node: float = 1,
-                 object_store_bytes: int = 200 << 20) -> None:
+                 object_store_bytes: int = 200 << 20,
+                 affinity: tuple[str, ...] | None = None) -> None:
         self.nodes = nodes
+        self.affinity = affinity  # node k's processes run on these CPUs (taskset -c)
         self.cpus_per_node = cpus_per_node
         self.object_store_bytes = object_store_bytes
         self.port = free_port("127.0.0.2")
@@ -134,10 +136,12 @@ class LocalRayCluster:
         self.log = tempfile.NamedTemporaryFile(prefix="tradeoff-ray-", suffix=".log",
                                                delete=False)
 
-    def _ray(self, *args: str, timeout: float = 120.0) -> None:
-        ray = Path(sys.executable).with_name("ray")
+    def _ray(self, *args: str, node: int | None = None, timeout: float = 120.0) -> None:
+        command = [str(Path(sys.executable).with_name("ray")), *args]
+        if node is not None and self.affinity and shutil.which("taskset"):
+            command = ["taskset", "-c", self.affinity[node % len(self.affinity)], *command]
         env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
-        done = subprocess.run([str(ray), *args], stdout=self.log, stderr=subprocess.STDOUT,
+        done = subprocess.run(command, stdout=self.log, stderr=subprocess.STDOUT,
                               env=env, timeout=timeout, check=False)
         if done.returncode != 0:
             raise RuntimeError(f"ray {' '.join(args)} failed:\n"
@@ -148,11 +152,11 @@ class LocalRayCluster:
                   str(self.object_store_bytes), "--disable-usage-stats")
         self._ray("start", "--head", "--node-ip-address", "127.0.0.2", "--port",
                   str(self.port), "--include-dashboard=false", "--temp-dir", self.temp_dir,
-                  *common)
+                  *common, node=0)
         try:
             for k in range(1, self.nodes):
                 self._ray("start", "--address", self.address, "--node-ip-address",
-                          f"127.0.0.{2 + k}", *common)
+                          f"127.0.0.{2 + k}", *common, node=k)
         except Exception:
             self.stop()
             raise
