@@ -4,7 +4,6 @@ away after, and no request goes unanswered meanwhile."""
 from __future__ import annotations
 
 import importlib.util
-import threading
 from collections import Counter
 from pathlib import Path
 
@@ -12,8 +11,8 @@ import pytest
 
 from tradeoff.server.process import LocalRayCluster, ServerProcess
 
-from .helpers import wait_for
-from .test_ray import infer_tiny, live_replicas
+from .helpers import background_load, wait_for
+from .test_ray import answer_tiny, live_replicas
 
 if importlib.util.find_spec("ray") is None:
     pytest.skip("ray[serve] is not installed: pip install 'tradeoff[ray]' (make test does)",
@@ -31,26 +30,9 @@ def test_autoscaling_follows_the_requests_in_flight(tmp_path: Path) -> None:
             "--upscale-delay", "1s", "--downscale-delay", "3s"),
             env={"RAY_USAGE_STATS_ENABLED": "0"}) as server:
         wait_for(lambda: len(live_replicas(server)) == 1, "one replica at the start", 60)
-        answers: Counter[object] = Counter()
-        stop = threading.Event()
-
-        def load() -> None:
-            while not stop.is_set():
-                try:
-                    answers[infer_tiny(server.url)] += 1
-                except Exception as exc:
-                    answers[type(exc).__name__] += 1
-
-        threads = [threading.Thread(target=load) for _ in range(6)]
-        for thread in threads:
-            thread.start()
-        try:
+        with background_load(lambda: answer_tiny(server.url), threads=6) as statuses:
             wait_for(lambda: len(live_replicas(server)) == 2, "a second replica under load",
                      90)
-        finally:
-            stop.set()
-            for thread in threads:
-                thread.join(60)
         wait_for(lambda: len(live_replicas(server)) == 1, "back to one replica when idle",
                  120)
-        assert set(answers) == {200}, answers
+        assert set(statuses) == {200}, Counter(statuses)
