@@ -166,10 +166,11 @@ class ClientReport:
     start_skew_ms: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"workers": self.workers, "cpu_percent": self.cpu_percent,
-               "send_lag_ms": self.send_lag_ms, "loop_lag_ms": self.loop_lag_ms,
-               "client_bound": self.client_bound, "reasons": list(self.reasons),
-               "notes": list(self.notes)}
+        out: dict[str, Any] = {
+            "workers": self.workers, "cpu_percent": self.cpu_percent,
+            "send_lag_ms": self.send_lag_ms, "loop_lag_ms": self.loop_lag_ms,
+            "client_bound": self.client_bound, "reasons": list(self.reasons),
+            "notes": list(self.notes)}
         if self.hosts:  # only when the load came from Ray workers
             out.update(hosts=[dict(h) for h in self.hosts], start_skew_ms=self.start_skew_ms)
         return out

@@ -82,7 +82,6 @@ def run_ray_workers(adapter: Adapter, requests: list[bytes], spec: LoadSpec,
                     cold_start: Records) -> RunOutcome:
     """Run ``spec.workers`` actors spread over the cluster's nodes from one instant, and
     merge their records into one outcome."""
-    assert spec.ray_address is not None
     return merge_runs(spec, _run(adapter, requests, spec, split_spec(spec, spec.workers)),
                       cold_start)
 

@@ -6,6 +6,7 @@ Updated only on the event loop thread, so no locks; ``/v2/models/{m}/stats`` and
 
 from __future__ import annotations
 
+import copy
 import time
 from bisect import bisect_left
 from typing import Any
@@ -134,7 +135,7 @@ def merge_model_stats(documents: list[dict[str, Any]]) -> dict[str, Any]:
             key = (entry["name"], entry["version"])
             into = merged.get(key)
             if into is None:
-                merged[key] = _copy_entry(entry)
+                merged[key] = copy.deepcopy(entry)
                 continue
             into["last_inference"] = max(into["last_inference"], entry["last_inference"])
             into["inference_count"] += entry["inference_count"]
@@ -145,15 +146,9 @@ def merge_model_stats(documents: list[dict[str, Any]]) -> dict[str, Any]:
                 if batch["batch_size"] in sizes:
                     _add_durations(sizes[batch["batch_size"]], batch)
                 else:
-                    into["batch_stats"].append(_copy_entry(batch))
+                    into["batch_stats"].append(copy.deepcopy(batch))
             into["batch_stats"].sort(key=lambda b: b["batch_size"])
     return {"model_stats": [merged[key] for key in sorted(merged)]}
-
-
-def _copy_entry(entry: dict[str, Any]) -> dict[str, Any]:
-    return {key: _copy_entry(value) if isinstance(value, dict) else
-            [_copy_entry(v) for v in value] if isinstance(value, list) else value
-            for key, value in entry.items()}
 
 
 def _add_durations(into: dict[str, Any], other: dict[str, Any]) -> None:

@@ -101,6 +101,13 @@ class DataPlane:
 
     # ------------------------------------------------------------ health, metadata
 
+    async def close(self) -> None:
+        """After ``begin_shutdown`` and the transports' drain: unload the models and
+        close the response cache."""
+        await self.manager.close()
+        if self.cache is not None:
+            await self.cache.close()
+
     def begin_shutdown(self) -> None:
         """Refuse new work and flush every queue; accepted requests are still answered,
         generations until the drain deadline."""

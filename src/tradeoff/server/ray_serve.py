@@ -89,20 +89,20 @@ class Replica:
         from ray import serve
 
         self.options = options
-        self.manager, self.dataplane, self.cache = make_dataplane(options)
+        self.dataplane = make_dataplane(options)
         self.metrics_server: Any = None
         self.link: ReplicaLink | None = None
         self.coordinator = ray.get_actor(coordinator_name, namespace=NAMESPACE)
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self.node = ray.util.get_node_ip_address()
         self.asgi_app = make_app(options, self.dataplane, options.transport, None,
-                            self._startup, self._shutdown)
+                                 self._startup, self._shutdown)
 
     def __serve_build_asgi_app__(self) -> Any:
         return self.asgi_app
 
     async def _startup(self) -> None:
-        await self.manager.load_all()
+        await self.dataplane.manager.load_all()
         metrics_url = None
         if self.options.metrics_port is not None:
             from prometheus_client import start_http_server
@@ -120,9 +120,7 @@ class Replica:
         self.dataplane.begin_shutdown()
         if self.link is not None:
             await self.link.close()
-        await self.manager.close()
-        if self.cache is not None:
-            await self.cache.close()
+        await self.dataplane.close()
         if self.metrics_server is not None:
             self.metrics_server.shutdown()
 

@@ -117,9 +117,8 @@ def _fit_open_files(limits: TransportLimits) -> TransportLimits:
     return replace(limits, max_connections=fitted, max_connections_per_client=per_client)
 
 
-def make_dataplane(options: ServeOptions
-                   ) -> tuple[ModelManager, DataPlane, ResponseCache | None]:
-    """The repository's models (not loaded yet), the cache and the data plane over them."""
+def make_dataplane(options: ServeOptions) -> DataPlane:
+    """The data plane over the repository's models (not loaded yet) and the cache."""
     repository = ModelRepository(options.model_repository, options.default_max_batch_size)
     manager = ModelManager(repository, default_intra_op_threads=options.intra_op_threads,
                            allow_fault_injection=options.allow_fault_injection,
@@ -129,7 +128,7 @@ def make_dataplane(options: ServeOptions
     manager.cache_enabled = cache is not None
     dataplane = DataPlane(manager, options.max_inflight, options.limits, cache)
     dataplane.strict_readiness = options.strict_readiness
-    return manager, dataplane, cache
+    return dataplane
 
 
 def make_app(options: ServeOptions, dataplane: DataPlane, transport: TransportLimits,
@@ -152,7 +151,7 @@ def serve(options: ServeOptions) -> None:
         if options.tls_cert is None or options.tls_key is None:
             raise OSError("TLS needs both --tls-cert and --tls-key")
         tls = (options.tls_cert.read_bytes(), options.tls_key.read_bytes())
-    manager, dataplane, cache = make_dataplane(options)
+    dataplane = make_dataplane(options)
     sockets = [_bind(options.host, options.http_port)]
     http_port = sockets[0].getsockname()[1]
     metrics_port = None
@@ -166,7 +165,7 @@ def serve(options: ServeOptions) -> None:
 
     async def startup() -> None:
         loop_box.append(asyncio.get_running_loop())
-        await manager.load_all()
+        await dataplane.manager.load_all()
         if options.grpc_port is not None:
             from tradeoff.server.grpc_server import start_grpc_server
 
@@ -191,9 +190,7 @@ def serve(options: ServeOptions) -> None:
         dataplane.begin_shutdown()  # once more if a signal started it: deadlines keep
         for server in grpc_box:
             await server.stop(options.shutdown_timeout)  # answers the calls in flight
-        await manager.close()
-        if cache is not None:
-            await cache.close()
+        await dataplane.close()
         log.info("stopped")
 
     transport = _fit_open_files(options.transport)
