@@ -131,3 +131,6 @@ def test_autoscale_bounds_and_the_deployment_options() -> None:
     assert config["target_ongoing_requests"] == 16 and config["upscale_delay_s"] == 5
     assert "num_replicas" not in scaled
     assert scaled["ray_actor_options"] == {"num_cpus": 1.0}
+    # --upscale-delay 0 is allowed; Ray's AutoscalingConfig refuses a metrics interval of 0
+    instant = RayOptions(autoscale=(1, 2), upscale_delay_s=0).deployment_options()
+    assert instant["autoscaling_config"]["metrics_interval_s"] > 0

@@ -58,8 +58,9 @@ class RayOptions:
                 "target_ongoing_requests": self.target_ongoing_requests,
                 "upscale_delay_s": self.upscale_delay_s,
                 "downscale_delay_s": self.downscale_delay_s,
-                # decide on the last few seconds, not Ray's default 30 s
-                "metrics_interval_s": min(2.0, self.upscale_delay_s),
+                # decide on the last few seconds, not Ray's default 30 s (Ray needs an
+                # interval > 0, so an upscale delay of 0 still reports every 0.5 s)
+                "metrics_interval_s": min(2.0, max(self.upscale_delay_s, 0.5)),
                 "look_back_period_s": max(2.0, min(30.0, self.upscale_delay_s * 2))}}
         else:
             scale = {"num_replicas": self.replicas}
