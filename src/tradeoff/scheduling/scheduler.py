@@ -173,11 +173,21 @@ class Scheduler:
 
     async def infer(self, request: InferenceRequest) -> tuple[Timings, Outputs]:
         """Queue a request and wait for its outputs."""
+        future = self.submit(request)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self.cancel(request)
+            raise
+
+    def submit(self, request: InferenceRequest) -> asyncio.Future[tuple[Timings, Outputs]]:
+        """Queue a request; the future gets its timings and outputs (or its error).
+        Whoever stops waiting calls :meth:`cancel`."""
         if self.state is not SchedulerState.RUNNING:
             raise Unavailable(f"model {self.config.name!r} is not accepting requests "
                               f"({self.state.value})")
         assert self._loop is not None and self._idle is not None
-        request.future = self._loop.create_future()
+        future = request.future = self._loop.create_future()
         try:
             self.queue.push(request, self._clock())
         except Unavailable:
@@ -190,13 +200,15 @@ class Scheduler:
             self._adapt(request.enqueue_ns)
         # Dispatch on the next loop turn, so requests that arrive together batch together.
         self._wake()
-        try:
-            return await request.future
-        except asyncio.CancelledError:
-            request.cancelled = True  # the batcher drops it if it is still queued
-            self._cancelled = True
-            self._wake()
-            raise
+        return future
+
+    def cancel(self, request: InferenceRequest) -> None:
+        """Nobody waits for ``request`` any more: the batcher drops it if still queued."""
+        request.cancelled = True
+        if request.future is not None and not request.future.done():
+            request.future.cancel()
+        self._cancelled = True
+        self._wake()
 
     # ---------------------------------------------------------------- batching
 

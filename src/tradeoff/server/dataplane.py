@@ -285,6 +285,21 @@ class DataPlane:
             return
         self.manager.tensor(name, version)
 
+    def submit(self, name: str, version: str | None, request: V2Request
+               ) -> tuple[ModelVersion, InferenceRequest, asyncio.Future[Any]] | None:
+        """Queue a request for a model that needs no router and no cache at once, without
+        a coroutine: its version, the scheduler's request (to cancel it) and the future
+        of its timings and raw outputs. None: the request needs :meth:`infer`."""
+        if self.shutting_down:
+            raise Unavailable("the server is shutting down and takes no new requests")
+        if isinstance(self.manager.get(name, version), RoutedModel):
+            return None
+        served, internal = self.prepare(name, version, request)
+        if self.cache is not None and served.config.response_cache and \
+                request.parameters.get("cache") is not False:
+            return None
+        return served, internal, served.scheduler.submit(internal)
+
     async def infer(self, name: str, version: str | None,
                     request: V2Request) -> tuple[ModelVersion, Timings, list[TensorOutput]]:
         """Run one request through the model's scheduler (a router's: its target's)."""

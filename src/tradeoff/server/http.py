@@ -25,19 +25,29 @@ from tradeoff.errors import (
     Unauthorized,
     Unavailable,
 )
-from tradeoff.protocol.v2 import decode_request, encode_response, parse_json_object
+from tradeoff.protocol.v2 import (
+    TensorOutput,
+    V2Request,
+    decode_request,
+    encode_response,
+    parse_json_object,
+)
+from tradeoff.scheduling.request import Timings
 from tradeoff.server import metrics, openapi
 from tradeoff.server.access import Access
 from tradeoff.server.asgi import (
+    JSON_HEADERS,
     OFF_LOOP_BYTES,
     DisconnectWatch,
+    Headers,
     Receive,
     Scope,
     Send,
     send_body,
     send_json,
 )
-from tradeoff.server.dataplane import DataPlane
+from tradeoff.server.dataplane import DataPlane, select_outputs
+from tradeoff.server.models import ModelVersion
 from tradeoff.server.openai_api import OpenAIApi, send_error
 from tradeoff.server.origins import OriginPolicy
 from tradeoff.server.routes import ADMIN, OPEN, ROUTES, MethodNotAllowed, Router
@@ -112,17 +122,14 @@ class HttpApp:
             try:
                 await self._http(scope, receive, send)
             except Exception as exc:  # the server must answer and keep serving
-                if not isinstance(exc, RequestError):
-                    request_log.exception("internal error on %s %s", scope["method"], scope["path"])
-                    exc = RequestError(f"internal error: {type(exc).__name__}: {exc}")
+                exc = _request_error(exc, scope)
                 close = [] if await self._body_done(scope, receive) else \
                     [(b"connection", b"close")]
                 path = scope["path"]
                 if path == "/v1" or path.startswith("/v1/"):  # the OpenAI API's shape
                     return await send_error(send, exc, close)
-                headers = [(b"retry-after", b"1")] if isinstance(exc, Unavailable) else \
-                    [(b"www-authenticate", b"Bearer")] if isinstance(exc, Unauthorized) else []
-                await send_json(send, exc.status, {"error": str(exc)}, headers + close)
+                status, body, headers = _error_answer(exc)
+                await send_body(send, status, body, headers + close)
         elif kind == "lifespan":
             await self._lifespan(receive, send)
 
@@ -357,25 +364,14 @@ class HttpApp:
         self.dataplane.check_target(name, version)  # the cheap checks before the body
         headers = _headers(scope)
         body = await self._read_body(scope, receive, headers)
-        header_length = headers.get(b"inference-header-content-length")
-        length = None
-        if header_length is not None:
-            if not header_length.isdigit() or len(header_length) > 19:
-                raise InvalidInput("Inference-Header-Content-Length must be a non-negative "
-                                   "integer no longer than the body")
-            length = int(header_length)
-            if length > len(body):
-                raise InvalidInput(f"Inference-Header-Content-Length is {length} but the "
-                                   f"body has {len(body)} bytes")
+        length = _header_length(headers, len(body))
         decoding = self._charge_json(scope, len(body) if length is None else length)
         # off_loop_if_large, written out: the hot path skips its extra coroutine
         request = decode_request(body, length, self.dataplane.limits) \
             if len(body) <= OFF_LOOP_BYTES else \
             await asyncio.to_thread(decode_request, body, length, self.dataplane.limits)
         self._charge(scope, -decoding)  # decoded: the arrays are what is left
-        request_class = headers.get(b"x-tradeoff-class")
-        if request_class is not None and "class" not in request.parameters:
-            request.parameters["class"] = request_class.decode("latin-1")
+        _set_class(request, headers)
         handler = asyncio.current_task()
         assert handler is not None
         # a client that leaves cancels this handler: the scheduler drops the request if
@@ -388,18 +384,164 @@ class HttpApp:
             if watch.gone:
                 return  # the client went away: nobody to answer
             raise
-        payload, json_length = encode_response(
-            name, str(served.version), request.id, outputs,
-            {"routed_to": timings.route} if timings.route else None)
-        reply = [(b"content-type", b"application/json" if json_length is None
-                  else b"application/octet-stream"),
-                 (b"server-timing", timings.server_timing().encode())]
-        if json_length is not None:
-            reply.append((b"inference-header-content-length", str(json_length).encode()))
-        accept = headers.get(b"accept-encoding")
-        if accept:
-            payload = _compress(payload, accept, reply)
+        payload, reply = _infer_answer(name, served, request, timings, outputs, headers)
         await send_body(send, 200, payload, reply)
+
+    # ------------------------------------------------------------ the direct path
+    # The infer route without ASGI, for the common request (see server/transport.py):
+    # its whole small body is in, and the connection calls back with the answer.
+
+    def direct_route(self, scope: Scope) -> Params | None:
+        """The infer route's parameters when ``scope`` can be answered by
+        :meth:`infer_direct`: POST to an infer route on the HTTP port, with a declared
+        body of at most ``FREE_BODY_BYTES``, neither chunked nor compressed."""
+        if scope["method"] != "POST" or not scope["path"].endswith("/infer"):
+            return None
+        server = scope.get("server")
+        if self.metrics_port is not None and server and server[1] == self.metrics_port:
+            return None
+        declared = None
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                declared = value
+            elif name in (b"transfer-encoding", b"content-encoding"):
+                return None
+        if declared is None or not declared.isdigit() or int(declared) > FREE_BODY_BYTES:
+            return None
+        try:
+            route, params = self.router.match("POST", scope["path"])
+        except (NotFound, MethodNotAllowed):
+            return None
+        return params if route.handler == "infer" else None
+
+    def infer_direct(self, scope: Scope, params: Params, body: bytes,
+                     respond: Callable[[int, bytes, Headers], None]) -> Callable[[], None]:
+        """Answer an infer request whose whole ``body`` has arrived, as the ASGI route
+        would: the same checks in the same order, the same answers and errors, through
+        ``respond(status, payload, headers)`` (called once, unless the client leaves).
+        Returns what to call when the client leaves first."""
+        name, version = params["model"], params.get("version")
+        admitted = False
+        try:
+            self.origins.check("POST", scope["headers"])
+            if self.access.enabled:
+                self.access.check_headers(scope["headers"], admin=False)
+            self.dataplane.check_admission()
+            self.dataplane.check_target(name, version)
+            if len(body) > self.max_request_bytes:
+                raise PayloadTooLarge(f"request body of {len(body)} bytes is over the limit "
+                                      f"of {self.max_request_bytes} (--max-request-bytes)")
+            self.dataplane.admit()
+            admitted = True
+            headers = _headers(scope)
+            request = decode_request(body, _header_length(headers, len(body)),
+                                     self.dataplane.limits)
+            _set_class(request, headers)
+            submitted = self.dataplane.submit(name, version, request)
+        except Exception as exc:
+            if admitted:
+                self.dataplane.release()
+            respond(*_error_answer(_request_error(exc, scope)))
+            return _nothing
+        if submitted is None:  # a router or the cache: the data plane's coroutine
+            task = asyncio.ensure_future(self.dataplane.infer(name, version, request))
+
+            def task_done(task: asyncio.Future[Any]) -> None:
+                self._direct_done(scope, name, request, headers, task, None, respond)
+
+            task.add_done_callback(task_done)
+
+            def cancel() -> None:
+                task.cancel()
+
+            return cancel
+        served, internal, future = submitted
+
+        def done(future: asyncio.Future[Any]) -> None:
+            self._direct_done(scope, name, request, headers, future, served, respond)
+
+        future.add_done_callback(done)
+        scheduler = served.scheduler
+        return lambda: scheduler.cancel(internal)
+
+    def _direct_done(self, scope: Scope, name: str, request: V2Request,
+                     headers: dict[bytes, bytes], future: asyncio.Future[Any],
+                     served: ModelVersion | None, respond: Callable[[int, bytes, Headers], None]
+                     ) -> None:
+        self.dataplane.release()
+        if future.cancelled():
+            return  # the client went away: nobody to answer
+        try:
+            if served is None:  # the data plane's coroutine
+                served, timings, outputs = future.result()
+            else:  # the scheduler's raw outputs
+                timings, raw = future.result()
+                outputs = select_outputs(served.config, request, raw)
+            payload, reply = _infer_answer(name, served, request, timings, outputs, headers)
+        except Exception as exc:
+            respond(*_error_answer(_request_error(exc, scope)))
+            return
+        respond(200, payload, reply)
+
+
+def _nothing() -> None:
+    pass
+
+
+def _request_error(exc: Exception, scope: Scope) -> RequestError:
+    """``exc`` as the client sees it: a request error as it is, anything else a logged 500."""
+    if isinstance(exc, RequestError):
+        return exc
+    request_log.exception("internal error on %s %s", scope["method"], scope["path"],
+                          exc_info=exc)
+    return RequestError(f"internal error: {type(exc).__name__}: {exc}")
+
+
+def _error_answer(exc: RequestError) -> tuple[int, bytes, Headers]:
+    """Status, JSON body and headers of a v2 error answer."""
+    headers = [(b"retry-after", b"1")] if isinstance(exc, Unavailable) else \
+        [(b"www-authenticate", b"Bearer")] if isinstance(exc, Unauthorized) else []
+    return exc.status, orjson.dumps({"error": str(exc)}), JSON_HEADERS + headers
+
+
+def _header_length(headers: dict[bytes, bytes], body_size: int) -> int | None:
+    """The binary extension's Inference-Header-Content-Length, checked against the body."""
+    header_length = headers.get(b"inference-header-content-length")
+    if header_length is None:
+        return None
+    if not header_length.isdigit() or len(header_length) > 19:
+        raise InvalidInput("Inference-Header-Content-Length must be a non-negative "
+                           "integer no longer than the body")
+    length = int(header_length)
+    if length > body_size:
+        raise InvalidInput(f"Inference-Header-Content-Length is {length} but the "
+                           f"body has {body_size} bytes")
+    return length
+
+
+def _set_class(request: V2Request, headers: dict[bytes, bytes]) -> None:
+    """X-Tradeoff-Class, unless the request's parameters name a class themselves."""
+    request_class = headers.get(b"x-tradeoff-class")
+    if request_class is not None and "class" not in request.parameters:
+        request.parameters["class"] = request_class.decode("latin-1")
+
+
+def _infer_answer(name: str, served: ModelVersion, request: V2Request, timings: Timings,
+                  outputs: list[TensorOutput], headers: dict[bytes, bytes]
+                  ) -> tuple[bytes, Headers]:
+    """An infer response's body and headers (compressed when the client accepts it)."""
+    payload, json_length = encode_response(
+        name, str(served.version), request.id, outputs,
+        {"routed_to": timings.route} if timings.route else None)
+    reply = [(b"content-type", b"application/json" if json_length is None
+              else b"application/octet-stream"),
+             (b"server-timing", timings.server_timing().encode())]
+    if json_length is not None:
+        reply.append((b"inference-header-content-length", str(json_length).encode()))
+    accept = headers.get(b"accept-encoding")
+    if accept:
+        payload = _compress(payload, accept, reply)
+    return payload, reply
 
 
 def _has_body(scope: Scope) -> bool:

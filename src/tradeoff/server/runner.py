@@ -198,7 +198,7 @@ def serve(options: ServeOptions) -> None:
     config = uvicorn.Config(
         app,
         loop="uvloop",
-        http=guarded_protocol(transport),
+        http=guarded_protocol(transport, app),
         ws="none",  # no upgrades: every connection stays under the guarded protocol
         lifespan="on",
         log_config=None,

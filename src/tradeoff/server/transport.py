@@ -23,6 +23,12 @@ still sending its body would lose the answer.
 The bytes of bodies held at once are the app's business
 (:class:`tradeoff.server.http.HttpApp`): by then the route, the key and the declared
 length are known.
+
+The hot route, infer with a small body, skips ASGI: when the app's ``direct_route``
+takes a request, the connection waits for its whole body, hands it to ``infer_direct``
+and writes the answer itself, in one write, with uvicorn's own keep-alive and pipelining
+bookkeeping (no task, no ASGI messages, no disconnect watcher per request). Everything
+else, and every request the app does not take, goes through ASGI as before.
 """
 
 from __future__ import annotations
@@ -31,11 +37,16 @@ import asyncio
 import logging
 import resource
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import orjson
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import (
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 
 log = logging.getLogger("tradeoff.server")
 
@@ -113,8 +124,22 @@ class _LingeringTransport:
         protocol.flow.resume_reading()
 
 
-def guarded_protocol(limits: TransportLimits) -> type[HttpToolsProtocol]:
-    """uvicorn's httptools protocol with ``limits`` applied (pass it as ``http=``)."""
+Respond = Callable[[int, bytes, list[tuple[bytes, bytes]]], None]
+
+
+class DirectRoutes(Protocol):
+    """What the app offers for requests answered without ASGI (HttpApp has it)."""
+
+    def direct_route(self, scope: Any) -> dict[str, str] | None: ...
+
+    def infer_direct(self, scope: Any, params: dict[str, str], body: bytes,
+                     respond: Respond) -> Callable[[], None]: ...
+
+
+def guarded_protocol(limits: TransportLimits,
+                     direct: DirectRoutes | None = None) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol with ``limits`` applied (pass it as ``http=``); with
+    ``direct``, the routes it takes are answered without ASGI."""
     clients: Counter[str] = Counter()
 
     class GuardedHttpProtocol(HttpToolsProtocol):
@@ -128,6 +153,10 @@ def guarded_protocol(limits: TransportLimits) -> type[HttpToolsProtocol]:
         _trailer_left = limits.max_header_bytes
         _lingering = False
         _linger_timer: asyncio.TimerHandle | None = None
+        _direct: RequestResponseCycle | None = None  # answered without ASGI, not yet done
+        _direct_params: dict[str, str] | None = None
+        _direct_cancel: Callable[[], None] | None = None  # the request runs: to drop it
+        _after_drain: Callable[[], None] | None = None  # answered, the client not reading
 
         def connection_made(self, transport: Any) -> None:
             self._raw_transport = transport
@@ -147,6 +176,10 @@ def guarded_protocol(limits: TransportLimits) -> type[HttpToolsProtocol]:
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
+            if self._direct_cancel is not None:
+                self._direct_cancel()
+                self._direct_cancel = None
+            self._direct = self._after_drain = None
             if self._linger_timer is not None:
                 self._linger_timer.cancel()
             if self._client_host is not None:
@@ -210,12 +243,71 @@ def guarded_protocol(limits: TransportLimits) -> type[HttpToolsProtocol]:
             self._body_open = False
             self._disarm()
             super().on_message_complete()
+            if self._direct is not None and self._direct is self.cycle and \
+                    self._direct_cancel is None:
+                self._run_direct()
             self._in_head = True  # the next request's head, if any, starts here
             self._head_left = limits.max_header_bytes
             if self.cycle is not None and self.cycle.response_complete:
                 # the body ended after its answer (an early refusal): uvicorn's keep-alive
                 # timer is gone, so the next head has --header-timeout to start
                 self._arm(limits.header_timeout_s, self._head_timed_out)
+
+        def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+            params = direct.direct_route(cycle.scope) \
+                if direct is not None and app is self.app and \
+                not cycle.waiting_for_100_continue else None
+            if params is None:
+                super()._start_asgi_task(cycle, app)
+                return
+            self._direct = cycle
+            self._direct_params = params
+            if not cycle.more_body:  # a pipelined request, whole already
+                self._run_direct()
+
+        def _run_direct(self) -> None:
+            cycle = self._direct
+            assert cycle is not None and direct is not None and self._direct_params is not None
+            body = bytes(cycle.body)
+            cycle.body = bytearray()
+
+            def respond(status: int, payload: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+                self._respond(cycle, status, payload, headers)
+
+            self._direct_cancel = _nothing  # running: a disconnect from here on cancels
+            cancel = direct.infer_direct(cycle.scope, self._direct_params, body, respond)
+            if self._direct is cycle:  # not answered at once
+                self._direct_cancel = cancel
+
+        def _respond(self, cycle: RequestResponseCycle, status: int, payload: bytes,
+                     headers: list[tuple[bytes, bytes]]) -> None:
+            """Write a direct answer in one write, then what uvicorn does when an ASGI
+            response ends (close, or keep alive and start a pipelined request)."""
+            if self._direct is not cycle or cycle.disconnected:
+                return
+            self._direct = None
+            self._direct_cancel = None
+            head = [STATUS_LINE[status]]
+            for name, value in headers:
+                head += (name, b": ", value, b"\r\n")
+            head.append(b"content-length: %d\r\n" % len(payload))
+            if not cycle.keep_alive:
+                head.append(b"connection: close\r\n")
+            head += (b"\r\n", payload)
+            cycle.response_started = cycle.response_complete = True
+            self.transport.write(b"".join(head))
+            if not cycle.keep_alive:
+                self.transport.close()
+            if self.flow.write_paused:  # the next pipelined request waits for the reader
+                self._after_drain = cycle.on_response
+            else:
+                cycle.on_response()
+
+        def resume_writing(self) -> None:
+            super().resume_writing()
+            after, self._after_drain = self._after_drain, None
+            if after is not None:
+                after()
 
         def _head_too_large(self) -> None:
             url = getattr(self, "url", b"")
@@ -277,3 +369,7 @@ def guarded_protocol(limits: TransportLimits) -> type[HttpToolsProtocol]:
             self._raw_transport.close()
 
     return GuardedHttpProtocol
+
+
+def _nothing() -> None:
+    pass
