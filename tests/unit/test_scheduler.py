@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ from tradeoff.repository.config import (
     TensorConfig,
 )
 from tradeoff.scheduling.request import InferenceRequest
-from tradeoff.scheduling.scheduler import Scheduler
+from tradeoff.scheduling.scheduler import INLINE_STREAK, Scheduler
 from tradeoff.scheduling.stats import ModelStats
 
 
@@ -249,6 +250,93 @@ def test_preserve_ordering_holds_a_failure_behind_earlier_answers() -> None:
 
         await asyncio.gather(one(0), one(1))
         assert finished == ["ok0", "failed1"]
+        await scheduler.stop()
+
+    asyncio.run(scenario())
+
+
+class ThreadNoting(Backend):
+    """y = 2x, noting the thread of every batch; ``slow_s`` makes the next batch sleep."""
+
+    inline = True
+
+    def __init__(self) -> None:
+        self.threads: list[int] = []
+        self.slow_s = 0.0
+
+    def run(self, inputs, output_names):
+        self.threads.append(threading.get_ident())
+        if self.slow_s:
+            time.sleep(self.slow_s)
+            self.slow_s = 0.0
+        return {"y": inputs["x"] * 2}
+
+
+async def _one_by_one(scheduler: Scheduler, count: int, rows: int = 1) -> None:
+    for i in range(count):
+        _, outputs = await scheduler.infer(request(i, rows))
+        np.testing.assert_array_equal(outputs["y"], np.full((rows, 2), 2 * i, np.float32))
+
+
+def test_short_batches_run_on_the_loop_once_a_streak_shows_them_short() -> None:
+    async def scenario() -> None:
+        backend = ThreadNoting()
+        scheduler = Scheduler(config(), [backend], ModelStats("double", 1),
+                              inline_limit_ns=50_000_000)
+        await scheduler.start()
+        loop_thread = threading.get_ident()
+        await _one_by_one(scheduler, INLINE_STREAK + 5)
+        assert loop_thread not in backend.threads[:INLINE_STREAK]
+        assert backend.threads[INLINE_STREAK:] == [loop_thread] * 5
+        assert scheduler.inline_batches == 5
+
+        # more rows than any batch of the streak: a thread again, then the loop
+        await _one_by_one(scheduler, 2, rows=4)
+        assert backend.threads[-2] != loop_thread and backend.threads[-1] == loop_thread
+
+        # one batch over the limit: back to threads until a new streak
+        backend.slow_s = 0.08
+        await _one_by_one(scheduler, 1)
+        await _one_by_one(scheduler, INLINE_STREAK + 1)
+        assert loop_thread not in backend.threads[-INLINE_STREAK - 1:-1]
+        assert backend.threads[-1] == loop_thread
+        stats = scheduler.stats.to_dict()
+        assert stats["execution_count"] == 2 * INLINE_STREAK + 9
+        assert stats["inference_count"] == 2 * INLINE_STREAK + 9 + 2 * 3  # two of 4 rows
+        await scheduler.stop()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("inline_backend, limit_ns", [(False, 50_000_000), (True, 0)])
+def test_batches_stay_on_threads_unless_backend_and_limit_allow(inline_backend: bool,
+                                                                limit_ns: int) -> None:
+    async def scenario() -> None:
+        backend = ThreadNoting()
+        backend.inline = inline_backend
+        scheduler = Scheduler(config(), [backend], ModelStats("double", 1),
+                              inline_limit_ns=limit_ns)
+        await scheduler.start()
+        await _one_by_one(scheduler, INLINE_STREAK + 5)
+        assert threading.get_ident() not in backend.threads
+        assert scheduler.inline_batches == 0
+        await scheduler.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_failing_batch_on_the_loop_fails_its_requests_only() -> None:
+    async def scenario() -> None:
+        backend = Doubler()
+        backend.inline = True
+        scheduler = Scheduler(config(), [backend], ModelStats("double", 1),
+                              inline_limit_ns=50_000_000)
+        await scheduler.start()
+        await _one_by_one(scheduler, INLINE_STREAK + 1)
+        assert scheduler.inline_batches == 1
+        with pytest.raises(InferenceFailed, match="poisoned"):
+            await scheduler.infer(request(-1))
+        await _one_by_one(scheduler, 3)  # the instance still serves
         await scheduler.stop()
 
     asyncio.run(scenario())

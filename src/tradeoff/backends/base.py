@@ -19,7 +19,12 @@ class TensorSpec:
 
 
 class Backend(ABC):
-    """One model instance. ``run`` is called from a worker thread, one batch at a time."""
+    """One model instance. ``run`` is called from a worker thread, one batch at a time;
+    from the event loop too when ``inline`` (the scheduler decides, by measured time)."""
+
+    # run may be called on the event loop when its batches prove short: pure computation
+    # that cannot hang (no I/O, no waiting, no sleeping)
+    inline = False
 
     @abstractmethod
     def run(self, inputs: Mapping[str, np.ndarray],

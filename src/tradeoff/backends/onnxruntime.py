@@ -95,6 +95,8 @@ class OnnxRuntimeBackend(Backend):
         backend.run({"INPUT0": x}, ["OUTPUT0"])
     """
 
+    inline = True  # a session run is computation alone
+
     def __init__(self, spec: InstanceSpec) -> None:
         self.path = model_path = spec.path
         try:

@@ -90,6 +90,10 @@ if TYPE_CHECKING:
 @click.option("--max-instances", default=16, show_default=True, type=click.IntRange(1),
               help="Most instances one model version may have: a config or load request "
                    "asking more is refused.")
+@click.option("--inline-batch-us", default=100, show_default=True, type=click.IntRange(0),
+              help="Run a batch on the event loop, not a worker thread, once the model's "
+                   "last 16 batches each took less than this (a thread hand-off costs "
+                   "more than a small model's batch). 0: always a thread.")
 @click.option("--api-key", "api_keys", multiple=True,
               help="Require 'Authorization: Bearer KEY' for inference and metadata "
                    "(repeatable; also --api-key-file and $TRADEOFF_API_KEY).")
@@ -152,7 +156,8 @@ def serve(repository: Path, host: str, http_port: int, metrics_port: int, no_met
           max_connections_per_client: int,
           allowed_hosts: tuple[str, ...], allowed_origins: tuple[str, ...],
           cache: str | None, shutdown_timeout: float, default_max_batch_size: int,
-          intra_op_threads: int, max_instances: int, api_keys: tuple[str, ...],
+          intra_op_threads: int, max_instances: int, inline_batch_us: int,
+          api_keys: tuple[str, ...],
           api_key_files: tuple[Path, ...],
           admin_keys: tuple[str, ...], admin_key_files: tuple[Path, ...],
           metrics_keys: tuple[str, ...],
@@ -205,7 +210,7 @@ def serve(repository: Path, host: str, http_port: int, metrics_port: int, no_met
         max_request_bytes=max_request_bytes, max_inflight=max_inflight or None,
         shutdown_timeout=shutdown_timeout,
         default_max_batch_size=default_max_batch_size, intra_op_threads=intra_op_threads,
-        max_instances=max_instances,
+        max_instances=max_instances, inline_batch_us=inline_batch_us,
         strict_readiness=strict_readiness, allow_fault_injection=allow_fault_injection,
         access=access, tls_cert=tls_cert, tls_key=tls_key, cache=cache_spec,
         allowed_hosts=allowed_hosts, allowed_origins=allowed_origins,

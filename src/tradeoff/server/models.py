@@ -188,8 +188,9 @@ class ModelManager:
 
     def __init__(self, repository: ModelRepository, *, default_intra_op_threads: int = 1,
                  allow_fault_injection: bool = False, drain_timeout_s: float = 30.0,
-                 max_instances: int = 16) -> None:
+                 max_instances: int = 16, inline_batch_us: int = 100) -> None:
         self.repository = repository
+        self.inline_batch_us = inline_batch_us  # see scheduling/scheduler.py
         self.max_instances = max_instances  # per model version: a load asking more is refused
         # intra-op threads one instance may ask for: a load asking thousands is refused
         self.max_threads = 4 * (os.cpu_count() or 1)
@@ -297,7 +298,8 @@ class ModelManager:
             previous = entry.versions.get(version)
             stats = previous.stats if isinstance(previous, ModelVersion) else \
                 ModelStats(name, version)
-            scheduler = Scheduler(config, backends, stats)
+            scheduler = Scheduler(config, backends, stats,
+                                  inline_limit_ns=self.inline_batch_us * 1000)
             scheduler.on_dead = functools.partial(self._instances_died, name, version,
                                                   scheduler)
             await scheduler.start()
