@@ -256,7 +256,8 @@ def test_preserve_ordering_holds_a_failure_behind_earlier_answers() -> None:
 
 
 class ThreadNoting(Backend):
-    """y = 2x, noting the thread of every batch; ``slow_s`` makes the next batch sleep."""
+    """y = 2x, noting the thread of every batch; ``slow_s`` makes the next batch compute
+    that long."""
 
     inline = True
 
@@ -266,8 +267,10 @@ class ThreadNoting(Backend):
 
     def run(self, inputs, output_names):
         self.threads.append(threading.get_ident())
-        if self.slow_s:
-            time.sleep(self.slow_s)
+        if self.slow_s:  # busy: a batch is timed by its thread's CPU time
+            until = time.thread_time() + self.slow_s
+            while time.thread_time() < until:
+                pass
             self.slow_s = 0.0
         return {"y": inputs["x"] * 2}
 
@@ -294,15 +297,16 @@ def test_short_batches_run_on_the_loop_once_a_streak_shows_them_short() -> None:
         await _one_by_one(scheduler, 2, rows=4)
         assert backend.threads[-2] != loop_thread and backend.threads[-1] == loop_thread
 
-        # one batch over the limit: back to threads until a new streak
+        # one batch on the loop over the limit: back to threads for a streak twice as long
         backend.slow_s = 0.08
         await _one_by_one(scheduler, 1)
-        await _one_by_one(scheduler, INLINE_STREAK + 1)
-        assert loop_thread not in backend.threads[-INLINE_STREAK - 1:-1]
+        assert backend.threads[-1] == loop_thread
+        await _one_by_one(scheduler, 2 * INLINE_STREAK + 1)
+        assert loop_thread not in backend.threads[-2 * INLINE_STREAK - 1:-1]
         assert backend.threads[-1] == loop_thread
         stats = scheduler.stats.to_dict()
-        assert stats["execution_count"] == 2 * INLINE_STREAK + 9
-        assert stats["inference_count"] == 2 * INLINE_STREAK + 9 + 2 * 3  # two of 4 rows
+        assert stats["execution_count"] == 3 * INLINE_STREAK + 9
+        assert stats["inference_count"] == 3 * INLINE_STREAK + 9 + 2 * 3  # two of 4 rows
         await scheduler.stop()
 
     asyncio.run(scenario())

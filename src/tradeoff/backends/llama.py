@@ -172,6 +172,49 @@ def pack_int8(weight: torch.Tensor) -> tuple[Any, int]:
     return packed, weight.numel() + 8 * len(scale)
 
 
+def _attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+            mask: torch.Tensor) -> torch.Tensor:
+    """Attention of ``query`` [b, n, heads, d] over ``keys``/``values`` [b, L, kv_heads, d]
+    where ``mask`` [b or 1, n, L] is True; returns [b, n, heads * d]."""
+    out = F.scaled_dot_product_attention(
+        query.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
+        attn_mask=mask[:, None], enable_gqa=True)
+    return out.transpose(1, 2).flatten(2)
+
+
+@dataclass
+class _DecodeBatch:
+    """The sequences of a step that decode one token, attended in one batch: the cache
+    slots of each (padded to the longest) and which of them are its own."""
+
+    rows: torch.Tensor    # [b]: their rows in the step's flat batch of tokens
+    slots: torch.Tensor   # [b * longest]
+    mask: torch.Tensor    # [b, 1, longest]
+
+    @classmethod
+    def of(cls, steps: Sequence[SequenceStep], counts: list[int], bounds: list[int],
+           device: torch.device) -> _DecodeBatch | None:
+        picked = [i for i, n in enumerate(counts) if n == 1]
+        if not picked:
+            return None
+        lengths = torch.tensor([steps[i].start + 1 for i in picked])
+        longest = int(lengths.max())
+        slots = torch.zeros(len(picked), longest, dtype=torch.int64)
+        mask = torch.arange(longest)[None, :] < lengths[:, None]
+        # the seen slots of every sequence, in order, fill the True places of the mask
+        slots[mask] = torch.cat([steps[i].slots[:steps[i].start + 1] for i in picked])
+        return cls(torch.tensor([bounds[i] for i in picked], device=device),
+                   slots.reshape(-1).to(device), mask[:, None, :].to(device))
+
+    def attend(self, query: torch.Tensor, keys: torch.Tensor,
+               values: torch.Tensor) -> torch.Tensor:
+        """[b, heads * d] from ``query`` [b, heads, d] and one layer's cache."""
+        b, longest = self.mask.shape[0], self.mask.shape[-1]
+        shape = (b, longest, *keys.shape[1:])
+        return _attend(query[:, None], keys.index_select(0, self.slots).view(shape),
+                       values.index_select(0, self.slots).view(shape), self.mask)[:, 0]
+
+
 class LlamaDecoder:
     """The decoder's weights and its forward step; not an ``nn.Module`` (no training)."""
 
@@ -271,12 +314,13 @@ class LlamaDecoder:
         heads, kv_heads, d = c.num_heads, c.num_kv_heads, c.head_dim
         x = w["model.embed_tokens.weight"][tokens]
         bounds = torch.tensor([0, *counts]).cumsum(0).tolist()
-        # per sequence, the same for every layer: the cache slots it reads, and which of
-        # them each new token may see (causal)
-        seen = [s.slots[:s.start + n].to(self.device) for s, n in zip(steps, counts, strict=True)]
-        masks = [torch.arange(s.start + n, device=self.device)[None, :]
-                 <= torch.arange(s.start, s.start + n, device=self.device)[:, None]
-                 for s, n in zip(steps, counts, strict=True)]
+        decoding = _DecodeBatch.of(steps, counts, bounds, self.device)
+        # per prompt chunk, the same for every layer: the cache slots it reads, and which
+        # of them each new token may see (causal)
+        chunks = [(bounds[i], n, s.slots[:s.start + n].to(self.device),
+                   torch.arange(s.start + n, device=self.device)[None, None, :]
+                   <= torch.arange(s.start, s.start + n, device=self.device)[None, :, None])
+                  for i, (s, n) in enumerate(zip(steps, counts, strict=True)) if n > 1]
         for layer in range(c.num_layers):
             p = f"model.layers.{layer}."
             h = _rms_norm(x, w[p + "input_layernorm.weight"], c.rms_norm_eps)
@@ -285,18 +329,20 @@ class LlamaDecoder:
             v = self._linear(h, p + "self_attn.v_proj.weight").view(-1, kv_heads, d)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
-            cache.keys[layer].index_copy_(0, new_slots, k)
-            cache.values[layer].index_copy_(0, new_slots, v)
-            outputs = []
-            for i, n in enumerate(counts):  # attention per sequence (lengths differ)
-                keys = cache.keys[layer].index_select(0, seen[i])      # [L, kvh, d]
-                values = cache.values[layer].index_select(0, seen[i])
-                query = q[bounds[i]:bounds[i + 1]]                     # [n, h, d]
-                attended = F.scaled_dot_product_attention(
-                    query.transpose(0, 1)[None], keys.transpose(0, 1)[None],
-                    values.transpose(0, 1)[None], attn_mask=masks[i], enable_gqa=True)
-                outputs.append(attended[0].transpose(0, 1).reshape(n, heads * d))
-            x = x + self._linear(torch.cat(outputs), p + "self_attn.o_proj.weight")
+            keys, values = cache.keys[layer], cache.values[layer]
+            keys.index_copy_(0, new_slots, k)
+            values.index_copy_(0, new_slots, v)
+            if decoding is not None and not chunks:
+                attended = decoding.attend(q, keys, values)
+            else:
+                attended = q.new_empty(q.shape[0], heads * d)
+                if decoding is not None:
+                    attended[decoding.rows] = decoding.attend(q[decoding.rows], keys, values)
+                for first, n, seen, mask in chunks:
+                    attended[first:first + n] = _attend(
+                        q[None, first:first + n], keys.index_select(0, seen)[None],
+                        values.index_select(0, seen)[None], mask)[0]
+            x = x + self._linear(attended, p + "self_attn.o_proj.weight")
             h = _rms_norm(x, w[p + "post_attention_layernorm.weight"], c.rms_norm_eps)
             gate = F.silu(self._linear(h, p + "mlp.gate_proj.weight"))
             x = x + self._linear(gate * self._linear(h, p + "mlp.up_proj.weight"),

@@ -90,7 +90,7 @@ if TYPE_CHECKING:
 @click.option("--max-instances", default=16, show_default=True, type=click.IntRange(1),
               help="Most instances one model version may have: a config or load request "
                    "asking more is refused.")
-@click.option("--inline-batch-us", default=100, show_default=True, type=click.IntRange(0),
+@click.option("--inline-batch-us", default=500, show_default=True, type=click.IntRange(0),
               help="Run a batch on the event loop, not a worker thread, once the model's "
                    "last 16 batches each took less than this (a thread hand-off costs "
                    "more than a small model's batch). 0: always a thread.")

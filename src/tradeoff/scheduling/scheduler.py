@@ -9,8 +9,10 @@ are short: the backend allows it (``Backend.inline``), the last ``INLINE_STREAK`
 each took less than ``inline_limit_ns`` (``--inline-batch-us``) and this one has no more
 rows than the largest of them. Handing a batch to a thread and back costs two to six
 context switches and a GIL hand-off (measured: 190 µs of CPU per batch on a 2-vCPU VM),
-far more than a small model's batch; a batch that takes longer than the limit sends the
-model back to the thread until it has shown a new streak.
+far more than a small model's batch. A batch is timed by its thread's CPU time: wall
+time would count the waits for the GIL, and the other processes that share the core. A
+batch on the loop that takes longer than the limit sends the model back to its thread
+until it has shown a streak twice as long as the last.
 
     scheduler = Scheduler(config, [backend], stats)
     await scheduler.start()
@@ -50,6 +52,7 @@ Outputs = dict[str, np.ndarray]
 
 # batches in a row, each shorter than the limit, before the next runs on the loop
 INLINE_STREAK = 16
+INLINE_STREAK_MAX = 4096
 
 
 class SchedulerState(enum.Enum):
@@ -148,6 +151,7 @@ class Scheduler:
         # 0: every batch on a thread
         self.inline_limit_ns = inline_limit_ns if all(b.inline for b in instances) else 0
         self._fast_streak = 0  # batches in a row shorter than the limit
+        self._streak_needed = INLINE_STREAK  # doubles after each slow batch on the loop
         self._fast_rows = 0  # the most rows among them
         self.inline_batches = 0  # run on the loop, of all batches (stats)
         batching = config.dynamic_batching
@@ -258,10 +262,10 @@ class Scheduler:
             if self._preserve_ordering:
                 self._order.extend(batch)  # responses leave in the order batches formed
             self._running += 1
-            if self._fast_streak >= INLINE_STREAK and self.inline_limit_ns and \
+            if self._fast_streak >= self._streak_needed and self.inline_limit_ns and \
                     sum(r.rows for r in batch) <= self._fast_rows:
                 self.inline_batches += 1
-                self._complete(batch, backend, *self._run(backend, batch))
+                self._complete(batch, backend, *self._run(backend, batch), True)
                 if self.state is SchedulerState.DEAD:
                     return
                 now = self._clock()
@@ -291,28 +295,31 @@ class Scheduler:
         self._dispatch()
 
     def _run(self, backend: Backend, batch: list[InferenceRequest]
-             ) -> tuple[tuple[list[Outputs], Timings] | None, BaseException | None]:
+             ) -> tuple[tuple[list[Outputs], Timings] | None, BaseException | None, int]:
+        """Run a batch: its result or error, and the CPU time its thread spent on it."""
+        start = time.thread_time_ns()
         try:
-            return run_batch(backend, self.config, batch, self.output_names), None
+            result, error = run_batch(backend, self.config, batch, self.output_names), None
         except BaseException as exc:  # every request of the batch must be answered
-            return None, exc
+            result, error = None, exc
+        return result, error, time.thread_time_ns() - start
 
     def _execute(self, backend: Backend, batch: list[InferenceRequest]) -> None:
         """Worker thread: run one batch, then hand the result to the event loop."""
-        result, error = self._run(backend, batch)
+        result, error, busy_ns = self._run(backend, batch)
         assert self._loop is not None
-        self._loop.call_soon_threadsafe(self._finish, batch, backend, result, error)
+        self._loop.call_soon_threadsafe(self._finish, batch, backend, result, error, busy_ns)
 
     def _finish(self, batch: list[InferenceRequest], backend: Backend,
                 result: tuple[list[Outputs], Timings] | None,
-                exc: BaseException | None) -> None:
-        self._complete(batch, backend, result, exc)
+                exc: BaseException | None, busy_ns: int) -> None:
+        self._complete(batch, backend, result, exc, busy_ns, False)
         if self.state is not SchedulerState.DEAD:
             self._dispatch()
 
     def _complete(self, batch: list[InferenceRequest], backend: Backend,
                   result: tuple[list[Outputs], Timings] | None,
-                  exc: BaseException | None) -> None:
+                  exc: BaseException | None, busy_ns: int, inline: bool) -> None:
         """Answer a batch's requests and give its instance back."""
         self._running -= 1
         if isinstance(exc, InstanceDied):
@@ -331,15 +338,16 @@ class Scheduler:
         else:
             results, timings = result
             self.stats.record_execution(timings.batch_size, timings)
-            took = timings.compute_input_ns + timings.compute_infer_ns + \
-                timings.compute_output_ns
-            if took < self.inline_limit_ns:
+            if busy_ns < self.inline_limit_ns:
                 self._fast_streak += 1
                 self._fast_rows = max(self._fast_rows, timings.batch_size)
             else:
                 self._fast_streak = self._fast_rows = 0
+                if inline:
+                    self._streak_needed = min(2 * self._streak_needed, INLINE_STREAK_MAX)
             if self.adaptive is not None:
-                self.adaptive.executed(timings.batch_size, took)
+                self.adaptive.executed(timings.batch_size, timings.compute_input_ns
+                                       + timings.compute_infer_ns + timings.compute_output_ns)
             for request, outputs in zip(batch, results, strict=True):
                 t = request.timings
                 t.compute_input_ns = timings.compute_input_ns

@@ -188,7 +188,7 @@ class ModelManager:
 
     def __init__(self, repository: ModelRepository, *, default_intra_op_threads: int = 1,
                  allow_fault_injection: bool = False, drain_timeout_s: float = 30.0,
-                 max_instances: int = 16, inline_batch_us: int = 100) -> None:
+                 max_instances: int = 16, inline_batch_us: int = 500) -> None:
         self.repository = repository
         self.inline_batch_us = inline_batch_us  # see scheduling/scheduler.py
         self.max_instances = max_instances  # per model version: a load asking more is refused

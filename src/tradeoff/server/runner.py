@@ -46,7 +46,7 @@ class ServeOptions:
     default_max_batch_size: int = 4
     intra_op_threads: int = 1
     max_instances: int = 16
-    inline_batch_us: int = 100  # batches measured shorter run on the event loop
+    inline_batch_us: int = 500  # batches measured shorter run on the event loop
     strict_readiness: bool = False
     max_inflight: int | None = 1024
     allow_fault_injection: bool = False
