@@ -10,6 +10,7 @@ are walked one by one.
 
 from __future__ import annotations
 
+import functools
 import struct
 import sys
 from dataclasses import dataclass, field
@@ -290,8 +291,58 @@ def decode_request(body: bytes, header_length: int | None = None,
             raise InvalidInput(f"Inference-Header-Content-Length is {header_length} but the "
                                f"body has {len(body)} bytes")
         header, binary = view[:header_length], view[header_length:]
+        if header_length <= CACHED_HEADER_BYTES:
+            key = bytes(header)
+            if b'"data"' not in key:  # JSON tensors are values: not kept
+                # clients send the same JSON header again and again; the tensors change
+                return _cached_header(key, len(binary), limits).decode(binary, limits)
     else:
         header, binary = view, view[len(view):]
+    return _parse_header(header, len(binary), header_length is not None,
+                         limits).decode(binary, limits)
+
+
+# JSON headers of binary requests up to this size are parsed once and kept (LRU)
+CACHED_HEADER_BYTES = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class _InputSpec:
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    offset: int  # binary data: where it starts in the binary part, and its size
+    size: int | None  # None: JSON data
+    data: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Header:
+    """An infer request's JSON, checked: everything but the tensors' values."""
+
+    id: str | None
+    inputs: tuple[_InputSpec, ...]
+    outputs: tuple[RequestedOutput, ...] | None
+    parameters: dict[str, Any]
+
+    def decode(self, binary: memoryview, limits: RequestLimits) -> V2Request:
+        """The request with these tensors (a new request each time: nothing shared)."""
+        inputs = []
+        for spec in self.inputs:
+            where = f"input {spec.name!r}"
+            if spec.size is None:
+                array = _decode_json_data(spec.data, spec.datatype, spec.shape, where, limits)
+            else:
+                array = decode_binary_tensor(binary[spec.offset:spec.offset + spec.size],
+                                             spec.datatype, spec.shape, where, limits)
+            inputs.append(TensorInput(spec.name, spec.datatype, spec.shape, array))
+        outputs = None if self.outputs is None else \
+            [RequestedOutput(o.name, o.binary) for o in self.outputs]
+        return V2Request(self.id, inputs, outputs, dict(self.parameters))
+
+
+def _parse_header(header: bytes | memoryview, binary_size: int, has_binary_header: bool,
+                  limits: RequestLimits) -> _Header:
     doc = parse_json_object(header, "request body", "with 'inputs'")
     request_id = doc.get("id")
     if request_id is not None and not isinstance(request_id, str):
@@ -306,7 +357,7 @@ def decode_request(body: bytes, header_length: int | None = None,
         raise InvalidInput(f"{len(raw_inputs)} inputs is over the limit of "
                            f"{limits.max_inputs} (--max-inputs)")
 
-    inputs: list[TensorInput] = []
+    inputs: list[_InputSpec] = []
     offset = 0
     for index, item in enumerate(raw_inputs):
         if not isinstance(item, dict):
@@ -331,24 +382,27 @@ def decode_request(body: bytes, header_length: int | None = None,
         if size is not None:
             if not isinstance(size, int) or isinstance(size, bool) or size < 0:
                 raise InvalidInput(f"{where}: binary_data_size must be a non-negative integer")
-            if header_length is None:
+            if not has_binary_header:
                 raise InvalidInput(f"{where}: binary_data_size given but the request has no "
                                    "Inference-Header-Content-Length header")
             if "data" in item:
                 raise InvalidInput(f"{where}: has both 'data' and binary_data_size; give one")
-            if offset + size > len(binary):
+            if offset + size > binary_size:
                 raise InvalidInput(f"{where}: binary_data_size {size} runs past the end of the"
-                                   f" body ({len(binary) - offset} bytes left)")
-            array = decode_binary_tensor(binary[offset:offset + size], datatype, shape, where,
-                                         limits)
+                                   f" body ({binary_size - offset} bytes left)")
+            if datatype != "BYTES":  # its size depends on the elements: checked on decoding
+                expected = _element_count(shape) * dtypes.numpy_dtype(datatype).itemsize
+                if size != expected:
+                    raise InvalidInput(f"{where}: binary_data_size is {size} bytes but shape "
+                                       f"{list(shape)} of {datatype} needs {expected}")
+            inputs.append(_InputSpec(name, datatype, shape, offset, size))
             offset += size
         elif "data" in item:
-            array = _decode_json_data(item["data"], datatype, shape, where, limits)
+            inputs.append(_InputSpec(name, datatype, shape, 0, None, item["data"]))
         else:
             raise InvalidInput(f"{where}: has neither 'data' nor a binary_data_size parameter")
-        inputs.append(TensorInput(name, datatype, shape, array))
-    if offset != len(binary):
-        raise InvalidInput(f"the body has {len(binary) - offset} bytes of binary data that no "
+    if offset != binary_size:
+        raise InvalidInput(f"the body has {binary_size - offset} bytes of binary data that no "
                            "input claims (check binary_data_size)")
 
     if not isinstance(parameters.get("binary_data_output", False), bool):
@@ -376,7 +430,13 @@ def decode_request(body: bytes, header_length: int | None = None,
                 raise InvalidInput(f"output {item['name']!r} is requested twice")
             seen.add(item["name"])
             outputs.append(RequestedOutput(item["name"], binary_flag))
-    return V2Request(request_id, inputs, outputs, parameters)
+    return _Header(request_id, tuple(inputs), None if outputs is None else tuple(outputs),
+                   parameters)
+
+
+@functools.lru_cache(maxsize=512)
+def _cached_header(header: bytes, binary_size: int, limits: RequestLimits) -> _Header:
+    return _parse_header(header, binary_size, True, limits)
 
 
 def _json_data(array: np.ndarray, datatype: str) -> Any:
