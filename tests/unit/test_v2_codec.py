@@ -661,3 +661,38 @@ def test_data_and_binary_size_together_are_refused() -> None:
                                        "parameters": {"binary_data_size": 4}}]})
     with pytest.raises(InvalidInput, match="both 'data' and binary_data_size"):
         decode_request(header + np.float32(1).tobytes(), len(header))
+
+
+def test_a_repeated_binary_header_is_parsed_once_and_shares_nothing_mutable() -> None:
+    one = np.arange(4, dtype=np.float32)
+    body, length = binary_request({"t": ("FP32", one)}, parameters={"priority": 1},
+                                  outputs=[{"name": "y"}])
+    other = body[:length] + (one + 10).tobytes()
+    first, second = decode_request(body, length), decode_request(other, length)
+    assert first.header is not None and first.header is second.header
+    np.testing.assert_array_equal(second.inputs[0].array, one + 10)
+    np.testing.assert_array_equal(first.inputs[0].array, one)
+    first.parameters["class"] = "batch"  # as X-Tradeoff-Class does
+    assert second.parameters == {"priority": 1}
+    assert first.outputs is not second.outputs
+    assert decode_request(body, length).parameters == {"priority": 1}
+
+
+def test_headers_with_json_tensors_or_no_binary_extension_are_not_kept() -> None:
+    array = np.arange(3, dtype=np.int32)
+    body, length = binary_request({"t": ("INT32", array)})
+    header = json.loads(body[:length])
+    header["inputs"].append({"name": "u", "datatype": "INT32", "shape": [1], "data": [7]})
+    head = json.dumps(header).encode()
+    mixed = decode_request(head + body[length:], len(head))
+    assert mixed.header is None and mixed.inputs[1].array.tolist() == [7]
+    assert decode_request(json_request({"t": ("INT32", array)})).header is None
+
+
+def test_a_kept_header_is_checked_against_each_body_size() -> None:
+    body, length = binary_request({"t": ("FP32", np.zeros(4, np.float32))})
+    decode_request(body, length)
+    with pytest.raises(InvalidInput, match="binary data that no input claims"):
+        decode_request(body + b"\0\0\0\0", length)
+    with pytest.raises(InvalidInput, match="runs past the end"):
+        decode_request(body[:-4], length)

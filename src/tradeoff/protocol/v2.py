@@ -65,6 +65,9 @@ class V2Request:
     inputs: list[TensorInput]
     outputs: list[RequestedOutput] | None
     parameters: dict[str, Any] = field(default_factory=dict)
+    # the kept JSON header it was decoded from: every request with this header has the
+    # same names, datatypes, shapes, outputs and parameters (None: not kept)
+    header: Any = None
 
     @property
     def binary_output(self) -> bool:
@@ -295,7 +298,7 @@ def decode_request(body: bytes, header_length: int | None = None,
             key = bytes(header)
             if b'"data"' not in key:  # JSON tensors are values: not kept
                 # clients send the same JSON header again and again; the tensors change
-                return _cached_header(key, len(binary), limits).decode(binary, limits)
+                return _cached_header(key, len(binary), limits).decode(binary, limits, True)
     else:
         header, binary = view, view[len(view):]
     return _parse_header(header, len(binary), header_length is not None,
@@ -316,7 +319,7 @@ class _InputSpec:
     data: Any = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)  # compared and hashed by identity
 class _Header:
     """An infer request's JSON, checked: everything but the tensors' values."""
 
@@ -325,7 +328,8 @@ class _Header:
     outputs: tuple[RequestedOutput, ...] | None
     parameters: dict[str, Any]
 
-    def decode(self, binary: memoryview, limits: RequestLimits) -> V2Request:
+    def decode(self, binary: memoryview, limits: RequestLimits, kept: bool = False
+               ) -> V2Request:
         """The request with these tensors (a new request each time: nothing shared)."""
         inputs = []
         for spec in self.inputs:
@@ -338,7 +342,8 @@ class _Header:
             inputs.append(TensorInput(spec.name, spec.datatype, spec.shape, array))
         outputs = None if self.outputs is None else \
             [RequestedOutput(o.name, o.binary) for o in self.outputs]
-        return V2Request(self.id, inputs, outputs, dict(self.parameters))
+        return V2Request(self.id, inputs, outputs, dict(self.parameters),
+                         self if kept else None)
 
 
 def _parse_header(header: bytes | memoryview, binary_size: int, has_binary_header: bool,

@@ -9,11 +9,10 @@ are short: the backend allows it (``Backend.inline``), the last ``INLINE_STREAK`
 each took less than ``inline_limit_ns`` (``--inline-batch-us``) and this one has no more
 rows than the largest of them. Handing a batch to a thread and back costs two to six
 context switches and a GIL hand-off (measured: 190 µs of CPU per batch on a 2-vCPU VM),
-far more than a small model's batch. On a worker a batch is timed by the thread's CPU
-time (its wall time counts the waits for the GIL); on the loop by the wall clock (reading
-a thread's CPU clock is a system call). A batch on the loop that takes longer than the
-limit sends the model back to its thread until it has shown a streak twice as long as
-the last.
+far more than a small model's batch. A batch is timed by its thread's CPU time: wall
+time would count the waits for the GIL on a worker, and other processes taking the core
+on the loop. A batch on the loop that takes longer than the limit sends the model back
+to its thread until it has shown a streak twice as long as the last.
 
     scheduler = Scheduler(config, [backend], stats)
     await scheduler.start()
@@ -266,7 +265,7 @@ class Scheduler:
             if self._fast_streak >= self._streak_needed and self.inline_limit_ns and \
                     sum(r.rows for r in batch) <= self._fast_rows:
                 self.inline_batches += 1
-                self._complete(batch, backend, *self._run(backend, batch, True), True)
+                self._complete(batch, backend, *self._run(backend, batch), True)
                 if self.state is SchedulerState.DEAD:
                     return
                 now = self._clock()
@@ -295,23 +294,19 @@ class Scheduler:
         self._timer_at = None
         self._dispatch()
 
-    def _run(self, backend: Backend, batch: list[InferenceRequest], inline: bool
+    def _run(self, backend: Backend, batch: list[InferenceRequest]
              ) -> tuple[tuple[list[Outputs], Timings] | None, BaseException | None, int]:
-        """Run a batch: its result or error, and how long it held its thread."""
-        start = 0 if inline else time.thread_time_ns()
+        """Run a batch: its result or error, and the CPU time its thread spent on it."""
+        start = time.thread_time_ns()
         try:
             result, error = run_batch(backend, self.config, batch, self.output_names), None
         except BaseException as exc:  # every request of the batch must be answered
-            return None, exc, 0
-        if inline:
-            timings = result[1]
-            return result, None, (timings.compute_input_ns + timings.compute_infer_ns
-                                  + timings.compute_output_ns)
+            result, error = None, exc
         return result, error, time.thread_time_ns() - start
 
     def _execute(self, backend: Backend, batch: list[InferenceRequest]) -> None:
         """Worker thread: run one batch, then hand the result to the event loop."""
-        result, error, busy_ns = self._run(backend, batch, False)
+        result, error, busy_ns = self._run(backend, batch)
         assert self._loop is not None
         self._loop.call_soon_threadsafe(self._finish, batch, backend, result, error, busy_ns)
 

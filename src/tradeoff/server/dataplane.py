@@ -38,6 +38,9 @@ from tradeoff.server.cache import ResponseCache, generation_key, tensor_key
 from tradeoff.server.models import ModelManager, ModelVersion
 from tradeoff.server.router import SHADOW_IN_FLIGHT, RoutedModel
 
+# request headers remembered as valid, per model version (see prepare)
+KNOWN_HEADERS = 256
+
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository", "parameters",
               "schedule_policy", "statistics"]
 
@@ -216,6 +219,14 @@ class DataPlane:
                 request: V2Request) -> tuple[ModelVersion, InferenceRequest]:
         """Validate a decoded request against the model's config."""
         served = self.manager.tensor(name, version)
+        header = request.header
+        if header is not None:
+            known = served.checked.get(header)
+            if known is not None:  # this header passed every check below already
+                shape_key, rows, priority, timeout = known
+                return served, InferenceRequest(
+                    inputs={t.name: t.array for t in request.inputs}, rows=rows,
+                    shape_key=shape_key, priority=priority, timeout_us=timeout)
         config = served.config
         expected_shapes = config.input_shapes
         batching = config.max_batch_size > 0
@@ -273,6 +284,10 @@ class DataPlane:
         # equal keys can be concatenated into one batch.
         shape_key = tuple((n, inputs[n].shape[1:] if batching else inputs[n].shape)
                           for n in expected_shapes if n in inputs)
+        # BYTES elements are checked one by one (check_bytes): never taken as known
+        if header is not None and len(served.checked) < KNOWN_HEADERS and \
+                all(t.datatype != "BYTES" for t in request.inputs):
+            served.checked[header] = (shape_key, rows or 1, priority, timeout or None)
         return served, InferenceRequest(inputs=inputs, rows=rows or 1, shape_key=shape_key,
                                         priority=priority, timeout_us=timeout or None)
 

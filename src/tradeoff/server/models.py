@@ -67,6 +67,9 @@ class ModelVersion:
     stats: ModelStats
     path: Path
     check_bytes: Callable[[str, np.ndarray], None] | None = None  # the backend's
+    # a request header (protocol/v2.py keeps them) found valid for this version -> what
+    # the data plane derived from it (see DataPlane.prepare)
+    checked: dict[Any, tuple] = field(default_factory=dict)
 
     def begin_drain(self, timeout_s: float) -> None:
         """Shutdown begins: run what is queued now, without waiting for more."""
