@@ -130,6 +130,9 @@ ROUTES: tuple[Route, ...] = (
 )
 
 
+FOUND_PATHS = 1024  # paths matched a route, remembered (then forgotten all at once)
+
+
 class Router:
     """Finds the route of a request: NotFound or MethodNotAllowed saying what exists."""
 
@@ -138,8 +141,19 @@ class Router:
         self._by_length: dict[int, list[Route]] = {}
         for route in self.routes:
             self._by_length.setdefault(len(route.segments), []).append(route)
+        self._found: dict[tuple[str, str], tuple[Route, dict[str, str]]] = {}
 
     def match(self, method: str, path: str) -> tuple[Route, dict[str, str]]:
+        found = self._found.get((method, path))
+        if found is not None:  # the same few paths come again and again
+            return found[0], dict(found[1])
+        route, params = self._search(method, path)
+        if len(self._found) >= FOUND_PATHS:
+            self._found.clear()
+        self._found[method, path] = route, dict(params)
+        return route, params
+
+    def _search(self, method: str, path: str) -> tuple[Route, dict[str, str]]:
         parts = path.strip("/").split("/")
         allowed = None
         for route in self._by_length.get(len(parts), ()):

@@ -237,7 +237,11 @@ def guarded_protocol(limits: TransportLimits,
                     else:
                         self._raw_transport.close()
                     return
-            super().on_header(name, value)
+            # uvicorn's own on_header, written out: it runs for every header
+            name = name.lower()
+            if name == b"expect" and value.lower() == b"100-continue":
+                self.expect_100_continue = True
+            self.headers.append((name, value))
 
         def on_message_complete(self) -> None:
             self._body_open = False
