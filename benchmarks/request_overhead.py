@@ -116,7 +116,119 @@ def in_process(repo: Path) -> dict[str, float]:
         await manager.close()
 
     uvloop.run(scenario())
+    for connections, rounds in ((1, 2000), (64, 100)):
+        out[f"HTTP infer through the connection, c={connections} (CPU µs)"] = \
+            connection_cpu_us(repo, "tiny", body, len(header), connections, rounds)
     return out
+
+
+class _Connection:
+    """A transport that takes the place of a socket: counts whole responses written."""
+
+    def __init__(self, on_response: Callable[[], None]) -> None:
+        self.on_response = on_response
+        self.buffer = b""
+        self.closing = False
+
+    def write(self, data: bytes) -> None:
+        self.buffer += data
+        while b"\r\n\r\n" in self.buffer:
+            head, _, rest = self.buffer.partition(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            if len(rest) < length:
+                return
+            self.buffer = rest[length:]
+            self.on_response()
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return {"sockname": ("127.0.0.1", 8000),
+                "peername": ("127.0.0.1", 40000)}.get(name, default)
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.closing = True
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def pause_reading(self) -> None: ...
+    def resume_reading(self) -> None: ...
+    def write_eof(self) -> None: ...
+
+
+def connection_cpu_us(repo: Path, model: str, body: bytes, header_length: int,
+                      connections: int, rounds: int = 200, runs: int = 5) -> float:
+    """Server CPU per infer request through `tradeoff serve`'s own HTTP protocol, app and
+    data plane, without sockets: ``connections`` connections send one request each, the
+    loop answers them all, again (median over ``runs`` of CPU time, all threads)."""
+    import uvicorn
+    from uvicorn.server import ServerState
+
+    from tradeoff.server import transport
+    from tradeoff.server.runner import ServeOptions, make_app, make_dataplane
+
+    request = (f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: 127.0.0.1:8000\r\n"
+               f"Accept: */*\r\nContent-Type: application/octet-stream\r\n"
+               f"Inference-Header-Content-Length: {header_length}\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    samples: list[float] = []
+
+    async def scenario() -> None:
+        options = ServeOptions(model_repository=repo, metrics_port=None, grpc_port=None)
+        dataplane = make_dataplane(options)
+
+        async def nothing() -> None: ...
+
+        app = make_app(options, dataplane, options.transport, None, nothing, nothing)
+        await dataplane.manager.load_all()
+        dataplane.started = True
+        config = uvicorn.Config(app, loop="none", lifespan="off", log_config=None,
+                                access_log=False, server_header=False, date_header=False)
+        config.load()
+        try:  # a tree before the direct path took only the limits
+            protocol_class = transport.guarded_protocol(options.transport, app)
+        except TypeError:
+            protocol_class = transport.guarded_protocol(options.transport)
+        loop = asyncio.get_running_loop()
+        state = ServerState()
+        waiting = [0]
+        all_answered: list[asyncio.Future[None]] = []
+
+        def answered() -> None:
+            waiting[0] -= 1
+            if not waiting[0]:
+                all_answered[-1].set_result(None)
+
+        protocols = []
+        for _ in range(connections):
+            protocol = protocol_class(config=config, server_state=state, app_state={},
+                                      _loop=loop)
+            protocol.connection_made(_Connection(answered))
+            protocols.append(protocol)
+
+        async def one_round() -> None:
+            waiting[0] = connections
+            all_answered.append(loop.create_future())
+            for protocol in protocols:
+                protocol.data_received(request)
+            await all_answered[-1]
+            all_answered.clear()
+
+        for _ in range(rounds // 4):
+            await one_round()
+        for _ in range(runs):
+            start = time.process_time()
+            for _ in range(rounds):
+                await one_round()
+            samples.append((time.process_time() - start) / (rounds * connections) * 1e6)
+        for protocol in protocols:
+            protocol.connection_lost(None)
+        await dataplane.close()
+
+    uvloop.run(scenario())
+    return statistics.median(samples)
 
 
 def baseline_stages(repo: Path, baseline_src: Path, cpu: int) -> dict[str, float]:
