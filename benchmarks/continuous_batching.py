@@ -2,16 +2,28 @@
 
 `tradeoff serve` (pinned to one core) serves the same model three times: `continuous`
 (iteration-level batching), `static` (a batch runs until all its sequences end) and `one`
-(max_num_seqs 1). A client on another core sends the same Poisson arrivals to each, with
-output lengths drawn uniformly from --min-tokens..--max-tokens (`ignore_eos`, so every
-request generates exactly what it asked for), streams every answer and times it. Then the
-in-process ceiling: the engine alone with a full batch (max_num_seqs prompts of the workload,
---ceiling-tokens each, submitted at once), the most tokens/s it can give. --steps-only
-times one decode step at 1, 4 and max_num_seqs sequences instead.
+(max_num_seqs 1). A client on another core sends each the same requests, output lengths
+drawn uniformly from --min-tokens..--max-tokens (`ignore_eos`, so every request generates
+exactly what it asked for), streams every answer and times it. The requests come as
+Poisson arrivals at --rate or, with --concurrency N, N at a time in a closed loop (each
+answer's end sends the next request); N = max_num_seqs keeps the batch full without a
+queue: saturation. Then the in-process ceiling: the engine alone given the same requests
+at once (or N at a time), the most tokens/s it gets out of them.
 
-Reports output tokens/s, p50/p99 TTFT, p50/p99 TPOT and end-to-end latency, and writes JSON.
+For every run: output tokens/s, p50/p99 TTFT, TPOT and end-to-end latency; the engine's
+steps (the server's batch_stats): tokens per step (how full the batch was), milliseconds
+per step, and the share of the run it was stepping (busy); and the share of a core the
+server process used (busy near 100% with core below it: other work had its core).
+tokens/s = tokens/step x busy / (ms/step). Writes JSON.
+
+--steps-only times one decode step with 1, 4 and max_num_seqs sequences instead: the
+engine's step (what serving runs: schedule, decoder, sampling) beside transformers'
+(`LlamaForCausalLM` holding the same weights, one token per sequence over its KV cache),
+in interleaved rounds, one torch thread on the server's core.
 
     .venv/bin/python benchmarks/continuous_batching.py                  # SmolLM2-135M
+    .venv/bin/python benchmarks/continuous_batching.py --concurrency 16 # at saturation
+    .venv/bin/python benchmarks/continuous_batching.py --steps-only
     .venv/bin/python benchmarks/continuous_batching.py --device cuda    # on a GPU host
     .venv/bin/python benchmarks/continuous_batching.py --model tinyllama --requests 8
 """
@@ -20,11 +32,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import json
 import os
+import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +59,7 @@ from tradeoff.server.process import ServerProcess
 
 WORDS = ("the cat sat on a mat while rain fell over quiet hills and an old river ran "
          "past the mill toward the sea").split()
+STEP_PROMPT_TOKENS = 32  # every prompt of --steps-only: transformers batches them unpadded
 
 
 def workload(requests: int, rate: float, min_tokens: int, max_tokens: int,
@@ -56,15 +74,54 @@ def workload(requests: int, rate: float, min_tokens: int, max_tokens: int,
     return [(float(a), p, int(n)) for a, p, n in zip(arrivals, prompts, lengths, strict=True)]
 
 
-async def drive(url: str, model: str, work: list[tuple[float, str, int]]) -> list[GenerationTiming]:
+async def drive(url: str, model: str, work: list[tuple[float, str, int]],
+                concurrency: int | None) -> list[GenerationTiming]:
+    """Stream every request of ``work``: at its arrival time, or ``concurrency`` at a time."""
     host, port, _ = split_url(url)
     raws = [generation_request(host, "/v1", generation_body(
         model, prompt=prompt, max_tokens=tokens, ignore_eos=True), chat=False)
         for _, prompt, tokens in work]
-    start = time.perf_counter_ns() + 50_000_000
-    return list(await asyncio.gather(*(stream_once(host, port, raw, False,
-                                                   at_ns=start + int(at * 1e9))
-                                       for (at, _, _), raw in zip(work, raws, strict=True))))
+    if concurrency is None:
+        start = time.perf_counter_ns() + 50_000_000
+        return list(await asyncio.gather(*(stream_once(host, port, raw, False,
+                                                       at_ns=start + int(at * 1e9))
+                                           for (at, _, _), raw in zip(work, raws, strict=True))))
+    timings: dict[int, GenerationTiming] = {}
+    order = iter(range(len(raws)))  # shared: each client takes the next request
+
+    async def client() -> None:
+        for index in order:
+            timings[index] = await stream_once(host, port, raws[index], False)
+
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    return [timings[i] for i in range(len(raws))]
+
+
+def spy(pid: int, svg: Path | None) -> subprocess.Popen[bytes] | None:
+    """py-spy sampling process ``pid`` (every thread, idle stacks too, without pausing
+    it) into the flame graph ``svg``; None when no ``svg`` is asked."""
+    if svg is None:
+        return None
+    tool = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    svg.parent.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen([tool, "record", "--pid", str(pid), "--output", str(svg),
+                             "--idle", "--threads", "--nonblocking"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid``, all its threads (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def engine_steps(url: str, model: str) -> tuple[int, float]:
+    """The steps the engine of ``model`` has run and the seconds they took (the
+    statistics extension: its batch_stats count steps by their number of sequences)."""
+    with urllib.request.urlopen(f"{url}/v2/models/{model}/stats", timeout=10) as answer:
+        batches = [b["compute_infer"] for s in json.load(answer)["model_stats"]
+                   for b in s["batch_stats"]]
+    return sum(b["count"] for b in batches), sum(b["ns"] for b in batches) / 1e9
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -102,61 +159,168 @@ def _engine(model_dir: Path, cpu: int) -> tuple[Any, Any]:
     return new_engine(config, decoder, tokenizer), tokenizer
 
 
-def ceiling(engine: Any, tokenizer: Any, work: list[tuple[float, str, int]]) -> dict[str, Any]:
-    """Tokens/s of the engine alone (no server), every request of ``work`` at once."""
+def ceiling(engine: Any, tokenizer: Any, work: list[tuple[float, str, int]],
+            in_flight: int | None = None) -> dict[str, Any]:
+    """Tokens/s of the engine alone (no server) on the requests of ``work``: all at once,
+    or ``in_flight`` at a time (the next one added as one ends, as a closed loop sends)."""
     from tradeoff.generate.sampling import SamplingParams
 
-    seqs = [engine.add(tokenizer.encode(prompt),
-                       SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True))
-            for _, prompt, tokens in work]
-    start = time.perf_counter()
+    queued = [(tokenizer.encode(prompt),
+               SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True))
+              for _, prompt, tokens in work]
+    limit = in_flight or len(queued)
+    seqs = [engine.add(*queued.pop(0)) for _ in range(min(limit, len(queued)))]
+    running, steps = len(seqs), 0
+    start, cpu = time.perf_counter(), time.process_time()
     while engine.has_work():
-        engine.step()
+        running -= len(engine.step().finished)
+        steps += 1
+        while queued and running < limit:
+            seqs.append(engine.add(*queued.pop(0)))
+            running += 1
     seconds = time.perf_counter() - start
     tokens = sum(len(s.output) for s in seqs)
     return {"requests": len(work), "output_tokens": tokens, "seconds": seconds,
-            "output_tokens_per_s": tokens / seconds}
+            "output_tokens_per_s": tokens / seconds, "steps": steps,
+            "tokens_per_step": tokens / steps, "ms_per_step": seconds / steps * 1000,
+            "busy_share": 1.0, "core_share": (time.process_time() - cpu) / seconds}
 
 
-def step_times(engine: Any, tokenizer: Any, prompts: list[str], sizes: list[int],
-               steps: int = 16) -> dict[int, float]:
-    """Median milliseconds of one decode step with ``n`` sequences, for each n in sizes."""
+def transformers_twin(decoder: Any) -> Any:
+    """``transformers.LlamaForCausalLM`` holding the weights of ``decoder``."""
+    import transformers
+
+    config = {k: v for k, v in decoder.config.to_hf().items()
+              if k not in ("architectures", "model_type")}
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config))
+    model.load_state_dict(decoder.hf_state_dict())
+    return model.to(decoder.device).eval()
+
+
+def step_prompts(tokenizer: Any, work: list[tuple[float, str, int]], n: int) -> list[list[int]]:
+    """The first ``n`` prompts of ``work`` as token ids, each repeated or cut to
+    STEP_PROMPT_TOKENS."""
+    out = []
+    for _, prompt, _ in work[:n]:
+        ids = tokenizer.encode(prompt)
+        out.append((ids * (STEP_PROMPT_TOKENS // len(ids) + 1))[:STEP_PROMPT_TOKENS])
+    return out
+
+
+def engine_step(engine: Any, prompts: list[list[int]], steps: int) -> tuple[float, float]:
+    """Median seconds of the engine's decode steps with ``prompts`` running, and the share
+    of those seconds the thread was on a core."""
     from tradeoff.generate.sampling import SamplingParams
 
-    out = {}
-    for n in sizes:
-        for prompt in prompts[:n]:
-            engine.add(tokenizer.encode(prompt),
-                       SamplingParams(max_tokens=steps + 1, temperature=0, ignore_eos=True))
-        engine.step()  # prefill
-        times = []
-        while engine.has_work():
-            report = engine.step()
-            if len(report.decoded) == n:
-                times.append(report.seconds)
-        out[n] = float(np.median(times)) * 1000
-    return out
+    for prompt in prompts:
+        engine.add(prompt, SamplingParams(max_tokens=steps + 1, temperature=0,
+                                          ignore_eos=True))
+    walls, cpus = [], []
+    while engine.has_work():
+        wall, cpu = time.perf_counter(), time.thread_time()
+        report = engine.step()
+        if report.prefill_tokens == 0 and len(report.decoded) == len(prompts):
+            walls.append(time.perf_counter() - wall)
+            cpus.append(time.thread_time() - cpu)
+    return float(np.median(walls)), sum(cpus) / sum(walls)
+
+
+def transformers_step(model: Any, prompts: list[list[int]], steps: int) -> tuple[float, float]:
+    """As :func:`engine_step`, for ``model``'s forward of one greedy token per sequence
+    over its KV cache (``DynamicCache``)."""
+    import torch
+    import transformers
+
+    try:
+        cache = transformers.DynamicCache(config=model.config)
+    except TypeError:  # transformers 4
+        cache = transformers.DynamicCache()
+    key = "cache" if "cache" in inspect.signature(model.forward).parameters \
+        else "past_key_values"
+    device = model.device
+    walls, cpus = [], []
+    with torch.inference_mode():
+        tokens = torch.tensor(prompts, device=device)
+        for index in range(steps + 1):
+            wall, cpu = time.perf_counter(), time.thread_time()
+            logits = model(input_ids=tokens, use_cache=True, logits_to_keep=1,
+                           **{key: cache}).logits
+            tokens = logits[:, -1].argmax(-1, keepdim=True).cpu().to(device)
+            if index:  # the first was the prefill
+                walls.append(time.perf_counter() - wall)
+                cpus.append(time.thread_time() - cpu)
+    return float(np.median(walls)), sum(cpus) / sum(walls)
+
+
+def step_times(model_dir: Path, cpu: int, work: list[tuple[float, str, int]],
+               sizes: list[int], rounds: int, steps: int = 16) -> dict[str, Any]:
+    """Decode step milliseconds of the engine and of transformers at each size, the median
+    of ``rounds`` interleaved rounds, and the least core share seen."""
+    engine, tokenizer = _engine(model_dir, cpu)
+    runners = {"engine": lambda p: engine_step(engine, p, steps)}
+    try:
+        twin = transformers_twin(engine.decoder)
+        runners["transformers"] = lambda p: transformers_step(twin, p, steps)
+    except ImportError:
+        print("transformers is not installed: timing the engine alone")
+    seen: dict[str, dict[int, list[float]]] = {name: {n: [] for n in sizes} for name in runners}
+    share = 1.0
+    for _ in range(rounds):
+        for n in sizes:
+            prompts = step_prompts(tokenizer, work, n)
+            for name, run in runners.items():
+                seconds, core = run(prompts)
+                seen[name][n].append(seconds * 1000)
+                share = min(share, core)
+    return {"ms": {name: {n: float(np.median(v)) for n, v in by_size.items()}
+                   for name, by_size in seen.items()},
+            "rounds": rounds, "steps": steps, "prompt_tokens": STEP_PROMPT_TOKENS,
+            "least_core_share": share}
+
+
+def print_steps(result: dict[str, Any], device: str) -> None:
+    ms = result["ms"]
+    names = list(ms)
+    print(f"decode step on {device}, median of {result['rounds']} interleaved rounds, "
+          f"{result['prompt_tokens']}-token prompts, one torch thread")
+    print("{:>5}".format("seqs") + "".join(f"{n + ' ms':>17}{'tok/s':>8}" for n in names)
+          + ("   engine / transformers" if len(names) > 1 else ""))
+    for n in ms["engine"]:
+        line = f"{n:>5}" + "".join(f"{ms[name][n]:>17.1f}{n / ms[name][n] * 1000:>8.1f}"
+                                   for name in names)
+        if len(names) > 1:
+            line += f"{ms['engine'][n] / ms['transformers'][n]:>24.2f}"
+        print(line)
+    if result["least_core_share"] < 0.9:
+        print(f"warning: a measured step had its core only "
+              f"{result['least_core_share']:.0%} of the time: other work ran there")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m", choices=("smollm2-135m", "tinyllama"))
-    parser.add_argument("--rate", type=float, default=0.25, help="requests per second")
+    parser.add_argument("--rate", type=float, default=0.25,
+                        help="Poisson arrivals, requests per second")
+    parser.add_argument("--concurrency", type=int, metavar="N",
+                        help="instead of arrivals: N requests in flight (closed loop)")
     parser.add_argument("--requests", type=int, default=32,
                         help="requests for continuous and static batching")
     parser.add_argument("--one-requests", type=int, default=10,
                         help="requests one at a time (the first N of the same workload)")
-    parser.add_argument("--ceiling-tokens", type=int, default=128,
-                        help="output tokens per sequence of the ceiling's full batch")
     parser.add_argument("--min-tokens", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--max-num-seqs", type=int, default=16)
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps-only", action="store_true",
-                        help="only time decode steps at 1, 4 and max-num-seqs sequences")
-    parser.add_argument("--json", type=Path,
-                        default=Path("benchmarks/results/continuous_batching.json"))
+                        help="only time decode steps (engine and transformers) at 1, 4 and "
+                             "max-num-seqs sequences")
+    parser.add_argument("--step-rounds", type=int, default=3,
+                        help="interleaved rounds of --steps-only")
+    parser.add_argument("--profile", type=Path, metavar="SVG",
+                        help="py-spy flame graph of the server during the continuous run")
+    parser.add_argument("--json", type=Path, help="where the results go (default: "
+                        "benchmarks/results/continuous_batching[_steps].json)")
     args = parser.parse_args()
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
@@ -168,59 +332,96 @@ def main() -> None:
                "static": {"batching": "static", "max_num_seqs": args.max_num_seqs},
                "one": {"batching": "continuous", "max_num_seqs": 1}}
     rows: dict[str, dict[str, Any]] = {}
+    results = Path("benchmarks/results")
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "models"
         for name, settings in configs.items():
             write_generative(repo, args.model, directory=name, device=args.device, **settings)
         if args.steps_only:
-            engine, tokenizer = _engine(repo / "continuous", server_cpu)
-            sizes = sorted({1, 4, args.max_num_seqs})
-            times = step_times(engine, tokenizer, [p for _, p, _ in work], sizes)
-            for n, ms in times.items():
-                print(f"decode step with {n:>2} sequences: {ms:6.1f} ms "
-                      f"({n / ms * 1000:5.1f} tokens/s)")
+            steps = step_times(repo / "continuous", server_cpu, work,
+                               sorted({1, 4, args.max_num_seqs}), args.step_rounds)
+            print_steps(steps, args.device)
+            target = args.json or results / "continuous_batching_steps.json"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(json.dumps({"schema": "tradeoff.bench.decode_steps/1",
+                                          "args": {k: str(v) for k, v in vars(args).items()},
+                                          **steps}, indent=2))
+            print(f"wrote {target}")
             return
         with ServerProcess(repo, cpus=str(server_cpu)) as server:
-            os.sched_setaffinity(0, {client_cpu})
+            assert server.process is not None
+            pid = server.process.pid
+            load = f"{args.rate}/s" if args.concurrency is None \
+                else f"{args.concurrency} at a time"
             for name in configs:
+                os.sched_setaffinity(0, {client_cpu})
                 subset = work if name != "one" else work[:args.one_requests]
-                print(f"{name}: {len(subset)} requests at {args.rate}/s ...", flush=True)
-                timings = asyncio.run(drive(server.url, name, subset))
-                rows[name] = summarize(timings, asked[:len(subset)])
-        print("ceiling: the engine alone, a full batch ...", flush=True)
-        full_batch = [(0.0, prompt, args.ceiling_tokens)
-                      for _, prompt, _ in work[:args.max_num_seqs]]
-        engine, tokenizer = _engine(repo / "continuous", server_cpu)
-        rows["ceiling"] = ceiling(engine, tokenizer, full_batch)
+                print(f"{name}: {len(subset)} requests, {load} ...", flush=True)
+                profiler = spy(pid, args.profile if name == "continuous" else None)
+                (steps_before, busy_before), cpu_before = (engine_steps(server.url, name),
+                                                           cpu_seconds(pid))
+                timings = asyncio.run(drive(server.url, name, subset, args.concurrency))
+                cpu_used = cpu_seconds(pid) - cpu_before
+                steps_after, busy_after = engine_steps(server.url, name)
+                steps_taken, busy = steps_after - steps_before, busy_after - busy_before
+                if profiler is not None:
+                    profiler.send_signal(signal.SIGINT)
+                    profiler.wait()
+                row = rows[name] = summarize(timings, asked[:len(subset)])
+                row.update(steps=steps_taken,
+                           tokens_per_step=row["output_tokens"] / max(steps_taken, 1),
+                           ms_per_step=busy / max(steps_taken, 1) * 1000,
+                           busy_share=busy / row["seconds"],
+                           core_share=cpu_used / row["seconds"])
+                if name == "continuous":  # next to it: this machine's speed drifts
+                    print("ceiling: the engine alone (the server idles), the same requests, "
+                          + ("at once" if args.concurrency is None
+                             else f"{args.concurrency} at a time") + " ...", flush=True)
+                    engine, tokenizer = _engine(repo / "continuous", server_cpu)
+                    ceiling_row = ceiling(engine, tokenizer, work, args.concurrency)
+                    del engine
+        rows["ceiling"] = ceiling_row
 
-    print(f"\n{args.model} on {args.device}, Poisson {args.rate} req/s, output "
-          f"{args.min_tokens}-{args.max_tokens} tokens, one run each")
-    header = ("config", "reqs", "err", "tok/s", "TTFT p50", "TTFT p99", "TPOT p50",
-              "TPOT p99", "e2e p99")
-    print("{:<11}{:>5}{:>5}{:>8}{:>10}{:>10}{:>10}{:>10}{:>10}".format(*header))
+    print(f"\n{args.model} on {args.device}, "
+          + (f"Poisson {args.rate} req/s" if args.concurrency is None
+             else f"closed loop, {args.concurrency} in flight")
+          + f", output {args.min_tokens}-{args.max_tokens} tokens, one run each")
+    header = ("config", "reqs", "err", "tok/s", "tok/step", "ms/step", "busy", "core",
+              "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "e2e p99")
+    print("{:<11}{:>5}{:>5}{:>8}{:>9}{:>8}{:>6}{:>6}{:>10}{:>10}{:>10}{:>10}{:>10}".format(
+        *header))
     for name, row in rows.items():
         def ms(key: str, row: dict[str, Any] = row) -> str:
             return "-" if row.get(key) is None else f"{row[key]:.0f}"
         print(f"{name:<11}{row['requests']:>5}{row.get('errors', 0):>5}"
-              f"{row['output_tokens_per_s']:>8.1f}{ms('ttft_p50_ms'):>10}{ms('ttft_p99_ms'):>10}"
+              f"{row['output_tokens_per_s']:>8.1f}{row['tokens_per_step']:>9.1f}"
+              f"{row['ms_per_step']:>8.1f}{row['busy_share']:>6.0%}{row['core_share']:>6.0%}"
+              f"{ms('ttft_p50_ms'):>10}{ms('ttft_p99_ms'):>10}"
               f"{ms('tpot_p50_ms'):>10}{ms('tpot_p99_ms'):>10}{ms('latency_p99_ms'):>10}")
-    cont, static, one = rows["continuous"], rows["static"], rows["one"]
+    cont, static, one, top = rows["continuous"], rows["static"], rows["one"], rows["ceiling"]
     print(f"continuous / static tokens/s: "
           f"{cont['output_tokens_per_s'] / static['output_tokens_per_s']:.2f}x; "
           f"continuous / one-at-a-time: "
           f"{cont['output_tokens_per_s'] / one['output_tokens_per_s']:.2f}x; "
-          f"continuous / ceiling: "
-          f"{cont['output_tokens_per_s'] / rows['ceiling']['output_tokens_per_s']:.2f}")
+          f"continuous / ceiling: {cont['output_tokens_per_s'] / top['output_tokens_per_s']:.2f}; "
+          f"static / continuous TTFT p99: {static['ttft_p99_ms'] / cont['ttft_p99_ms']:.1f}x")
+    if args.concurrency is None:
+        offered = args.rate * float(np.mean(asked))
+        if offered < top["output_tokens_per_s"]:
+            print(f"note: the arrivals ask {offered:.1f} tokens/s, below the ceiling's "
+                  f"{top['output_tokens_per_s']:.1f}: continuous batching is not saturated "
+                  "(--concurrency max-num-seqs saturates it)")
     for name in ("continuous", "static", "one"):
         if not rows[name]["lengths_honoured"] or rows[name]["errors"]:
             print(f"warning: {name}: {rows[name]['errors']} errors "
                   f"{rows[name]['errors_seen']}, lengths honoured: "
                   f"{rows[name]['lengths_honoured']}")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"schema": "tradeoff.bench.continuous_batching/1",
-                                     "args": {k: str(v) for k, v in vars(args).items()},
-                                     "rows": rows}, indent=2))
-    print(f"wrote {args.json}")
+    target = args.json or results / "continuous_batching.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps({"schema": "tradeoff.bench.continuous_batching/2",
+                                  "args": {k: str(v) for k, v in vars(args).items()},
+                                  "rows": rows}, indent=2))
+    print(f"wrote {target}")
 
 
 if __name__ == "__main__":

@@ -126,6 +126,11 @@ def test_generative_models_in_readiness_index_and_stats(mixed: ServerProcess) ->
     count = [doc["model_stats"][0]["inference_stats"]["success"]["count"]
              for doc in (before, after)]
     assert count[1] == count[0] + 1
+    # batch_stats: the engine's steps by how many sequences they ran, and their time
+    entry = after["model_stats"][0]
+    batches = entry["batch_stats"]
+    assert sum(b["compute_infer"]["count"] for b in batches) == entry["execution_count"] > 0
+    assert all(b["batch_size"] >= 1 and b["compute_infer"]["ns"] > 0 for b in batches)
     # each kind refuses the other's route with a 400 that says where to go
     wrong = post_json(mixed.url, "/v2/models/tinyllama/infer", {"inputs": []})
     assert wrong.status == 400 and "/v1/completions" in wrong.json()["error"]

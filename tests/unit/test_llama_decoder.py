@@ -91,6 +91,47 @@ def test_alone_or_batched_or_chunked_the_greedy_tokens_are_the_same(models: tupl
     assert greedy(decoder, prompts, 8, chunk=3) == alone
 
 
+def test_a_step_that_mixes_decodes_and_a_prompt_chunk_gives_each_its_logits_alone(
+        models: tuple) -> None:
+    _, decoder = models
+    cache = decoder.new_cache(num_blocks=64, block_size=BLOCK)
+    prompts = [[1, 17, 4, 60, 22, 9, 9], [1, 90, 3], [1, 8, 8, 8, 8, 8, 8, 8, 8, 31]]
+    tables = [[5, 1, 9], [0, 7], [2, 3, 4]]
+    decoder.step([SequenceStep(torch.tensor(p), 0, slots_for(t, len(p)))
+                  for p, t in zip(prompts[:2], tables[:2], strict=True)], cache)
+    # two sequences decode (different lengths, so the batch is padded), one prefills
+    steps = [SequenceStep(torch.tensor([7]), len(prompts[0]), slots_for(tables[0], 8)),
+             SequenceStep(torch.tensor(prompts[2]), 0, slots_for(tables[2], len(prompts[2]))),
+             SequenceStep(torch.tensor([5]), len(prompts[1]), slots_for(tables[1], 4))]
+    together = decoder.step(steps, cache)
+    for step, expected in zip(steps, together, strict=True):
+        (alone,) = decoder.step([step], cache)
+        assert torch.allclose(alone, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_aten_and_onednn_matmuls_give_the_same_logits(models: tuple) -> None:
+    reference, decoder = models
+    aten = LlamaDecoder(CONFIG, reference.state_dict(), onednn=False)
+    assert not aten.onednn
+    tokens = torch.tensor([1, 5, 9, 13, 40, 41, 42, 7])
+    logits = []
+    for model in (decoder, aten):
+        cache = model.new_cache(num_blocks=4, block_size=BLOCK)
+        logits += model.step([SequenceStep(tokens, 0, torch.arange(8))], cache,
+                             all_logits=True)
+    assert torch.allclose(logits[0], logits[1], atol=1e-4, rtol=1e-4)
+
+
+def test_the_hugging_face_state_dict_gives_back_the_weights(models: tuple) -> None:
+    reference, decoder = models
+    expected = reference.state_dict()
+    ours = decoder.hf_state_dict()
+    assert set(ours) == set(expected)
+    assert all(torch.equal(ours[name], expected[name]) for name in expected)
+    with pytest.raises(ValueError, match="int8"):
+        LlamaDecoder(CONFIG, expected, precision="int8").hf_state_dict()
+
+
 def test_config_from_hugging_face_json() -> None:
     doc = CONFIG.to_hf()
     assert LlamaConfig.from_hf(doc) == CONFIG
@@ -122,7 +163,7 @@ def test_lower_precisions_stay_close_to_fp32_and_hold_fewer_bytes(
     if precision == "bf16":
         assert lower.new_cache(1, BLOCK).keys.dtype == torch.bfloat16
     else:
-        assert "model.layers.0.self_attn.q_proj.weight" in lower.packed
+        assert "model.layers.0.self_attn.qkv_proj.weight" in lower.packed
         assert "model.layers.0.mlp.down_proj.weight" not in lower.packed  # kept FP32
 
 

@@ -264,6 +264,7 @@ class GenerationStats:
         self.waiting = 0
         self.cache_hit = [0, 0]   # answered from the response cache: count, lookup ns
         self.cache_miss = [0, 0]  # looked up, then generated: count, lookup ns
+        self.batches: dict[int, list[int]] = {}  # sequences in a step: [steps, ns]
         # per histogram: observations per bucket (the last one past every bound) and sum
         self.histograms = {kind: ([0] * (len(TOKEN_BUCKETS_S) + 1), [0.0])
                            for kind in ("ttft", "itl", "e2e")}
@@ -285,7 +286,8 @@ class GenerationStats:
 
     def to_dict(self) -> dict[str, Any]:
         """Triton's ``model_stats`` entry: a request is one generation (success time is
-        arrival to last token), an execution one engine step."""
+        arrival to last token), an execution one engine step; ``batch_stats`` has the steps
+        and their compute time per number of sequences they ran."""
         e2e_total = self.histograms["e2e"][1][0]
         zero = {"count": 0, "ns": 0}
         hits, hit_ns = self.cache_hit
@@ -301,10 +303,17 @@ class GenerationStats:
                                            "compute_output")},
                 "cache_hit": {"count": hits, "ns": hit_ns},
                 "cache_miss": {"count": self.cache_miss[0], "ns": self.cache_miss[1]}},
-            "batch_stats": []}
+            "batch_stats": [{"batch_size": size, "compute_input": zero,
+                             "compute_infer": {"count": count, "ns": ns},
+                             "compute_output": zero}
+                            for size, (count, ns) in sorted(self.batches.items())]}
 
     def step(self, report: Any, now: float, kv_usage: float) -> None:
         self.steps += 1
+        if report.sequences:
+            batch = self.batches.setdefault(report.sequences, [0, 0])
+            batch[0] += 1
+            batch[1] += int(report.seconds * 1e9)
         if report.finished:
             self.last_inference_ms = int(time.time() * 1000)  # Triton reports epoch ms
         self.preemptions += report.preempted

@@ -27,7 +27,8 @@ from tradeoff.generate.sampling import SamplingParams, sample
 class StepReport:
     """What one step did (for metrics): tokens computed, sequences that got a token,
     sequences preempted, and its duration; ``failed``: sequences retired because choosing
-    their token raised (each with the error), while the others went on."""
+    their token raised (each with the error), while the others went on; ``sequences``:
+    how many the step ran."""
 
     prefill_tokens: int
     decoded: list[GenSequence]
@@ -35,6 +36,7 @@ class StepReport:
     preempted: int
     seconds: float
     failed: list[tuple[GenSequence, Exception]] = field(default_factory=list)
+    sequences: int = 0
 
 
 STOP_WINDOW_TOKENS_PER_CHAR = 4  # UTF-8 bytes of a character, each at worst a token
@@ -147,7 +149,7 @@ class GenerationEngine:
                     self._forget(seq)
                     finished.append(seq)
         return StepReport(prefill, decoded, finished, len(plan.preempted),
-                          time.perf_counter() - started, failed)
+                          time.perf_counter() - started, failed, len(plan.work))
 
     def _finish_reason(self, seq: GenSequence, token: int, params: SamplingParams) -> str | None:
         eos = self.decoder.config.eos_token_id
