@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -66,7 +67,7 @@ def _typed_contents(tensor: Any, where: str) -> np.ndarray:
     if field is None:
         raise InvalidInput(f"{where}: {datatype} travels only in raw_input_contents")
     values = getattr(tensor.contents, field)
-    count = int(np.prod(shape, dtype=np.int64))
+    count = math.prod(shape)
     if len(values) != count:
         raise InvalidInput(f"{where}: contents have {len(values)} elements but shape "
                            f"{list(shape)} needs {count}")
@@ -97,7 +98,7 @@ def decode_infer_request(request: pb.ModelInferRequest,
             raise InvalidInput(f"{where}: shape {list(tensor.shape)} has a negative size")
         shape = tuple(tensor.shape)
         if len(shape) > limits.max_json_depth or \
-                int(np.prod(shape, dtype=object)) > limits.max_elements:
+                math.prod(shape) > limits.max_elements:
             raise InvalidInput(f"{where}: shape {list(shape)} is over the limit of "
                                f"{limits.max_elements} elements and {limits.max_json_depth} "
                                "dimensions (--max-tensor-elements, --max-json-depth)")
