@@ -33,6 +33,10 @@ the servers' own CPU time): on a shared machine, above a few percent, the figure
 a contested core, and servers that pass each request between processes (PyTriton) lose
 the most.
 
+With --baseline-src DIR, our two servers also run from another source tree (PYTHONPATH=DIR,
+e.g. a `git worktree` of the commit before a change) in the same rounds: before and after
+side by side. With --peers "" only ours are measured (a concurrency sweep, say).
+
 Prints infer/s [p50 ms] per server and load, and ours against each peer, and writes
 benchmarks/results/peers.json (schema tradeoff.bench.peers/1).
 
@@ -41,6 +45,7 @@ benchmarks/results/peers.json (schema tradeoff.bench.peers/1).
     .venv/bin/python benchmarks/peers.py --repeats 5 --concurrency 1,8,64
     .venv/bin/python benchmarks/peers.py --peers mlserver --cache-dir /tmp/peers
     .venv/bin/python benchmarks/peers.py --setup-only
+    .venv/bin/python benchmarks/peers.py --peers "" --baseline-src /tmp/before/src
 """
 
 from __future__ import annotations
@@ -119,9 +124,15 @@ CONFIGS = (
            ("-H", TRITON_TOKEN)),
     Config("mlserver", "MLServer, no batching (JSON tensors)", "mlserver",
            ("--input-tensor-format=json", "--output-tensor-format=json")),
+    # --baseline-src: the same two servers from another source tree
+    Config("baseline-batching", "tradeoff serve (baseline tree), dynamic_batching { }",
+           "baseline"),
+    Config("baseline", "tradeoff serve (baseline tree), no batching", "baseline"),
 )
 # tradeoff compare's pairs: ours first (the baseline), then the peer it is set against
 PAIRS = {"pytriton": ("tradeoff-batching", False), "mlserver": ("tradeoff", True)}
+# ours against the baseline tree, configuration by configuration
+BASELINE_PAIRS = (("tradeoff-batching", "baseline-batching"), ("tradeoff", "baseline"))
 
 
 class PeerUnavailable(Exception):
@@ -472,20 +483,27 @@ def ratios(doc: dict[str, Any], names: list[str]) -> dict[str, dict[str, dict[st
     and from tradeoff compare (the pair it measured, with intervals)."""
     medians = doc["perf_analyzer"]["medians"]
     out: dict[str, dict[str, dict[str, Any]]] = {}
+
+    def medians_ratio(ours: str, other: str) -> None:
+        per_load: dict[str, Any] = {}
+        for name in names:
+            a, b = medians[ours][name], medians[other][name]
+            if a["throughput"] is None or b["throughput"] is None:
+                per_load[name] = None
+                continue
+            per_load[name] = {
+                "throughput": {"ratio": a["throughput"] / b["throughput"], "ci95": None},
+                "p50": {"ratio": a["p50_ms"] / b["p50_ms"], "ci95": None}}
+        out.setdefault(f"{ours} / {other}", {})["perf_analyzer"] = per_load
+
+    for ours, baseline in BASELINE_PAIRS:
+        if baseline in medians:
+            medians_ratio(ours, baseline)
     for peer in PAIRS:
         if peer not in medians:
             continue
         for ours in ("tradeoff-batching", "tradeoff"):
-            per_load: dict[str, Any] = {}
-            for name in names:
-                a, b = medians[ours][name], medians[peer][name]
-                if a["throughput"] is None or b["throughput"] is None:
-                    per_load[name] = None
-                    continue
-                per_load[name] = {
-                    "throughput": {"ratio": a["throughput"] / b["throughput"], "ci95": None},
-                    "p50": {"ratio": a["p50_ms"] / b["p50_ms"], "ci95": None}}
-            out.setdefault(f"{ours} / {peer}", {})["perf_analyzer"] = per_load
+            medians_ratio(ours, peer)
         ours = PAIRS[peer][0]
         if peer in doc["compare"]:
             out[f"{ours} / {peer}"]["tradeoff compare"] = {
@@ -599,6 +617,9 @@ def parse_args() -> argparse.Namespace:
                         help=f"peers to measure, comma-separated (default {','.join(PEERS)})")
     parser.add_argument("--cache-dir", type=Path, default=default_cache(),
                         help="where the peers' venvs live (default %(default)s)")
+    parser.add_argument("--baseline-src", type=Path,
+                        help="also serve from this source tree (a `git worktree` of an "
+                             "older commit's src/), to measure a change before and after")
     parser.add_argument("--setup-only", action="store_true",
                         help="install the peers' venvs and stop")
     parser.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results" /
@@ -645,6 +666,11 @@ def start_servers(stack: contextlib.ExitStack, args: argparse.Namespace,
     servers: dict[str, ServerProcess | PeerProcess] = {}
     for key, repository in (("tradeoff-batching", batching), ("tradeoff", single)):
         servers[key] = stack.enter_context(ServerProcess(repository, cpus=str(cpu)))
+    if args.baseline_src is not None:
+        env = {"PYTHONPATH": str(args.baseline_src)}
+        for key, repository in (("baseline-batching", batching), ("baseline", single)):
+            servers[key] = stack.enter_context(ServerProcess(repository, cpus=str(cpu),
+                                                             env=env))
     starters = {"pytriton": start_pytriton, "mlserver": start_mlserver}
     for key in versions:
         console.print(f"starting {PEERS[key].title} on core {cpu}")
@@ -761,6 +787,7 @@ def main() -> int:
                                        "max_trials": args.max_trials},
                      "compare_duration": args.compare_duration,
                      "compare_warmup": args.compare_warmup, "server_cpu": server_cpu,
+                     "baseline_src": str(args.baseline_src) if args.baseline_src else None,
                      "client_cpu": client_cpu, "max_batch_size": MAX_BATCH_SIZE,
                      "intra_op_threads": 1},
         "servers": {}, "skipped": skipped}
