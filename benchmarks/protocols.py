@@ -7,11 +7,13 @@ from its Server-Timing (HTTP header, gRPC trailing metadata), so "overhead" is e
 else: transport, framing, (de)serialization, the framework.
 
     .venv/bin/python benchmarks/protocols.py --duration 5 --repeats 3
+    .venv/bin/python benchmarks/protocols.py --baseline-src /tmp/before/src  # before/after
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -44,19 +46,27 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--concurrency", default="1,16")
+    parser.add_argument("--baseline-src", type=Path,
+                        help="also serve from this source tree (PYTHONPATH), in the same "
+                             "rounds: before and after a change, with the same client")
     parser.add_argument("--json", type=Path, default=Path("benchmarks/results/protocols.json"))
     args = parser.parse_args()
     cores = sorted(os.sched_getaffinity(0))
     server_cpu, client_cpu = cores[0], cores[-1]
     levels = [int(c) for c in args.concurrency.split(",")]
-    runs: dict[tuple[str, int], list[dict]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
+    trees = {"this tree": {}}
+    if args.baseline_src is not None:
+        trees["baseline"] = {"PYTHONPATH": str(args.baseline_src.resolve())}
+    runs: dict[tuple[str, str, int], list[dict]] = {}
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         repo = Path(tmp) / "models"
         build_repository(repo, ("tiny",))
-        with ServerProcess(repo, cpus=str(server_cpu)) as server:
-            for _ in range(args.repeats):
-                for concurrency in levels:
-                    for name, extra in VARIANTS.items():
+        servers = {tree: stack.enter_context(ServerProcess(repo, cpus=str(server_cpu), env=env))
+                   for tree, env in trees.items()}
+        for _ in range(args.repeats):
+            for concurrency in levels:
+                for name, extra in VARIANTS.items():
+                    for tree, server in servers.items():
                         target = server.grpc_url if "gRPC" in name else server.url
                         result = bench(target, extra, concurrency, client_cpu, args.duration)
                         s = result["summary"]
@@ -64,25 +74,31 @@ def main() -> None:
                                  "p50_ms": s["latency_ms"]["p50"],
                                  "server_ms": s["server_ms"]["server_total"]["mean"],
                                  "overhead_ms": s["server_ms"]["overhead"]["mean"]}
-                        runs.setdefault((name, concurrency), []).append(point)
-                        print(f"{name:22s} c={concurrency:<3d} {point}", flush=True)
+                        runs.setdefault((tree, name, concurrency), []).append(point)
+                        print(f"{tree:9s} {name:22s} c={concurrency:<3d} {point}", flush=True)
     print()
-    print("| protocol | conc | req/s | p50 ms | server ms (mean) | overhead ms (mean) | "
-          "req/s vs HTTP binary |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| tree | protocol | conc | req/s | p50 ms | server ms (mean) | overhead ms (mean) | "
+          "req/s vs HTTP binary | req/s vs baseline |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     rows = []
     for concurrency in levels:
-        base = statistics.median(p["throughput"]
-                                 for p in runs[("HTTP, binary tensors", concurrency)])
-        for name in VARIANTS:
-            points = runs[(name, concurrency)]
-            med = {k: statistics.median(p[k] for p in points) for k in points[0]}
-            rows.append({"protocol": name, "concurrency": concurrency, **med})
-            print(f"| {name} | {concurrency} | {med['throughput']:,.0f} | {med['p50_ms']:.2f} | "
-                  f"{med['server_ms']:.3f} | {med['overhead_ms']:.3f} | "
-                  f"{med['throughput'] / base:.2f} |")
+        for tree in trees:
+            base = statistics.median(p["throughput"]
+                                     for p in runs[(tree, "HTTP, binary tensors", concurrency)])
+            for name in VARIANTS:
+                points = runs[(tree, name, concurrency)]
+                med = {k: statistics.median(p[k] for p in points) for k in points[0]}
+                before = runs.get(("baseline", name, concurrency))
+                versus = med["throughput"] / statistics.median(
+                    p["throughput"] for p in before) if before else None
+                rows.append({"tree": tree, "protocol": name, "concurrency": concurrency, **med,
+                             "vs_baseline": versus})
+                print(f"| {tree} | {name} | {concurrency} | {med['throughput']:,.0f} | "
+                      f"{med['p50_ms']:.2f} | {med['server_ms']:.3f} | "
+                      f"{med['overhead_ms']:.3f} | {med['throughput'] / base:.2f} | "
+                      + (f"{versus:.2f}" if versus else "") + " |")
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"schema": "tradeoff.bench.protocols/1",
+    args.json.write_text(json.dumps({"schema": "tradeoff.bench.protocols/2",
                                      "command": " ".join(sys.argv), "rows": rows}, indent=2))
     print(f"results in {args.json}")
 
