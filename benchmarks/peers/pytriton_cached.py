@@ -11,38 +11,27 @@ dynamic batching without delay (as `dynamic_batching { }` in tradeoff serve). Th
 statistics extension needs the header ``triton-access-token: tradeoff-bench``.
 """
 
+import signal
 import sys
 
-import numpy as np
-import onnxruntime as ort
-from pytriton.decorators import batch
-from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
-
-path, name, http_port, grpc_port, cache_bytes = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
-
-options = ort.SessionOptions()
-options.intra_op_num_threads = 1
-options.inter_op_num_threads = 1
-session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-(source,), (sink,) = session.get_inputs(), session.get_outputs()
+from pytriton_server import TOKEN, bind  # this folder is on sys.path when run as a script
 
 
-@batch
-def infer(**inputs):
-    return {sink.name: session.run([sink.name], {source.name: inputs[source.name]})[0]}
+def main() -> None:
+    # as in pytriton_server.py: SIGTERM stops Triton cleanly only as a SIGINT
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    path, name = sys.argv[1], sys.argv[2]
+    http_port, grpc_port, cache_bytes = map(int, sys.argv[3:6])
+    config = TritonConfig(http_address="127.0.0.1", http_port=http_port,
+                          grpc_address="127.0.0.1", grpc_port=grpc_port, allow_metrics=False,
+                          exit_on_error=True,
+                          cache_config=[f"local,size={cache_bytes}"] if cache_bytes else None)
+    with Triton(config=config, security_config=TritonSecurityConfig(access_token=TOKEN)) as triton:
+        bind(triton, name, path, 64, response_cache=bool(cache_bytes))
+        print("PYTRITON_READY", flush=True)
+        triton.serve()
 
 
-config = TritonConfig(http_address="127.0.0.1", http_port=http_port, grpc_address="127.0.0.1",
-                      grpc_port=grpc_port, allow_metrics=False, exit_on_error=True,
-                      cache_config=[f"local,size={cache_bytes}"] if cache_bytes else None)
-with Triton(config=config,
-            security_config=TritonSecurityConfig(access_token="tradeoff-bench")) as triton:
-    triton.bind(model_name=name, infer_func=infer,
-                inputs=[Tensor(name=source.name, dtype=np.float32, shape=(source.shape[1],))],
-                outputs=[Tensor(name=sink.name, dtype=np.float32, shape=(sink.shape[1],))],
-                config=ModelConfig(max_batch_size=64, batcher=DynamicBatcher(),
-                                   response_cache=bool(cache_bytes)),
-                strict=True)
-    print("PYTRITON_READY", flush=True)
-    triton.serve()
+if __name__ == "__main__":
+    main()

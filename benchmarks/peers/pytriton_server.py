@@ -23,7 +23,9 @@ from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
 TOKEN = "tradeoff-bench"
 
 
-def bind(triton: Triton, name: str, path: str, max_batch_size: int) -> None:
+def bind(triton: Triton, name: str, path: str, max_batch_size: int,
+         response_cache: bool = False) -> None:
+    """Bind the ONNX model at ``path`` as ``name`` (also used by pytriton_cached.py)."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     options.inter_op_num_threads = 1
@@ -38,7 +40,8 @@ def bind(triton: Triton, name: str, path: str, max_batch_size: int) -> None:
                 inputs=[Tensor(name=source.name, dtype=np.float32, shape=tuple(source.shape[1:]))],
                 outputs=[Tensor(name=sink.name, dtype=np.float32, shape=tuple(sink.shape[1:]))],
                 config=ModelConfig(max_batch_size=max_batch_size,
-                                   batcher=DynamicBatcher(max_queue_delay_microseconds=0)),
+                                   batcher=DynamicBatcher(max_queue_delay_microseconds=0),
+                                   response_cache=response_cache),
                 strict=True)
 
 
