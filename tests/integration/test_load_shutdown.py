@@ -10,13 +10,15 @@ from __future__ import annotations
 import http.client
 import json
 import signal
+import socket
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
-from tradeoff.server.process import ServerProcess
+from tradeoff.server.process import ServerProcess, free_ports
 
 from .helpers import Response, infer_json, metric_samples, model_metric, request, wait_for
 from .model_repo import QUEUE_LIMIT, build_shutdown_repository
@@ -135,3 +137,16 @@ def test_sigterm_answers_every_accepted_request(stoppable_server: ServerProcess)
     assert "stopped" in server.log_text()
     with pytest.raises((ConnectionError, OSError)):
         request(server.url, "GET", "/v2/health/live")
+
+
+def test_a_server_that_cannot_start_says_why_and_leaves_no_log_behind(tmp_path: Path) -> None:
+    # something else already listens on the HTTP port: the child exits, start() says so
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        process = ServerProcess(tmp_path)
+        process.http_port = taken.getsockname()[1]
+        with pytest.raises(RuntimeError, match=r"exited with (.|\n)*cannot listen"):
+            process.start(timeout=60)
+    assert process.log.closed and not Path(process.log.name).exists()
+    assert len(set(free_ports(16))) == 16

@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import os
 import shutil
 import signal
@@ -18,12 +20,23 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import NoReturn
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    return free_ports(1, host)[0]
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` different free ports (each socket stays bound until all are picked: a
+    port just closed may be handed out again at once)."""
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            sock = stack.enter_context(socket.socket())
+            sock.bind((host, 0))
+            ports.append(sock.getsockname()[1])
+        return ports
 
 
 class ServerProcess:
@@ -36,9 +49,7 @@ class ServerProcess:
         self.repository = Path(repository)
         self.scheme = "https" if tls else "http"
         self.host = host
-        self.http_port = free_port(host)
-        self.metrics_port = free_port(host)
-        self.grpc_port = free_port(host)
+        self.http_port, self.metrics_port, self.grpc_port = free_ports(3, host)
         self.extra_args = extra_args
         self.cpus = cpus
         self.process: subprocess.Popen[bytes] | None = None
@@ -67,14 +78,15 @@ class ServerProcess:
         return cmd
 
     def start(self, timeout: float = 120.0) -> ServerProcess:
+        """Start and wait until ready; on failure the child is stopped, its log closed,
+        and RuntimeError carries the log's end."""
         env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
         self.process = subprocess.Popen(self.command(), stdout=self.log, stderr=subprocess.STDOUT,
                                         env=env)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"tradeoff serve exited with {self.process.returncode}:\n"
-                                   f"{self.log_text()[-3000:]}")
+                self._fail(f"tradeoff serve exited with {self.process.returncode}")
             try:
                 # readiness only: the certificate is the test's to check, not this poll's
                 context = ssl._create_unverified_context() if self.scheme == "https" else None
@@ -82,12 +94,19 @@ class ServerProcess:
                                             context=context) as r:
                     if r.status == 200:
                         return self
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
+            # not listening yet, or something else answers there (our child then exits)
+            except (urllib.error.URLError, ConnectionError, TimeoutError,
+                    http.client.HTTPException):
                 pass
             time.sleep(0.1)
+        self._fail(f"tradeoff serve was not ready within {timeout:.0f}s")
+
+    def _fail(self, why: str) -> NoReturn:
         self.stop()
-        raise RuntimeError(f"tradeoff serve was not ready within {timeout:.0f}s:\n"
-                           f"{self.log_text()[-3000:]}")
+        log = self.log_text()
+        self.log.close()
+        Path(self.log.name).unlink(missing_ok=True)
+        raise RuntimeError(f"{why}:\n{log[-3000:]}")
 
     def log_text(self) -> str:
         return Path(self.log.name).read_text(errors="replace")
