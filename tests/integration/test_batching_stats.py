@@ -198,6 +198,21 @@ def test_metrics_port_has_batch_size_and_model_counters(
         assert model_metric(server, "tradeoff_inference_request_success_total", model) >= 0
 
 
+def test_metrics_count_the_batches_run_on_the_event_loop(
+        server: ServerProcess, client: triton.InferenceServerClient) -> None:
+    # tiny's batches take microseconds: once 16 in a row were short, they run on the loop
+    name = "tradeoff_inference_exec_on_loop_count_total"
+    before = model_metric(server, name, "tiny")
+    executions = model_metric(server, "tradeoff_inference_exec_count_total", "tiny")
+    for _ in range(40):
+        tensor = triton.InferInput("INPUT0", [1, 16], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 16), np.float32))
+        assert client.infer("tiny", [tensor]).as_numpy("OUTPUT0") is not None
+    on_loop = model_metric(server, name, "tiny") - before
+    ran = model_metric(server, "tradeoff_inference_exec_count_total", "tiny") - executions
+    assert ran == 40 and 1 <= on_loop <= ran
+
+
 def test_metrics_port_serves_only_metrics(server: ServerProcess) -> None:
     metrics_root = server.metrics_url.removesuffix("/metrics")
     assert request(metrics_root, "GET", "/v2/health/ready").status == 404

@@ -59,6 +59,10 @@ class ServerCollector(Collector):
         executions = CounterMetricFamily("tradeoff_inference_exec_count",
                                          "Model executions (batches run); inference_count / "
                                          "exec_count is the mean batch size", labels=labels)
+        on_loop = CounterMetricFamily("tradeoff_inference_exec_on_loop_count",
+                                      "Model executions run on the event loop, not a worker "
+                                      "thread (short batches, --inline-batch-us)",
+                                      labels=labels)
         durations = {
             part: CounterMetricFamily(f"tradeoff_inference_{part}_duration_us",
                                       f"Cumulative {part.replace('_', ' ')} time of successful "
@@ -86,6 +90,7 @@ class ServerCollector(Collector):
                 failure.add_metric([*lv, reason], stats.fail_reasons.get(reason, 0))
             count.add_metric(lv, stats.inference_count)
             executions.add_metric(lv, stats.execution_count)
+            on_loop.add_metric(lv, served.scheduler.inline_batches)
             for part, pair in (("request", stats.success), ("queue", stats.queue),
                                ("compute_input", stats.compute_input),
                                ("compute_infer", stats.compute_infer),
@@ -118,8 +123,8 @@ class ServerCollector(Collector):
                 "tradeoff_batch_size",
                 "Rows per model execution: is dynamic batching working?",
                 sizes, bounds, rows_total, lv, batch_hist)
-        yield from (success, failure, count, executions, *durations.values(), queue_depth,
-                    in_flight, ready, delay, cap)
+        yield from (success, failure, count, executions, on_loop, *durations.values(),
+                    queue_depth, in_flight, ready, delay, cap)
         if self.dataplane is not None:
             yield GaugeMetricFamily("tradeoff_server_in_flight",
                                     "Inference requests admitted by the server and not yet "
