@@ -122,9 +122,7 @@ def running_server(repository: Path, cls: type[ServerProcess] = ServerProcess,
         yield process
     finally:
         code = process.stop()
-        log = process.log_text()
-        process.log.close()
-        Path(process.log.name).unlink(missing_ok=True)
+        log = process.close_log()
     assert code == 0, f"server exited with {code}:\n{log[-3000:]}"
 
 

@@ -61,9 +61,7 @@ def deployment(cluster: LocalRayCluster, ray_repository: Path) -> Iterator[Serve
         yield server
     finally:
         code = server.stop(timeout=60)
-        log = server.log_text()
-        server.log.close()
-        Path(server.log.name).unlink(missing_ok=True)
+        log = server.close_log()
         assert code == 0, f"serve --ray exited with {code}:\n{log[-3000:]}"
 
 

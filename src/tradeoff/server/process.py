@@ -103,13 +103,17 @@ class ServerProcess:
 
     def _fail(self, why: str) -> NoReturn:
         self.stop()
-        log = self.log_text()
-        self.log.close()
-        Path(self.log.name).unlink(missing_ok=True)
-        raise RuntimeError(f"{why}:\n{log[-3000:]}")
+        raise RuntimeError(f"{why}:\n{self.close_log()[-3000:]}")
 
     def log_text(self) -> str:
         return Path(self.log.name).read_text(errors="replace")
+
+    def close_log(self) -> str:
+        """Close and remove the child's log; returns what it held."""
+        text = self.log_text()
+        self.log.close()
+        Path(self.log.name).unlink(missing_ok=True)
+        return text
 
     def stop(self, timeout: float = 30.0) -> int | None:
         """SIGTERM, wait, and return the exit code (SIGKILL after ``timeout``)."""
@@ -129,8 +133,7 @@ class ServerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-        self.log.close()
-        Path(self.log.name).unlink(missing_ok=True)
+        self.close_log()
 
 
 class LocalRayCluster:
