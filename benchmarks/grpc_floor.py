@@ -187,6 +187,8 @@ def main() -> None:
         mode, port, threads = args.serve
         serve_fixed(mode, int(port), int(threads))
         return
+    if args.repeats < 1 or args.concurrency < 1:
+        parser.error("--repeats and --concurrency must be at least 1")
     if not PERF_ANALYZER.exists():
         sys.exit(f"{PERF_ANALYZER} is missing: run "
                  "`bash scripts/get_perf_analyzer.sh .venv/bin/python` first")

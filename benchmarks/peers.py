@@ -76,7 +76,7 @@ from rich.table import Table
 
 from tradeoff.models import build_repository
 from tradeoff.results import CompareResult, environment, load_as
-from tradeoff.server.process import ServerProcess, free_port
+from tradeoff.server.process import ServerProcess, free_port, source_tree
 
 ROOT = Path(__file__).resolve().parent.parent
 PEER_FILES = Path(__file__).resolve().parent / "peers"
@@ -617,7 +617,7 @@ def parse_args() -> argparse.Namespace:
                         help=f"peers to measure, comma-separated (default {','.join(PEERS)})")
     parser.add_argument("--cache-dir", type=Path, default=default_cache(),
                         help="where the peers' venvs live (default %(default)s)")
-    parser.add_argument("--baseline-src", type=Path,
+    parser.add_argument("--baseline-src", type=source_tree,
                         help="also serve from this source tree (a `git worktree` of an "
                              "older commit's src/), to measure a change before and after")
     parser.add_argument("--setup-only", action="store_true",

@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 from tradeoff.models import build_repository
-from tradeoff.server.process import ServerProcess
+from tradeoff.server.process import ServerProcess, source_tree
 
 VARIANTS = {
     "HTTP, JSON tensors": ["--protocol", "v2", "--json-tensors"],
@@ -46,7 +46,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--concurrency", default="1,16")
-    parser.add_argument("--baseline-src", type=Path,
+    parser.add_argument("--baseline-src", type=source_tree,
                         help="also serve from this source tree (PYTHONPATH), in the same "
                              "rounds: before and after a change, with the same client")
     parser.add_argument("--json", type=Path, default=Path("benchmarks/results/protocols.json"))

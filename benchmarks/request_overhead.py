@@ -44,7 +44,7 @@ from tradeoff.scheduling.request import Timings
 from tradeoff.scheduling.scheduler import run_batch
 from tradeoff.server.dataplane import DataPlane
 from tradeoff.server.models import ModelManager
-from tradeoff.server.process import ServerProcess, free_port
+from tradeoff.server.process import ServerProcess, free_port, source_tree
 
 
 async def hello_app(scope, receive, send):  # type: ignore[no-untyped-def]
@@ -284,7 +284,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--hello-server", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--stages-only", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--baseline-src", type=Path,
+    parser.add_argument("--baseline-src", type=source_tree,
                         help="also measure the code in this src folder, side by side")
     parser.add_argument("--json", type=Path,
                         default=Path("benchmarks/results/request_overhead.json"))

@@ -7,6 +7,7 @@ they check is the order of events, not how fast this machine computes.
 
 from __future__ import annotations
 
+import argparse
 import http.client
 import json
 import signal
@@ -18,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tradeoff.server.process import ServerProcess, free_ports
+import tradeoff
+from tradeoff.server.process import ServerProcess, free_ports, source_tree
 
 from .helpers import Response, infer_json, metric_samples, model_metric, request, wait_for
 from .model_repo import QUEUE_LIMIT, build_shutdown_repository
@@ -150,3 +152,10 @@ def test_a_server_that_cannot_start_says_why_and_leaves_no_log_behind(tmp_path: 
             process.start(timeout=60)
     assert process.log.closed and not Path(process.log.name).exists()
     assert len(set(free_ports(16))) == 16
+
+
+def test_a_baseline_source_tree_must_hold_the_package(tmp_path: Path) -> None:
+    src = Path(tradeoff.__file__).parent.parent
+    assert source_tree(str(src)) == src.resolve()
+    with pytest.raises(argparse.ArgumentTypeError, match="no tradeoff package there"):
+        source_tree(str(tmp_path))

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import http.client
 import os
@@ -37,6 +38,17 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
             sock.bind((host, 0))
             ports.append(sock.getsockname()[1])
         return ports
+
+
+def source_tree(value: str) -> Path:
+    """An argparse type: the ``src`` folder of another checkout, to serve from it with
+    ``env={"PYTHONPATH": ...}`` (a benchmark's before and after)."""
+    path = Path(value).resolve()
+    if not (path / "tradeoff" / "__init__.py").is_file():
+        raise argparse.ArgumentTypeError(
+            f"{value}: no tradeoff package there; give the src folder of another checkout "
+            "(git worktree add DIR COMMIT, then DIR/src)")
+    return path
 
 
 class ServerProcess:
