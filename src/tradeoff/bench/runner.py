@@ -34,6 +34,7 @@ from tradeoff.bench.records import (
 )
 
 DEFAULT_WINDOW_S = 5.0
+TIMER_SLACK_S = 0.002  # past a start time even when the loop rounds a timer to its tick
 
 
 def run_coroutine(coro: Any) -> Any:
@@ -378,6 +379,10 @@ class Runner:
         self._loop = asyncio.get_running_loop()
         if start_at_ns is not None:
             await asyncio.sleep(max(start_at_ns - self.clock(), 0) / 1e9)
+            # the loop's timers (millisecond ticks) may wake a little early: a request sent
+            # before the start falls outside the --requests budget and is one too many
+            if (early := start_at_ns - self.clock()) > 0:
+                await asyncio.sleep(early / 1e9 + TIMER_SLACK_S)
         start = start_at_ns if start_at_ns is not None else self.clock()
         self._measure_start = start + int(spec.warmup_s * 1e9)
         if spec.duration_s is not None:
