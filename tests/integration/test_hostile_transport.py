@@ -435,3 +435,37 @@ def test_a_binary_header_longer_than_the_body_is_a_400(server: ServerProcess) ->
                        {"Inference-Header-Content-Length": "20000000"})
     assert response.status == 400, response.body
     assert "Inference-Header-Content-Length" in response.json()["error"]
+
+
+def read_response(sock: socket.socket) -> bytes:
+    """One whole response (head and Content-Length body) from a kept-alive ``sock``."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"closed mid-response after {data!r}"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, "closed mid-body"
+        body += chunk
+    assert len(body) == length, "more than one response arrived"
+    return head + b"\r\n\r\n" + body
+
+
+def test_a_kept_alive_connection_closes_after_the_keep_alive_timeout(
+        server: ServerProcess) -> None:
+    """An answered connection stays open while requests keep coming (gaps shorter than
+    the 5 s keep-alive timeout, 7 s in all) and closes once idle for the timeout."""
+    payload = ('{"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 256], '
+               f'"data": [{", ".join(["0.5"] * 256)}]}}]}}').encode()
+    infer = head("/v2/models/mlp/infer", len(payload)) + payload
+    with connect(server) as sock:
+        for gap_s in (0, 3.5, 3.5):
+            time.sleep(gap_s)
+            sock.sendall(infer)
+            assert read_response(sock).startswith(b"HTTP/1.1 200")
+        idle_from = time.monotonic()
+        assert answer(sock, timeout=20) == b""  # closed without a word
+        assert time.monotonic() - idle_from >= 4.0  # not before the timeout

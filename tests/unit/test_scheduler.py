@@ -344,3 +344,42 @@ def test_a_failing_batch_on_the_loop_fails_its_requests_only() -> None:
         await scheduler.stop()
 
     asyncio.run(scenario())
+
+
+def test_submit_call_answers_through_the_callback_and_never_after_cancel() -> None:
+    """The hot path's submit without a future: every request of a batch gets its own
+    outputs (or error) through its callback, even when another request's callback
+    raises; a cancelled request's callback is never called."""
+    async def scenario() -> None:
+        backend = Doubler()
+        scheduler = await _start(config(), [backend])
+        backend.gate.clear()
+        answers: dict[int, object] = {}
+
+        def keep(i: int):  # noqa: ANN202
+            def on_done(result: object) -> None:
+                answers[i] = result
+                if i == 1:
+                    raise RuntimeError("a caller's callback failed")
+            return on_done
+
+        scheduler.submit_call(request(0), keep(0))  # runs alone, held at the gate
+        await asyncio.sleep(0.05)
+        queued = [request(i) for i in range(1, 5)]
+        for i, r in enumerate(queued, start=1):
+            scheduler.submit_call(r, keep(i))
+        scheduler.cancel(queued[2])  # request 3: its client left
+        backend.gate.set()
+        await asyncio.sleep(0.1)
+        assert backend.batches == [1, 3]
+        scheduler.submit_call(request(-1), keep(-1))  # a batch that fails
+        await asyncio.sleep(0.1)
+        assert set(answers) == {0, 1, 2, 4, -1}
+        for i in (0, 1, 2, 4):
+            timings, outputs = answers[i]  # type: ignore[misc]
+            np.testing.assert_array_equal(outputs["y"], np.full((1, 2), 2 * i, np.float32))
+        assert isinstance(answers[-1], InferenceFailed)
+        assert scheduler.in_flight == 0 and scheduler.queue_depth == 0
+        await scheduler.stop()
+
+    asyncio.run(scenario())

@@ -317,6 +317,8 @@ class _InputSpec:
     offset: int  # binary data: where it starts in the binary part, and its size
     size: int | None  # None: JSON data
     data: Any = None
+    where: str = ""  # how an error names it
+    dtype: np.dtype | None = None  # binary data of a fixed-size datatype, its size checked
 
 
 @dataclass(frozen=True, slots=True, eq=False)  # compared and hashed by identity
@@ -333,12 +335,15 @@ class _Header:
         """The request with these tensors (a new request each time: nothing shared)."""
         inputs = []
         for spec in self.inputs:
-            where = f"input {spec.name!r}"
-            if spec.size is None:
-                array = _decode_json_data(spec.data, spec.datatype, spec.shape, where, limits)
+            if spec.dtype is not None:
+                array = _reshape(np.frombuffer(binary, spec.dtype, _element_count(spec.shape),
+                                               spec.offset), spec.shape, spec.where)
+            elif spec.size is None:
+                array = _decode_json_data(spec.data, spec.datatype, spec.shape, spec.where,
+                                          limits)
             else:
                 array = decode_binary_tensor(binary[spec.offset:spec.offset + spec.size],
-                                             spec.datatype, spec.shape, where, limits)
+                                             spec.datatype, spec.shape, spec.where, limits)
             inputs.append(TensorInput(spec.name, spec.datatype, spec.shape, array))
         outputs = None if self.outputs is None else \
             [RequestedOutput(o.name, o.binary) for o in self.outputs]
@@ -395,15 +400,18 @@ def _parse_header(header: bytes | memoryview, binary_size: int, has_binary_heade
             if offset + size > binary_size:
                 raise InvalidInput(f"{where}: binary_data_size {size} runs past the end of the"
                                    f" body ({binary_size - offset} bytes left)")
+            dtype = None
             if datatype != "BYTES":  # its size depends on the elements: checked on decoding
-                expected = _element_count(shape) * dtypes.numpy_dtype(datatype).itemsize
+                dtype = dtypes.numpy_dtype(datatype)
+                expected = _element_count(shape) * dtype.itemsize
                 if size != expected:
                     raise InvalidInput(f"{where}: binary_data_size is {size} bytes but shape "
                                        f"{list(shape)} of {datatype} needs {expected}")
-            inputs.append(_InputSpec(name, datatype, shape, offset, size))
+                dtype = dtype if _LITTLE_ENDIAN else dtype.newbyteorder("<")
+            inputs.append(_InputSpec(name, datatype, shape, offset, size, None, where, dtype))
             offset += size
         elif "data" in item:
-            inputs.append(_InputSpec(name, datatype, shape, 0, None, item["data"]))
+            inputs.append(_InputSpec(name, datatype, shape, 0, None, item["data"], where))
         else:
             raise InvalidInput(f"{where}: has neither 'data' nor a binary_data_size parameter")
     if offset != binary_size:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -51,5 +53,6 @@ class InferenceRequest:
     deadline_ns: int | None = None
     timings: Timings = field(default_factory=Timings)
     future: asyncio.Future | None = None
+    on_done: Callable[[Any], None] | None = None  # instead of the future: Scheduler.submit_call
     cancelled: bool = False
     result: tuple | BaseException | None = None  # answer held back for ordering

@@ -204,11 +204,29 @@ class Scheduler:
     def submit(self, request: InferenceRequest) -> asyncio.Future[tuple[Timings, Outputs]]:
         """Queue a request; the future gets its timings and outputs (or its error).
         Whoever stops waiting calls :meth:`cancel`."""
+        loop = self._accepting()
+        future = request.future = loop.create_future()
+        self._enqueue(request)
+        return future
+
+    def submit_call(self, request: InferenceRequest,
+                    on_done: Callable[[tuple[Timings, Outputs] | BaseException], None]) -> None:
+        """:meth:`submit` without a future, for the hot path: ``on_done`` gets the timings
+        and outputs (or the error) in the loop turn that finishes the request, never after
+        :meth:`cancel`."""
+        self._accepting()
+        request.on_done = on_done
+        self._enqueue(request)
+
+    def _accepting(self) -> asyncio.AbstractEventLoop:
         if self.state is not SchedulerState.RUNNING:
             raise Unavailable(f"model {self.config.name!r} is not accepting requests "
                               f"({self.state.value})")
-        assert self._loop is not None and self._idle is not None
-        future = request.future = self._loop.create_future()
+        assert self._loop is not None
+        return self._loop
+
+    def _enqueue(self, request: InferenceRequest) -> None:
+        assert self._idle is not None
         try:
             self.queue.push(request, self._clock())
         except Unavailable:
@@ -221,7 +239,6 @@ class Scheduler:
             self._adapt(request.enqueue_ns)
         # Dispatch on the next loop turn, so requests that arrive together batch together.
         self._wake()
-        return future
 
     def cancel(self, request: InferenceRequest) -> None:
         """Nobody waits for ``request`` any more: the batcher drops it if still queued."""
@@ -391,8 +408,16 @@ class Scheduler:
 
     @staticmethod
     def _answer(request: InferenceRequest) -> None:
-        future, result = request.future, request.result
+        result = request.result
         request.result = None
+        if request.on_done is not None:
+            if not request.cancelled:
+                try:
+                    request.on_done(result)
+                except Exception:  # one caller's failure must not cost the batch its answers
+                    log.exception("model request callback failed")
+            return
+        future = request.future
         if future is not None and not future.done():
             if isinstance(result, BaseException):
                 future.set_exception(result)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from tradeoff import __version__
@@ -32,6 +33,7 @@ from tradeoff.protocol.v2 import (
 from tradeoff.repository.config import ModelConfig
 from tradeoff.repository.router import Target
 from tradeoff.scheduling.request import InferenceRequest, Timings
+from tradeoff.scheduling.scheduler import Outputs
 from tradeoff.scheduling.stats import merge_model_stats
 from tradeoff.server.asgi import OFF_LOOP_BYTES
 from tradeoff.server.cache import ResponseCache, generation_key, tensor_key
@@ -300,11 +302,13 @@ class DataPlane:
             return
         self.manager.tensor(name, version)
 
-    def submit(self, name: str, version: str | None, request: V2Request
-               ) -> tuple[ModelVersion, InferenceRequest, asyncio.Future[Any]] | None:
+    def submit(self, name: str, version: str | None, request: V2Request,
+               on_done: Callable[[tuple[Timings, Outputs] | BaseException], None]
+               ) -> tuple[ModelVersion, InferenceRequest] | None:
         """Queue a request for a model that needs no router and no cache at once, without
-        a coroutine: its version, the scheduler's request (to cancel it) and the future
-        of its timings and raw outputs. None: the request needs :meth:`infer`."""
+        a coroutine or a future: its version and the scheduler's request (to cancel it);
+        ``on_done`` gets the timings and raw outputs, or the error
+        (:meth:`Scheduler.submit_call`). None: the request needs :meth:`infer`."""
         if self.shutting_down:
             raise Unavailable("the server is shutting down and takes no new requests")
         if isinstance(self.manager.get(name, version), RoutedModel):
@@ -313,7 +317,8 @@ class DataPlane:
         if self.cache is not None and served.config.response_cache and \
                 request.parameters.get("cache") is not False:
             return None
-        return served, internal, served.scheduler.submit(internal)
+        served.scheduler.submit_call(internal, on_done)
+        return served, internal
 
     async def infer(self, name: str, version: str | None,
                     request: V2Request) -> tuple[ModelVersion, Timings, list[TensorOutput]]:

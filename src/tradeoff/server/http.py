@@ -33,6 +33,7 @@ from tradeoff.protocol.v2 import (
     parse_json_object,
 )
 from tradeoff.scheduling.request import Timings
+from tradeoff.scheduling.scheduler import Outputs
 from tradeoff.server import metrics, openapi
 from tradeoff.server.access import Access
 from tradeoff.server.asgi import (
@@ -78,6 +79,11 @@ _BODY_READ = "tradeoff.body_read"  # the whole body arrived
 
 _WANTED_HEADERS = frozenset((b"content-length", b"content-encoding", b"accept-encoding",
                              b"inference-header-content-length", b"x-tradeoff-class"))
+
+
+# what the direct path reads: the connection keeps these as the head arrives
+DIRECT_HEADERS = _WANTED_HEADERS | frozenset((b"transfer-encoding", b"host", b"origin",
+                                              b"authorization"))
 
 
 def _headers(scope: Scope) -> dict[bytes, bytes]:
@@ -391,22 +397,21 @@ class HttpApp:
     # The infer route without ASGI, for the common request (see server/transport.py):
     # its whole small body is in, and the connection calls back with the answer.
 
-    def direct_route(self, scope: Scope) -> Params | None:
+    direct_headers = DIRECT_HEADERS
+
+    def direct_route(self, scope: Scope, headers: dict[bytes, bytes]) -> Params | None:
         """The infer route's parameters when ``scope`` can be answered by
         :meth:`infer_direct`: POST to an infer route on the HTTP port, with a declared
-        body of at most ``FREE_BODY_BYTES``, neither chunked nor compressed."""
+        body of at most ``FREE_BODY_BYTES``, neither chunked nor compressed. ``headers``
+        holds the request's values of ``direct_headers``."""
         if scope["method"] != "POST" or not scope["path"].endswith("/infer"):
             return None
         server = scope.get("server")
         if self.metrics_port is not None and server and server[1] == self.metrics_port:
             return None
-        declared = None
-        for name, value in scope["headers"]:
-            if name == b"content-length":
-                declared = value
-            elif name in (b"transfer-encoding", b"content-encoding"):
-                return None
-        if declared is None or not declared.isdigit() or int(declared) > FREE_BODY_BYTES:
+        declared = headers.get(b"content-length")
+        if declared is None or not declared.isdigit() or int(declared) > FREE_BODY_BYTES or \
+                b"transfer-encoding" in headers or b"content-encoding" in headers:
             return None
         try:
             route, params = self.router.match("POST", scope["path"])
@@ -414,8 +419,9 @@ class HttpApp:
             return None
         return params if route.handler == "infer" else None
 
-    def infer_direct(self, scope: Scope, params: Params, body: bytes,
-                     respond: Callable[[int, bytes, Headers], None]) -> Callable[[], None]:
+    def infer_direct(self, scope: Scope, params: Params, headers: dict[bytes, bytes],
+                     body: bytes, respond: Callable[[int, bytes, Headers], None]
+                     ) -> Callable[[], None]:
         """Answer an infer request whose whole ``body`` has arrived, as the ASGI route
         would: the same checks in the same order, the same answers and errors, through
         ``respond(status, payload, headers)`` (called once, unless the client leaves).
@@ -423,9 +429,9 @@ class HttpApp:
         name, version = params["model"], params.get("version")
         admitted = False
         try:
-            self.origins.check("POST", scope["headers"])
+            self.origins.check_values("POST", headers.get(b"host"), headers.get(b"origin"))
             if self.access.enabled:
-                self.access.check_headers(scope["headers"], admin=False)
+                self.access.check(headers.get(b"authorization"), admin=False)
             self.dataplane.check_admission()
             self.dataplane.check_target(name, version)
             if len(body) > self.max_request_bytes:
@@ -433,11 +439,19 @@ class HttpApp:
                                       f"of {self.max_request_bytes} (--max-request-bytes)")
             self.dataplane.admit()
             admitted = True
-            headers = _headers(scope)
             request = decode_request(body, _header_length(headers, len(body)),
                                      self.dataplane.limits)
             _set_class(request, headers)
-            submitted = self.dataplane.submit(name, version, request)
+
+            def done(result: tuple[Timings, Outputs] | BaseException) -> None:
+                self.dataplane.release()
+                if isinstance(result, BaseException):
+                    respond(*_error_answer(_request_error(result, scope)))
+                else:
+                    self._direct_answer(scope, name, request, headers, served, result,
+                                        respond)
+
+            submitted = self.dataplane.submit(name, version, request, done)
         except Exception as exc:
             if admitted:
                 self.dataplane.release()
@@ -447,36 +461,40 @@ class HttpApp:
             task = asyncio.ensure_future(self.dataplane.infer(name, version, request))
 
             def task_done(task: asyncio.Future[Any]) -> None:
-                self._direct_done(scope, name, request, headers, task, None, respond)
+                self.dataplane.release()
+                if task.cancelled():
+                    return  # the client went away: nobody to answer
+                try:
+                    served, timings, outputs = task.result()
+                    payload, reply = _infer_answer(name, served, request, timings, outputs,
+                                                   headers)
+                except Exception as exc:
+                    respond(*_error_answer(_request_error(exc, scope)))
+                    return
+                respond(200, payload, reply)
 
             task.add_done_callback(task_done)
 
-            def cancel() -> None:
+            def cancel_task() -> None:
                 task.cancel()
 
-            return cancel
-        served, internal, future = submitted
+            return cancel_task
+        served, internal = submitted  # done() runs in a later loop turn, never before this
 
-        def done(future: asyncio.Future[Any]) -> None:
-            self._direct_done(scope, name, request, headers, future, served, respond)
+        def cancel() -> None:
+            served.scheduler.cancel(internal)  # done() is not called from here on
+            self.dataplane.release()
 
-        future.add_done_callback(done)
-        scheduler = served.scheduler
-        return lambda: scheduler.cancel(internal)
+        return cancel
 
-    def _direct_done(self, scope: Scope, name: str, request: V2Request,
-                     headers: dict[bytes, bytes], future: asyncio.Future[Any],
-                     served: ModelVersion | None, respond: Callable[[int, bytes, Headers], None]
-                     ) -> None:
-        self.dataplane.release()
-        if future.cancelled():
-            return  # the client went away: nobody to answer
+    def _direct_answer(self, scope: Scope, name: str, request: V2Request,
+                       headers: dict[bytes, bytes], served: ModelVersion,
+                       result: tuple[Timings, Outputs],
+                       respond: Callable[[int, bytes, Headers], None]) -> None:
+        """Answer a direct request from the scheduler's timings and raw outputs."""
         try:
-            if served is None:  # the data plane's coroutine
-                served, timings, outputs = future.result()
-            else:  # the scheduler's raw outputs
-                timings, raw = future.result()
-                outputs = select_outputs(served.config, request, raw)
+            timings, raw = result
+            outputs = select_outputs(served.config, request, raw)
             payload, reply = _infer_answer(name, served, request, timings, outputs, headers)
         except Exception as exc:
             respond(*_error_answer(_request_error(exc, scope)))
@@ -488,7 +506,7 @@ def _nothing() -> None:
     pass
 
 
-def _request_error(exc: Exception, scope: Scope) -> RequestError:
+def _request_error(exc: BaseException, scope: Scope) -> RequestError:
     """``exc`` as the client sees it: a request error as it is, anything else a logged 500."""
     if isinstance(exc, RequestError):
         return exc

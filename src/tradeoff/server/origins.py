@@ -67,7 +67,7 @@ class OriginPolicy:
 
     hosts: frozenset[str] | None  # names served besides addresses and localhost; None: any
     origins: frozenset[str]  # "scheme://host[:port]", lower case; "*": any
-    _seen: dict[str, bool] = field(default_factory=dict, compare=False, repr=False)
+    _seen: dict[bytes, bool] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def for_bind(cls, bind_host: str, hosts: Sequence[str] = (),
@@ -81,11 +81,11 @@ class OriginPolicy:
             allowed = names
         return cls(allowed, frozenset(o.strip().rstrip("/").lower() for o in origins))
 
-    def _host_allowed(self, host: str) -> bool:
+    def _host_allowed(self, host: bytes) -> bool:
         """The Host rule for one header value, remembered (clients send a handful)."""
         allowed = self._seen.get(host)
         if allowed is None:
-            hostname = _hostname(host)
+            hostname = _hostname(host.decode("latin-1"))
             allowed = hostname in (self.hosts or ()) or is_loopback(hostname) or \
                 is_address(hostname)
             if len(self._seen) >= 1024:  # many distinct Hosts: forget, stay bounded
@@ -98,19 +98,25 @@ class OriginPolicy:
         host = origin = None
         for name, value in headers:
             if name == b"host":
-                host = value.decode("latin-1")
+                host = value
             elif name == b"origin":
-                origin = value.decode("latin-1")
+                origin = value
+        self.check_values(method, host, origin)
+
+    def check_values(self, method: str, host: bytes | None, origin: bytes | None) -> None:
+        """:meth:`check` given the values of the ``Host`` and ``Origin`` headers."""
         if host is not None and self.hosts is not None and not self._host_allowed(host):
-            raise Forbidden(f"Host {host!r} is not served here: this server answers "
-                            "addresses and localhost; allow other names with --allowed-host")
+            raise Forbidden(f"Host {host.decode('latin-1')!r} is not served here: this server "
+                            "answers addresses and localhost; allow other names with "
+                            "--allowed-host")
         if origin is None or method in _READS or ANY in self.origins:
             return
-        origin = origin.strip().rstrip("/").lower()
-        if origin in self.origins:
+        site = origin.decode("latin-1").strip().rstrip("/").lower()
+        if site in self.origins:
             return
-        if host is not None and origin.partition("://")[2] == host.strip().lower():
+        if host is not None and \
+                site.partition("://")[2] == host.decode("latin-1").strip().lower():
             return  # the server's own pages
-        raise Forbidden(f"cross-site request from Origin {origin!r} refused: a browser "
+        raise Forbidden(f"cross-site request from Origin {site!r} refused: a browser "
                         "page of another site may not change this server; allow it with "
                         "--allowed-origin")

@@ -128,12 +128,19 @@ Respond = Callable[[int, bytes, list[tuple[bytes, bytes]]], None]
 
 
 class DirectRoutes(Protocol):
-    """What the app offers for requests answered without ASGI (HttpApp has it)."""
+    """What the app offers for requests answered without ASGI (HttpApp has it): the
+    connection keeps the values of ``direct_headers`` as a head arrives and hands them
+    over with the scope."""
 
-    def direct_route(self, scope: Any) -> dict[str, str] | None: ...
+    direct_headers: frozenset[bytes]
 
-    def infer_direct(self, scope: Any, params: dict[str, str], body: bytes,
-                     respond: Respond) -> Callable[[], None]: ...
+    def direct_route(self, scope: Any, headers: dict[bytes, bytes]) -> dict[str, str] | None: ...
+
+    def infer_direct(self, scope: Any, params: dict[str, str], headers: dict[bytes, bytes],
+                     body: bytes, respond: Respond) -> Callable[[], None]: ...
+
+
+_HEADERS_KEY = "tradeoff.direct_headers"  # in the scope: the request's direct_headers
 
 
 def guarded_protocol(limits: TransportLimits,
@@ -141,6 +148,7 @@ def guarded_protocol(limits: TransportLimits,
     """uvicorn's httptools protocol with ``limits`` applied (pass it as ``http=``); with
     ``direct``, the routes it takes are answered without ASGI."""
     clients: Counter[str] = Counter()
+    wanted = direct.direct_headers if direct is not None else frozenset()
 
     class GuardedHttpProtocol(HttpToolsProtocol):
         _head_left = limits.max_header_bytes
@@ -157,9 +165,12 @@ def guarded_protocol(limits: TransportLimits,
         _direct_params: dict[str, str] | None = None
         _direct_cancel: Callable[[], None] | None = None  # the request runs: to drop it
         _after_drain: Callable[[], None] | None = None  # answered, the client not reading
+        _kept: dict[bytes, bytes]  # this head's values of the direct headers
+        _idle_since: float | None = None  # the last answer, when nothing came after it
 
         def connection_made(self, transport: Any) -> None:
             self._raw_transport = transport
+            self._kept = {}
             super().connection_made(cast(asyncio.Transport, _LingeringTransport(transport, self)))
             host = self.client[0] if self.client else ""
             if len(self.connections) > limits.max_connections:
@@ -176,6 +187,9 @@ def guarded_protocol(limits: TransportLimits,
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
+            if self.timeout_keep_alive_task is not None:
+                self.timeout_keep_alive_task.cancel()
+                self.timeout_keep_alive_task = None
             if self._direct_cancel is not None:
                 self._direct_cancel()
                 self._direct_cancel = None
@@ -218,6 +232,10 @@ def guarded_protocol(limits: TransportLimits,
                     self._timer is None:
                 self._arm(limits.header_timeout_s, self._head_timed_out)  # from its start
 
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._kept = self.scope[_HEADERS_KEY] = {}  # type: ignore[literal-required]
+
         def on_headers_complete(self) -> None:
             self._in_head = False
             self._body_open = True
@@ -242,6 +260,8 @@ def guarded_protocol(limits: TransportLimits,
             if name == b"expect" and value.lower() == b"100-continue":
                 self.expect_100_continue = True
             self.headers.append((name, value))
+            if name in wanted and self._in_head:
+                self._kept[name] = value
 
         def on_message_complete(self) -> None:
             self._body_open = False
@@ -258,7 +278,7 @@ def guarded_protocol(limits: TransportLimits,
                 self._arm(limits.header_timeout_s, self._head_timed_out)
 
         def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
-            params = direct.direct_route(cycle.scope) \
+            params = direct.direct_route(cycle.scope, _kept(cycle)) \
                 if direct is not None and app is self.app and \
                 not cycle.waiting_for_100_continue else None
             if params is None:
@@ -279,7 +299,8 @@ def guarded_protocol(limits: TransportLimits,
                 self._respond(cycle, status, payload, headers)
 
             self._direct_cancel = _nothing  # running: a disconnect from here on cancels
-            cancel = direct.infer_direct(cycle.scope, self._direct_params, body, respond)
+            cancel = direct.infer_direct(cycle.scope, self._direct_params, _kept(cycle), body,
+                                         respond)
             if self._direct is cycle:  # not answered at once
                 self._direct_cancel = cancel
 
@@ -306,6 +327,38 @@ def guarded_protocol(limits: TransportLimits,
                 self._after_drain = cycle.on_response
             else:
                 cycle.on_response()
+
+        # uvicorn arms a keep-alive timer after every answer and cancels it when the next
+        # request's bytes arrive; here one timer stays armed and checks, when it fires,
+        # whether the connection has been idle for the whole timeout
+
+        def _unset_keepalive_if_required(self) -> None:
+            self._idle_since = None  # bytes arrived: not idle
+
+        def on_response_complete(self) -> None:
+            self.server_state.total_requests += 1
+            if self.transport.is_closing():
+                return
+            self._idle_since = None
+            self.flow.resume_reading()
+            if self.pipeline:
+                cycle, app = self.pipeline.pop()
+                self._start_asgi_task(cycle, app)
+                return
+            self._idle_since = self.loop.time()
+            if self.timeout_keep_alive_task is None:
+                self.timeout_keep_alive_task = self.loop.call_later(
+                    self.timeout_keep_alive, self._keep_alive_due)
+
+        def _keep_alive_due(self) -> None:
+            self.timeout_keep_alive_task = None
+            if self._idle_since is None:
+                return  # busy: the next answer arms the timer again
+            left = self._idle_since + self.timeout_keep_alive - self.loop.time()
+            if left > 0:
+                self.timeout_keep_alive_task = self.loop.call_later(left, self._keep_alive_due)
+            else:
+                self.timeout_keep_alive_handler()
 
         def resume_writing(self) -> None:
             super().resume_writing()
@@ -373,6 +426,11 @@ def guarded_protocol(limits: TransportLimits,
             self._raw_transport.close()
 
     return GuardedHttpProtocol
+
+
+def _kept(cycle: RequestResponseCycle) -> dict[bytes, bytes]:
+    """The values of the app's direct headers kept from ``cycle``'s head."""
+    return cast(dict[bytes, bytes], cycle.scope[_HEADERS_KEY])  # type: ignore[literal-required]
 
 
 def _nothing() -> None:
