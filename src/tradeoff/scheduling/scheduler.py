@@ -29,6 +29,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -142,6 +143,7 @@ class Scheduler:
         self._timer_at: int | None = None
         self._scheduled = False
         self._cancelled = False
+        self._callbacks: list[tuple[InferenceRequest, Any]] = []  # submit_call's, due
         self._running = 0
         self._idle: asyncio.Event | None = None
         preserve = config.dynamic_batching is not None and config.dynamic_batching.preserve_ordering
@@ -212,8 +214,8 @@ class Scheduler:
     def submit_call(self, request: InferenceRequest,
                     on_done: Callable[[tuple[Timings, Outputs] | BaseException], None]) -> None:
         """:meth:`submit` without a future, for the hot path: ``on_done`` gets the timings
-        and outputs (or the error) in the loop turn that finishes the request, never after
-        :meth:`cancel`."""
+        and outputs (or the error) on the loop turn after the request finishes (when a
+        future's callback would run), never after :meth:`cancel`."""
         self._accepting()
         request.on_done = on_done
         self._enqueue(request)
@@ -406,16 +408,16 @@ class Scheduler:
         if self.on_dead is not None:
             self.on_dead(cause)
 
-    @staticmethod
-    def _answer(request: InferenceRequest) -> None:
+    def _answer(self, request: InferenceRequest) -> None:
         result = request.result
         request.result = None
         if request.on_done is not None:
-            if not request.cancelled:
-                try:
-                    request.on_done(result)
-                except Exception:  # one caller's failure must not cost the batch its answers
-                    log.exception("model request callback failed")
+            # answered together on the next loop turn, as futures' callbacks would be: the
+            # reads that arrived meanwhile are taken first and join the next batch
+            if not self._callbacks:
+                assert self._loop is not None
+                self._loop.call_soon(self._call_back)
+            self._callbacks.append((request, result))
             return
         future = request.future
         if future is not None and not future.done():
@@ -423,6 +425,15 @@ class Scheduler:
                 future.set_exception(result)
             else:
                 future.set_result(result)
+
+    def _call_back(self) -> None:
+        answers, self._callbacks = self._callbacks, []
+        for request, result in answers:
+            if not request.cancelled:
+                try:
+                    request.on_done(result)  # type: ignore[misc]
+                except Exception:  # one caller's failure must not cost the others their answers
+                    log.exception("model %s: a request's callback failed", self.config.name)
 
     def _fail(self, request: InferenceRequest, error: Exception, end: int | None = None,
               reason: str = "REJECTED") -> None:
