@@ -290,3 +290,25 @@ def test_allowed_hosts_and_origins_are_served(tmp_path: Path) -> None:
         status, _ = raw(server, "POST", "/v2/models/mlp/infer",
                         {**host, "Origin": "https://other.example.com"}, MLP_BODY)
         assert status == 403
+
+
+def test_a_repeated_authorization_header_is_read_the_same_on_every_path(
+        secured: ServerProcess) -> None:
+    """The first Authorization header counts, for a small infer body (answered without
+    ASGI) as for a metadata call (through ASGI)."""
+    for first, second, status in ((INFERENCE_KEY, "wrong-key-000000", 200),
+                                  ("wrong-key-000000", INFERENCE_KEY, 401)):
+        for method, path, body in (("POST", "/v2/models/mlp/infer", MLP_BODY),
+                                   ("GET", "/v2/models/mlp", None)):
+            connection = http.client.HTTPConnection(secured.host, secured.http_port,
+                                                    timeout=30)
+            try:
+                connection.putrequest(method, path)
+                connection.putheader("Authorization", f"Bearer {first}")
+                connection.putheader("Authorization", f"Bearer {second}")
+                connection.putheader("Content-Type", "application/json")
+                connection.putheader("Content-Length", str(len(body or b"")))
+                connection.endheaders(body)
+                assert connection.getresponse().status == status, (path, first)
+            finally:
+                connection.close()

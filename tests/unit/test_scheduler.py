@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -356,7 +357,7 @@ def test_submit_call_answers_through_the_callback_and_never_after_cancel() -> No
         backend.gate.clear()
         answers: dict[int, object] = {}
 
-        def keep(i: int):  # noqa: ANN202
+        def keep(i: int) -> Callable[[object], None]:
             def on_done(result: object) -> None:
                 answers[i] = result
                 if i == 1:
@@ -376,7 +377,7 @@ def test_submit_call_answers_through_the_callback_and_never_after_cancel() -> No
         await asyncio.sleep(0.1)
         assert set(answers) == {0, 1, 2, 4, -1}
         for i in (0, 1, 2, 4):
-            timings, outputs = answers[i]  # type: ignore[misc]
+            _, outputs = answers[i]  # type: ignore[misc]
             np.testing.assert_array_equal(outputs["y"], np.full((1, 2), 2 * i, np.float32))
         assert isinstance(answers[-1], InferenceFailed)
         assert scheduler.in_flight == 0 and scheduler.queue_depth == 0

@@ -260,7 +260,10 @@ def guarded_protocol(limits: TransportLimits,
             if name == b"expect" and value.lower() == b"100-continue":
                 self.expect_100_continue = True
             self.headers.append((name, value))
-            if name in wanted and self._in_head:
+            # the last value of a repeated header, but the first Authorization: what the
+            # ASGI path's checks read
+            if name in wanted and self._in_head and \
+                    (name != b"authorization" or name not in self._kept):
                 self._kept[name] = value
 
         def on_message_complete(self) -> None:
