@@ -25,14 +25,18 @@ class Timings:
 
     def server_timing(self) -> str:
         """The value of a standard ``Server-Timing`` header (durations in ms)."""
-        cache = f"cache;desc={self.cache};dur={self.cache_ns / 1e6:.3f}, " if self.cache else ""
+        text = _SERVER_TIMING % (self.queue_ns / 1e6, self.compute_input_ns / 1e6,
+                                 self.compute_infer_ns / 1e6, self.compute_output_ns / 1e6,
+                                 self.batch_size)
+        if self.cache:
+            text = f"cache;desc={self.cache};dur={self.cache_ns / 1e6:.3f}, {text}"
         if self.route:
-            cache = f'route;desc="{self.route}", {cache}'
-        return (f"{cache}queue;dur={self.queue_ns / 1e6:.3f}, "
-                f"compute_input;dur={self.compute_input_ns / 1e6:.3f}, "
-                f"compute_infer;dur={self.compute_infer_ns / 1e6:.3f}, "
-                f"compute_output;dur={self.compute_output_ns / 1e6:.3f}, "
-                f'batch;desc="{self.batch_size}"')
+            text = f'route;desc="{self.route}", {text}'
+        return text
+
+
+_SERVER_TIMING = ("queue;dur=%.3f, compute_input;dur=%.3f, compute_infer;dur=%.3f, "
+                  'compute_output;dur=%.3f, batch;desc="%d"')
 
 
 @dataclass(slots=True, eq=False)

@@ -367,13 +367,13 @@ class Scheduler:
             if self.adaptive is not None:
                 self.adaptive.executed(timings.batch_size, timings.compute_input_ns
                                        + timings.compute_infer_ns + timings.compute_output_ns)
+            self.stats.record_batch_success(batch, timings, end)
             for request, outputs in zip(batch, results, strict=True):
                 t = request.timings
                 t.compute_input_ns = timings.compute_input_ns
                 t.compute_infer_ns = timings.compute_infer_ns
                 t.compute_output_ns = timings.compute_output_ns
                 t.batch_size = timings.batch_size
-                self.stats.record_success(request.rows, t, end - request.enqueue_ns)
                 if self.adaptive is not None:
                     self.adaptive.finished(end - request.enqueue_ns)
                 self.in_flight -= 1

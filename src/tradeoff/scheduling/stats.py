@@ -9,9 +9,10 @@ from __future__ import annotations
 import copy
 import time
 from bisect import bisect_left
+from collections.abc import Sequence
 from typing import Any
 
-from tradeoff.scheduling.request import Timings
+from tradeoff.scheduling.request import InferenceRequest, Timings
 
 # Upper bounds (seconds) of the latency histogram buckets in /metrics.
 LATENCY_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
@@ -56,21 +57,25 @@ class ModelStats:
         entry[3] += timings.compute_output_ns
         self.execution_count += 1
 
-    def record_success(self, rows: int, timings: Timings, total_ns: int) -> None:
-        self.success[0] += 1
-        self.success[1] += total_ns
-        self.queue[0] += 1
-        self.queue[1] += timings.queue_ns
-        self.compute_input[0] += 1
-        self.compute_input[1] += timings.compute_input_ns
-        self.compute_infer[0] += 1
-        self.compute_infer[1] += timings.compute_infer_ns
-        self.compute_output[0] += 1
-        self.compute_output[1] += timings.compute_output_ns
-        self.inference_count += rows
-        self.last_inference_ms = int(time.time() * 1000)  # wall clock: Triton reports epoch ms
-        self.request_buckets[bisect_left(_BUCKETS_NS, total_ns)] += 1
-        self.queue_buckets[bisect_left(_BUCKETS_NS, timings.queue_ns)] += 1
+    def record_batch_success(self, requests: Sequence[InferenceRequest], timings: Timings,
+                             end_ns: int) -> None:
+        """The requests of a batch that ran as one, all answered (``timings``: the batch's
+        compute times and rows); the sums are added once per batch."""
+        totals = [end_ns - r.enqueue_ns for r in requests]
+        queues = [r.timings.queue_ns for r in requests]
+        count = len(requests)
+        for pair, add in ((self.success, sum(totals)), (self.queue, sum(queues)),
+                          (self.compute_input, count * timings.compute_input_ns),
+                          (self.compute_infer, count * timings.compute_infer_ns),
+                          (self.compute_output, count * timings.compute_output_ns)):
+            pair[0] += count
+            pair[1] += add
+        self.inference_count += timings.batch_size
+        self.last_inference_ms = int(time.time() * 1000)
+        for total in totals:
+            self.request_buckets[bisect_left(_BUCKETS_NS, total)] += 1
+        for queue in queues:
+            self.queue_buckets[bisect_left(_BUCKETS_NS, queue)] += 1
 
     def record_cache_hit(self, lookup_ns: int, total_ns: int) -> None:
         """A request answered from the response cache: a success that neither queued nor

@@ -163,6 +163,7 @@ def guarded_protocol(limits: TransportLimits,
         _linger_timer: asyncio.TimerHandle | None = None
         _direct: RequestResponseCycle | None = None  # answered without ASGI, not yet done
         _direct_params: dict[str, str] | None = None
+        _direct_headers: dict[bytes, bytes]  # its kept headers
         _direct_cancel: Callable[[], None] | None = None  # the request runs: to drop it
         _after_drain: Callable[[], None] | None = None  # answered, the client not reading
         _kept: dict[bytes, bytes]  # this head's values of the direct headers
@@ -281,7 +282,8 @@ def guarded_protocol(limits: TransportLimits,
                 self._arm(limits.header_timeout_s, self._head_timed_out)
 
         def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
-            params = direct.direct_route(cycle.scope, _kept(cycle)) \
+            headers = _kept(cycle)
+            params = direct.direct_route(cycle.scope, headers) \
                 if direct is not None and app is self.app and \
                 not cycle.waiting_for_100_continue else None
             if params is None:
@@ -289,6 +291,7 @@ def guarded_protocol(limits: TransportLimits,
                 return
             self._direct = cycle
             self._direct_params = params
+            self._direct_headers = headers
             if not cycle.more_body:  # a pipelined request, whole already
                 self._run_direct()
 
@@ -302,8 +305,8 @@ def guarded_protocol(limits: TransportLimits,
                 self._respond(cycle, status, payload, headers)
 
             self._direct_cancel = _nothing  # running: a disconnect from here on cancels
-            cancel = direct.infer_direct(cycle.scope, self._direct_params, _kept(cycle), body,
-                                         respond)
+            cancel = direct.infer_direct(cycle.scope, self._direct_params,
+                                         self._direct_headers, body, respond)
             if self._direct is cycle:  # not answered at once
                 self._direct_cancel = cancel
 
