@@ -436,7 +436,7 @@ def guarded_protocol(limits: TransportLimits,
 
 def _kept(cycle: RequestResponseCycle) -> dict[bytes, bytes]:
     """The values of the app's direct headers kept from ``cycle``'s head."""
-    return cast(dict[bytes, bytes], cycle.scope[_HEADERS_KEY])  # type: ignore[literal-required]
+    return cast("dict[bytes, bytes]", cycle.scope[_HEADERS_KEY])  # type: ignore[literal-required]
 
 
 def _nothing() -> None:
