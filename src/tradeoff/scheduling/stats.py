@@ -64,14 +64,18 @@ class ModelStats:
         totals = [end_ns - r.enqueue_ns for r in requests]
         queues = [r.timings.queue_ns for r in requests]
         count = len(requests)
-        for pair, add in ((self.success, sum(totals)), (self.queue, sum(queues)),
-                          (self.compute_input, count * timings.compute_input_ns),
-                          (self.compute_infer, count * timings.compute_infer_ns),
-                          (self.compute_output, count * timings.compute_output_ns)):
-            pair[0] += count
-            pair[1] += add
+        self.success[0] += count
+        self.success[1] += sum(totals)
+        self.queue[0] += count
+        self.queue[1] += sum(queues)
+        self.compute_input[0] += count
+        self.compute_input[1] += count * timings.compute_input_ns
+        self.compute_infer[0] += count
+        self.compute_infer[1] += count * timings.compute_infer_ns
+        self.compute_output[0] += count
+        self.compute_output[1] += count * timings.compute_output_ns
         self.inference_count += timings.batch_size
-        self.last_inference_ms = int(time.time() * 1000)
+        self.last_inference_ms = int(time.time() * 1000)  # wall clock: Triton reports epoch ms
         for total in totals:
             self.request_buckets[bisect_left(_BUCKETS_NS, total)] += 1
         for queue in queues:
