@@ -25,10 +25,12 @@ The bytes of bodies held at once are the app's business
 length are known.
 
 The hot route, infer with a small body, skips ASGI: when the app's ``direct_route``
-takes a request, the connection waits for its whole body, hands it to ``infer_direct``
-and writes the answer itself, in one write, with uvicorn's own keep-alive and pipelining
-bookkeeping (no task, no ASGI messages, no disconnect watcher per request). Everything
-else, and every request the app does not take, goes through ASGI as before.
+takes a request (decided once its head is in), the connection keeps it in a
+:class:`_DirectCycle` instead of uvicorn's ASGI cycle, waits for its whole body, hands it
+to ``infer_direct`` and writes the answer itself, in one write, with uvicorn's own
+keep-alive and pipelining bookkeeping (no task, no ASGI messages, no event, no
+disconnect watcher per request). Everything else, and every request the app does not
+take, goes through ASGI as before.
 """
 
 from __future__ import annotations
@@ -127,6 +129,36 @@ class _LingeringTransport:
 Respond = Callable[[int, bytes, list[tuple[bytes, bytes]]], None]
 
 
+class _NoEvent:
+    """Stands for the ASGI cycle's message event, which uvicorn sets when a client
+    leaves: nothing waits on a direct request's."""
+
+    @staticmethod
+    def set() -> None:
+        pass
+
+
+class _DirectCycle:
+    """A request answered without ASGI, as the connection's current cycle: what uvicorn's
+    protocol and ours read of a cycle, without the task, the event and the parsed URL
+    that uvicorn's ``RequestResponseCycle`` builds for every request."""
+
+    __slots__ = ("body", "disconnected", "headers", "keep_alive", "more_body", "params",
+                 "response_complete", "response_started", "scope")
+    message_event = _NoEvent
+    waiting_for_100_continue = False
+
+    def __init__(self, scope: Any, params: dict[str, str], headers: dict[bytes, bytes],
+                 keep_alive: bool) -> None:
+        self.scope = scope
+        self.params = params
+        self.headers = headers  # its kept values of the app's direct headers
+        self.keep_alive = keep_alive
+        self.body = bytearray()
+        self.more_body = True
+        self.response_started = self.response_complete = self.disconnected = False
+
+
 class DirectRoutes(Protocol):
     """What the app offers for requests answered without ASGI (HttpApp has it): the
     connection keeps the values of ``direct_headers`` as a head arrives and hands them
@@ -138,9 +170,6 @@ class DirectRoutes(Protocol):
 
     def infer_direct(self, scope: Any, params: dict[str, str], headers: dict[bytes, bytes],
                      body: bytes, respond: Respond) -> Callable[[], None]: ...
-
-
-_HEADERS_KEY = "tradeoff.direct_headers"  # in the scope: the request's direct_headers
 
 
 def guarded_protocol(limits: TransportLimits,
@@ -161,9 +190,7 @@ def guarded_protocol(limits: TransportLimits,
         _trailer_left = limits.max_header_bytes
         _lingering = False
         _linger_timer: asyncio.TimerHandle | None = None
-        _direct: RequestResponseCycle | None = None  # answered without ASGI, not yet done
-        _direct_params: dict[str, str] | None = None
-        _direct_headers: dict[bytes, bytes]  # its kept headers
+        _direct: _DirectCycle | None = None  # started, not yet answered
         _direct_cancel: Callable[[], None] | None = None  # the request runs: to drop it
         _after_drain: Callable[[], None] | None = None  # answered, the client not reading
         _kept: dict[bytes, bytes]  # this head's values of the direct headers
@@ -235,7 +262,7 @@ def guarded_protocol(limits: TransportLimits,
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
-            self._kept = self.scope[_HEADERS_KEY] = {}  # type: ignore[literal-required]
+            self._kept = {}
 
         def on_headers_complete(self) -> None:
             self._in_head = False
@@ -243,7 +270,45 @@ def guarded_protocol(limits: TransportLimits,
             self._heads_done += 1
             self._trailer_left = limits.max_header_bytes
             self._disarm()
-            super().on_headers_complete()
+            if not self._take_direct():
+                super().on_headers_complete()
+
+        def _take_direct(self) -> bool:
+            """Whether the app's direct route takes this head's request; if so it becomes
+            the current cycle, started now or queued behind a pipelined one."""
+            parser = self.parser
+            url = self.url
+            # origin-form paths with nothing to unquote, as uvicorn would read them
+            if direct is None or self.expect_100_continue or parser.get_method() != b"POST" \
+                    or parser.should_upgrade() or self.limit_concurrency is not None or \
+                    self.root_path or url[:1] != b"/" or not url.isascii() or \
+                    b"?" in url or b"%" in url or b"#" in url:
+                return False
+            scope = self.scope
+            scope["method"] = "POST"
+            scope["path"] = url.decode("ascii")
+            version = parser.get_http_version()
+            if version != "1.1":
+                scope["http_version"] = version
+            params = direct.direct_route(scope, self._kept)
+            if params is None:
+                return False
+            cycle = _DirectCycle(scope, params, self._kept,
+                                 version != "1.0" and parser.should_keep_alive())
+            existing, self.cycle = self.cycle, cast(RequestResponseCycle, cycle)
+            if existing is None or existing.response_complete:
+                self._direct = cycle
+            else:  # answered when the earlier requests are (on_response_complete)
+                self.flow.pause_reading()
+                self.pipeline.appendleft((cast(RequestResponseCycle, cycle), self.app))
+            return True
+
+        def on_body(self, body: bytes) -> None:
+            cycle = self.cycle
+            if cycle.__class__ is _DirectCycle:  # declared, at most FREE_BODY_BYTES
+                cycle.body += body
+            else:
+                super().on_body(body)
 
         def on_header(self, name: bytes, value: bytes) -> None:
             if not self._in_head:  # a trailer of a chunked body: bounded like a head
@@ -270,10 +335,13 @@ def guarded_protocol(limits: TransportLimits,
         def on_message_complete(self) -> None:
             self._body_open = False
             self._disarm()
-            super().on_message_complete()
-            if self._direct is not None and self._direct is self.cycle and \
-                    self._direct_cancel is None:
-                self._run_direct()
+            cycle = self.cycle
+            if cycle.__class__ is _DirectCycle:
+                cycle.more_body = False
+                if cycle is self._direct and self._direct_cancel is None:
+                    self._run_direct()
+            else:
+                super().on_message_complete()
             self._in_head = True  # the next request's head, if any, starts here
             self._head_left = limits.max_header_bytes
             if self.cycle is not None and self.cycle.response_complete:
@@ -282,22 +350,16 @@ def guarded_protocol(limits: TransportLimits,
                 self._arm(limits.header_timeout_s, self._head_timed_out)
 
         def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
-            headers = _kept(cycle)
-            params = direct.direct_route(cycle.scope, headers) \
-                if direct is not None and app is self.app and \
-                not cycle.waiting_for_100_continue else None
-            if params is None:
+            if cycle.__class__ is not _DirectCycle:
                 super()._start_asgi_task(cycle, app)
                 return
-            self._direct = cycle
-            self._direct_params = params
-            self._direct_headers = headers
-            if not cycle.more_body:  # a pipelined request, whole already
+            self._direct = cast(_DirectCycle, cycle)  # a pipelined one, started in turn
+            if not cycle.more_body:  # whole already
                 self._run_direct()
 
         def _run_direct(self) -> None:
             cycle = self._direct
-            assert cycle is not None and direct is not None and self._direct_params is not None
+            assert cycle is not None and direct is not None
             body = bytes(cycle.body)
             cycle.body = bytearray()
 
@@ -305,12 +367,12 @@ def guarded_protocol(limits: TransportLimits,
                 self._respond(cycle, status, payload, headers)
 
             self._direct_cancel = _nothing  # running: a disconnect from here on cancels
-            cancel = direct.infer_direct(cycle.scope, self._direct_params,
-                                         self._direct_headers, body, respond)
+            cancel = direct.infer_direct(cycle.scope, cycle.params, cycle.headers, body,
+                                         respond)
             if self._direct is cycle:  # not answered at once
                 self._direct_cancel = cancel
 
-        def _respond(self, cycle: RequestResponseCycle, status: int, payload: bytes,
+        def _respond(self, cycle: _DirectCycle, status: int, payload: bytes,
                      headers: list[tuple[bytes, bytes]]) -> None:
             """Write a direct answer in one write, then what uvicorn does when an ASGI
             response ends (close, or keep alive and start a pipelined request)."""
@@ -330,9 +392,9 @@ def guarded_protocol(limits: TransportLimits,
             if not cycle.keep_alive:
                 self.transport.close()
             if self.flow.write_paused:  # the next pipelined request waits for the reader
-                self._after_drain = cycle.on_response
+                self._after_drain = self.on_response_complete
             else:
-                cycle.on_response()
+                self.on_response_complete()
 
         # uvicorn arms a keep-alive timer after every answer and cancels it when the next
         # request's bytes arrive; here one timer stays armed and checks, when it fires,
@@ -432,11 +494,6 @@ def guarded_protocol(limits: TransportLimits,
             self._raw_transport.close()
 
     return GuardedHttpProtocol
-
-
-def _kept(cycle: RequestResponseCycle) -> dict[bytes, bytes]:
-    """The values of the app's direct headers kept from ``cycle``'s head."""
-    return cast("dict[bytes, bytes]", cycle.scope[_HEADERS_KEY])  # type: ignore[literal-required]
 
 
 def _nothing() -> None:
