@@ -22,7 +22,7 @@ from typing import Any
 
 from tradeoff.errors import MissingDependency, TradeoffError
 from tradeoff.server.replicas import ReplicaCoordinator, ReplicaLink
-from tradeoff.server.runner import ServeOptions, make_app, make_dataplane
+from tradeoff.server.runner import ServeOptions, make_app, make_dataplane, settle_heap
 
 log = logging.getLogger("tradeoff.server")
 
@@ -104,6 +104,7 @@ class Replica:
 
     async def _startup(self) -> None:
         await self.dataplane.manager.load_all()
+        settle_heap()
         metrics_url = None
         if self.options.metrics_port is not None:
             from prometheus_client import start_http_server

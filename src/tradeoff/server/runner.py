@@ -8,6 +8,7 @@ has accepted (queued or running), unloads the models and exits 0, within
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import socket
@@ -145,6 +146,25 @@ def make_app(options: ServeOptions, dataplane: DataPlane, transport: TransportLi
                                                  options.allowed_origins))
 
 
+
+# the young generation's collection threshold once serving (CPython's default is 700)
+YOUNG_GC_THRESHOLD = 10_000
+
+
+def settle_heap() -> None:
+    """Call once the models are loaded: what startup allocated (modules, models, configs)
+    leaves the cyclic collector's reach, and the young generation is collected less often.
+
+    Left as is, every full collection walks all of the process's objects: 25-30 ms with
+    two small models, every half second at 20k req/s, a pause for every request in
+    flight. The young generation is collected whenever about 700 objects outlive a
+    collection, which the objects of 64 requests in flight do every few dozen requests;
+    requests make no reference cycles, so refcounting frees what they leave."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(max(YOUNG_GC_THRESHOLD, gc.get_threshold()[0]), *gc.get_threshold()[1:])
+
+
 def serve(options: ServeOptions) -> None:
     """Run the server in this process until it is told to stop."""
     install_rate_limit()
@@ -168,6 +188,7 @@ def serve(options: ServeOptions) -> None:
     async def startup() -> None:
         loop_box.append(asyncio.get_running_loop())
         await dataplane.manager.load_all()
+        settle_heap()
         if options.grpc_port is not None:
             from tradeoff.server.grpc_server import start_grpc_server
 
