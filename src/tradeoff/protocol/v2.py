@@ -293,12 +293,13 @@ def decode_request(body: bytes, header_length: int | None = None,
         if header_length < 0 or header_length > len(body):
             raise InvalidInput(f"Inference-Header-Content-Length is {header_length} but the "
                                f"body has {len(body)} bytes")
-        header, binary = view[:header_length], view[header_length:]
+        binary = view[header_length:]
         if header_length <= CACHED_HEADER_BYTES:
-            key = bytes(header)
+            key = bytes(body[:header_length])
             if b'"data"' not in key:  # JSON tensors are values: not kept
                 # clients send the same JSON header again and again; the tensors change
                 return _cached_header(key, len(binary), limits).decode(binary, limits, True)
+        header = view[:header_length]
     else:
         header, binary = view, view[len(view):]
     return _parse_header(header, len(binary), header_length is not None,
@@ -319,6 +320,7 @@ class _InputSpec:
     data: Any = None
     where: str = ""  # how an error names it
     dtype: np.dtype | None = None  # binary data of a fixed-size datatype, its size checked
+    count: int = 0  # its elements (with dtype)
 
 
 @dataclass(frozen=True, slots=True, eq=False)  # compared and hashed by identity
@@ -335,9 +337,9 @@ class _Header:
         """The request with these tensors (a new request each time: nothing shared)."""
         inputs = []
         for spec in self.inputs:
-            if spec.dtype is not None:
-                array = _reshape(np.frombuffer(binary, spec.dtype, _element_count(spec.shape),
-                                               spec.offset), spec.shape, spec.where)
+            if spec.dtype is not None:  # the shape fits the bytes: checked with the header
+                array = np.frombuffer(binary, spec.dtype, spec.count,
+                                      spec.offset).reshape(spec.shape)
             elif spec.size is None:
                 array = _decode_json_data(spec.data, spec.datatype, spec.shape, spec.where,
                                           limits)
@@ -408,7 +410,8 @@ def _parse_header(header: bytes | memoryview, binary_size: int, has_binary_heade
                     raise InvalidInput(f"{where}: binary_data_size is {size} bytes but shape "
                                        f"{list(shape)} of {datatype} needs {expected}")
                 dtype = dtype if _LITTLE_ENDIAN else dtype.newbyteorder("<")
-            inputs.append(_InputSpec(name, datatype, shape, offset, size, None, where, dtype))
+            inputs.append(_InputSpec(name, datatype, shape, offset, size, None, where, dtype,
+                                     _element_count(shape)))
             offset += size
         elif "data" in item:
             inputs.append(_InputSpec(name, datatype, shape, 0, None, item["data"], where))
