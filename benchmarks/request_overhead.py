@@ -186,6 +186,12 @@ def connection_cpu_us(repo: Path, model: str, body: bytes, header_length: int,
 
         app = make_app(options, dataplane, options.transport, None, nothing, nothing)
         await dataplane.manager.load_all()
+        try:  # what `tradeoff serve` does once its models are loaded
+            from tradeoff.server.runner import settle_heap
+        except ImportError:  # a tree before it did
+            pass
+        else:
+            settle_heap()
         dataplane.started = True
         config = uvicorn.Config(app, loop="none", lifespan="off", log_config=None,
                                 access_log=False, server_header=False, date_header=False)
