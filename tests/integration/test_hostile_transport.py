@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pytest
 import tritonclient.grpc as triton_grpc
 
@@ -390,6 +391,50 @@ def test_pipelined_requests_are_not_mistaken_for_a_long_head(server: ServerProce
         replies = answer(sock)
     assert replies.count(b"HTTP/1.1 200") == 1500, replies.count(b"HTTP/1.1 ")
     assert b"HTTP/1.1 431" not in replies
+
+
+def _responses(received: bytes) -> list[tuple[bytes, bytes, bytes]]:
+    """Split what a connection received into (status line, head, body) by Content-Length."""
+    found = []
+    while received:
+        end = received.index(b"\r\n\r\n") + 4
+        head = received[:end].lower()
+        length = int(head.split(b"content-length: ")[1].split(b"\r\n")[0])
+        found.append((received[:received.index(b"\r\n")], head, received[end:end + length]))
+        received = received[end + length:]
+    return found
+
+
+def test_pipelined_infers_answer_in_order_whichever_path_takes_them(
+        server: ServerProcess) -> None:
+    """Infer requests answered without ASGI, pipelined in one write with requests that go
+    through it (a health check, an infer whose URL has a query), each get their own
+    answer, in the order sent; an HTTP/1.0 infer last ends the connection."""
+    rows = [np.full(256, i / 4, dtype=np.float32) for i in range(3)]
+    bodies = [orjson.dumps({"id": f"r{i}", "inputs": [{"name": "INPUT0", "datatype": "FP32",
+                                                       "shape": [1, 256], "data": row}]},
+                           option=orjson.OPT_SERIALIZE_NUMPY) for i, row in enumerate(rows)]
+    alone = [orjson.loads(infer_json(server.url, "mlp", orjson.loads(body)["inputs"]).body)
+             for body in bodies]
+
+    def infer(path: str, body: bytes, version: str = "1.1") -> bytes:
+        return (f"POST {path} HTTP/{version}\r\nHost: 127.0.0.1\r\nContent-Type: "
+                f"application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+
+    with connect(server) as sock:
+        sock.sendall(infer("/v2/models/mlp/infer", bodies[0])
+                     + b"GET /v2/health/ready HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+                     + infer("/v2/models/mlp/infer?trace=1", bodies[1])
+                     + infer("/v2/models/mlp/infer", bodies[2], version="1.0"))
+        replies = _responses(answer(sock))  # the HTTP/1.0 request closes the connection
+    assert [status for status, _, _ in replies] == [b"HTTP/1.1 200 OK"] * 4, replies
+    assert replies[1][2] == b""  # ready: 200, no body
+    for reply, sent, lone in zip((0, 2, 3), range(3), alone, strict=True):
+        got = orjson.loads(replies[reply][2])
+        assert got["id"] == f"r{sent}"
+        assert got["outputs"] == lone["outputs"]
+    assert b"connection: close" in replies[3][1]
+    assert b"connection: close" not in replies[0][1]
 
 
 def test_a_request_pipelined_behind_a_refusal_is_not_started(server: ServerProcess) -> None:

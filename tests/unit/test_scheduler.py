@@ -384,3 +384,24 @@ def test_submit_call_answers_through_the_callback_and_never_after_cancel() -> No
         await scheduler.stop()
 
     asyncio.run(scenario())
+
+
+def test_server_timing_gives_each_request_its_own_queue_time_and_its_batch_s_compute() -> None:
+    from tradeoff.scheduling.request import Timings
+
+    first = Timings(queue_ns=1_000_000, compute_input_ns=20_000, compute_infer_ns=300_000,
+                    compute_output_ns=4_000, batch_size=2)
+    second = Timings(queue_ns=2_500_000, compute_input_ns=20_000, compute_infer_ns=300_000,
+                     compute_output_ns=4_000, batch_size=2)
+    other = Timings(queue_ns=1_000_000, compute_input_ns=10_000, compute_infer_ns=700_000,
+                    compute_output_ns=4_000, batch_size=5)
+    assert first.server_timing() == (
+        'queue;dur=1.000, compute_input;dur=0.020, compute_infer;dur=0.300, '
+        'compute_output;dur=0.004, batch;desc="2"')
+    assert second.server_timing().startswith("queue;dur=2.500, compute_input;dur=0.020,")
+    assert other.server_timing() == (
+        'queue;dur=1.000, compute_input;dur=0.010, compute_infer;dur=0.700, '
+        'compute_output;dur=0.004, batch;desc="5"')
+    other.route, other.cache, other.cache_ns = "mlp/2", "miss", 50_000
+    assert other.server_timing().startswith(
+        'route;desc="mlp/2", cache;desc=miss;dur=0.050, queue;dur=1.000,')
