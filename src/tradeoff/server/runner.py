@@ -146,7 +146,6 @@ def make_app(options: ServeOptions, dataplane: DataPlane, transport: TransportLi
                                                  options.allowed_origins))
 
 
-
 # the young generation's collection threshold once serving (CPython's default is 700)
 YOUNG_GC_THRESHOLD = 10_000
 
