@@ -146,7 +146,6 @@ class _DirectCycle:
     __slots__ = ("body", "disconnected", "headers", "keep_alive", "more_body", "params",
                  "response_complete", "response_started", "scope")
     message_event = _NoEvent
-    waiting_for_100_continue = False
 
     def __init__(self, scope: Any, params: dict[str, str], headers: dict[bytes, bytes],
                  keep_alive: bool) -> None:
