@@ -169,10 +169,12 @@ def test_sampling_settings_are_checked() -> None:
             SamplingParams(**bad)  # type: ignore[arg-type]
 
 
-def test_a_seed_torch_refuses_leaves_nothing_behind(decoder: LlamaDecoder) -> None:
+def test_a_prompt_the_engine_refuses_leaves_nothing_behind(decoder: LlamaDecoder) -> None:
     engine = GenerationEngine(decoder)
-    with pytest.raises(ValueError, match="Overflow"):
-        engine.add([1, 5], SamplingParams(max_tokens=2, seed=2**70))
+    with pytest.raises(InvalidInput, match="outside the vocabulary"):
+        engine.add([1, CONFIG.vocab_size], SamplingParams(max_tokens=2))
+    with pytest.raises(InvalidInput, match="seed"):
+        SamplingParams(max_tokens=2, seed=2**70)
     assert not engine.has_work() and not engine.params
     outputs, _, _ = run(decoder, [[1, 5]])
     assert len(outputs[0]) == 12
@@ -194,7 +196,7 @@ def test_one_request_that_cannot_be_queued_fails_alone(decoder: LlamaDecoder) ->
         model = GenerativeModel("m", 1, GenerativeConfig(), decoder, Tokens(),
                                 asyncio.get_running_loop())
         try:
-            bad = model.submit([1, 5], SamplingParams(max_tokens=2, seed=2**70))
+            bad = model.submit([1, CONFIG.vocab_size], SamplingParams(max_tokens=2))
             good = model.submit([1, 5], SamplingParams(max_tokens=2, temperature=0.0))
             refused = await asyncio.wait_for(bad.events.get(), 30)
             events = [await asyncio.wait_for(good.events.get(), 30) for _ in range(3)]
@@ -239,7 +241,7 @@ def test_a_sampling_failure_fails_only_its_own_sequence(decoder: LlamaDecoder) -
     while engine.has_work():
         failures += engine.step().failed
     assert [seq for seq, _ in failures] == [poisoned]
-    assert "probability" in str(failures[0][1])
+    assert "probabilities" in str(failures[0][1])
     assert poisoned.finish_reason == "error" and poisoned.output == []
     assert healthy.output == alone[0] and healthy.finish_reason == "length"
     assert engine.blocks.usage == 0 and not engine.params  # nothing is left held

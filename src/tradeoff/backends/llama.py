@@ -420,6 +420,48 @@ class LlamaDecoder:
         return list(logits)
 
 
+    @torch.inference_mode()
+    def forward_decode(self, tokens: torch.Tensor, positions: torch.Tensor,
+                       table: torch.Tensor, cache: PagedKVCache) -> torch.Tensor:
+        """One decode token per row, attending through the block table: ``tokens`` and
+        ``positions`` int64 ``[rows]``, ``table`` ``[rows, blocks]`` (each row's cache
+        blocks in order, any block past its length unused); returns float32 logits
+        ``[rows, vocab]``. Every shape depends only on the arguments' shapes and nothing
+        is read back to the host, so a CUDA graph can capture it: a row that pads a
+        batch points its table at a block no sequence owns."""
+        c = self.config
+        w = self.w
+        size = cache.block_size
+        rows, blocks = table.shape
+        table = table.long()
+        slots = table.gather(1, (positions // size)[:, None])[:, 0] * size + positions % size
+        # a row sees the cache places up to its own position
+        seen = torch.arange(blocks * size, device=self.device)[None, :] <= positions[:, None]
+        mask = seen[:, None, :]
+        cos, sin = self._rope(positions)
+        heads, kv_heads, d = c.num_heads, c.num_kv_heads, c.head_dim
+        x = w["model.embed_tokens.weight"][tokens]
+        for layer in range(c.num_layers):
+            p = f"model.layers.{layer}."
+            h = _rms_norm(x, w[p + "input_layernorm.weight"], c.rms_norm_eps)
+            qkv = self._linear(h, p + "self_attn.qkv_proj.weight").view(-1, heads + 2 * kv_heads, d)
+            qk = qkv[:, :heads + kv_heads]
+            qk = qk * cos + _rotate_half(qk) * sin
+            q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads:]
+            keys, values = cache.keys[layer], cache.values[layer]
+            keys.index_copy_(0, slots, k)
+            values.index_copy_(0, slots, v)
+            shape = (rows, blocks * size, kv_heads, d)
+            attended = _attend(q[:, None], keys.view(-1, size, kv_heads, d)[table].view(shape),
+                               values.view(-1, size, kv_heads, d)[table].view(shape), mask)
+            x = x + self._linear(attended[:, 0], p + "self_attn.o_proj.weight")
+            h = _rms_norm(x, w[p + "post_attention_layernorm.weight"], c.rms_norm_eps)
+            gate, up = self._linear(h, p + "mlp.gate_up_proj.weight").chunk(2, dim=-1)
+            x = x + self._linear(F.silu(gate) * up, p + "mlp.down_proj.weight")
+        x = _rms_norm(x, w["model.norm.weight"], c.rms_norm_eps)
+        return self._linear(x, "lm_head.weight").float()
+
+
 def _free_bytes(device: torch.device) -> int | None:
     """Free memory of a CUDA device, or the memory available to this host (Linux); None
     when it cannot be told."""

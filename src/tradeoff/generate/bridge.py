@@ -13,12 +13,14 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from tradeoff.errors import InferenceFailed, TradeoffError, Unavailable
 from tradeoff.generate.config import GenerativeConfig
 from tradeoff.generate.loader import new_engine
+from tradeoff.generate.text_stream import TextStream
 
 log = logging.getLogger("tradeoff.server")
 # lines a client's request causes: rate limited (server/logs.py)
@@ -28,7 +30,9 @@ request_log = logging.getLogger("tradeoff.server.requests")
 @dataclass
 class Handle:
     """One request's link to the engine: events arrive on ``events`` in order:
-    ("token", id, time), then ("done", finish_reason) or ("error", exception)."""
+    ("token", id, time, text), then ("done", finish_reason) or ("error", exception).
+    ``text`` is what the token adds to the answer (the engine detokenizes and applies
+    stop strings); joined, the texts are the answer."""
 
     prompt: list[int]
     params: Any
@@ -44,13 +48,18 @@ class Handle:
     route: str = ""  # the model a router sent this request to
 
     @classmethod
-    def replay(cls, prompt: list[int], params: Any, tokens: list[int],
-               reason: str) -> Handle:
-        """A handle whose events are a cached answer: its tokens, then done."""
+    def replay(cls, prompt: list[int], params: Any, tokens: list[int], reason: str,
+               decode: Callable[[Sequence[int]], str]) -> Handle:
+        """A handle whose events are a cached answer: its tokens with their text (made as
+        the engine makes it), then done."""
         handle = cls(prompt, params, ended=True, cache="hit")
         now = time.perf_counter()
-        for token in tokens:
-            handle.events.put_nowait(("token", token, now))
+        stream = TextStream(decode, params.stop)
+        for index, token in enumerate(tokens):
+            text = stream.push(token)
+            if index == len(tokens) - 1:
+                text += stream.finish()
+            handle.events.put_nowait(("token", token, now, text))
         handle.events.put_nowait(("done", reason))
         return handle
 
@@ -155,6 +164,10 @@ class GenerativeModel:
             self._end(handle)
         handle.events.put_nowait(event)
 
+    def _deliver_all(self, events: list[tuple[Handle, tuple[Any, ...]]]) -> None:
+        for handle, event in events:
+            self._deliver(handle, event)
+
     # ---------------------------------------------------------------- engine thread
 
     def _emit(self, handle: Handle, *event: Any) -> None:
@@ -218,19 +231,27 @@ class GenerativeModel:
                 continue
             now = time.perf_counter()
             self.stats.step(report, now, self.engine.blocks.usage)
-            for seq in report.decoded:
-                if seq.seq_id in self.handles:
-                    self._emit(self.handles[seq.seq_id], "token", seq.output[-1], now)
+            # the step's events go to the loop together: one wake-up per step, not per token
+            events: list[tuple[Handle, tuple[Any, ...]]] = []
+            handles = self.handles
+            for seq, text in zip(report.decoded, report.texts, strict=True):
+                handle = handles.get(seq.seq_id)
+                if handle is not None:
+                    events.append((handle, ("token", seq.output[-1], now, text)))
             for seq in report.finished:
-                if seq.seq_id in self.handles:
-                    self._emit(self.handles.pop(seq.seq_id), "done", seq.finish_reason)
+                handle = handles.pop(seq.seq_id, None)
+                if handle is not None:
+                    events.append((handle, ("done", seq.finish_reason)))
             for seq, error in report.failed:  # this request alone hears it
                 request_log.error("model %s: request %d failed: %s", self.name, seq.seq_id, error)
                 self.stats.requests_failed += 1
                 self.stats.forget(seq.seq_id)
-                if seq.seq_id in self.handles:
-                    self._emit(self.handles.pop(seq.seq_id), "error",
-                               InferenceFailed(f"generation failed: {error}"))
+                handle = handles.pop(seq.seq_id, None)
+                if handle is not None:
+                    events.append((handle, ("error",
+                                            InferenceFailed(f"generation failed: {error}"))))
+            if events:
+                self.loop.call_soon_threadsafe(self._deliver_all, events)
 
     def _fail_all(self, error: Exception) -> None:
         self.stats.requests_failed += len(self.handles)

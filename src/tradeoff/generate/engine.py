@@ -11,24 +11,30 @@ thread of its own.
 
 from __future__ import annotations
 
+import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
 import torch
 
-from tradeoff.backends.llama import LlamaDecoder, SequenceStep
+from tradeoff.backends.llama import SequenceStep
+from tradeoff.errors import InvalidInput
+from tradeoff.generate.decode_step import DecodeStep
 from tradeoff.generate.iteration import GenSequence, IterationScheduler, SeqState
-from tradeoff.generate.kv_blocks import BlockAllocator
-from tradeoff.generate.sampling import SamplingParams, sample
+from tradeoff.generate.kv_blocks import BlockAllocator, BlockTable
+from tradeoff.generate.sampling import FAILED, SamplingBatch, SamplingParams, as_seed, sample_tokens
+from tradeoff.generate.text_stream import TextStream
 
 
 @dataclass
 class StepReport:
-    """What one step did (for metrics): tokens computed, sequences that got a token,
-    sequences preempted, and its duration; ``failed``: sequences retired because choosing
-    their token raised (each with the error), while the others went on; ``sequences``:
-    how many the step ran."""
+    """What one step did (for metrics): tokens computed, sequences that got a token (and
+    the text each token let out, in the same order), sequences preempted, and its
+    duration; ``failed``: sequences retired because choosing their token failed (each
+    with the error), while the others went on; ``sequences``: how many the step ran."""
 
     prefill_tokens: int
     decoded: list[GenSequence]
@@ -37,48 +43,60 @@ class StepReport:
     seconds: float
     failed: list[tuple[GenSequence, Exception]] = field(default_factory=list)
     sequences: int = 0
-
-
-STOP_WINDOW_TOKENS_PER_CHAR = 4  # UTF-8 bytes of a character, each at worst a token
-
-
-def _sample_one(row: torch.Tensor, params: SamplingParams,
-                generator: torch.Generator | None) -> int | Exception:
-    """One row's token, or the error that choosing it raised."""
-    try:
-        return sample(row, [params], [generator])[0]
-    except Exception as exc:
-        return exc
+    texts: list[str] = field(default_factory=list)
 
 
 class GenerationEngine:
-    """Continuous (or static) batching over one decoder and its paged KV cache."""
+    """Continuous (or static) batching over one decoder and its paged KV cache.
 
-    def __init__(self, decoder: LlamaDecoder, *, num_blocks: int = 512, block_size: int = 16,
+    Sequences that add one token go through a :class:`DecodeStep` (fixed buffers, the
+    block table, sampling on the device; CUDA graphs on a GPU) when the decoder has
+    ``forward_decode``; prompt chunks run through the decoder's ``step`` beside them.
+    ``detokenize`` (the tokenizer's decode): each answer's text is made here, token by
+    token (:class:`TextStream`), and stop strings end a sequence here."""
+
+    def __init__(self, decoder: Any, *, num_blocks: int = 512, block_size: int = 16,
                  max_num_seqs: int = 16, max_num_batched_tokens: int = 512,
                  max_num_queued: int = 256, policy: str = "fcfs", mode: str = "continuous",
                  prefix_caching: bool = False,
-                 detokenize: Callable[[list[int]], str] | None = None) -> None:
+                 detokenize: Callable[[Sequence[int]], str] | None = None,
+                 cuda_graphs: bool | None = None) -> None:
         self.decoder = decoder
-        self.cache = decoder.new_cache(num_blocks, block_size)  # first: it checks the memory
+        # one block more than the allocator hands out: padded rows write to it
+        self.cache = decoder.new_cache(num_blocks + 1, block_size)  # first: checks memory
         self.blocks = BlockAllocator(num_blocks, block_size, prefix_caching)
         self.scheduler = IterationScheduler(
             self.blocks, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, max_num_queued=max_num_queued,
             policy=policy, mode=mode)
         self.detokenize = detokenize
+        self.vocab = int(decoder.config.vocab_size)
         self.params: dict[int, SamplingParams] = {}
-        self.generators: dict[int, torch.Generator] = {}
+        self.seeds: dict[int, int] = {}
+        self.texts: dict[int, TextStream] = {}
+        max_position = getattr(decoder.config, "max_position", None)
+        width = self.blocks.needed(max_position) if max_position else num_blocks
+        width = min(width, num_blocks)
+        self.table = BlockTable(max_num_seqs, width, scratch=num_blocks)
+        self.decode_step = DecodeStep(
+            decoder, self.cache, max_seqs=max_num_seqs, max_blocks=width,
+            scratch_block=num_blocks, graphs=cuda_graphs) \
+            if hasattr(decoder, "forward_decode") else None
 
     def add(self, prompt: list[int], params: SamplingParams, priority: int = 0) -> GenSequence:
-        """Queue a prompt (token ids); raises Unavailable when the queue is full."""
-        # the generator first: a seed torch refuses must leave nothing half-added
-        generator = None if params.seed is None else torch.Generator().manual_seed(params.seed)
+        """Queue a prompt (token ids); raises Unavailable when the queue is full and
+        InvalidInput for a token id the model does not have."""
+        if any(not 0 <= t < self.vocab for t in prompt):
+            raise InvalidInput(f"the prompt holds token ids outside the vocabulary "
+                               f"(0 to {self.vocab - 1})")
         seq = GenSequence(list(prompt), params.max_tokens, priority)
         self.scheduler.add(seq)
         self.params[seq.seq_id] = params
-        if generator is not None:
-            self.generators[seq.seq_id] = generator
+        # a request without a seed gets one of its own: its draws are its own either way
+        self.seeds[seq.seq_id] = as_seed(random.getrandbits(64) if params.seed is None
+                                         else params.seed)
+        if self.detokenize is not None:
+            self.texts[seq.seq_id] = TextStream(self.detokenize, params.stop)
         return seq
 
     def abort(self, seq: GenSequence) -> None:
@@ -96,75 +114,122 @@ class GenerationEngine:
 
     def _forget(self, seq: GenSequence) -> None:
         self.params.pop(seq.seq_id, None)
-        self.generators.pop(seq.seq_id, None)
+        self.seeds.pop(seq.seq_id, None)
+        self.texts.pop(seq.seq_id, None)
+        self.table.release(seq.seq_id)
 
     def step(self) -> StepReport:
         started = time.perf_counter()
         plan = self.scheduler.schedule()
+        for seq in plan.preempted:  # its blocks are gone: its table row too
+            self.table.release(seq.seq_id)
         if not plan.work:
             return StepReport(0, [], [], len(plan.preempted), 0.0)
-        steps = []
-        for seq, n in plan.work:
-            tokens = seq.tokens
-            end = seq.computed + n
-            steps.append(SequenceStep(torch.tensor(tokens[seq.computed:end], dtype=torch.int64),
-                                      seq.computed, self._slots(seq, end)))
-        logits = self.decoder.step(steps, self.cache)
+        fast = self.decode_step is not None
+        singles = [(seq, n) for seq, n in plan.work if n == 1] if fast else []
+        chunks = [(seq, n) for seq, n in plan.work if n > 1] if fast else plan.work
+        picked: dict[int, int] = {}
+        if singles:
+            picked.update(zip([seq.seq_id for seq, _ in singles],
+                              self._decode(singles), strict=True))
+        if chunks:
+            picked.update(self._prefill(chunks))
         ready = []
         prefill = 0
-        for (seq, n), row in zip(plan.work, logits, strict=True):
+        for seq, n in plan.work:
             seq.computed += n
             self.scheduler.cache_full_blocks(seq)
-            if seq.pending == 0:  # everything is in the cache: this row predicts the next
-                ready.append((seq, row))
+            if seq.pending == 0:  # everything is in the cache: the token is the next one
+                ready.append(seq)
             if n > 1 or not seq.output:
                 prefill += n
-        decoded, finished = [], []
-        failed: list[tuple[GenSequence, Exception]] = []
-        if ready:
-            rows = torch.stack([row for _, row in ready]).cpu()  # sampling runs on the CPU
-            params = [self.params[s.seq_id] for s, _ in ready]
-            generators = [self.generators.get(s.seq_id) for s, _ in ready]
-            states = [g.get_state() if g is not None else None for g in generators]
-            picked: list[int | Exception]
-            try:
-                picked = list(sample(rows, params, generators))
-            except Exception:  # one row's logits (NaN, say): find it, spare the others
-                for generator, state in zip(generators, states, strict=True):
-                    if generator is not None and state is not None:
-                        generator.set_state(state)  # seeded rows draw as if alone
-                picked = [_sample_one(rows[i:i + 1], params[i], generators[i])
-                          for i in range(len(ready))]
-            for (seq, _), token, p in zip(ready, picked, params, strict=True):
-                if isinstance(token, Exception):
-                    self.scheduler.finish(seq, "error")
-                    self._forget(seq)
-                    failed.append((seq, token))
-                    continue
-                seq.output.append(token)
-                decoded.append(seq)
-                reason = self._finish_reason(seq, token, p)
-                if reason:
-                    self.scheduler.finish(seq, reason)
-                    self._forget(seq)
-                    finished.append(seq)
-        return StepReport(prefill, decoded, finished, len(plan.preempted),
-                          time.perf_counter() - started, failed, len(plan.work))
+        report = StepReport(prefill, [], [], len(plan.preempted), 0.0,
+                            sequences=len(plan.work))
+        for seq in ready:
+            token = picked[seq.seq_id]
+            if token == FAILED:
+                self.scheduler.finish(seq, "error")
+                self._forget(seq)
+                report.failed.append((seq, ValueError(
+                    "no next token: the model's probabilities for this sequence are not "
+                    "finite (NaN or infinite logits)")))
+                continue
+            seq.output.append(token)
+            report.decoded.append(seq)
+            text, ended = self._text(seq, token)
+            report.texts.append(text)
+            if ended:
+                report.finished.append(seq)
+        report.seconds = time.perf_counter() - started
+        return report
 
-    def _finish_reason(self, seq: GenSequence, token: int, params: SamplingParams) -> str | None:
+    def _text(self, seq: GenSequence, token: int) -> tuple[str, bool]:
+        """The text ``token`` lets out, and whether ``seq`` ends here (then it is
+        retired)."""
+        params = self.params[seq.seq_id]
+        stream = self.texts.get(seq.seq_id)
+        text = "" if stream is None else stream.push(token)
         eos = self.decoder.config.eos_token_id
+        reason = None
         if not params.ignore_eos and eos is not None and token == eos:
-            return "stop"
-        if params.stop and self.detokenize is not None:
-            # a stop string that was not in the text before this token ends inside it:
-            # the last tokens cover it (a character takes at most 4 byte tokens)
-            window = STOP_WINDOW_TOKENS_PER_CHAR * max(map(len, params.stop)) + 1
-            text = self.detokenize(seq.output[-window:])
-            if any(s in text for s in params.stop):
-                return "stop"
-        if len(seq.output) >= params.max_tokens:
-            return "length"
-        return None
+            reason = "stop"
+        elif stream is not None and stream.stopped:
+            reason = "stop"
+        elif len(seq.output) >= params.max_tokens:
+            reason = "length"
+        if reason is not None:
+            if stream is not None:
+                text += stream.finish()
+            self.scheduler.finish(seq, reason)
+            self._forget(seq)
+        return text, reason is not None
+
+    def _decode(self, work: list[tuple[GenSequence, int]]) -> list[int]:
+        """Each sequence's next token through the decode step (one token each)."""
+        assert self.decode_step is not None
+        count = len(work)
+        rows = np.empty((count, 6), dtype=np.int64)
+        floats = np.empty((count, 2), dtype=np.float64)
+        table_rows = np.empty(count, dtype=np.int64)
+        longest = 1
+        for i, (seq, _) in enumerate(work):
+            params = self.params[seq.seq_id]
+            position = seq.computed
+            prompt = len(seq.prompt)
+            token = seq.prompt[position] if position < prompt else seq.output[position - prompt]
+            rows[i] = (token, position, self.seeds[seq.seq_id], len(seq.output),
+                       params.top_k if 0 < params.top_k < self.vocab else self.vocab,
+                       params.greedy)
+            floats[i] = (params.temperature, params.top_p)
+            table_rows[i] = self.table.sync(seq.seq_id, seq.blocks)
+            longest = max(longest, len(seq.blocks))
+        params_of = [self.params[seq.seq_id] for seq, _ in work]
+        return self.decode_step.run(
+            rows, floats, self.table.table[table_rows, :longest],
+            greedy_only=all(p.greedy for p in params_of),
+            truncating=any(p.truncates and not p.greedy for p in params_of))
+
+    def _prefill(self, work: list[tuple[GenSequence, int]]) -> dict[int, int]:
+        """Prompt chunks (and, without a decode step, everything) through the decoder's
+        ``step``; the next token of each sequence whose chunk ends its prompt."""
+        steps = []
+        for seq, n in work:
+            end = seq.computed + n
+            steps.append(SequenceStep(torch.tensor(seq.tokens_between(seq.computed, end),
+                                                   dtype=torch.int64),
+                                      seq.computed, self._slots(seq, end)))
+        logits = self.decoder.step(steps, self.cache)
+        ends = [i for i, (seq, n) in enumerate(work) if seq.pending == n]
+        if not ends:
+            return {}
+        rows = logits[ends] if isinstance(logits, torch.Tensor) else \
+            torch.stack([logits[i] for i in ends])
+        seqs = [work[i][0] for i in ends]
+        batch = SamplingBatch.of([self.params[s.seq_id] for s in seqs],
+                                 [self.seeds[s.seq_id] for s in seqs],
+                                 [len(s.output) for s in seqs], self.vocab, rows.device)
+        tokens = sample_tokens(rows, batch).tolist()
+        return {seq.seq_id: token for seq, token in zip(seqs, tokens, strict=True)}
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenSequence]:
         """Run prompts to the end (tests, benchmarks)."""

@@ -3,8 +3,10 @@ next model step. Pure policy over a :class:`BlockAllocator`; the engine runs the
 
 Every step, in order:
 
-1. **Running sequences** each get their next tokens: one to decode, or the next chunk of
-   a prompt still being prefilled. A sequence whose new tokens need a KV block when none
+1. **Running sequences** each get their next tokens: first every one that decodes gets
+   its one token, then those still prefilling get the next chunk of their prompt from
+   what is left of the budget (so a long prompt never delays the others' next token by
+   more than one step of ``max_num_batched_tokens``). A sequence whose new tokens need a KV block when none
    is free preempts the most recently admitted running sequence (lowest priority first):
    its blocks are freed and it goes back to the front of the waiting queue, to be
    recomputed later (preemption by recompute).
@@ -60,6 +62,15 @@ class GenSequence:
     @property
     def tokens(self) -> list[int]:
         return self.prompt + self.output
+
+    def tokens_between(self, start: int, end: int) -> list[int]:
+        """``tokens[start:end]`` without joining the whole prompt and output."""
+        prompt = len(self.prompt)
+        if end <= prompt:
+            return self.prompt[start:end]
+        if start >= prompt:
+            return self.output[start - prompt:end - prompt]
+        return self.prompt[start:] + self.output[:end - prompt]
 
     @property
     def pending(self) -> int:
@@ -170,10 +181,9 @@ class IterationScheduler:
         if not self.blocks.prefix_caching:
             return
         size = self.blocks.block_size
-        tokens = seq.tokens
         for index in range(len(seq.block_keys), seq.computed // size):
             key = block_key(seq.block_keys[-1] if seq.block_keys else None,
-                            tokens[index * size:(index + 1) * size])
+                            seq.tokens_between(index * size, (index + 1) * size))
             seq.block_keys.append(key)
             self.blocks.register(seq.blocks[index], key)
 
@@ -189,7 +199,9 @@ class IterationScheduler:
         budget = self.max_num_batched_tokens
         work: list[tuple[GenSequence, int]] = []
         preempted: list[GenSequence] = []
-        for seq in list(self.running):
+        # decodes first, then prompt chunks: a long prompt being prefilled never takes
+        # the budget its running neighbours need for their next token
+        for seq in sorted(self.running, key=lambda s: s.pending > 1):
             if seq.state is not SeqState.RUNNING:
                 continue  # preempted earlier in this loop
             n = min(seq.pending, budget)

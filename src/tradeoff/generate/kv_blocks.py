@@ -20,6 +20,8 @@ import hashlib
 from array import array
 from collections import OrderedDict, deque
 
+import numpy as np
+
 # (digest of every token before the block, the block's tokens): a cache hit compares the
 # block's own tokens exactly and its whole prefix by a cryptographic digest, so no two
 # different prompts can share a block (Python's hash() can be made to collide)
@@ -117,3 +119,50 @@ class BlockAllocator:
         if self.prefix_caching and key not in self._cached and block not in self._key_of:
             self._cached[key] = block
             self._key_of[block] = key
+
+
+class BlockTable:
+    """The block table of every running sequence as one int32 array, a row each, kept up
+    to date by appending the blocks a sequence gained since the last step (never rebuilt
+    per step). Unused places hold ``scratch``, a block no sequence owns, so a padded row
+    of a fixed-size batch reads and writes only that block.
+
+        table = BlockTable(rows=16, width=64, scratch=num_blocks)
+        row = table.sync(seq_id, seq.blocks)  # its row, with any new blocks written
+        table.release(seq_id)                 # it finished or was preempted
+    """
+
+    def __init__(self, rows: int, width: int, scratch: int) -> None:
+        self.scratch = scratch
+        self.width = width
+        self.table = np.full((rows, width), scratch, dtype=np.int32)
+        self._row: dict[int, int] = {}
+        self._filled: dict[int, int] = {}  # row -> blocks written
+        self._free_rows = list(range(rows - 1, -1, -1))
+
+    def sync(self, owner: int, blocks: list[int]) -> int:
+        """The row of ``owner`` (a sequence id), its new blocks written."""
+        row = self._row.get(owner)
+        if row is None:
+            row = self._row[owner] = self._free_rows.pop()
+            self._filled[row] = 0
+        have = self._filled[row]
+        if len(blocks) > self.width:
+            raise ValueError(f"a sequence holds {len(blocks)} blocks; the table has "
+                             f"{self.width} places")
+        if len(blocks) > have:
+            self.table[row, have:len(blocks)] = blocks[have:]
+            self._filled[row] = len(blocks)
+        return row
+
+    def release(self, owner: int) -> None:
+        """The sequence holds no blocks now: its row goes back, cleared."""
+        row = self._row.pop(owner, None)
+        if row is not None:
+            self.table[row, :self._filled.pop(row)] = self.scratch
+            self._free_rows.append(row)
+
+    def blocks_of(self, owner: int) -> int:
+        """How many blocks the owner's row holds (0 without a row)."""
+        row = self._row.get(owner)
+        return 0 if row is None else self._filled[row]

@@ -1,9 +1,17 @@
-"""Choosing each sequence's next token, for the whole step at once.
+"""Choosing each sequence's next token, for the whole step at once, on the logits' device.
 
 Temperature, top-k and top-p are applied to the step's logits as one tensor operation
 per rule; rows with temperature 0 (or below ``GREEDY_BELOW``, where dividing float32
-logits by it would overflow) are greedy. A row with its own seed draws from its own
-generator, so its tokens do not depend on what it was batched with.
+logits by it would overflow) are greedy. A sampled row draws with the Gumbel-max trick
+(the argmax of ``logits / temperature + Gumbel noise`` over the kept tokens is a draw
+from their softmax), and its noise comes from a counter-based hash of (the row's seed,
+how many tokens it has made, the token id), not from a stateful generator: a seeded
+request gets the same tokens whatever it is batched with, on any device, and the whole
+draw is a fixed sequence of tensor operations that a CUDA graph can capture (no host
+sync, no shape that depends on the data). The host reads back one int64 per row.
+
+    batch = SamplingBatch.of(params, seeds, produced, device=logits.device)
+    tokens = sample_tokens(logits, batch)   # [rows]; FAILED where a row's logits are bad
 """
 
 from __future__ import annotations
@@ -18,6 +26,8 @@ from tradeoff.errors import InvalidInput
 GREEDY_BELOW = 1e-5  # a temperature this small samples the top token anyway
 MAX_STOP_STRINGS = 4  # as OpenAI's API
 MAX_STOP_CHARS = 256
+FAILED = -1  # the token of a row whose logits hold NaN or no finite value
+SEED_BITS = 64
 
 
 @dataclass(frozen=True)
@@ -41,6 +51,9 @@ class SamplingParams:
             raise InvalidInput(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise InvalidInput(f"top_k must be >= 0, got {self.top_k}")
+        if self.seed is not None and not -(2 ** (SEED_BITS - 1)) <= self.seed < 2 ** SEED_BITS:
+            raise InvalidInput(f"seed must be an integer from -2**63 to 2**64 - 1, got "
+                               f"{self.seed}")
         if len(self.stop) > MAX_STOP_STRINGS:
             raise InvalidInput(f"'stop' takes at most {MAX_STOP_STRINGS} strings, got "
                                f"{len(self.stop)}")
@@ -48,33 +61,113 @@ class SamplingParams:
             raise InvalidInput(f"each 'stop' string must be 1 to {MAX_STOP_CHARS} "
                                "characters long")
 
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < GREEDY_BELOW
 
-def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
-           generators: Sequence[torch.Generator | None]) -> list[int]:
-    """One token per row of ``logits`` ``[rows, vocab]``."""
-    greedy = torch.tensor([p.temperature < GREEDY_BELOW for p in params])
+    @property
+    def truncates(self) -> bool:
+        """Whether top-k or top-p drop tokens (which needs a sort of the vocabulary)."""
+        return self.top_k > 0 or self.top_p < 1
+
+
+def as_seed(seed: int) -> int:
+    """A seed as the signed 64-bit integer the hash takes (2**64 - 1 and -1 are one)."""
+    seed &= (1 << SEED_BITS) - 1
+    return seed - (1 << SEED_BITS) if seed >= 1 << (SEED_BITS - 1) else seed
+
+
+@dataclass
+class SamplingBatch:
+    """A step's sampling settings as tensors, one row per sequence. ``greedy_only`` and
+    ``truncating`` are known on the host, so a step skips the noise or the sort it does
+    not need (and a captured graph is chosen by them)."""
+
+    temperature: torch.Tensor  # [rows] float32; 1 for greedy rows
+    top_p: torch.Tensor        # [rows] float32
+    top_k: torch.Tensor        # [rows] int64; the vocabulary size for "all"
+    seed: torch.Tensor         # [rows] int64
+    produced: torch.Tensor     # [rows] int64: tokens the sequence made before this one
+    greedy: torch.Tensor       # [rows] bool
+    greedy_only: bool
+    truncating: bool
+
+    @classmethod
+    def of(cls, params: Sequence[SamplingParams], seeds: Sequence[int],
+           produced: Sequence[int], vocab: int, device: torch.device | str = "cpu"
+           ) -> SamplingBatch:
+        """``seeds``: each row's seed (its request's, or one drawn for it when it came);
+        ``produced``: how many tokens each row's sequence has made so far."""
+        floats = torch.tensor([[1.0 if p.greedy else p.temperature, p.top_p] for p in params],
+                              dtype=torch.float32).reshape(-1, 2)
+        ints = torch.tensor([[p.top_k if 0 < p.top_k < vocab else vocab, s, n, p.greedy]
+                             for p, s, n in zip(params, seeds, produced, strict=True)],
+                            dtype=torch.int64).reshape(-1, 4)
+        if torch.device(device).type != "cpu":
+            floats = floats.to(device, non_blocking=True)
+            ints = ints.to(device, non_blocking=True)
+        return cls(floats[:, 0], floats[:, 1], ints[:, 0], ints[:, 1], ints[:, 2],
+                   ints[:, 3].bool(), all(p.greedy for p in params),
+                   any(p.truncates and not p.greedy for p in params))
+
+
+# splitmix64's constants as signed 64-bit integers (torch has no uint64 arithmetic)
+_GAMMA = 0x9E3779B97F4A7C15 - (1 << 64)
+_MIX1 = 0xBF58476D1CE4E5B9 - (1 << 64)
+_MIX2 = 0x94D049BB133111EB - (1 << 64)
+
+
+def _shr(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 values (torch's ``>>`` keeps the sign)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finaliser: every input bit flips about half the output bits."""
+    x = (x ^ _shr(x, 30)) * _MIX1
+    x = (x ^ _shr(x, 27)) * _MIX2
+    return x ^ _shr(x, 31)
+
+
+def uniform_noise(seed: torch.Tensor, counter: torch.Tensor, width: int) -> torch.Tensor:
+    """``[rows, width]`` float32 uniforms in (0, 1), a pure function of each row's seed
+    and counter and the column: the same numbers on every device and in any batch."""
+    row = _mix(_mix(seed + _GAMMA) + counter * _GAMMA)
+    columns = torch.arange(1, width + 1, device=seed.device, dtype=torch.int64)
+    bits = _shr(_mix(row[:, None] + columns[None, :] * _GAMMA), 40)  # the top 24 bits
+    return (bits.float() + 0.5) * (1.0 / (1 << 24))
+
+
+def sample_tokens(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """One token per row of ``logits`` ``[rows, vocab]`` (int64, on the logits' device);
+    :data:`FAILED` for a row whose logits hold NaN or nothing finite, which fails only
+    that row's sequence."""
+    logits = logits.float()
+    bad = logits.isnan().any(dim=-1) | ~logits.isfinite().any(dim=-1)
     chosen = logits.argmax(dim=-1)
-    if bool(greedy.all()):
-        return chosen.tolist()
-    temperature = torch.tensor([1.0 if p.temperature < GREEDY_BELOW else p.temperature
-                                for p in params], dtype=logits.dtype)
-    scaled = logits / temperature[:, None]
-    vocab = logits.shape[-1]
-    top_k = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in params])
-    ordered, order = scaled.sort(dim=-1, descending=True)
-    ranks = torch.arange(vocab)[None, :]
-    drop = ranks >= top_k[:, None]
-    probs = ordered.softmax(dim=-1)
-    top_p = torch.tensor([p.top_p for p in params], dtype=probs.dtype)
-    drop |= (probs.cumsum(dim=-1) - probs) >= top_p[:, None]  # keep the first past top_p
-    ordered = ordered.masked_fill(drop, float("-inf"))
-    probs = ordered.softmax(dim=-1)
-    picks = torch.empty(len(params), dtype=torch.int64)
-    shared = [i for i, g in enumerate(generators) if g is None]
-    if shared:
-        picks[shared] = torch.multinomial(probs[shared], 1)[:, 0]
-    for i, generator in enumerate(generators):  # seeded rows: one draw each
-        if generator is not None:
-            picks[i] = torch.multinomial(probs[i], 1, generator=generator)[0]
-    sampled = order.gather(1, picks[:, None])[:, 0]
-    return torch.where(greedy, chosen, sampled).tolist()
+    if not batch.greedy_only:
+        scaled = logits / batch.temperature[:, None]
+        vocab = logits.shape[-1]
+        gumbel = -torch.log(-torch.log(uniform_noise(batch.seed, batch.produced, vocab)))
+        if batch.truncating:
+            ordered, order = scaled.sort(dim=-1, descending=True)
+            ranks = torch.arange(vocab, device=logits.device)[None, :]
+            drop = ranks >= batch.top_k[:, None]
+            probs = ordered.softmax(dim=-1)
+            past = (probs.cumsum(dim=-1) - probs) >= batch.top_p[:, None]  # keep the first past top_p
+            drop |= past & (batch.top_p < 1)[:, None]  # rounding must not cut top_p = 1
+            # the noise follows the token, not its rank: a seed's draw is the same whether
+            # or not its row needed the sort
+            noisy = ordered.masked_fill(drop, float("-inf")) + gumbel.gather(1, order)
+            sampled = order.gather(1, noisy.argmax(dim=-1, keepdim=True))[:, 0]
+        else:
+            sampled = (scaled + gumbel).argmax(dim=-1)
+        chosen = torch.where(batch.greedy, chosen, sampled)
+    return torch.where(bad, torch.full_like(chosen, FAILED), chosen)
+
+
+def sample(logits: torch.Tensor, params: Sequence[SamplingParams], seeds: Sequence[int],
+           produced: Sequence[int]) -> list[int]:
+    """:func:`sample_tokens` for rows on the host (tests, tools): the tokens as ints."""
+    batch = SamplingBatch.of(params, seeds, produced, logits.shape[-1], logits.device)
+    return sample_tokens(logits, batch).tolist()

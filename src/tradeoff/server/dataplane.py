@@ -521,7 +521,7 @@ class DataPlane:
         if found is not None:
             model.stats.cache_hit[0] += 1
             model.stats.cache_hit[1] += lookup_ns
-            handle = Handle.replay(tokens, params, *found)
+            handle = Handle.replay(tokens, params, *found, model.tokenizer.decode)
         else:
             model.stats.cache_miss[0] += 1
             model.stats.cache_miss[1] += lookup_ns

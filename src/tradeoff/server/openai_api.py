@@ -202,7 +202,7 @@ class _Reply:
         self.chat = chat
         self.prompt_tokens = prompt_tokens
         self.tokens: list[int] = []
-        self.sent_text = ""
+        self.pieces: list[str] = []  # text received and not yet sent
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
 
@@ -212,19 +212,12 @@ class _Reply:
                 "total_tokens": self.prompt_tokens + len(self.tokens),
                 "prompt_tokens_details": {"cached_tokens": cached}}
 
-    def _delta(self, final: bool) -> str:
-        """New text since the last piece sent, holding back a split UTF-8 character."""
-        text = self.model.tokenizer.decode(self.tokens)
-        if not final and text.endswith("\ufffd"):
-            return ""
-        delta = text[len(self.sent_text):] if text.startswith(self.sent_text) else ""
-        self.sent_text = text
-        return delta
-
     def _apply(self, event: tuple[Any, ...]) -> str | None:
-        """Record one event; returns the finish reason once done."""
+        """Record one event; returns the finish reason once done. A token's event carries
+        the text it adds (the engine detokenizes and applies stop strings)."""
         if event[0] == "token":
             self.tokens.append(event[1])
+            self.pieces.append(event[3])
             return None
         if event[0] == "done":
             return str(event[1])
@@ -232,11 +225,12 @@ class _Reply:
         raise error if isinstance(error, RequestError) else \
             RequestError(f"generation failed: {error}")
 
-    def _stop_trim(self, text: str) -> str:
-        for stop in self.handle.params.stop:
-            index = text.find(stop)
-            if index >= 0:
-                text = text[:index]
+    def _delta(self) -> str:
+        """The text that arrived since the last piece sent."""
+        if not self.pieces:
+            return ""
+        text = "".join(self.pieces)
+        self.pieces.clear()
         return text
 
     async def whole(self, first: tuple[Any, ...], send: Send) -> str:
@@ -244,7 +238,7 @@ class _Reply:
         reason = self._apply(first)
         while reason is None:
             reason = self._apply(await self.handle.events.get())
-        text = self._stop_trim(self.model.tokenizer.decode(self.tokens))
+        text = self._delta()
         if self.chat:
             choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None,
                                       "message": {"role": "assistant", "content": text}}
@@ -297,7 +291,7 @@ class _Reply:
                 event = await self.handle.events.get()
             try:
                 reason = self._apply(event)
-                delta = "" if reason == "abort" else self._delta(final=reason is not None)
+                delta = self._delta()
             except Exception as exc:  # headers are sent: the error is the last event
                 if not isinstance(exc, RequestError):
                     request_log.exception("model %s: a streamed answer failed", self.model.name)
@@ -307,10 +301,6 @@ class _Reply:
             event = None
             if reason == "abort":
                 return  # the client left
-            if self.handle.params.stop:
-                kept = self._stop_trim(self.sent_text)
-                if len(kept) < len(self.sent_text):  # a stop string arrived: cut it
-                    delta = delta[:max(len(delta) - (len(self.sent_text) - len(kept)), 0)]
             if delta:
                 await body(self._chunk(delta, None))
             if reason is not None:
