@@ -54,17 +54,20 @@ def context_bucket(blocks: int, max_blocks: int) -> int:
 
 class DecodeStep:
     """Runs pure-decode batches of ``decoder`` over ``cache``; CUDA graphs when
-    ``graphs`` (default: on a CUDA device)."""
+    ``graphs`` (default: on a CUDA device). ``pad``: pad batches and tables to the bucket
+    sizes (default: with graphs, which need them; the CPU tests pad without graphs)."""
 
     def __init__(self, decoder: Any, cache: Any, *, max_seqs: int, max_blocks: int,
-                 scratch_block: int, graphs: bool | None = None) -> None:
+                 scratch_block: int, graphs: bool | None = None,
+                 pad: bool | None = None) -> None:
         self.decoder = decoder
         self.cache = cache
         self.device = torch.device(decoder.device)
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
+        self.pad = self.graphs if pad is None else pad or self.graphs
         self.max_blocks = max_blocks
         self.scratch_block = scratch_block
-        self.buckets = batch_buckets(max_seqs) if self.graphs else []
+        self.buckets = batch_buckets(max_seqs) if self.pad else []
         rows = self.buckets[-1] if self.buckets else max_seqs
         width = COLUMNS + max_blocks
         pinned = self.device.type == "cuda"
@@ -82,8 +85,8 @@ class DecodeStep:
         seed, produced, top_k, greedy), ``floats`` float64 ``[b, 2]`` (temperature,
         top_p), ``tables`` int32 ``[b, blocks]`` (its block table rows)."""
         count = len(rows)
-        size = self.buckets[bisect.bisect_left(self.buckets, count)] if self.graphs else count
-        blocks = context_bucket(tables.shape[1], self.max_blocks) if self.graphs \
+        size = self.buckets[bisect.bisect_left(self.buckets, count)] if self.pad else count
+        blocks = context_bucket(tables.shape[1], self.max_blocks) if self.pad \
             else tables.shape[1]
         staged = self._rows
         staged[:count, :TEMPERATURE] = rows

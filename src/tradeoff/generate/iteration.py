@@ -6,10 +6,10 @@ Every step, in order:
 1. **Running sequences** each get their next tokens: first every one that decodes gets
    its one token, then those still prefilling get the next chunk of their prompt from
    what is left of the budget (so a long prompt never delays the others' next token by
-   more than one step of ``max_num_batched_tokens``). A sequence whose new tokens need a KV block when none
-   is free preempts the most recently admitted running sequence (lowest priority first):
-   its blocks are freed and it goes back to the front of the waiting queue, to be
-   recomputed later (preemption by recompute).
+   more than one step of ``max_num_batched_tokens``). A sequence whose new tokens need
+   a KV block when none is free preempts the most recently admitted running sequence
+   (lowest priority first): its blocks are freed and it goes back to the front of the
+   waiting queue, to be recomputed later (preemption by recompute).
 2. **Waiting sequences** are admitted (FCFS, or by priority then arrival) while fewer than
    ``max_num_seqs`` run, the step's ``max_num_batched_tokens`` budget lasts and free
    blocks hold their prompt chunk. A prompt longer than the budget is prefilled in chunks.

@@ -154,7 +154,8 @@ def sample_tokens(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
             ranks = torch.arange(vocab, device=logits.device)[None, :]
             drop = ranks >= batch.top_k[:, None]
             probs = ordered.softmax(dim=-1)
-            past = (probs.cumsum(dim=-1) - probs) >= batch.top_p[:, None]  # keep the first past top_p
+            # keep the first token past top_p
+            past = (probs.cumsum(dim=-1) - probs) >= batch.top_p[:, None]
             drop |= past & (batch.top_p < 1)[:, None]  # rounding must not cut top_p = 1
             # the noise follows the token, not its rank: a seed's draw is the same whether
             # or not its row needed the sort
