@@ -437,9 +437,10 @@ class LlamaDecoder:
         slots = table.gather(1, (positions // size)[:, None])[:, 0] * size + positions % size
         # a row sees the cache places up to its own position
         seen = torch.arange(blocks * size, device=self.device)[None, :] <= positions[:, None]
-        mask = seen[:, None, :]
+        mask = seen[:, None, None, :]
         cos, sin = self._rope(positions)
         heads, kv_heads, d = c.num_heads, c.num_kv_heads, c.head_dim
+        group = heads // kv_heads
         x = w["model.embed_tokens.weight"][tokens]
         for layer in range(c.num_layers):
             p = f"model.layers.{layer}."
@@ -451,10 +452,15 @@ class LlamaDecoder:
             keys, values = cache.keys[layer], cache.values[layer]
             keys.index_copy_(0, slots, k)
             values.index_copy_(0, slots, v)
+            # the query heads that share a KV head attend as that head's queries: no copy
+            # of the keys per query head, on any attention kernel
             shape = (rows, blocks * size, kv_heads, d)
-            attended = _attend(q[:, None], keys.view(-1, size, kv_heads, d)[table].view(shape),
-                               values.view(-1, size, kv_heads, d)[table].view(shape), mask)
-            x = x + self._linear(attended[:, 0], p + "self_attn.o_proj.weight")
+            attended = F.scaled_dot_product_attention(
+                q.reshape(rows, kv_heads, group, d),
+                keys.view(-1, size, kv_heads, d)[table].view(shape).transpose(1, 2),
+                values.view(-1, size, kv_heads, d)[table].view(shape).transpose(1, 2),
+                attn_mask=mask).reshape(rows, heads * d)
+            x = x + self._linear(attended, p + "self_attn.o_proj.weight")
             h = _rms_norm(x, w[p + "post_attention_layernorm.weight"], c.rms_norm_eps)
             gate, up = self._linear(h, p + "mlp.gate_up_proj.weight").chunk(2, dim=-1)
             x = x + self._linear(F.silu(gate) * up, p + "mlp.down_proj.weight")

@@ -13,6 +13,7 @@
     prefix_caching: true        # share the KV blocks of prompt prefixes seen before
     precision: fp32             # fp32 | bf16 | int8 (per-channel INT8 weights, CPU)
     response_cache: false       # with serve --cache: whole greedy/seeded answers kept
+    cuda_graphs: true           # on a GPU, decode steps replay captured CUDA graphs
 
 Validated like ``config.pbtxt``: an error names the file, the field and what is wrong,
 with "did you mean" for a misspelt field or value.
@@ -61,6 +62,7 @@ class GenerativeConfig:
     prefix_caching: bool = True
     precision: str = "fp32"
     response_cache: bool = False
+    cuda_graphs: bool = True
     fault_nan_on_token: int = -1  # tests only, with --allow-fault-injection (backends/faults)
 
     @classmethod
