@@ -273,3 +273,35 @@ def test_stop_strings_are_matched_on_the_new_text_only(decoder: LlamaDecoder) ->
                  "".join(f"<{t}>" for t in free[:i + 1]))
     assert stop_at.finish_reason == "stop" and stop_at.output == free[:first + 1]
     assert max(seen) <= 4 * len(target) + 1 < 60
+
+
+def test_decodes_go_first_so_a_stream_of_long_prompts_never_skips_a_token() -> None:
+    """Prompts longer than the step's budget keep arriving while others decode, and the
+    running list holds a prefilling prompt ahead of the decoders: every decoding
+    sequence still gets its token in every step (its inter-token time is one step), and
+    the prompts are prefilled in chunks from what is left of the budget."""
+    from tradeoff.generate.iteration import GenSequence
+
+    blocks = BlockAllocator(num_blocks=512, block_size=4)
+    scheduler = IterationScheduler(blocks, max_num_seqs=8, max_num_batched_tokens=16)
+    decoding = [GenSequence([1, 2], max_tokens=100) for _ in range(3)]
+    for seq in decoding:
+        scheduler.add(seq)
+    scheduler.schedule()
+    for seq in decoding:  # prompts computed: from now on each decodes one token a step
+        seq.computed = len(seq.prompt)
+        seq.output.append(7)
+    for step in range(12):
+        if step % 3 == 0:
+            scheduler.add(GenSequence([1] * 40, max_tokens=4))  # 40 tokens > the budget
+        plan = scheduler.schedule()
+        # whatever order the running list holds them in: prompts first, here
+        scheduler.running.sort(key=lambda s: s.pending <= 1)
+        work = {id(seq): n for seq, n in plan.work}
+        assert all(work.get(id(seq)) == 1 for seq in decoding), step
+        prompts = [s for s in (*scheduler.running, *scheduler.waiting) if s.pending > 1]
+        assert plan.tokens == 16 or not prompts  # the rest of the budget went to prompts
+        for seq, n in plan.work:
+            seq.computed += n
+            if seq.pending == 0:
+                seq.output.append(7)
