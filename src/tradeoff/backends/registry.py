@@ -39,7 +39,8 @@ from tradeoff.errors import ConfigError, ModelLoadError
 TENSOR, GENERATIVE = "tensor", "generative"
 BUILTIN_MODULES = {TENSOR: ("tradeoff.backends.onnxruntime", "tradeoff.backends.text_encoder",
                             "tradeoff.backends.synthetic"),
-                   GENERATIVE: ("tradeoff.backends.llama_loader",)}
+                   GENERATIVE: ("tradeoff.backends.llama_loader",
+                                "tradeoff.backends.synthetic_generative")}
 ENTRY_POINT_GROUPS = {TENSOR: "tradeoff.backends.tensor",
                       GENERATIVE: "tradeoff.backends.generative"}
 
