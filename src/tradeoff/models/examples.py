@@ -7,7 +7,8 @@
   what batching buys.
 
 Real models (``minilm``, ``resnet50``) come from :mod:`tradeoff.models.packaged`, generative
-ones (``tinyllama``, ``smollm2-135m``) from :mod:`tradeoff.models.generative`.
+ones (``tinyllama``, ``smollm2-135m``, and ``synthetic-llm`` when named) from
+:mod:`tradeoff.models.generative`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from tradeoff.models.generative import (
-    GENERATIVE_MODELS,
+    BUILDABLE_GENERATIVE,
     available_generative_models,
     write_generative,
 )
@@ -111,7 +112,7 @@ def build_repository(root: Path, names: tuple[str, ...] = EXAMPLE_MODELS) -> lis
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     written = []
-    known = EXAMPLE_MODELS + PACKAGED_MODELS + GENERATIVE_MODELS
+    known = EXAMPLE_MODELS + PACKAGED_MODELS + BUILDABLE_GENERATIVE
     unknown = set(names) - set(known)
     if unknown:
         raise ValueError(f"unknown example models {sorted(unknown)}; "
@@ -127,5 +128,5 @@ def build_repository(root: Path, names: tuple[str, ...] = EXAMPLE_MODELS) -> lis
             written.append(_write(root, name, model, template.format(name=name,
                                                                      batching=batching)))
     written += [write_packaged(root, name) for name in PACKAGED_MODELS if name in names]
-    written += [write_generative(root, name) for name in GENERATIVE_MODELS if name in names]
+    written += [write_generative(root, name) for name in BUILDABLE_GENERATIVE if name in names]
     return written
