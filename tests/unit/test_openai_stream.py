@@ -40,6 +40,27 @@ def test_chat_deltas_and_crlf_framing() -> None:
     assert reader.finish_reason == "stop" and reader.done
 
 
+def test_crlf_split_between_its_bytes_and_events_of_several_lines() -> None:
+    two_lines = (b'data: {"choices": [{"index": 0,\n'
+                 b'data: "text": "b c", "finish_reason": null}]}\n\n')
+    stream = (event(text_chunk("a")) + two_lines + event(text_chunk("d", "length"))
+              + b"data: [DONE]\n\n").replace(b"\n", b"\r\n")
+    for size in (1, 2, 5, len(stream)):
+        reader = StreamReader(chat=False)
+        for i in range(0, len(stream), size):
+            reader(200, stream[i:i + size])
+        assert reader.pieces == ["a", "b c", "d"] and reader.done, size
+        assert reader.failure() is None and reader.received == len(stream)
+
+
+def test_many_events_in_one_piece_are_all_read() -> None:
+    reader = StreamReader(chat=False)
+    reader(200, b"".join(event(text_chunk(str(i))) for i in range(1000)) + b"data: [DO")
+    reader(200, b"NE]\n\n")
+    assert reader.pieces == [str(i) for i in range(1000)] and reader.done
+    assert len(set(reader.text_ns)) == 1  # one arrival time: they came together
+
+
 def test_failures_are_named() -> None:
     refused = StreamReader(chat=False)
     refused(503, b'{"error": {"message": "queue full", "type": "service_unavailable"}}')

@@ -74,14 +74,24 @@ class StreamReader:
         if status != 200:
             self._error_body += data
             return
-        self._buffer = (self._buffer + data).replace(b"\r\n", b"\n")
-        while (end := self._buffer.find(b"\n\n")) >= 0:
-            event, self._buffer = self._buffer[:end], self._buffer[end + 2:]
-            self._event(event, now)
+        # at 20,000 tokens/s this runs 20,000 times a second: no copy of the whole buffer
+        # per event, no line splitting for the usual event (one ``data:`` line)
+        if self._buffer:
+            data = self._buffer + data
+        if b"\r" in data:
+            data = data.replace(b"\r\n", b"\n")
+        start = 0
+        while (end := data.find(b"\n\n", start)) >= 0:
+            self._event(data[start:end], now)
+            start = end + 2
+        self._buffer = data[start:]
 
     def _event(self, event: bytes, now: int) -> None:
-        data = b"\n".join(line[5:].lstrip(b" ") for line in event.split(b"\n")
-                          if line.startswith(b"data:"))
+        if event.startswith(b"data:") and b"\n" not in event:
+            data = event[5:].lstrip(b" ")
+        else:
+            data = b"\n".join(line[5:].lstrip(b" ") for line in event.split(b"\n")
+                              if line.startswith(b"data:"))
         if not data:
             return  # a comment or keep-alive
         if data == b"[DONE]":
@@ -114,6 +124,8 @@ class StreamReader:
     def failure(self) -> str | None:
         """Why this answer failed, or None: an HTTP error, an error event, or a stream
         that ended without ``[DONE]``."""
+        if self.status == 0:  # no body came: the connection's error says why
+            return self.error or "no response"
         if self.status != 200:
             try:
                 doc = orjson.loads(self._error_body)
