@@ -4,6 +4,7 @@ not honour the asked length, errors mid-stream, goodput, and the API key kept se
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import Iterator
@@ -13,8 +14,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from tradeoff.bench.adapters import split_url
 from tradeoff.bench.endpoint import EndpointSpec, GenerationOptions, make_adapter
 from tradeoff.bench.load import LoadSpec
+from tradeoff.bench.openai_stream import generation_body, generation_request, stream_once
 from tradeoff.bench.session import run_benchmark
 from tradeoff.cli import main
 from tradeoff.results import BenchResult, Generation, OutputLength
@@ -112,6 +115,22 @@ def test_cli_keeps_the_api_key_out_of_the_result(streaming: StreamingServer,
     assert doc["summary"]["output_tokens"]["total"] == 4 * 6
     assert "TTFT p50 / p99 ms" in result.output and "goodput" in result.output
     assert "ttft_ms" in records.read_text().splitlines()[0]
+
+
+def test_a_stream_times_out_only_after_the_timeout_without_a_piece(
+        streaming: StreamingServer) -> None:
+    def stream(timeout_s: float, **behaviour: int) -> str | None:
+        host, port, base = split_url(streaming.url(**behaviour))
+        raw = generation_request(host, base, generation_body("test-model", prompt="x",
+                                                             max_tokens=4), chat=False)
+        timing = asyncio.run(stream_once(host, port, raw, chat=False, timeout_s=timeout_s))
+        assert timing.latency_s < 3
+        return timing.error
+
+    # 4 tokens 250 ms apart: longer in all than the timeout, never idle that long
+    assert stream(0.4, first=50, every=250) is None
+    assert "TimeoutError" in str(stream(0.4, first=50, every=700))
+    assert "TimeoutError" in str(stream(0.4, first=700))
 
 
 def test_cli_mistakes_are_one_line(streaming: StreamingServer) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import ssl
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -43,10 +44,13 @@ class _ResponseProtocol(asyncio.Protocol):
         self._body: list[bytes] = []
         self.closed = False
         self.sink: Callable[[int, bytes], None] | None = None  # streams the body when set
+        self.last_piece = 0.0  # loop time of the last body piece given to the sink
+        self._now: Callable[[], float] = time.monotonic
 
     # asyncio callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self._now = asyncio.get_running_loop().time
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -64,6 +68,7 @@ class _ResponseProtocol(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         if self.sink is not None:
+            self.last_piece = self._now()
             self.sink(self.parser.get_status_code(), body)
         else:
             self._body.append(body)
@@ -112,15 +117,23 @@ class Connection:
             protocol = self._protocol = await self._connect()
         loop = asyncio.get_running_loop()
         waiter = protocol.waiter = loop.create_future()
-        timer = loop.call_later(self.timeout, _expire, waiter)
-        if on_body is not None:
-            def sink(status: int, data: bytes) -> None:
+        if on_body is None:
+            timer = loop.call_later(self.timeout, _expire, waiter)
+        else:
+            # one timer per answer, not one per piece (a stream at 20,000 tokens/s would
+            # cancel and arm 20,000 a second): when it fires, it waits again for whatever
+            # is left of the timeout after the last piece
+            def idle() -> None:
                 nonlocal timer
-                timer.cancel()
-                timer = loop.call_later(self.timeout, _expire, waiter)
-                on_body(status, data)
+                until = protocol.last_piece + self.timeout
+                if until > loop.time():
+                    timer = loop.call_at(until, idle)
+                else:
+                    _expire(waiter)
 
-            protocol.sink = sink
+            protocol.last_piece = loop.time()
+            timer = loop.call_later(self.timeout, idle)
+            protocol.sink = on_body
         assert protocol.transport is not None
         try:
             protocol.transport.write(raw)
