@@ -4,8 +4,6 @@ rows, and a row with bad logits failing alone."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -17,7 +15,7 @@ from tradeoff.generate.sampling import (  # noqa: E402
     as_seed,
     sample,
     sample_tokens,
-    uniform_noise,
+    uniform,
 )
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
@@ -61,21 +59,22 @@ def test_top_k_and_top_p_keep_what_they_should() -> None:
                  expected(1.0, [0, 1, 2]))
 
 
-def test_noise_is_uniform_and_a_pure_function_of_seed_counter_and_column() -> None:
-    seeds = torch.tensor([as_seed(s) for s in (0, 1, 2**63, 2**64 - 1, -5)])
-    counters = torch.tensor([0, 3, 3, 7, 2**40])
-    noise = uniform_noise(seeds, counters, 5000)
-    assert noise.min() > 0 and noise.max() < 1
-    assert abs(float(noise.mean()) - 0.5) < 0.01
-    assert abs(float(noise.var()) - 1 / 12) < 0.005
-    # a row's numbers do not depend on the other rows, and seeds 2**64 - 1 and -1 are one
-    alone = uniform_noise(seeds[3:4], counters[3:4], 5000)
-    assert torch.equal(alone[0], noise[3])
-    assert torch.equal(uniform_noise(torch.tensor([as_seed(-1)]), counters[3:4], 5000), alone)
-    assert not torch.equal(uniform_noise(seeds[3:4], counters[3:4] + 1, 5000), alone)
-    # neighbouring columns are not correlated
-    pairs = torch.corrcoef(torch.stack([noise[:, :-1].reshape(-1), noise[:, 1:].reshape(-1)]))
-    assert abs(float(pairs[0, 1])) < 0.02
+def test_the_uniforms_are_uniform_and_a_pure_function_of_seed_and_counter() -> None:
+    seeds = torch.arange(20_000) * 7919 - 10**9
+    counters = torch.arange(20_000) % 13
+    numbers = uniform(seeds, counters)
+    assert numbers.dtype == torch.float64 and numbers.min() > 0 and numbers.max() < 1
+    assert abs(float(numbers.mean()) - 0.5) < 0.01
+    assert abs(float(numbers.var()) - 1 / 12) < 0.005
+    assert torch.histc(numbers, bins=10, min=0, max=1).min() > 1800  # about 2,000 each
+    # a row's number does not depend on the other rows; seeds 2**64 - 1 and -1 are one
+    assert float(uniform(seeds[5:6], counters[5:6])[0]) == float(numbers[5])
+    assert torch.equal(uniform(torch.tensor([as_seed(2**64 - 1)]), torch.tensor([3])),
+                       uniform(torch.tensor([-1]), torch.tensor([3])))
+    # one sequence's successive numbers are not correlated
+    steps = uniform(torch.full((20_000,), 42), torch.arange(20_000))
+    pairs = torch.corrcoef(torch.stack([steps[:-1], steps[1:]]))
+    assert abs(float(pairs[0, 1])) < 0.03
 
 
 def test_a_seeded_row_draws_the_same_whatever_its_batch() -> None:
@@ -114,6 +113,4 @@ def test_seeds_outside_64_bits_are_refused() -> None:
     for seed in (2**64, -(2**63) - 1):
         with pytest.raises(InvalidInput, match="seed"):
             SamplingParams(seed=seed)
-    assert as_seed(2**64 - 1) == -1 and as_seed(5) == 5
-    assert math.isclose(float(uniform_noise(torch.tensor([0]), torch.tensor([0]), 1)) * 2**24 % 1,
-                        0.5)
+    assert as_seed(2**64 - 1) == -1 and as_seed(5) == 5 and as_seed(-(2**63)) == -(2**63)

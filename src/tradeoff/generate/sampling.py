@@ -2,13 +2,12 @@
 
 Temperature, top-k and top-p are applied to the step's logits as one tensor operation
 per rule; rows with temperature 0 (or below ``GREEDY_BELOW``, where dividing float32
-logits by it would overflow) are greedy. A sampled row draws with the Gumbel-max trick
-(the argmax of ``logits / temperature + Gumbel noise`` over the kept tokens is a draw
-from their softmax), and its noise comes from a counter-based hash of (the row's seed,
-how many tokens it has made, the token id), not from a stateful generator: a seeded
-request gets the same tokens whatever it is batched with, on any device, and the whole
-draw is a fixed sequence of tensor operations that a CUDA graph can capture (no host
-sync, no shape that depends on the data). The host reads back one int64 per row.
+logits by it would overflow) are greedy. A sampled row inverts the cumulative
+distribution of its kept tokens at one uniform number, which comes from a counter-based
+hash of (the row's seed, how many tokens it has made), not from a stateful generator: a
+seeded request gets the same tokens whatever it is batched with, on any device, and the
+whole draw is a fixed sequence of tensor operations that a CUDA graph can capture (no
+host sync, no shape that depends on the data). The host reads back one int64 per row.
 
     batch = SamplingBatch.of(params, seeds, produced, device=logits.device)
     tokens = sample_tokens(logits, batch)   # [rows]; FAILED where a row's logits are bad
@@ -129,40 +128,43 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
     return x ^ _shr(x, 31)
 
 
-def uniform_noise(seed: torch.Tensor, counter: torch.Tensor, width: int) -> torch.Tensor:
-    """``[rows, width]`` float32 uniforms in (0, 1), a pure function of each row's seed
-    and counter and the column: the same numbers on every device and in any batch."""
-    row = _mix(_mix(seed + _GAMMA) + counter * _GAMMA)
-    columns = torch.arange(1, width + 1, device=seed.device, dtype=torch.int64)
-    bits = _shr(_mix(row[:, None] + columns[None, :] * _GAMMA), 40)  # the top 24 bits
-    return (bits.float() + 0.5) * (1.0 / (1 << 24))
+def uniform(seed: torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
+    """One float64 uniform in (0, 1) per row, a pure function of the row's seed and
+    counter (53 bits of a splitmix64 hash): the same number on every device and in any
+    batch."""
+    bits = _shr(_mix(_mix(seed + _GAMMA) + counter * _GAMMA), 11)
+    return (bits.double() + 0.5) * (1.0 / (1 << 53))
 
 
 def sample_tokens(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """One token per row of ``logits`` ``[rows, vocab]`` (int64, on the logits' device);
     :data:`FAILED` for a row whose logits hold NaN or nothing finite, which fails only
-    that row's sequence."""
+    that row's sequence.
+
+    A sampled row inverts the cumulative distribution of its kept tokens, in token-id
+    order, at its uniform: one draw from softmax(logits / temperature) over them. Top-k
+    and top-p choose the kept tokens from the sorted probabilities; the draw itself never
+    depends on whether a sort happened, so a seeded row gets the same token in a batch
+    that needs one and in a batch that does not."""
     logits = logits.float()
     bad = logits.isnan().any(dim=-1) | ~logits.isfinite().any(dim=-1)
     chosen = logits.argmax(dim=-1)
     if not batch.greedy_only:
         scaled = logits / batch.temperature[:, None]
-        vocab = logits.shape[-1]
-        gumbel = -torch.log(-torch.log(uniform_noise(batch.seed, batch.produced, vocab)))
         if batch.truncating:
+            vocab = logits.shape[-1]
             ordered, order = scaled.sort(dim=-1, descending=True)
-            ranks = torch.arange(vocab, device=logits.device)[None, :]
-            drop = ranks >= batch.top_k[:, None]
+            drop = torch.arange(vocab, device=logits.device)[None, :] >= batch.top_k[:, None]
             probs = ordered.softmax(dim=-1)
-            # keep the first token past top_p
+            # keep the first token past top_p; rounding must not cut anything at top_p = 1
             past = (probs.cumsum(dim=-1) - probs) >= batch.top_p[:, None]
-            drop |= past & (batch.top_p < 1)[:, None]  # rounding must not cut top_p = 1
-            # the noise follows the token, not its rank: a seed's draw is the same whether
-            # or not its row needed the sort
-            noisy = ordered.masked_fill(drop, float("-inf")) + gumbel.gather(1, order)
-            sampled = order.gather(1, noisy.argmax(dim=-1, keepdim=True))[:, 0]
-        else:
-            sampled = (scaled + gumbel).argmax(dim=-1)
+            drop |= past & (batch.top_p < 1)[:, None]
+            scaled = scaled.masked_fill(torch.zeros_like(drop).scatter(1, order, drop),
+                                        float("-inf"))
+        cdf = scaled.softmax(dim=-1).cumsum(dim=-1, dtype=torch.float64)
+        at = uniform(batch.seed, batch.produced) * cdf[:, -1]
+        sampled = torch.searchsorted(cdf, at[:, None], right=True)[:, 0]
+        sampled = sampled.clamp(max=logits.shape[-1] - 1)
         chosen = torch.where(batch.greedy, chosen, sampled)
     return torch.where(bad, torch.full_like(chosen, FAILED), chosen)
 
