@@ -147,7 +147,7 @@ def sample_tokens(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     depends on whether a sort happened, so a seeded row gets the same token in a batch
     that needs one and in a batch that does not."""
     logits = logits.float()
-    bad = logits.isnan().any(dim=-1) | ~logits.isfinite().any(dim=-1)
+    bad = ~logits.amax(dim=-1).isfinite()  # NaN anywhere, or nothing finite, in the row
     chosen = logits.argmax(dim=-1)
     if not batch.greedy_only:
         scaled = logits / batch.temperature[:, None]
