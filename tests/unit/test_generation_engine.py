@@ -305,3 +305,61 @@ def test_decodes_go_first_so_a_stream_of_long_prompts_never_skips_a_token() -> N
             seq.computed += n
             if seq.pending == 0:
                 seq.output.append(7)
+
+
+def test_the_pacer_sizes_prompt_chunks_to_the_stretch_it_is_given() -> None:
+    """A pure decode step of 10 ms and 0.1 ms per prompt token: a stretch of 2 leaves
+    100 prompt tokens a step (10 ms more), 3 leaves 200; within floor and ceiling; no
+    limit before both costs are known, or with a stretch of 0."""
+    from tradeoff.generate.iteration import PrefillPacer
+
+    pacer = PrefillPacer(stretch=2.0, floor=16, ceiling=512)
+    assert pacer.limit() is None
+    pacer.observe(decodes=8, prompt_tokens=0, seconds=0.010)
+    assert pacer.limit() is None  # the prompt tokens' cost is not known yet
+    pacer.observe(decodes=8, prompt_tokens=300, seconds=0.040)  # 30 ms for 300 tokens
+    assert pacer.limit() == 100
+    pacer.stretch = 3.0
+    assert pacer.limit() == 200
+    pacer.stretch = 50.0
+    assert pacer.limit() == 512
+    pacer.observe(decodes=0, prompt_tokens=10, seconds=1.0)  # very slow prompt tokens
+    pacer.stretch = 2.0
+    assert pacer.limit() == 16
+    assert PrefillPacer(stretch=0.0, floor=16, ceiling=512).limit() is None
+
+
+def test_a_prefill_limit_bounds_the_prompt_tokens_of_every_step() -> None:
+    from tradeoff.generate.iteration import GenSequence
+
+    blocks = BlockAllocator(num_blocks=512, block_size=4)
+    scheduler = IterationScheduler(blocks, max_num_seqs=8, max_num_batched_tokens=64)
+    decoding = GenSequence([1, 2], max_tokens=100)
+    scheduler.add(decoding)
+    scheduler.schedule()
+    decoding.computed, decoding.output = 2, [7]
+    scheduler.prefill_limit = 10
+    for _ in range(3):
+        scheduler.add(GenSequence([1] * 25, max_tokens=4))
+    chunks = []
+    for _ in range(10):
+        plan = scheduler.schedule()
+        assert (decoding, 1) in plan.work
+        chunks.append(sum(n for seq, n in plan.work if seq is not decoding))
+        for seq, n in plan.work:
+            seq.computed += n
+            if seq.pending == 0:
+                seq.output.append(7)
+    assert max(chunks) <= 10 + 3  # a prompt's chunks, and the finished prompts' decodes
+    assert chunks[:2] == [10, 10]
+
+
+def test_the_engine_paces_prefill_from_its_own_steps(decoder: LlamaDecoder) -> None:
+    """With a stretch set, the engine learns both costs from its steps and gives the
+    scheduler a limit; the tokens are those of an unpaced engine."""
+    prompts = [[1] + [5] * 40, [1, 7, 7], [1] + [9] * 30]
+    plain, _, _ = run(decoder, prompts, max_num_batched_tokens=64)
+    paced, engine, _ = run(decoder, prompts, max_num_batched_tokens=64, prefill_stretch=2.0)
+    assert paced == plain
+    assert engine.pacer.decode_s is not None and engine.pacer.per_token_s is not None
+    assert engine.pacer.limit() is not None

@@ -14,6 +14,7 @@
     precision: fp32             # fp32 | bf16 | int8 (per-channel INT8 weights, CPU)
     response_cache: false       # with serve --cache: whole greedy/seeded answers kept
     cuda_graphs: true           # on a GPU, decode steps replay captured CUDA graphs
+    prefill_stretch: 2.0        # a step that prefills takes at most this many decode steps
 
 Validated like ``config.pbtxt``: an error names the file, the field and what is wrong,
 with "did you mean" for a misspelt field or value.
@@ -63,6 +64,7 @@ class GenerativeConfig:
     precision: str = "fp32"
     response_cache: bool = False
     cuda_graphs: bool = True
+    prefill_stretch: float = 2.0
     fault_nan_on_token: int = -1  # tests only, with --allow-fault-injection (backends/faults)
 
     @classmethod
@@ -119,6 +121,9 @@ class GenerativeConfig:
         for key in _POSITIVE:
             if getattr(config, key) < 1:
                 raise ConfigError(source, key, f"must be >= 1, got {getattr(config, key)}")
+        if config.prefill_stretch and not 1 < config.prefill_stretch <= 100:
+            raise ConfigError(source, "prefill_stretch", "must be 0 (no limit) or above 1 "
+                              f"(at most 100), got {config.prefill_stretch}")
         return config
 
 
@@ -132,6 +137,10 @@ def _typed(source: str, key: str, kind: Any, value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(source, key, f"expected int, got {value!r}")
         return value
+    if kind == "float":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(source, key, f"expected a number, got {value!r}")
+        return float(value)
     if isinstance(value, (dict, list)) or value is None:
         raise ConfigError(source, key, f"expected a string, got {value!r}")
     return str(value)

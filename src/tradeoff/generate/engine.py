@@ -23,7 +23,12 @@ import torch
 from tradeoff.backends.llama import SequenceStep
 from tradeoff.errors import InvalidInput
 from tradeoff.generate.decode_step import DecodeStep
-from tradeoff.generate.iteration import GenSequence, IterationScheduler, SeqState
+from tradeoff.generate.iteration import (
+    GenSequence,
+    IterationScheduler,
+    PrefillPacer,
+    SeqState,
+)
 from tradeoff.generate.kv_blocks import BlockAllocator, BlockTable
 from tradeoff.generate.sampling import FAILED, SamplingBatch, SamplingParams, as_seed, sample_tokens
 from tradeoff.generate.text_stream import TextStream
@@ -60,7 +65,7 @@ class GenerationEngine:
                  max_num_queued: int = 256, policy: str = "fcfs", mode: str = "continuous",
                  prefix_caching: bool = False,
                  detokenize: Callable[[Sequence[int]], str] | None = None,
-                 cuda_graphs: bool | None = None) -> None:
+                 cuda_graphs: bool | None = None, prefill_stretch: float = 0.0) -> None:
         self.decoder = decoder
         # one block more than the allocator hands out: padded rows write to it
         self.cache = decoder.new_cache(num_blocks + 1, block_size)  # first: checks memory
@@ -70,6 +75,9 @@ class GenerationEngine:
             max_num_batched_tokens=max_num_batched_tokens, max_num_queued=max_num_queued,
             policy=policy, mode=mode)
         self.detokenize = detokenize
+        # continuous batching only: a static batch prefills before anything decodes
+        self.pacer = PrefillPacer(prefill_stretch if mode == "continuous" else 0.0,
+                                  floor=block_size, ceiling=max_num_batched_tokens)
         self.vocab = int(decoder.config.vocab_size)
         self.params: dict[int, SamplingParams] = {}
         self.seeds: dict[int, int] = {}
@@ -120,6 +128,7 @@ class GenerationEngine:
 
     def step(self) -> StepReport:
         started = time.perf_counter()
+        self.scheduler.prefill_limit = self.pacer.limit()
         plan = self.scheduler.schedule()
         for seq in plan.preempted:  # its blocks are gone: its table row too
             self.table.release(seq.seq_id)
@@ -135,14 +144,19 @@ class GenerationEngine:
         if chunks:
             picked.update(self._prefill(chunks))
         ready = []
-        prefill = 0
+        prefill = prompt_tokens = decodes = 0
         for seq, n in plan.work:
+            if seq.pending > 1:
+                prompt_tokens += n
+            else:
+                decodes += 1
             seq.computed += n
             self.scheduler.cache_full_blocks(seq)
             if seq.pending == 0:  # everything is in the cache: the token is the next one
                 ready.append(seq)
             if n > 1 or not seq.output:
                 prefill += n
+        self.pacer.observe(decodes, prompt_tokens, time.perf_counter() - started)
         report = StepReport(prefill, [], [], len(plan.preempted), 0.0,
                             sequences=len(plan.work))
         for seq in ready:

@@ -109,6 +109,9 @@ class IterationScheduler:
         self.waiting: deque[GenSequence] = deque()
         self.running: list[GenSequence] = []
         self.preemptions = 0
+        # prompt tokens a step may carry beside its decodes (None: the budget's rest);
+        # the engine's PrefillPacer sets it from measured step times
+        self.prefill_limit: int | None = None
 
     def add(self, seq: GenSequence) -> None:
         """Queue a sequence, or refuse it (503) when ``max_num_queued`` already wait."""
@@ -197,6 +200,10 @@ class IterationScheduler:
 
     def schedule(self) -> StepPlan:
         budget = self.max_num_batched_tokens
+        decodes = sum(1 for seq in self.running if seq.pending == 1)
+        # prompt tokens: what the decodes leave, within the prefill limit when one is set
+        prompts = budget if self.prefill_limit is None else \
+            max(min(self.prefill_limit, budget - decodes), 1)
         work: list[tuple[GenSequence, int]] = []
         preempted: list[GenSequence] = []
         # decodes first, then prompt chunks: a long prompt being prefilled never takes
@@ -204,7 +211,8 @@ class IterationScheduler:
         for seq in sorted(self.running, key=lambda s: s.pending > 1):
             if seq.state is not SeqState.RUNNING:
                 continue  # preempted earlier in this loop
-            n = min(seq.pending, budget)
+            n = min(seq.pending, budget) if seq.pending == 1 else \
+                min(seq.pending, budget, prompts)
             if n <= 0:
                 continue
             while not self._grow(seq, n):
@@ -220,16 +228,19 @@ class IterationScheduler:
             if seq.state is SeqState.RUNNING:
                 work.append((seq, n))
                 budget -= n
+                if seq.pending > 1:
+                    prompts -= n
         admit = self.mode == "continuous" or not self.running
         if admit and not preempted:
             if self.policy == "priority":
                 self.waiting = deque(sorted(self.waiting, key=lambda s: (s.priority,
                                                                          s.seq_id)))
-            while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
+            while self.waiting and len(self.running) < self.max_num_seqs and \
+                    min(budget, prompts) > 0:
                 seq = self.waiting[0]
                 if not seq.blocks:
                     self._take_cached_prefix(seq)
-                n = min(seq.pending, budget)
+                n = min(seq.pending, budget, prompts)
                 if not self._grow(seq, n):
                     self._release(seq)
                     break
@@ -238,4 +249,48 @@ class IterationScheduler:
                 self.running.append(seq)
                 work.append((seq, n))
                 budget -= n
+                prompts -= n
         return StepPlan(work, preempted)
+
+
+class PrefillPacer:
+    """How many prompt tokens a step may carry beside its decodes, so that a step that
+    prefills takes at most ``stretch`` times a pure decode step: the decodes' next
+    token (their inter-token latency) waits at most that much longer while new prompts
+    keep coming. Learns from the engine's own steps: the time of a pure decode step,
+    and what each prompt token adds to a step (moving averages).
+
+        pacer = PrefillPacer(stretch=2.0, floor=16, ceiling=512)
+        scheduler.prefill_limit = pacer.limit()        # before a step
+        pacer.observe(decodes, prompt_tokens, seconds)  # after it
+    """
+
+    SMOOTHING = 0.2  # weight of the newest step in the moving averages
+
+    def __init__(self, stretch: float, floor: int, ceiling: int) -> None:
+        self.stretch = stretch
+        self.floor = max(floor, 1)
+        self.ceiling = max(ceiling, self.floor)
+        self.decode_s: float | None = None     # a step of decodes only
+        self.per_token_s: float | None = None  # what one prompt token adds to a step
+
+    def _average(self, old: float | None, new: float) -> float:
+        return new if old is None else old + self.SMOOTHING * (new - old)
+
+    def observe(self, decodes: int, prompt_tokens: int, seconds: float) -> None:
+        """One step's make-up and duration."""
+        if prompt_tokens == 0:
+            if decodes:
+                self.decode_s = self._average(self.decode_s, seconds)
+            return
+        base = self.decode_s if decodes and self.decode_s is not None else 0.0
+        self.per_token_s = self._average(self.per_token_s,
+                                         max(seconds - base, 0.0) / prompt_tokens)
+
+    def limit(self) -> int | None:
+        """The prompt tokens the next step may carry; None until both costs are known
+        (or with ``stretch`` 0: no limit but the step's budget)."""
+        if not self.stretch or self.decode_s is None or not self.per_token_s:
+            return None
+        tokens = (self.stretch - 1) * self.decode_s / self.per_token_s
+        return int(min(max(tokens, self.floor), self.ceiling))
