@@ -352,6 +352,10 @@ def test_a_prefill_limit_bounds_the_prompt_tokens_of_every_step() -> None:
                 seq.output.append(7)
     assert max(chunks) <= 10 + 3  # a prompt's chunks, and the finished prompts' decodes
     assert chunks[:2] == [10, 10]
+    alone = IterationScheduler(blocks, max_num_seqs=8, max_num_batched_tokens=64)
+    alone.prefill_limit = 10
+    alone.add(GenSequence([1] * 25, max_tokens=4))
+    assert alone.schedule().tokens == 25  # nothing decodes: nothing to protect
 
 
 def test_the_engine_paces_prefill_from_its_own_steps(decoder: LlamaDecoder) -> None:

@@ -202,7 +202,8 @@ class IterationScheduler:
         budget = self.max_num_batched_tokens
         decodes = sum(1 for seq in self.running if seq.pending == 1)
         # prompt tokens: what the decodes leave, within the prefill limit when one is set
-        prompts = budget if self.prefill_limit is None else \
+        # and some sequence decodes (with none, no token waits for the prompts)
+        prompts = budget if self.prefill_limit is None or not decodes else \
             max(min(self.prefill_limit, budget - decodes), 1)
         work: list[tuple[GenSequence, int]] = []
         preempted: list[GenSequence] = []
