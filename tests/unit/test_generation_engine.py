@@ -329,6 +329,29 @@ def test_the_pacer_sizes_prompt_chunks_to_the_stretch_it_is_given() -> None:
     assert PrefillPacer(stretch=0.0, floor=16, ceiling=512).limit() is None
 
 
+def test_the_pacer_tells_a_fixed_cost_from_a_cost_per_token() -> None:
+    """Prompt tokens that cost 8 ms whatever their number (a second launch) plus 0.1 ms
+    each: with a 10 ms decode step and a stretch of 2, 20 tokens fit; when the fixed
+    cost alone is over the stretch, prompts go in the largest chunks instead (as few
+    steps as possible pay it)."""
+    from tradeoff.generate.iteration import PrefillPacer
+
+    def pacer(fixed_s: float) -> PrefillPacer:
+        made = PrefillPacer(stretch=2.0, floor=16, ceiling=512)
+        made.observe(decodes=8, prompt_tokens=0, seconds=0.010)
+        for tokens in (16, 40, 100, 16, 64, 300, 20):
+            made.observe(decodes=8, prompt_tokens=tokens,
+                         seconds=0.010 + fixed_s + 0.0001 * tokens)
+        return made
+
+    paced = pacer(0.008)
+    fixed, per_token = paced.costs()  # type: ignore[misc]
+    assert fixed == pytest.approx(0.008) and per_token == pytest.approx(0.0001)
+    assert paced.limit() == 20
+    assert pacer(0.012).limit() == 512
+    assert pacer(0.0).limit() == 100
+
+
 def test_a_prefill_limit_bounds_the_prompt_tokens_of_every_step() -> None:
     from tradeoff.generate.iteration import GenSequence
 
@@ -365,5 +388,5 @@ def test_the_engine_paces_prefill_from_its_own_steps(decoder: LlamaDecoder) -> N
     plain, _, _ = run(decoder, prompts, max_num_batched_tokens=64)
     paced, engine, _ = run(decoder, prompts, max_num_batched_tokens=64, prefill_stretch=2.0)
     assert paced == plain
-    assert engine.pacer.decode_s is not None and engine.pacer.per_token_s is not None
+    assert engine.pacer.decode_s is not None and engine.pacer.costs() is not None
     assert engine.pacer.limit() is not None

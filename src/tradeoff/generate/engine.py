@@ -56,7 +56,8 @@ class GenerationEngine:
 
     Sequences that add one token go through a :class:`DecodeStep` (fixed buffers, the
     block table, sampling on the device; CUDA graphs on a GPU) when the decoder has
-    ``forward_decode``; prompt chunks run through the decoder's ``step`` beside them.
+    ``forward_decode``; prompt chunks run through the decoder's ``step`` beside them (on
+    the CPU, a step with prompt chunks runs whole through ``step``: one launch).
     ``detokenize`` (the tokenizer's decode): each answer's text is made here, token by
     token (:class:`TextStream`), and stop strings end a sequence here."""
 
@@ -134,7 +135,11 @@ class GenerationEngine:
             self.table.release(seq.seq_id)
         if not plan.work:
             return StepReport(0, [], [], len(plan.preempted), 0.0)
-        fast = self.decode_step is not None
+        # decodes go through the decode step; in a step with prompt chunks too where it
+        # runs padded, as a captured graph does (on the CPU one general step for all costs
+        # one launch)
+        fast = self.decode_step is not None and (
+            self.decode_step.pad or all(n == 1 for _, n in plan.work))
         singles = [(seq, n) for seq, n in plan.work if n == 1] if fast else []
         chunks = [(seq, n) for seq, n in plan.work if n > 1] if fast else plan.work
         picked: dict[int, int] = {}

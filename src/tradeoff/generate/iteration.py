@@ -258,8 +258,13 @@ class PrefillPacer:
     """How many prompt tokens a step may carry beside its decodes, so that a step that
     prefills takes at most ``stretch`` times a pure decode step: the decodes' next
     token (their inter-token latency) waits at most that much longer while new prompts
-    keep coming. Learns from the engine's own steps: the time of a pure decode step,
-    and what each prompt token adds to a step (moving averages).
+    keep coming. Learns from the engine's own steps: the time of a pure decode step, and
+    what prompt tokens add to a step, fitted as a fixed cost (a second launch, say) plus
+    a cost per token (moving averages and a weighted least-squares line).
+
+    When the fixed cost alone leaves no room for a block of tokens, the stretch cannot
+    be met: prompts then go in chunks as large as the budget allows, so that the fixed
+    cost is paid by as few steps as possible.
 
         pacer = PrefillPacer(stretch=2.0, floor=16, ceiling=512)
         scheduler.prefill_limit = pacer.limit()        # before a step
@@ -272,8 +277,10 @@ class PrefillPacer:
         self.stretch = stretch
         self.floor = max(floor, 1)
         self.ceiling = max(ceiling, self.floor)
-        self.decode_s: float | None = None     # a step of decodes only
-        self.per_token_s: float | None = None  # what one prompt token adds to a step
+        self.decode_s: float | None = None  # a step of decodes only
+        # weighted sums over steps with prompt tokens: weight, tokens, extra seconds,
+        # tokens squared, tokens x extra seconds
+        self._sums = [0.0] * 5
 
     def _average(self, old: float | None, new: float) -> float:
         return new if old is None else old + self.SMOOTHING * (new - old)
@@ -285,13 +292,37 @@ class PrefillPacer:
                 self.decode_s = self._average(self.decode_s, seconds)
             return
         base = self.decode_s if decodes and self.decode_s is not None else 0.0
-        self.per_token_s = self._average(self.per_token_s,
-                                         max(seconds - base, 0.0) / prompt_tokens)
+        x, y = float(prompt_tokens), max(seconds - base, 0.0)
+        keep = 1 - self.SMOOTHING
+        self._sums = [keep * old + new for old, new in
+                      zip(self._sums, (1.0, x, y, x * x, x * y), strict=True)]
+
+    def costs(self) -> tuple[float, float] | None:
+        """(fixed seconds, seconds per token) that prompt tokens add to a step; None
+        before any step carried some."""
+        weight, x, y, xx, xy = self._sums
+        if not weight:
+            return None
+        mean_x, mean_y = x / weight, y / weight
+        spread = xx / weight - mean_x * mean_x
+        if spread > 0.01 * mean_x * mean_x:  # token counts varied enough to fit a line
+            per_token = (xy / weight - mean_x * mean_y) / spread
+            if per_token > 0:
+                fixed = max(mean_y - per_token * mean_x, 0.0)
+                return fixed, (mean_y - fixed) / mean_x
+        return 0.0, mean_y / mean_x  # all of it per token, as far as can be told
 
     def limit(self) -> int | None:
         """The prompt tokens the next step may carry; None until both costs are known
         (or with ``stretch`` 0: no limit but the step's budget)."""
-        if not self.stretch or self.decode_s is None or not self.per_token_s:
+        costs = self.costs()
+        if not self.stretch or self.decode_s is None or costs is None:
             return None
-        tokens = (self.stretch - 1) * self.decode_s / self.per_token_s
-        return int(min(max(tokens, self.floor), self.ceiling))
+        fixed, per_token = costs
+        room = (self.stretch - 1) * self.decode_s - fixed
+        if per_token <= 0:
+            return self.ceiling
+        tokens = room / per_token
+        if tokens < self.floor:  # the stretch cannot be met
+            return self.ceiling if fixed >= per_token * self.floor else self.floor
+        return int(min(round(tokens, 6), self.ceiling))  # 19.999999 tokens are 20
