@@ -211,47 +211,66 @@ class GenerativeModel:
             self._fail_all(ending)
             self._take_inbox()  # requests that arrived while it stopped hear it too
             self._fail_all(ending)
+            self.engine.close()
 
     def _serve(self) -> None:
+        """Step the engine until stopped. Each step's texts and events are made while
+        the next step runs on the engine's worker (a GPU's step, say): launch step N+1,
+        publish step N, collect step N+1."""
+        pending: Any = None  # a collected step whose texts and events are still to make
         while not self._stop:
             self._take_inbox()
             if self._deadline is not None and self.handles and \
                     time.monotonic() >= self._deadline:
                 self._fail_all(Unavailable("the server stopped this generation: it was still "
                                            "running at the end of the shutdown drain"))
-            if not self.engine.has_work():
-                self._wake.wait(0.5)
-                self._wake.clear()
+            launched = None
+            if self.engine.has_work():
+                try:
+                    launched = self.engine.launch()
+                except Exception as exc:  # the model failed: every running request hears it
+                    log.exception("model %s: generation step failed", self.name)
+                    self._fail_all(exc)
+            if pending is not None:
+                self._publish(pending)
+                pending = None
+            if launched is None:
+                if not self.engine.has_work():
+                    self._wake.wait(0.5)
+                    self._wake.clear()
                 continue
             try:
-                report = self.engine.step()
+                pending = self.engine.collect(launched)
             except Exception as exc:  # the model failed: every running request hears it
                 log.exception("model %s: generation step failed", self.name)
                 self._fail_all(exc)
-                continue
-            now = time.perf_counter()
-            self.stats.step(report, now, self.engine.blocks.usage)
-            # the step's events go to the loop together: one wake-up per step, not per token
-            events: list[tuple[Handle, tuple[Any, ...]]] = []
-            handles = self.handles
-            for seq, text in zip(report.decoded, report.texts, strict=True):
-                handle = handles.get(seq.seq_id)
-                if handle is not None:
-                    events.append((handle, ("token", seq.output[-1], now, text)))
-            for seq in report.finished:
-                handle = handles.pop(seq.seq_id, None)
-                if handle is not None:
-                    events.append((handle, ("done", seq.finish_reason)))
-            for seq, error in report.failed:  # this request alone hears it
-                request_log.error("model %s: request %d failed: %s", self.name, seq.seq_id, error)
-                self.stats.requests_failed += 1
-                self.stats.forget(seq.seq_id)
-                handle = handles.pop(seq.seq_id, None)
-                if handle is not None:
-                    events.append((handle, ("error",
-                                            InferenceFailed(f"generation failed: {error}"))))
-            if events:
-                self.loop.call_soon_threadsafe(self._deliver_all, events)
+        if pending is not None:
+            self._publish(pending)
+
+    def _publish(self, report: Any) -> None:
+        """A collected step's texts, statistics and events (one hand-over to the loop)."""
+        self.engine.make_texts(report)
+        now = time.perf_counter()
+        self.stats.step(report, now, self.engine.blocks.usage)
+        events: list[tuple[Handle, tuple[Any, ...]]] = []
+        handles = self.handles
+        for seq, token, text in zip(report.decoded, report.tokens, report.texts, strict=True):
+            handle = handles.get(seq.seq_id)
+            if handle is not None:
+                events.append((handle, ("token", token, now, text)))
+        for seq in report.finished:
+            handle = handles.pop(seq.seq_id, None)
+            if handle is not None:
+                events.append((handle, ("done", seq.finish_reason)))
+        for seq, error in report.failed:  # this request alone hears it
+            request_log.error("model %s: request %d failed: %s", self.name, seq.seq_id, error)
+            self.stats.requests_failed += 1
+            self.stats.forget(seq.seq_id)
+            handle = handles.pop(seq.seq_id, None)
+            if handle is not None:
+                events.append((handle, ("error", InferenceFailed(f"generation failed: {error}"))))
+        if events:
+            self.loop.call_soon_threadsafe(self._deliver_all, events)
 
     def _fail_all(self, error: Exception) -> None:
         self.stats.requests_failed += len(self.handles)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +29,7 @@ from tradeoff.generate.iteration import (
     IterationScheduler,
     PrefillPacer,
     SeqState,
+    StepPlan,
 )
 from tradeoff.generate.kv_blocks import BlockAllocator, BlockTable
 from tradeoff.generate.sampling import FAILED, SamplingBatch, SamplingParams, as_seed, sample_tokens
@@ -36,8 +38,8 @@ from tradeoff.generate.text_stream import TextStream
 
 @dataclass
 class StepReport:
-    """What one step did (for metrics): tokens computed, sequences that got a token (and
-    the text each token let out, in the same order), sequences preempted, and its
+    """What one step did (for metrics): tokens computed, sequences that got a token (with
+    the token, and the text it let out, in the same order), sequences preempted, and its
     duration; ``failed``: sequences retired because choosing their token failed (each
     with the error), while the others went on; ``sequences``: how many the step ran."""
 
@@ -48,7 +50,18 @@ class StepReport:
     seconds: float
     failed: list[tuple[GenSequence, Exception]] = field(default_factory=list)
     sequences: int = 0
+    tokens: list[int] = field(default_factory=list)  # each decoded sequence's new token
     texts: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Launch:
+    """A step under way: its plan, when it started, and the tokens it will choose
+    (sequence id -> token; None when the plan had no work)."""
+
+    plan: StepPlan
+    started: float
+    tokens: Future[dict[int, int]] | None
 
 
 class GenerationEngine:
@@ -87,6 +100,9 @@ class GenerationEngine:
         width = self.blocks.needed(max_position) if max_position else num_blocks
         width = min(width, num_blocks)
         self.table = BlockTable(max_num_seqs, width, scratch=num_blocks)
+        # the device work of a step and reading its tokens back run here, so the thread
+        # that launched it can do other work meanwhile
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="engine-step")
         self.decode_step = DecodeStep(
             decoder, self.cache, max_seqs=max_num_seqs, max_blocks=width,
             scratch_block=num_blocks, graphs=cuda_graphs) \
@@ -128,29 +144,59 @@ class GenerationEngine:
         self.table.release(seq.seq_id)
 
     def step(self) -> StepReport:
+        """One whole step: :meth:`launch`, :meth:`collect`, :meth:`make_texts`."""
+        report = self.collect(self.launch())
+        self.make_texts(report)
+        return report
+
+    def launch(self) -> Launch:
+        """Schedule the next step and start it on the engine's worker thread (the device
+        work, and reading the chosen tokens back); returns at once. Until its
+        :meth:`collect` the caller may do other work (the last step's texts, say): a
+        sequence that ends or is aborted meanwhile has its token dropped."""
         started = time.perf_counter()
         self.scheduler.prefill_limit = self.pacer.limit()
         plan = self.scheduler.schedule()
         for seq in plan.preempted:  # its blocks are gone: its table row too
             self.table.release(seq.seq_id)
         if not plan.work:
-            return StepReport(0, [], [], len(plan.preempted), 0.0)
+            return Launch(plan, started, None)
         # decodes go through the decode step; in a step with prompt chunks too where it
         # runs padded, as a captured graph does (on the CPU one general step for all costs
         # one launch)
         fast = self.decode_step is not None and (
             self.decode_step.pad or all(n == 1 for _, n in plan.work))
-        singles = [(seq, n) for seq, n in plan.work if n == 1] if fast else []
+        singles = [seq for seq, n in plan.work if n == 1] if fast else []
         chunks = [(seq, n) for seq, n in plan.work if n > 1] if fast else plan.work
-        picked: dict[int, int] = {}
-        if singles:
-            picked.update(zip([seq.seq_id for seq, _ in singles],
-                              self._decode(singles), strict=True))
-        if chunks:
-            picked.update(self._prefill(chunks))
+        # what the device needs is read from the sequences now, on this thread
+        decode = self._decode_inputs(singles) if singles else None
+        prefill = self._prefill_inputs(chunks) if chunks else None
+        owners = [seq.seq_id for seq in singles]
+
+        def run() -> dict[int, int]:
+            picked: dict[int, int] = {}
+            if decode is not None:
+                assert self.decode_step is not None
+                picked.update(zip(owners, self.decode_step.run(*decode), strict=True))
+            if prefill is not None:
+                picked.update(self._prefill(*prefill))
+            return picked
+
+        return Launch(plan, started, self._worker.submit(run))
+
+    def collect(self, launched: Launch) -> StepReport:
+        """Wait for a launched step; record its tokens and retire the sequences that end
+        on EOS or length, or whose token could not be chosen. The texts (and the stop
+        strings) come from :meth:`make_texts`."""
+        plan = launched.plan
+        if launched.tokens is None:
+            return StepReport(0, [], [], len(plan.preempted), 0.0)
+        picked = launched.tokens.result()
         ready = []
         prefill = prompt_tokens = decodes = 0
         for seq, n in plan.work:
+            if seq.state is SeqState.FINISHED:
+                continue  # ended (a stop string, an abort) while the step ran
             if seq.pending > 1:
                 prompt_tokens += n
             else:
@@ -161,9 +207,10 @@ class GenerationEngine:
                 ready.append(seq)
             if n > 1 or not seq.output:
                 prefill += n
-        self.pacer.observe(decodes, prompt_tokens, time.perf_counter() - started)
+        self.pacer.observe(decodes, prompt_tokens, time.perf_counter() - launched.started)
         report = StepReport(prefill, [], [], len(plan.preempted), 0.0,
                             sequences=len(plan.work))
+        eos = self.decoder.config.eos_token_id
         for seq in ready:
             token = picked[seq.seq_id]
             if token == FAILED:
@@ -175,43 +222,53 @@ class GenerationEngine:
                 continue
             seq.output.append(token)
             report.decoded.append(seq)
-            text, ended = self._text(seq, token)
-            report.texts.append(text)
-            if ended:
+            report.tokens.append(token)
+            params = self.params[seq.seq_id]
+            reason = None
+            if not params.ignore_eos and eos is not None and token == eos:
+                reason = "stop"
+            elif len(seq.output) >= params.max_tokens:
+                reason = "length"
+            if reason is not None:  # retired now: its slot and blocks serve the next step
+                self.scheduler.finish(seq, reason)
+                self.table.release(seq.seq_id)
                 report.finished.append(seq)
-        report.seconds = time.perf_counter() - started
+        report.seconds = time.perf_counter() - launched.started
         return report
 
-    def _text(self, seq: GenSequence, token: int) -> tuple[str, bool]:
-        """The text ``token`` lets out, and whether ``seq`` ends here (then it is
-        retired)."""
-        params = self.params[seq.seq_id]
-        stream = self.texts.get(seq.seq_id)
-        text = "" if stream is None else stream.push(token)
-        eos = self.decoder.config.eos_token_id
-        reason = None
-        if not params.ignore_eos and eos is not None and token == eos:
-            reason = "stop"
-        elif stream is not None and stream.stopped:
-            reason = "stop"
-        elif len(seq.output) >= params.max_tokens:
-            reason = "length"
-        if reason is not None:
+    def make_texts(self, report: StepReport) -> None:
+        """The text each of the report's tokens lets out, in ``report.texts``; a
+        sequence whose stop string this token completes ends here ("stop", added to
+        ``report.finished`` unless it ended on this token already)."""
+        for seq, token in zip(report.decoded, report.tokens, strict=True):
+            stream = self.texts.get(seq.seq_id)
+            text = ""
             if stream is not None:
-                text += stream.finish()
-            self.scheduler.finish(seq, reason)
-            self._forget(seq)
-        return text, reason is not None
+                text = stream.push(token)
+                if stream.stopped:
+                    if seq.state is not SeqState.FINISHED:
+                        report.finished.append(seq)
+                        self.scheduler.finish(seq, "stop")
+                    seq.finish_reason = "stop"
+                elif seq.state is SeqState.FINISHED:
+                    text += stream.finish()
+            report.texts.append(text)
+            if seq.state is SeqState.FINISHED:
+                self._forget(seq)
 
-    def _decode(self, work: list[tuple[GenSequence, int]]) -> list[int]:
-        """Each sequence's next token through the decode step (one token each)."""
-        assert self.decode_step is not None
-        count = len(work)
+    def close(self) -> None:
+        """Stop the worker thread (once the step it runs, if any, is done)."""
+        self._worker.shutdown(wait=True)
+
+    def _decode_inputs(self, seqs: list[GenSequence]) -> tuple[Any, ...]:
+        """The decode step's arguments for ``seqs`` (one new token each)."""
+        count = len(seqs)
         rows = np.empty((count, 6), dtype=np.int64)
         floats = np.empty((count, 2), dtype=np.float64)
         table_rows = np.empty(count, dtype=np.int64)
         longest = 1
-        for i, (seq, _) in enumerate(work):
+        greedy_only, truncating = True, False
+        for i, seq in enumerate(seqs):
             params = self.params[seq.seq_id]
             position = seq.computed
             prompt = len(seq.prompt)
@@ -222,33 +279,38 @@ class GenerationEngine:
             floats[i] = (params.temperature, params.top_p)
             table_rows[i] = self.table.sync(seq.seq_id, seq.blocks)
             longest = max(longest, len(seq.blocks))
-        params_of = [self.params[seq.seq_id] for seq, _ in work]
-        return self.decode_step.run(
-            rows, floats, self.table.table[table_rows, :longest],
-            greedy_only=all(p.greedy for p in params_of),
-            truncating=any(p.truncates and not p.greedy for p in params_of))
+            greedy_only = greedy_only and params.greedy
+            truncating = truncating or (params.truncates and not params.greedy)
+        return rows, floats, self.table.table[table_rows, :longest], greedy_only, truncating
 
-    def _prefill(self, work: list[tuple[GenSequence, int]]) -> dict[int, int]:
-        """Prompt chunks (and, without a decode step, everything) through the decoder's
-        ``step``; the next token of each sequence whose chunk ends its prompt."""
+    def _prefill_inputs(self, work: list[tuple[GenSequence, int]]) -> tuple[Any, ...]:
+        """The general step's arguments: each sequence's new tokens and slots, and the
+        sampling settings of those whose chunk ends their prompt."""
         steps = []
         for seq, n in work:
             end = seq.computed + n
             steps.append(SequenceStep(torch.tensor(seq.tokens_between(seq.computed, end),
                                                    dtype=torch.int64),
                                       seq.computed, self._slots(seq, end)))
-        logits = self.decoder.step(steps, self.cache)
         ends = [i for i, (seq, n) in enumerate(work) if seq.pending == n]
+        seqs = [work[i][0] for i in ends]
+        sampling = ([self.params[s.seq_id] for s in seqs], [self.seeds[s.seq_id] for s in seqs],
+                    [len(s.output) for s in seqs])
+        return steps, ends, [s.seq_id for s in seqs], sampling
+
+    def _prefill(self, steps: list[SequenceStep], ends: list[int], owners: list[int],
+                 sampling: tuple[Any, ...]) -> dict[int, int]:
+        """Prompt chunks (and, without a decode step, everything) through the decoder's
+        ``step``; the next token of each sequence whose chunk ends its prompt."""
+        logits = self.decoder.step(steps, self.cache)
         if not ends:
             return {}
         rows = logits[ends] if isinstance(logits, torch.Tensor) else \
             torch.stack([logits[i] for i in ends])
-        seqs = [work[i][0] for i in ends]
-        batch = SamplingBatch.of([self.params[s.seq_id] for s in seqs],
-                                 [self.seeds[s.seq_id] for s in seqs],
-                                 [len(s.output) for s in seqs], self.vocab, rows.device)
+        params, seeds, produced = sampling
+        batch = SamplingBatch.of(params, seeds, produced, self.vocab, rows.device)
         tokens = sample_tokens(rows, batch).tolist()
-        return {seq.seq_id: token for seq, token in zip(seqs, tokens, strict=True)}
+        return dict(zip(owners, tokens, strict=True))
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenSequence]:
         """Run prompts to the end (tests, benchmarks)."""
