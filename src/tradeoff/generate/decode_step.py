@@ -136,7 +136,8 @@ class DecodeStep:
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
+            # thread_local: another model's thread may call CUDA (a load) meanwhile
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
                 run()
         spent = time.perf_counter() - started
         self.capture_seconds += spent
