@@ -390,3 +390,15 @@ def test_the_engine_paces_prefill_from_its_own_steps(decoder: LlamaDecoder) -> N
     assert paced == plain
     assert engine.pacer.decode_s is not None and engine.pacer.costs() is not None
     assert engine.pacer.limit() is not None
+
+
+def test_a_sequence_longer_than_the_model_s_positions_is_refused() -> None:
+    short = LlamaConfig(vocab_size=61, hidden_size=32, intermediate_size=64, num_layers=2,
+                        num_heads=4, num_kv_heads=2, max_position=16, eos_token_id=2)
+    engine = GenerationEngine(LlamaDecoder(short, random_weights(short)), block_size=4)
+    with pytest.raises(InvalidInput, match="over the model's 16 positions"):
+        engine.add([1] * 10, SamplingParams(max_tokens=7))
+    assert not engine.has_work()
+    engine.add([1] * 10, SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+    while engine.has_work():
+        engine.step()

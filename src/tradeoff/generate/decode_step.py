@@ -69,11 +69,11 @@ class DecodeStep:
         self.scratch_block = scratch_block
         self.buckets = batch_buckets(max_seqs) if self.pad else []
         rows = self.buckets[-1] if self.buckets else max_seqs
-        width = COLUMNS + max_blocks
+        # flat: a step's rows, only as wide as its table, lie at the front (one copy)
+        size = rows * (COLUMNS + max_blocks)
         pinned = self.device.type == "cuda"
-        self.staging = torch.zeros(rows, width, dtype=torch.int64, pin_memory=pinned)
-        self._rows = self.staging.numpy()
-        self.inputs = torch.zeros(rows, width, dtype=torch.int64, device=self.device)
+        self.staging = torch.zeros(size, dtype=torch.int64, pin_memory=pinned)
+        self.inputs = torch.zeros(size, dtype=torch.int64, device=self.device)
         self.outputs = torch.zeros(rows, dtype=torch.int64, device=self.device)
         self._captured: dict[tuple[int, int, bool, bool], Any] = {}
         self._pool: Any = None
@@ -88,7 +88,8 @@ class DecodeStep:
         size = self.buckets[bisect.bisect_left(self.buckets, count)] if self.pad else count
         blocks = context_bucket(tables.shape[1], self.max_blocks) if self.pad \
             else tables.shape[1]
-        staged = self._rows
+        width = COLUMNS + blocks
+        staged = self.staging[:size * width].numpy().reshape(size, width)
         staged[:count, :TEMPERATURE] = rows
         staged[:count, TEMPERATURE:COLUMNS] = floats.view(np.int64)
         staged[:count, COLUMNS:COLUMNS + tables.shape[1]] = tables
@@ -98,7 +99,8 @@ class DecodeStep:
             staged[count:size, GREEDY] = 1
             staged[count:size, TEMPERATURE:COLUMNS] = np.array([1.0, 1.0]).view(np.int64)
             staged[count:size, COLUMNS:COLUMNS + blocks] = self.scratch_block
-        self.inputs[:size].copy_(self.staging[:size], non_blocking=True)  # one copy in
+        self.inputs[:size * width].copy_(self.staging[:size * width],
+                                         non_blocking=True)  # one copy in
         key = (size, blocks, greedy_only, truncating)
         if self.graphs:
             graph = self._captured.get(key)
@@ -113,7 +115,7 @@ class DecodeStep:
     @torch.inference_mode()
     def _forward(self, size: int, blocks: int, greedy_only: bool, truncating: bool) -> None:
         """The step on the fixed buffers, as a graph captures it."""
-        columns = self.inputs[:size]
+        columns = self.inputs[:size * (COLUMNS + blocks)].view(size, COLUMNS + blocks)
         floats = columns[:, TEMPERATURE:COLUMNS].view(torch.float64).float()
         logits = self.decoder.forward_decode(columns[:, TOKEN], columns[:, POSITION],
                                              columns[:, COLUMNS:COLUMNS + blocks], self.cache)

@@ -114,6 +114,13 @@ class GenerationEngine:
         if any(not 0 <= t < self.vocab for t in prompt):
             raise InvalidInput(f"the prompt holds token ids outside the vocabulary "
                                f"(0 to {self.vocab - 1})")
+        # the block table is as wide as the model's positions (when narrower than the
+        # cache; else the scheduler refuses what the cache cannot hold)
+        if self.blocks.needed(len(prompt) + params.max_tokens) > self.table.width and \
+                self.table.width < self.blocks.num_blocks:
+            raise InvalidInput(f"a prompt of {len(prompt)} tokens with max_tokens "
+                               f"{params.max_tokens} is over the model's "
+                               f"{self.table.width * self.blocks.block_size} positions")
         seq = GenSequence(list(prompt), params.max_tokens, priority)
         self.scheduler.add(seq)
         self.params[seq.seq_id] = params
