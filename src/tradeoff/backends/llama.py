@@ -419,7 +419,6 @@ class LlamaDecoder:
             return [logits[bounds[i]:bounds[i + 1]] for i in range(len(steps))]
         return list(logits)
 
-
     @torch.inference_mode()
     def forward_decode(self, tokens: torch.Tensor, positions: torch.Tensor,
                        table: torch.Tensor, cache: PagedKVCache) -> torch.Tensor:

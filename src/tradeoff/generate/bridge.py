@@ -20,7 +20,7 @@ from typing import Any
 from tradeoff.errors import InferenceFailed, TradeoffError, Unavailable
 from tradeoff.generate.config import GenerativeConfig
 from tradeoff.generate.loader import new_engine
-from tradeoff.generate.text_stream import TextStream
+from tradeoff.generate.text_stream import full_text
 
 log = logging.getLogger("tradeoff.server")
 # lines a client's request causes: rate limited (server/logs.py)
@@ -50,16 +50,14 @@ class Handle:
     @classmethod
     def replay(cls, prompt: list[int], params: Any, tokens: list[int], reason: str,
                decode: Callable[[Sequence[int]], str]) -> Handle:
-        """A handle whose events are a cached answer: its tokens with their text (made as
-        the engine makes it), then done."""
+        """A handle whose events are a cached (whole) answer: its tokens, the last with
+        the answer's text (made as the engine makes it), then done."""
         handle = cls(prompt, params, ended=True, cache="hit")
         now = time.perf_counter()
-        stream = TextStream(decode, params.stop)
+        text, _ = full_text(decode, tokens, params.stop)
         for index, token in enumerate(tokens):
-            text = stream.push(token)
-            if index == len(tokens) - 1:
-                text += stream.finish()
-            handle.events.put_nowait(("token", token, now, text))
+            handle.events.put_nowait(("token", token, now,
+                                      text if index == len(tokens) - 1 else ""))
         handle.events.put_nowait(("done", reason))
         return handle
 

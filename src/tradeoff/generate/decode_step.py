@@ -14,7 +14,7 @@ graph, so a step is a copy in, one graph launch and a copy out, whatever the mod
 depth. On the CPU the same code runs eagerly, at the batch's exact size.
 
     step = DecodeStep(decoder, cache, max_seqs=64, max_blocks=128, scratch_block=512)
-    tokens = step.run(rows, tables, greedy_only=True, truncating=False)
+    tokens = step.run(rows, floats, tables, greedy_only=True, truncating=False)
 """
 
 from __future__ import annotations

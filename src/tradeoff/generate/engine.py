@@ -32,7 +32,14 @@ from tradeoff.generate.iteration import (
     StepPlan,
 )
 from tradeoff.generate.kv_blocks import BlockAllocator, BlockTable
-from tradeoff.generate.sampling import FAILED, SamplingBatch, SamplingParams, as_seed, sample_tokens
+from tradeoff.generate.sampling import (
+    FAILED,
+    SamplingBatch,
+    SamplingParams,
+    as_seed,
+    sample_tokens,
+    sampling_kind,
+)
 from tradeoff.generate.text_stream import TextStream
 
 
@@ -274,21 +281,18 @@ class GenerationEngine:
         floats = np.empty((count, 2), dtype=np.float64)
         table_rows = np.empty(count, dtype=np.int64)
         longest = 1
-        greedy_only, truncating = True, False
         for i, seq in enumerate(seqs):
             params = self.params[seq.seq_id]
             position = seq.computed
             prompt = len(seq.prompt)
             token = seq.prompt[position] if position < prompt else seq.output[position - prompt]
             rows[i] = (token, position, self.seeds[seq.seq_id], len(seq.output),
-                       params.top_k if 0 < params.top_k < self.vocab else self.vocab,
-                       params.greedy)
+                       params.kept(self.vocab), params.greedy)
             floats[i] = (params.temperature, params.top_p)
             table_rows[i] = self.table.sync(seq.seq_id, seq.blocks)
             longest = max(longest, len(seq.blocks))
-            greedy_only = greedy_only and params.greedy
-            truncating = truncating or (params.truncates and not params.greedy)
-        return rows, floats, self.table.table[table_rows, :longest], greedy_only, truncating
+        return (rows, floats, self.table.table[table_rows, :longest],
+                *sampling_kind([self.params[seq.seq_id] for seq in seqs]))
 
     def _prefill_inputs(self, work: list[tuple[GenSequence, int]]) -> tuple[Any, ...]:
         """The general step's arguments: each sequence's new tokens and slots, and the

@@ -9,7 +9,7 @@ seeded request gets the same tokens whatever it is batched with, on any device, 
 whole draw is a fixed sequence of tensor operations that a CUDA graph can capture (no
 host sync, no shape that depends on the data). The host reads back one int64 per row.
 
-    batch = SamplingBatch.of(params, seeds, produced, device=logits.device)
+    batch = SamplingBatch.of(params, seeds, produced, vocab, device=logits.device)
     tokens = sample_tokens(logits, batch)   # [rows]; FAILED where a row's logits are bad
 """
 
@@ -69,6 +69,16 @@ class SamplingParams:
         """Whether top-k or top-p drop tokens (which needs a sort of the vocabulary)."""
         return self.top_k > 0 or self.top_p < 1
 
+    def kept(self, vocab: int) -> int:
+        """How many tokens top-k keeps of a vocabulary of ``vocab``."""
+        return self.top_k if 0 < self.top_k < vocab else vocab
+
+
+def sampling_kind(params: Sequence[SamplingParams]) -> tuple[bool, bool]:
+    """(every row greedy, some sampled row truncates): what a step's sampling needs."""
+    return (all(p.greedy for p in params),
+            any(p.truncates and not p.greedy for p in params))
+
 
 def as_seed(seed: int) -> int:
     """A seed as the signed 64-bit integer the hash takes (2**64 - 1 and -1 are one)."""
@@ -79,8 +89,8 @@ def as_seed(seed: int) -> int:
 @dataclass
 class SamplingBatch:
     """A step's sampling settings as tensors, one row per sequence. ``greedy_only`` and
-    ``truncating`` are known on the host, so a step skips the noise or the sort it does
-    not need (and a captured graph is chosen by them)."""
+    ``truncating`` (:func:`sampling_kind`) are known on the host, so a step skips the
+    draw or the sort it does not need (and a captured graph is chosen by them)."""
 
     temperature: torch.Tensor  # [rows] float32; 1 for greedy rows
     top_p: torch.Tensor        # [rows] float32
@@ -99,15 +109,14 @@ class SamplingBatch:
         ``produced``: how many tokens each row's sequence has made so far."""
         floats = torch.tensor([[1.0 if p.greedy else p.temperature, p.top_p] for p in params],
                               dtype=torch.float32).reshape(-1, 2)
-        ints = torch.tensor([[p.top_k if 0 < p.top_k < vocab else vocab, s, n, p.greedy]
+        ints = torch.tensor([[p.kept(vocab), s, n, p.greedy]
                              for p, s, n in zip(params, seeds, produced, strict=True)],
                             dtype=torch.int64).reshape(-1, 4)
         if torch.device(device).type != "cpu":
             floats = floats.to(device, non_blocking=True)
             ints = ints.to(device, non_blocking=True)
         return cls(floats[:, 0], floats[:, 1], ints[:, 0], ints[:, 1], ints[:, 2],
-                   ints[:, 3].bool(), all(p.greedy for p in params),
-                   any(p.truncates and not p.greedy for p in params))
+                   ints[:, 3].bool(), *sampling_kind(params))
 
 
 # splitmix64's constants as signed 64-bit integers (torch has no uint64 arithmetic)
