@@ -48,10 +48,7 @@ class TextStream:
         if self.stopped:
             return ""
         self._ids.append(token)
-        window = self._ids[self._prefix:]
-        before = self._decode(window[:self._read - self._prefix]) if \
-            self._read > self._prefix else ""
-        now = self._decode(window)
+        before, now = self._window()
         if len(now) <= len(before) or now.endswith(REPLACEMENT):
             return ""  # nothing new, or a character still split across tokens
         self._prefix, self._read = self._read, len(self._ids)
@@ -64,12 +61,17 @@ class TextStream:
             return ""
         rest = ""
         if self._read < len(self._ids):
-            window = self._ids[self._prefix:]
-            before = self._decode(window[:self._read - self._prefix]) if \
-                self._read > self._prefix else ""
-            rest = self._decode(window)[len(before):]
+            before, now = self._window()
+            rest = now[len(before):]
             self._read = len(self._ids)
         return self._let_out(rest, final=True)
+
+    def _window(self) -> tuple[str, str]:
+        """The window's text before the tokens not yet let out, and with them."""
+        window = self._ids[self._prefix:]
+        before = self._decode(window[:self._read - self._prefix]) if \
+            self._read > self._prefix else ""
+        return before, self._decode(window)
 
     def _let_out(self, new: str, final: bool) -> str:
         pending = self._pending + new
