@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import weakref
 
-from tradeoff.server.runner import YOUNG_GC_THRESHOLD, settle_heap
+from tradeoff.heap import YOUNG_GC_THRESHOLD, settle_heap
 
 
 class _Node:

@@ -11,12 +11,10 @@ is charged for every request that should have been sent meanwhile.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import gc
 import operator
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,10 +32,10 @@ from tradeoff.bench.records import (
     Records,
     classify,
 )
+from tradeoff.heap import settled_heap
 
 DEFAULT_WINDOW_S = 5.0
 TIMER_SLACK_S = 0.002  # past a start time even when the loop rounds a timer to its tick
-YOUNG_GC_THRESHOLD = 10_000  # objects; CPython's default is 700
 
 
 def run_coroutine(coro: Any) -> Any:
@@ -128,27 +126,6 @@ def instability(windows: list[WindowReport], percent: float) -> str | None:
 def is_stable(windows: list[WindowReport], percent: float) -> bool:
     """The last three windows agree within ``percent`` of their mean, on throughput and p99."""
     return instability(windows, percent) is None
-
-
-@contextlib.contextmanager
-def settled_heap() -> Iterator[None]:
-    """While the load runs: what the process allocated before it (modules, the requests)
-    leaves the cyclic collector's reach, and the young generation is collected less
-    often; both as they were afterwards.
-
-    Streamed answers make a dict per event (20,000 a second at GPU token rates): left as
-    is, the young generation is collected every few dozen events, and each full
-    collection walks every object of the process, a pause every stream in flight is
-    charged for. Requests make no reference cycles, so refcounting frees what they leave."""
-    gc.collect()
-    gc.freeze()
-    threshold = gc.get_threshold()
-    gc.set_threshold(max(threshold[0], YOUNG_GC_THRESHOLD), *threshold[1:])
-    try:
-        yield
-    finally:
-        gc.set_threshold(*threshold)
-        gc.unfreeze()
 
 
 class Runner:

@@ -21,8 +21,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tradeoff.errors import MissingDependency, TradeoffError
+from tradeoff.heap import settle_heap
 from tradeoff.server.replicas import ReplicaCoordinator, ReplicaLink
-from tradeoff.server.runner import ServeOptions, make_app, make_dataplane, settle_heap
+from tradeoff.server.runner import ServeOptions, make_app, make_dataplane
 
 log = logging.getLogger("tradeoff.server")
 

@@ -8,7 +8,6 @@ has accepted (queued or running), unloads the models and exits 0, within
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import signal
 import socket
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import uvicorn
 
+from tradeoff.heap import settle_heap
 from tradeoff.protocol.v2 import DEFAULT_LIMITS, RequestLimits
 from tradeoff.repository.repository import ModelRepository
 from tradeoff.server.access import Access
@@ -144,24 +144,6 @@ def make_app(options: ServeOptions, dataplane: DataPlane, transport: TransportLi
                    limits=transport,
                    origins=OriginPolicy.for_bind(options.host, options.allowed_hosts,
                                                  options.allowed_origins))
-
-
-# the young generation's collection threshold once serving (CPython's default is 700)
-YOUNG_GC_THRESHOLD = 10_000
-
-
-def settle_heap() -> None:
-    """Call once the models are loaded: what startup allocated (modules, models, configs)
-    leaves the cyclic collector's reach, and the young generation is collected less often.
-
-    Left as is, every full collection walks all of the process's objects: 25-30 ms with
-    two small models, every half second at 20k req/s, a pause for every request in
-    flight. The young generation is collected whenever about 700 objects outlive a
-    collection, which the objects of 64 requests in flight do every few dozen requests;
-    requests make no reference cycles, so refcounting frees what they leave."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(max(YOUNG_GC_THRESHOLD, gc.get_threshold()[0]), *gc.get_threshold()[1:])
 
 
 def serve(options: ServeOptions) -> None:
