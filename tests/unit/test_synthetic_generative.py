@@ -165,6 +165,7 @@ def test_the_engine_serves_it(tmp_path: Path) -> None:
 def test_model_json_is_checked(tmp_path: Path) -> None:
     path = tmp_path / "model.json"
     for doc, message in (({"step_ms": -1}, "step_ms must be >= 0"),
+                         ({"per_token_ms": 1e9}, "per_token_ms must be at most 10,000 ms"),
                          ({"step_ms": "3"}, "step_ms must be a number"),
                          ({"vocab_size": 100}, "vocab_size must be >= 261"),
                          ({"vocab_size": 300.0}, "vocab_size must be an integer"),

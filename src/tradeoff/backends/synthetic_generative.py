@@ -47,6 +47,8 @@ from tradeoff.errors import ModelLoadError
 SPECIAL_TOKENS = ("<|pad|>", "<|bos|>", "<|eos|>", "<|im_start|>", "<|im_end|>")
 BOS_ID, EOS_ID = 257, 258
 MIN_VOCAB = 256 + len(SPECIAL_TOKENS)
+# a step cost above this would outlast a server's shutdown drain: a mistake, not a model
+MAX_COST_MS = 10_000.0
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
                  "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant"
                  "\n{% endif %}")
@@ -76,6 +78,9 @@ class SyntheticLLMConfig:
             value = getattr(self, name)
             if not value >= 0:  # NaN too
                 raise ModelLoadError(f"synthetic model: {name} must be >= 0 ms, got {value}")
+            if value > MAX_COST_MS:  # infinity too
+                raise ModelLoadError(f"synthetic model: {name} must be at most "
+                                     f"{MAX_COST_MS:,.0f} ms, got {value}")
         if self.vocab_size < MIN_VOCAB:
             raise ModelLoadError(f"synthetic model: vocab_size must be >= {MIN_VOCAB} (256 "
                                  f"bytes + {len(SPECIAL_TOKENS)} special tokens), got "
