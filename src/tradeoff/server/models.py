@@ -48,6 +48,10 @@ from tradeoff.server.router import RoutedModel
 
 log = logging.getLogger("tradeoff.server")
 
+# config parameters that mark a config `tradeoff tune serve` loaded for a trial: who
+# applied it (shown in the repository index), and the config it replaced
+TUNE_MARKER, TUNE_ORIGINAL = "tradeoff_tune", "tradeoff_tune_original"
+
 
 class ModelState(enum.Enum):
     LOADING = "LOADING"
@@ -466,9 +470,10 @@ class ModelManager:
                 rows.append({"name": name, "state": "UNAVAILABLE", "reason": "not loaded"})
                 continue
             if entry.versions:
-                for version in sorted(entry.versions):
+                for version, served in sorted(entry.versions.items()):
                     rows.append({"name": name, "version": str(version),
-                                 "state": entry.state.value, "reason": entry.reason})
+                                 "state": entry.state.value,
+                                 "reason": entry.reason or _applied_by(served)})
             else:
                 rows.append({"name": name, "state": entry.state.value, "reason": entry.reason})
         if ready_only:
@@ -500,3 +505,10 @@ class ModelManager:
             raise InvalidInput(f"model {name!r} takes tensors, not text: POST "
                                f"/v2/models/{name}/infer")
         return served
+
+
+def _applied_by(served: Served) -> str:
+    """The index's reason for a version on a config a tune serve applied ("" if not)."""
+    parameters = getattr(getattr(served, "config", None), "parameters", None) or {}
+    marker = parameters.get(TUNE_MARKER)
+    return f"on a trial config applied by {marker}" if marker else ""
