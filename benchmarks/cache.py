@@ -231,8 +231,10 @@ def main() -> int:
                 build_repository(root, (model,))
                 config = root / model / "config.pbtxt"
                 config.write_text(config.read_text() + "response_cache { enable: true }\n")
-                result = measure_model(root, model, f"redis://127.0.0.1:{port}/0", args,
-                                       console)
+                secret = Path(scratch) / "cache.key"
+                secret.write_text(os.urandom(32).hex())
+                result = measure_model(root, model, f"redis://127.0.0.1:{port}/0,"
+                                       f"secret_file={secret}", args, console)
                 shutil.rmtree(root / model)
                 out["models"][model] = result
                 console.print(table(model, result))

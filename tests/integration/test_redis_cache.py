@@ -1,5 +1,6 @@
-"""The response cache in Redis: two servers share it, a forged entry is a miss, and
-Redis dying under load costs the cache, never a request."""
+"""The response cache in Redis: two servers share it under one secret, planted or moved
+entries are misses, tenants neither read nor flush each other's entries, Redis's own
+password works, and Redis dying under load costs the cache, never a request."""
 
 from __future__ import annotations
 
@@ -14,10 +15,17 @@ import pytest
 
 from tradeoff.models import build_repository
 from tradeoff.protocol.v2 import TensorOutput
-from tradeoff.server.cache import REDIS_PREFIX, encode_outputs, tensor_key
+from tradeoff.server.cache import MAC_BYTES, REDIS_PREFIX, Keys, encode_outputs
 from tradeoff.server.process import ServerProcess, free_port
 
-from .helpers import background_load, infer_json, metric_samples, running_server, wait_for
+from .helpers import (
+    background_load,
+    infer_json,
+    metric_samples,
+    post_json,
+    running_server,
+    wait_for,
+)
 
 redis = pytest.importorskip("redis")
 pytestmark = pytest.mark.integration
@@ -31,8 +39,9 @@ if REDIS is None:
 class RedisServer:
     """A throwaway redis-server on 127.0.0.1 (no persistence)."""
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, password: str | None = None) -> None:
         self.port = port or free_port()
+        self.password = password
         self.process: subprocess.Popen | None = None
 
     @property
@@ -43,14 +52,16 @@ class RedisServer:
         assert REDIS is not None
         self.process = subprocess.Popen(
             [REDIS, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--protected-mode", "yes"],
+             "--appendonly", "no", "--protected-mode", "yes",
+             *(["--requirepass", self.password] if self.password else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         client = self.client()
         wait_for(lambda: _pings(client), "redis-server to answer PING", timeout=15)
         return self
 
     def client(self) -> redis.Redis:
-        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=1)
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=1,
+                           password=self.password)
 
     def kill(self) -> None:
         if self.process is not None:
@@ -84,6 +95,16 @@ def store() -> Iterator[RedisServer]:
         server.kill()
 
 
+SECRET = "integration-test-secret-0123456789"
+
+
+@pytest.fixture(scope="module")
+def secret_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("secret") / "cache.key"
+    path.write_text(SECRET + "\n")
+    return path
+
+
 def inputs(value: np.ndarray) -> list[dict]:
     return [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 256],
              "data": value.reshape(-1).tolist()}]
@@ -94,9 +115,9 @@ def verdict(response) -> str:
     return timing.split(";desc=")[1].split(";")[0] if timing.startswith("cache;") else ""
 
 
-def test_two_servers_share_one_redis_and_a_forged_entry_is_a_miss(repo: Path,
-                                                                  store: RedisServer) -> None:
-    cache = ("--cache", f"{store.url},ttl=120")
+def test_two_servers_share_one_redis_and_a_planted_entry_is_a_miss(
+        repo: Path, store: RedisServer, secret_file: Path) -> None:
+    cache = ("--cache", f"{store.url},ttl=120,secret_file={secret_file}")
     first_server = running_server(repo, extra_args=cache)
     second_server = running_server(repo, extra_args=cache)
     first, second = next(first_server), next(second_server)
@@ -116,32 +137,114 @@ def test_two_servers_share_one_redis_and_a_forged_entry_is_a_miss(repo: Path,
         assert samples[("tradeoff_cache_hits_total", mlp)] == 1
         assert samples[("tradeoff_cache_misses_total", mlp)] == 0
 
-        # an entry under the right key whose digest is not this request's: a miss
+        # a writer without the secret cannot even find where an answer lives: the key it
+        # computes offline for an input nobody sent is one no server looks up
         other = np.zeros((1, 256), np.float32)
-        key = tensor_key("mlp", 1, [("INPUT0", "FP32", other)], [("OUTPUT0", False)], {})
-        assert REDIS_PREFIX + key.key not in client.keys()
-        forged = encode_outputs([TensorOutput("OUTPUT0", np.full((1, 10), 666.0, np.float32),
-                                              "FP32", False)])
-        client.set(REDIS_PREFIX + key.key, b"\0" * 32 + forged)
+        material = ("mlp", 1, [("INPUT0", "FP32", other)], [("OUTPUT0", False)], {})
+        guessed = Keys(b"what-an-attacker-guesses-0000").tensor_key(b"", *material)
+        planted = encode_outputs([TensorOutput("OUTPUT0", np.full((1, 10), 1337.0,
+                                                                  np.float32), "FP32", False)])
+        client.set(REDIS_PREFIX + guessed.key, b"\0" * MAC_BYTES + planted)
+        # under the right key (here the test knows the secret), a value without its MAC,
+        # or with the MAC of another key's value, is rejected
+        real = Keys(SECRET.encode()).tensor_key(b"", *material)
+        client.set(REDIS_PREFIX + real.key, b"\0" * MAC_BYTES + planted)
         answer = infer_json(second.url, "mlp", inputs(other))
         assert answer.status == 200 and verdict(answer) == "miss"
-        assert 666.0 not in answer.json()["outputs"][0]["data"]
-        collisions = ("tradeoff_cache_collisions_total", frozenset({"store": "redis"}.items()))
-        assert metric_samples(second)[collisions] == 1
-        # the true answer replaced the forged one: the first server now hits it
-        wait_for(lambda: client.get(REDIS_PREFIX + key.key)[:32] == key.check,
-                 "the computed answer to replace the forged entry")
+        assert 1337.0 not in answer.json()["outputs"][0]["data"]
+        rejected = ("tradeoff_cache_rejected_total", frozenset({"store": "redis"}.items()))
+        assert metric_samples(second)[rejected] == 1
+        # the true answer replaced the planted one: the first server now hits it
+        wait_for(lambda: client.get(REDIS_PREFIX + real.key)[MAC_BYTES:] != planted,
+                 "the computed answer to replace the planted entry")
         again = infer_json(first.url, "mlp", inputs(other))
         assert verdict(again) == "hit" and again.json()["outputs"] == answer.json()["outputs"]
+        # a stored answer copied under another key fails its MAC there
+        client.set(REDIS_PREFIX + real.key, client.get(stored_key))
+        moved = infer_json(second.url, "mlp", inputs(other))
+        assert verdict(moved) == "miss" and moved.json()["outputs"] == answer.json()["outputs"]
+        assert metric_samples(second)[rejected] == 2
     finally:
         for fixture in (first_server, second_server):
             with pytest.raises(StopIteration):
                 next(fixture)
 
 
-def test_redis_killed_under_load_loses_no_request_and_comes_back(repo: Path,
-                                                                 store: RedisServer) -> None:
-    server_gen = running_server(repo, extra_args=("--cache", store.url))
+def test_tenants_neither_read_nor_flush_each_others_entries(repo: Path, store: RedisServer,
+                                                            secret_file: Path) -> None:
+    alice, bob = "alice-key-0123456789", "bob-key-0123456789"
+    server_gen = running_server(repo, extra_args=(
+        "--cache", f"{store.url},secret_file={secret_file},tenant_size=20KB",
+        "--api-key", alice, "--api-key", bob))
+    server = next(server_gen)
+
+    def ask(key: str, value: np.ndarray) -> str:
+        answer = post_json(server.url, "/v2/models/mlp/infer", {"inputs": inputs(value)},
+                           {"Authorization": f"Bearer {key}"})
+        assert answer.status == 200, answer.body
+        return verdict(answer)
+
+    try:
+        mine = np.full((1, 256), 0.25, np.float32)
+        assert ask(alice, mine) == "miss"
+        wait_for(lambda: ask(alice, mine) == "hit", "Alice's answer to be kept")
+        assert ask(bob, mine) == "miss"  # Bob's timing says nothing of what Alice sent
+        bob_inputs = [np.full((1, 256), i, np.float32) for i in range(5)]
+        for value in bob_inputs:
+            ask(bob, value)
+        wait_for(lambda: ask(bob, bob_inputs[-1]) == "hit", "Bob's answers to be kept")
+        for i in range(400):  # Alice sends many distinct inputs: her share trims hers only
+            ask(alice, np.full((1, 256), 1000.0 + i, np.float32))
+        client = store.client()
+        shares = [int(client.get(k)) for k in client.keys(REDIS_PREFIX + b"tenant:*:bytes")]
+        assert len(shares) == 2 and max(shares) <= 20_000
+        evictions = ("tradeoff_cache_evictions_total", frozenset({"store": "redis"}.items()))
+        assert metric_samples(server)[evictions] > 200
+        assert all(ask(bob, value) == "hit" for value in bob_inputs)
+    finally:
+        with pytest.raises(StopIteration):
+            next(server_gen)
+
+
+ACL = ("ACL SETUSER tradeoff on >tradeoff-password-0123 ~tradeoff:cache:* +get +set +del "
+       "+evalsha +script|load +zadd +zrangebyscore +zrem +zpopmin +hset +hget +hdel "
+       "+incrby +decrby +expire")  # as docs/cache.md gives it
+
+
+def test_a_redis_user_with_the_documented_acl_is_enough(repo: Path, tmp_path: Path,
+                                                        secret_file: Path) -> None:
+    guarded = RedisServer(password="admin-password-0123").start()
+    guarded.client().execute_command(*ACL.split())
+    password = tmp_path / "redis.password"
+    password.write_text("tradeoff-password-0123\n")
+    url = f"redis://tradeoff@127.0.0.1:{guarded.port}/0"
+    server_gen = running_server(repo, extra_args=(
+        "--cache", f"{url},secret_file={secret_file},password_file={password}",
+        "--api-key", "alice-key-0123456789"))  # keys on: the per-key share's script runs
+    server = next(server_gen)
+    try:
+        value = np.full((1, 256), 3.0, np.float32)
+
+        def ask() -> str:
+            return verdict(post_json(server.url, "/v2/models/mlp/infer",
+                                     {"inputs": inputs(value)},
+                                     {"Authorization": "Bearer alice-key-0123456789"}))
+
+        assert ask() == "miss"
+        wait_for(lambda: ask() == "hit", "a hit from the ACL-guarded Redis")
+        errors = ("tradeoff_cache_errors_total", frozenset({"store": "redis"}.items()))
+        assert metric_samples(server)[errors] == 0
+        assert "tradeoff-password" not in server.log_text()
+    finally:
+        guarded.kill()
+        with pytest.raises(StopIteration):
+            next(server_gen)
+
+
+def test_redis_killed_under_load_loses_no_request_and_comes_back(
+        repo: Path, store: RedisServer, secret_file: Path) -> None:
+    server_gen = running_server(repo, extra_args=(
+        "--cache", f"{store.url},secret_file={secret_file}"))
     server: ServerProcess = next(server_gen)
     values = np.random.default_rng(2).standard_normal((20, 1, 256)).astype(np.float32)
     rng = np.random.default_rng(3)

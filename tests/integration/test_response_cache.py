@@ -20,7 +20,7 @@ from tradeoff.bench.session import run_benchmark
 from tradeoff.models import build_repository
 from tradeoff.server.process import ServerProcess
 
-from .helpers import infer_json, metric_samples, request, running_server
+from .helpers import infer_json, metric_samples, post_json, request, running_server
 from .model_repo import _write, add_constant_model
 
 pytestmark = pytest.mark.integration
@@ -91,9 +91,10 @@ def verdict(response) -> str:
     return first.split(";desc=")[1].split(";")[0] if first.startswith("cache;") else ""
 
 
-def stats(server: ServerProcess, model: str, version: str = "") -> dict:
+def stats(server: ServerProcess, model: str, version: str = "", key: str = "") -> dict:
     path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/stats"
-    return request(server.url, "GET", path).json()["model_stats"][-1]
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return request(server.url, "GET", path, headers=headers).json()["model_stats"][-1]
 
 
 def test_a_hit_answers_what_the_model_answered_and_skips_the_queue(server: ServerProcess
@@ -248,3 +249,59 @@ def test_whole_greedy_generations_replay_and_streams_are_not_cached(server: Serv
     assert after["cache_hit"] == before["cache_hit"]
     assert after["cache_miss"] == before["cache_miss"]
     assert int(after["cache_hit"]["count"]) == 2
+
+
+ALICE, BOB = "alice-key-0123456789", "bob-key-0123456789"
+
+
+def test_with_api_keys_each_key_sees_only_its_own_answers(repo: Path) -> None:
+    """Tenants over HTTP, gRPC and /v1: another key's identical request is a miss, and
+    identical requests of two keys in flight together are not coalesced."""
+    server_gen = running_server(repo, extra_args=("--cache", "local,size=4MB",
+                                                  "--allow-fault-injection",
+                                                  "--api-key", ALICE, "--api-key", BOB))
+    server = next(server_gen)
+
+    def ask(key: str, model: str, value: float):
+        answer = post_json(server.url, f"/v2/models/{model}/infer", {"inputs": rows(value)},
+                           {"Authorization": f"Bearer {key}"})
+        assert answer.status == 200, answer.body
+        return answer
+
+    try:
+        assert verdict(ask(ALICE, "faulty", 5.0)) == "miss"
+        assert verdict(ask(ALICE, "faulty", 5.0)) == "hit"
+        assert verdict(ask(BOB, "faulty", 5.0)) == "miss"
+        grpc = triton_grpc.InferenceServerClient(server.grpc_url)
+        try:
+            tensor = triton_grpc.InferInput("INPUT0", [1, 4], "FP32")
+            tensor.set_data_from_numpy(np.full((1, 4), 6.0, np.float32))
+            for key in (ALICE, BOB, ALICE):
+                grpc.infer("faulty", [tensor], headers={"authorization": f"Bearer {key}"})
+        finally:
+            grpc.close()
+        assert verdict(ask(BOB, "faulty", 6.0)) == "hit"  # Bob's own gRPC answer
+        before = stats(server, "slow", key=ALICE)
+        with ThreadPoolExecutor(8) as pool:  # held together by the batcher's delay
+            answers = list(pool.map(lambda key: ask(key, "slow", 33.0), [ALICE, BOB] * 4))
+        after = stats(server, "slow", key=ALICE)
+        by_key = {key: sorted(verdict(a) for a, k in zip(answers, [ALICE, BOB] * 4,
+                                                         strict=True) if k == key)
+                  for key in (ALICE, BOB)}
+        assert all(v.count("miss") == 1 for v in by_key.values()), by_key
+        assert after["inference_count"] - before["inference_count"] == 2
+        if (repo / "tinyllama").exists():
+            openai = pytest.importorskip("openai")
+            texts = []
+            for key, want in ((ALICE, "miss"), (ALICE, "hit"), (BOB, "miss")):
+                with openai.OpenAI(base_url=f"{server.url}/v1", api_key=key,
+                                   max_retries=0) as client:
+                    reply = client.completions.with_raw_response.create(
+                        model="tinyllama", prompt="tenants apart", max_tokens=4,
+                        temperature=0)
+                assert reply.headers["server-timing"].startswith(f"cache;desc={want}")
+                texts.append(reply.parse().choices[0].text)
+            assert len(set(texts)) == 1
+    finally:
+        with pytest.raises(StopIteration):
+            next(server_gen)

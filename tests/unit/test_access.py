@@ -83,3 +83,12 @@ def test_only_exact_health_routes_are_open() -> None:
             router.match("GET", path)
     assert router.match("POST", "/v2/repository/models/m/load")[0].access == ADMIN
     assert router.match("POST", "/v2/repository/models/m/unload")[0].access == ADMIN
+
+
+def test_a_call_says_which_key_made_it() -> None:
+    access = Access([API, "another-key-0123"], [ADMIN])
+    mine = access.check(f"Bearer {API}", admin=False)
+    assert len(mine) == 32 and mine == access.check(f"bearer  {API} ", admin=False)
+    assert access.check("Bearer another-key-0123", admin=False) not in (mine, b"")
+    assert access.check(f"Bearer {ADMIN}", admin=True) not in (mine, b"")
+    assert Access().check(None, admin=False) == b""  # open: nobody in particular

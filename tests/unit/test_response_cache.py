@@ -1,4 +1,5 @@
-"""The response cache's keys, stored values, LRU bound and --cache parsing."""
+"""The response cache's keys, MACs, stored values, tenants, LRU bound and --cache
+parsing."""
 
 from __future__ import annotations
 
@@ -14,14 +15,22 @@ from tradeoff.generate.sampling import SamplingParams
 from tradeoff.protocol.v2 import TensorOutput
 from tradeoff.server.cache import (
     CHECK_BYTES,
+    MAC_BYTES,
+    SECRET_ENV,
     CacheSpec,
+    Keys,
     LocalStore,
     ResponseCache,
     decode_outputs,
+    encode_generation,
     encode_outputs,
-    generation_key,
-    tensor_key,
 )
+
+SECRET = b"unit-test-secret-0123456789"
+KEYS = Keys(SECRET)
+tensor_key = KEYS.tensor_key
+generation_key = KEYS.generation_key
+ALICE, BOB = b"a" * 32, b"b" * 32
 
 NUMERIC = ["FP32", "FP16", "INT8", "INT64", "UINT8", "BOOL"]
 
@@ -57,7 +66,8 @@ def _itemsize(datatype: str) -> int:
 
 
 def _key(r: dict):
-    return tensor_key(r["model"], r["version"], r["inputs"], r["outputs"], r["parameters"])
+    return tensor_key(b"", r["model"], r["version"], r["inputs"], r["outputs"],
+                      r["parameters"])
 
 
 def _changes(r: dict) -> list[tuple[str, dict]]:
@@ -105,17 +115,30 @@ def test_a_key_ignores_input_order_and_scheduling_parameters(r: dict) -> None:
 
 def test_a_generation_key_covers_the_prompt_tokens_and_every_sampling_parameter() -> None:
     params = SamplingParams(max_tokens=8, temperature=0.0)
-    key = generation_key("tinyllama", 1, [1, 2, 3], params)
-    assert generation_key("tinyllama", 1, [1, 2, 3], params) == key
-    changed = [generation_key("tinyllama", 1, [1, 2, 4], params),
-               generation_key("tinyllama", 2, [1, 2, 3], params),
-               generation_key("smollm2", 1, [1, 2, 3], params)]
+    key = generation_key(b"", "tinyllama", 1, [1, 2, 3], params)
+    assert generation_key(b"", "tinyllama", 1, [1, 2, 3], params) == key
+    changed = [generation_key(b"", "tinyllama", 1, [1, 2, 4], params),
+               generation_key(b"", "tinyllama", 2, [1, 2, 3], params),
+               generation_key(b"", "smollm2", 1, [1, 2, 3], params),
+               generation_key(ALICE, "tinyllama", 1, [1, 2, 3], params)]
     for field in ("max_tokens", "seed", "top_k"):
-        changed.append(generation_key("tinyllama", 1, [1, 2, 3],
+        changed.append(generation_key(b"", "tinyllama", 1, [1, 2, 3],
                                       dataclasses.replace(params, **{field: 5})))
-    changed.append(generation_key("tinyllama", 1, [1, 2, 3],
+    changed.append(generation_key(b"", "tinyllama", 1, [1, 2, 3],
                                   dataclasses.replace(params, stop=("x",))))
     assert len({k.key for k in changed} | {key.key}) == len(changed) + 1
+
+
+def test_keys_depend_on_the_secret_and_on_the_tenant_unless_the_scope_is_global() -> None:
+    inputs = [("X", "FP32", np.ones((1, 2), np.float32))]
+    mine = tensor_key(ALICE, "mlp", 1, inputs, [], {})
+    assert tensor_key(BOB, "mlp", 1, inputs, [], {}).key != mine.key
+    assert Keys(b"another-secret-0123456789").tensor_key(ALICE, "mlp", 1, inputs, [], {}) \
+        .key != mine.key
+    shared = Keys(SECRET, scope="global")
+    assert shared.tensor_key(ALICE, "mlp", 1, inputs, [], {}).key == \
+        shared.tensor_key(BOB, "mlp", 1, inputs, [], {}).key
+    assert shared.tensor_key(ALICE, "mlp", 1, inputs, [], {}).tenant == ALICE  # charged
 
 
 def test_stored_outputs_come_back_exactly() -> None:
@@ -124,41 +147,114 @@ def test_stored_outputs_come_back_exactly() -> None:
                TensorOutput("labels", np.array([[b"cat", b""], [b"\x00\xff", b"dog"]],
                                                dtype=object), "BYTES", False),
                TensorOutput("empty", np.zeros((0, 5), np.int64), "INT64", False)]
-    back = decode_outputs(encode_outputs(outputs))
+    back = decode_outputs(encode_outputs(outputs), _expected(outputs))
     assert [(o.name, o.datatype, o.binary, o.array.shape) for o in back] == \
         [(o.name, o.datatype, o.binary, o.array.shape) for o in outputs]
     for got, want in zip(back, outputs, strict=True):
         assert np.array_equal(got.array, want.array)
 
 
+def _expected(outputs: list[TensorOutput]) -> list:
+    return [(o.name, o.datatype, o.binary, list(o.array.shape)) for o in outputs]
+
+
 def _cache(spec: str = "local,size=1MB") -> ResponseCache:
-    return ResponseCache.from_spec(CacheSpec.parse(spec))
+    return ResponseCache.from_spec(CacheSpec.parse(spec, {}))
 
 
 def _outputs(value: float) -> list[TensorOutput]:
     return [TensorOutput("OUT0", np.full((1, 4), value, np.float32), "FP32", False)]
 
 
-def test_a_stored_value_whose_check_digest_differs_is_a_miss_not_an_answer() -> None:
+EXPECTED = [("OUT0", "FP32", False, [1, 4])]
+
+
+def _input_key(cache: ResponseCache, value: float, tenant: bytes = b""):
+    return cache.tensor_key(tenant, "mlp", 1, [("X", "FP32", np.full((1, 2), value,
+                                                                     np.float32))], [], {})
+
+
+def test_a_stored_value_moved_under_another_key_fails_its_mac() -> None:
     cache = _cache()
-    mine = tensor_key("mlp", 1, [("X", "FP32", np.ones((1, 2), np.float32))], [], {})
-    theirs = tensor_key("mlp", 1, [("X", "FP32", np.zeros((1, 2), np.float32))], [], {})
+    mine, theirs = _input_key(cache, 1.0), _input_key(cache, 0.0)
     cache.keep(theirs, _outputs(7.0))
     assert isinstance(cache.store, LocalStore)
-    # another request's answer found under my key: what a 128-bit collision looks like
+    # another request's answer found under my key: a collision, or a writer moving it
     cache.store.put(mine.key, cache.store.get(theirs.key))  # type: ignore[arg-type]
-    assert asyncio.run(cache.lookup(mine)) is None
-    assert cache.collisions == 1
-    found = asyncio.run(cache.lookup(theirs))
+    assert asyncio.run(cache.lookup(mine, EXPECTED)) is None
+    assert cache.rejected == 1
+    found = asyncio.run(cache.lookup(theirs, EXPECTED))
     assert found is not None and float(found[0].array[0, 0]) == 7.0
 
 
-def test_an_unreadable_stored_value_is_a_miss() -> None:
+def test_a_value_planted_without_the_secret_is_never_served() -> None:
     cache = _cache()
-    key = tensor_key("mlp", 1, [("X", "FP32", np.ones((1, 2), np.float32))], [], {})
+    key = _input_key(cache, 1.0)
     assert isinstance(cache.store, LocalStore)
-    cache.store.put(key.key, key.check + b"\x05\x00\x00\x00[[[[[")
-    assert asyncio.run(cache.lookup(key)) is None and cache.unreadable == 1
+    planted = encode_outputs(_outputs(1337.0))
+    # what a writer who knows the format but not the secret can store: any MAC bytes
+    for mac in (b"\0" * MAC_BYTES, key.check, Keys(b"guessed-secret-0123456").seal(key, planted)
+                [:MAC_BYTES]):
+        cache.store.put(key.key, mac + planted)
+        assert asyncio.run(cache.lookup(key, EXPECTED)) is None
+    assert cache.rejected == 3
+    # a server with the same secret reads what this one wrote
+    cache.keep(key, _outputs(2.0))
+    twin = ResponseCache(cache.store, cache.spec, secret=SECRET)
+    mine = ResponseCache(cache.store, cache.spec, secret=SECRET)
+    twin_key = _input_key(twin, 1.0)
+    mine.keep(twin_key, _outputs(3.0))
+    found = asyncio.run(twin.lookup(twin_key, EXPECTED))
+    assert found is not None and float(found[0].array[0, 0]) == 3.0
+
+
+def test_an_authentic_value_the_model_cannot_have_made_is_a_miss_not_a_500() -> None:
+    cache = _cache()
+    key = _input_key(cache, 1.0)
+    assert isinstance(cache.store, LocalStore)
+    cache.store.put(key.key, cache.keys.seal(key, b"\x05\x00\x00\x00[[[[["))
+    assert asyncio.run(cache.lookup(key, EXPECTED)) is None and cache.unreadable == 1
+    for wrong in ([TensorOutput("OUT0", np.ones((1, 5), np.float32), "FP32", False)],
+                  [TensorOutput("OUT0", np.ones((1, 4), np.float64), "FP64", False)],
+                  [TensorOutput("OTHER", np.ones((1, 4), np.float32), "FP32", False)],
+                  [*_outputs(1.0), *_outputs(2.0)]):
+        cache.store.put(key.key, cache.keys.seal(key, encode_outputs(wrong)))
+        assert asyncio.run(cache.lookup(key, EXPECTED)) is None
+    assert asyncio.run(cache.lookup(key, [("OUT0", "FP32", False, [1, -1])])) is None
+    assert cache.unreadable == 6
+    params = SamplingParams(max_tokens=4, temperature=0.0)
+    gen = cache.generation_key(b"", "llm", 1, [1, 2], params)
+    for tokens, reason in (([1, 10**12], "stop"), ([1, -1], "stop"), ([1, 2], "abort"),
+                           ([1] * 5, "length"), ([True, 2], "stop")):
+        cache.store.put(gen.key, cache.keys.seal(gen, encode_generation(tokens, reason)))
+        assert asyncio.run(cache.lookup_generation(gen, 300, 4)) is None
+    cache.store.put(gen.key, cache.keys.seal(gen, encode_generation([1, 299], "length")))
+    assert asyncio.run(cache.lookup_generation(gen, 300, 4)) == ([1, 299], "length")
+
+
+def test_one_tenant_sees_only_its_own_answers_unless_the_scope_is_global() -> None:
+    for spec, shared in (("local,size=1MB", False), ("local,size=1MB,scope=global", True)):
+        cache = _cache(spec)
+        cache.keep(_input_key(cache, 1.0, ALICE), _outputs(5.0))
+        found = asyncio.run(cache.lookup(_input_key(cache, 1.0, BOB), EXPECTED))
+        assert (found is not None) is shared, spec
+        assert asyncio.run(cache.lookup(_input_key(cache, 1.0, ALICE), EXPECTED)) is not None
+
+
+def test_one_tenant_cannot_flush_the_others() -> None:
+    cache = _cache("local,size=400KB,tenant_size=100KB")
+    store = cache.store
+    assert isinstance(store, LocalStore)
+    bob = [_input_key(cache, float(i), BOB) for i in range(50)]
+    for key in bob:
+        cache.keep(key, _outputs(1.0))
+    for i in range(3000):  # Alice's flood of distinct inputs
+        cache.keep(_input_key(cache, 1e6 + i, ALICE), _outputs(2.0))
+        assert store.tenant_bytes[ALICE] <= store.tenant_capacity
+    assert all(asyncio.run(cache.lookup(key, EXPECTED)) is not None for key in bob)
+    assert store.bytes <= store.capacity
+    assert store.bytes == sum(store.cost(k, v) for k, v in store.entries.items())
+    assert store.tenant_bytes[BOB] + store.tenant_bytes[ALICE] == store.bytes
 
 
 def test_the_lru_stays_under_its_byte_bound_and_evicts_the_least_recent() -> None:
@@ -181,34 +277,58 @@ def test_the_lru_stays_under_its_byte_bound_and_evicts_the_least_recent() -> Non
 
 def test_answers_over_max_item_are_not_kept() -> None:
     cache = _cache("local,size=1MB,max_item=64")
-    key = tensor_key("mlp", 1, [("X", "FP32", np.ones((1, 2), np.float32))], [], {})
+    key = _input_key(cache, 1.0)
     cache.keep(key, [TensorOutput("OUT0", np.ones((1, 100), np.float32), "FP32", False)])
     assert cache.too_large == 1 and cache.insertions == 0
-    assert asyncio.run(cache.lookup(key)) is None
+    assert asyncio.run(cache.lookup(key, [("OUT0", "FP32", False, [1, 100])])) is None
+
+
+ENV = {SECRET_ENV: SECRET.decode()}
 
 
 @pytest.mark.parametrize(("text", "want"), [
-    ("local", CacheSpec("local", size_bytes=256_000_000)),
-    ("local,size=64MiB", CacheSpec("local", size_bytes=64 << 20)),
-    ("local,size=1.5GB,max_item=4MB", CacheSpec("local", size_bytes=1_500_000_000,
-                                                 max_item_bytes=4_000_000)),
-    ("redis://127.0.0.1:6379/0", CacheSpec("redis", url="redis://127.0.0.1:6379/0")),
-    ("redis://h:1/2,ttl=60", CacheSpec("redis", url="redis://h:1/2", ttl_s=60)),
-    ("redis://h:1/2,ttl=0", CacheSpec("redis", url="redis://h:1/2", ttl_s=None)),
+    ("local", CacheSpec("local", size_bytes=256_000_000, tenant_bytes=64_000_000)),
+    ("local,size=64MiB", CacheSpec("local", size_bytes=64 << 20, tenant_bytes=16 << 20)),
+    ("local,size=1.5GB,max_item=4MB,scope=global,tenant_size=1GB",
+     CacheSpec("local", size_bytes=1_500_000_000, max_item_bytes=4_000_000, scope="global",
+               tenant_bytes=1_000_000_000)),
+    ("redis://127.0.0.1:6379/0", CacheSpec("redis", url="redis://127.0.0.1:6379/0",
+                                           tenant_bytes=256_000_000)),
+    ("redis://h:1/2,ttl=60", CacheSpec("redis", url="redis://h:1/2", ttl_s=60,
+                                       tenant_bytes=256_000_000)),
+    ("redis://h:1/2,ttl=0", CacheSpec("redis", url="redis://h:1/2", ttl_s=None,
+                                      tenant_bytes=256_000_000)),
 ])
 def test_cache_specs(text: str, want: CacheSpec) -> None:
-    assert CacheSpec.parse(text) == want
+    got = CacheSpec.parse(text, ENV)
+    assert dataclasses.replace(got, secret=b"") == want
+    assert got.secret == SECRET
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("memcached://x", "use local[,size=256MB] or redis://"),
-    ("local,size=lots", "size='lots': give bytes"),
-    ("local,ttl=5", "unknown option 'ttl'"),
-    ("redis://h:1/0,size=5MB", "unknown option 'size'"),
-    ("redis://h:1/0,ttl=1h", "give whole seconds"),
-    ("local,size", "write NAME=VALUE"),
+def test_secrets_and_passwords_come_from_files_and_never_reach_the_banner(tmp_path) -> None:
+    secret, password = tmp_path / "secret", tmp_path / "password"
+    secret.write_text("s" * 40 + "\n")
+    password.write_text("hunter2-redis\n")
+    spec = CacheSpec.parse(f"redis://:pw-in-url@h:1/0,secret_file={secret},"
+                           f"password_file={password}", {})
+    assert spec.secret == b"s" * 40 and spec.password == "hunter2-redis"
+    assert "pw-in-url" not in spec.describe() and "hunter2" not in spec.describe()
+    assert CacheSpec.parse("local", {}).secret == b""  # a local cache makes its own
+
+
+@pytest.mark.parametrize(("text", "env", "message"), [
+    ("memcached://x", ENV, "use local[,size=256MB] or redis://"),
+    ("local,size=lots", ENV, "size='lots': give bytes"),
+    ("local,ttl=5", ENV, "unknown option 'ttl'"),
+    ("redis://h:1/0,size=5MB", ENV, "unknown option 'size'"),
+    ("redis://h:1/0,ttl=1h", ENV, "give whole seconds"),
+    ("local,size", ENV, "write NAME=VALUE"),
+    ("local,scope=tenant", ENV, "use scope=key"),
+    ("redis://h:1/0", {}, "need one secret: secret_file=PATH or $TRADEOFF_CACHE_SECRET"),
+    ("redis://h:1/0", {SECRET_ENV: "short"}, "at least 16 bytes"),
+    ("redis://h:1/0,secret_file=/nonexistent/x", {}, "cannot read it"),
 ])
-def test_bad_cache_specs_say_what_to_write(text: str, message: str) -> None:
+def test_bad_cache_specs_say_what_to_write(text: str, env: dict, message: str) -> None:
     with pytest.raises(ValueError) as caught:
-        CacheSpec.parse(text)
+        CacheSpec.parse(text, env)
     assert message in str(caught.value)

@@ -77,8 +77,11 @@ if TYPE_CHECKING:
 @click.option("--cache", "cache", metavar="SPEC",
               help="Response cache for models whose config enables response_cache: "
                    "'local[,size=256MB]' (an LRU in this process) or "
-                   "'redis://HOST:PORT/DB[,ttl=3600]' (shared by several servers); both "
-                   "take max_item=1MB (larger answers are not kept). docs/cache.md.")
+                   "'redis://HOST:PORT/DB[,ttl=3600],secret_file=PATH' (shared by the "
+                   "servers that share the secret; or $TRADEOFF_CACHE_SECRET); both take "
+                   "max_item=1MB, scope=key|global (with API keys, each key sees only its "
+                   "own answers unless global) and tenant_size (one key's share). "
+                   "docs/cache.md.")
 @click.option("--shutdown-timeout", default="30s", show_default=True, type=DURATION_OR_ZERO,
               help="Time to finish accepted requests after SIGTERM/SIGINT (90, 90s, 5m).")
 @click.option("--default-max-batch-size", default=4, show_default=True,
@@ -176,7 +179,8 @@ def serve(repository: Path, host: str, http_port: int, metrics_port: int, no_met
       tradeoff serve --model-repository ./models --api-key-file keys.txt \\
           --admin-key "$ADMIN_KEY" --tls-cert cert.pem --tls-key key.pem
       tradeoff serve --model-repository ./models --cache local,size=512MB
-      tradeoff serve --model-repository ./models --cache redis://127.0.0.1:6379/0,ttl=600
+      tradeoff serve --model-repository ./models \\
+          --cache redis://127.0.0.1:6379/0,ttl=600,secret_file=/etc/tradeoff/cache.key
       curl -s localhost:8000/v2/models/mlp/stats
       tradeoff serve --model-repository /shared/models --ray 10.0.0.1:6379 --replicas 4
       tradeoff serve --model-repository /shared/models --ray --autoscale 1:8

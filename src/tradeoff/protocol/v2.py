@@ -68,6 +68,8 @@ class V2Request:
     # the kept JSON header it was decoded from: every request with this header has the
     # same names, datatypes, shapes, outputs and parameters (None: not kept)
     header: Any = None
+    # who asked: the API key's digest, set by the transport after its check (b"": keys off)
+    tenant: bytes = b""
 
     @property
     def binary_output(self) -> bool:

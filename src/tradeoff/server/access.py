@@ -8,7 +8,7 @@ constant time, never logged, and a refusal says only what to send, never what wa
 with the key sent.
 
     access = Access.from_sources(["k1"], [key_file], env=os.environ)
-    access.check(authorization_header, admin=False)   # raises Unauthorized / Forbidden
+    tenant = access.check(authorization_header, admin=False)  # or Unauthorized / Forbidden
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from tradeoff.errors import Forbidden, Unauthorized
 API_KEY_ENV = "TRADEOFF_API_KEY"
 ADMIN_KEY_ENV = "TRADEOFF_ADMIN_KEY"
 METRICS_KEY_ENV = "TRADEOFF_METRICS_KEY"
+TENANT = "tradeoff.tenant"  # the ASGI scope's entry for who made the call (check's answer)
 
 
 def read_keys(values: Iterable[str], files: Iterable[Path], env_value: str | None
@@ -103,23 +104,25 @@ class Access:
         return (f"{len(self.api_keys)} inference key(s), {len(self.admin_keys)} admin key(s)"
                 if self.enabled else "open (no API keys)")
 
-    def check_headers(self, headers: Iterable[tuple[bytes, bytes]], admin: bool) -> None:
+    def check_headers(self, headers: Iterable[tuple[bytes, bytes]], admin: bool) -> bytes:
         """:meth:`check` with the ``authorization`` header of an ASGI header list."""
-        self.check(next((v for k, v in headers if k == b"authorization"), None), admin)
+        return self.check(next((v for k, v in headers if k == b"authorization"), None),
+                          admin)
 
-    def check(self, authorization: bytes | str | None, admin: bool) -> None:
-        """Allow the call or raise Unauthorized (401) / Forbidden (403)."""
+    def check(self, authorization: bytes | str | None, admin: bool) -> bytes:
+        """Allow the call, and say who made it: the digest of the key it presented (b""
+        when the call is open); or raise Unauthorized (401) / Forbidden (403)."""
         if isinstance(authorization, str):
             authorization = authorization.encode()
         needs = self.admin_keys if admin else self.api_keys
         if not needs and not (admin and self.api_keys):
-            return  # no keys of the kind this call needs: it is open
+            return b""  # no keys of the kind this call needs: it is open
         presented = _bearer(authorization)
         if presented and _matches(presented, self.admin_keys):
-            return  # an admin key may do everything
+            return _digest(presented)  # an admin key may do everything
         if not admin:
             if presented and _matches(presented, self.api_keys):
-                return
+                return _digest(presented)
             raise Unauthorized("missing or invalid API key: send 'Authorization: Bearer KEY'")
         if presented and _matches(presented, self.api_keys):
             raise Forbidden("this key may not load or unload models; use an admin key")

@@ -6,29 +6,37 @@ with the parameter ``"cache": false``.
 
 Keys are built so a wrong answer cannot be served: the model name and resolved version,
 every input's name, datatype, shape and bytes, the outputs asked for (and whether each
-is binary), and every request parameter that may change the answer, hashed with BLAKE2b.
-A second, longer BLAKE2b digest of the same material is stored with the value and
-compared on every hit, so a key collision is a miss, never someone else's answer.
+is binary), every request parameter that may change the answer and, unless the operator
+shares entries across tenants, the API key that asked. All of it is hashed with BLAKE2b
+keyed by the server's secret, so nobody without the secret can compute where an answer
+lives. A stored value carries a MAC (keyed BLAKE2b over a second digest of the key
+material and the value): a value a foreign writer planted or moved fails it and is a
+miss, never an answer. A decoded value is checked against the model (token ids in the
+vocabulary, tensors as the config declares) before it is used.
 
     cache = ResponseCache.from_spec(CacheSpec.parse("local,size=256MB"))
-    key = tensor_key("mlp", 1, inputs, wanted, parameters)
-    outputs = await cache.lookup(key)          # None: a miss
-    cache.keep(key, outputs)                   # after a successful inference only
+    key = cache.tensor_key(tenant, "mlp", 1, inputs, wanted, parameters)
+    outputs = await cache.lookup(key, expected)     # None: a miss
+    cache.keep(key, outputs, tenant=tenant)         # after a successful inference only
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import hmac
 import importlib.util
 import logging
+import os
 import re
 import struct
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 import orjson
@@ -38,14 +46,19 @@ from tradeoff.protocol.v2 import TensorOutput, decode_bytes_elements, encode_byt
 
 log = logging.getLogger("tradeoff.server")
 
-KEY_BYTES = 16     # the lookup key: BLAKE2b-128
-CHECK_BYTES = 32   # stored with the value: BLAKE2b-256 of the same material
+KEY_BYTES = 16     # the lookup key: keyed BLAKE2b-128
+CHECK_BYTES = 32   # a second digest of the same material, bound into the MAC
+MAC_BYTES = 32     # stored before the value: keyed BLAKE2b-256 of check + value
+SECRET_ENV = "TRADEOFF_CACHE_SECRET"
+MIN_SECRET_BYTES = 16
 # Request parameters that cannot change an answer: scheduling, and the opt-out itself.
 # Everything else a request carries is part of the key.
 NEUTRAL_PARAMETERS = frozenset({"priority", "timeout", "cache", "binary_data_output",
                                 "class"})
 ENTRY_OVERHEAD = 96  # bytes a local entry costs beyond its key and value (dict, node)
-REDIS_PREFIX = b"tradeoff:cache:1:"
+REDIS_PREFIX = b"tradeoff:cache:2:"
+SCOPES = ("key", "global")
+FINISH_REASONS = frozenset({"stop", "length"})
 _U32 = struct.Struct("<I")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 1 << 10, "m": 1e6, "mb": 1e6,
@@ -64,20 +77,45 @@ def parse_size(text: str, what: str) -> int:
     return int(float(match.group(1)) * _UNITS[(match.group(2) or "").lower()])
 
 
+def redacted(url: str) -> str:
+    """A Redis URL without its password, for logs and banners."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=user + host))
+
+
+def _read_secret_file(path: str, what: str) -> bytes:
+    try:
+        return Path(path).expanduser().read_bytes().strip()
+    except OSError as exc:
+        raise ValueError(f"--cache {what}={path}: cannot read it ({exc.strerror})") from None
+
+
 @dataclass(frozen=True)
 class CacheSpec:
     """What ``--cache`` asked for: ``local[,size=256MB]`` or
-    ``redis://HOST:PORT/DB[,ttl=3600]``, both with ``max_item=1MB`` (larger answers are
-    not cached)."""
+    ``redis://HOST:PORT/DB[,ttl=3600]`` (a secret shared by the servers is required:
+    ``secret_file=PATH`` or ``$TRADEOFF_CACHE_SECRET``; ``password_file=PATH`` for Redis's
+    password), both with ``max_item=1MB`` (larger answers are not kept),
+    ``scope=key|global`` (who may be answered with an entry: the API key that asked it,
+    or anyone) and ``tenant_size=SIZE`` (the most one API key's answers may take)."""
 
     kind: str  # "local" | "redis"
     size_bytes: int = 256 * 10**6
     url: str = ""
     ttl_s: int | None = 3600
     max_item_bytes: int = 1 << 20
+    scope: str = "key"
+    tenant_bytes: int = 64 << 20
+    secret: bytes = b""   # as given; empty: a local cache makes its own
+    password: str | None = None
 
     @classmethod
-    def parse(cls, text: str) -> CacheSpec:
+    def parse(cls, text: str, env: Mapping[str, str] | None = None) -> CacheSpec:
+        env = os.environ if env is None else env
         head, *options = [part.strip() for part in text.split(",")]
         values: dict[str, str] = {}
         for option in options:
@@ -86,10 +124,11 @@ class CacheSpec:
                 raise ValueError(f"--cache option {option!r}: write NAME=VALUE, e.g. "
                                  "size=256MB")
             values[name.strip()] = value.strip()
+        common = {"max_item", "scope", "tenant_size", "secret_file"}
         if head == "local":
-            allowed = {"size", "max_item"}
+            allowed = common | {"size"}
         elif head.startswith(("redis://", "rediss://", "unix://")):
-            allowed = {"ttl", "max_item"}
+            allowed = common | {"ttl", "password_file"}
         else:
             raise ValueError(f"--cache {text!r}: use local[,size=256MB] or "
                              "redis://HOST:PORT/DB[,ttl=3600]")
@@ -98,26 +137,51 @@ class CacheSpec:
             raise ValueError(f"--cache {head}: unknown option {unknown[0]!r}; it takes "
                              f"{', '.join(sorted(allowed))}")
         max_item = parse_size(values.get("max_item", "1MiB"), "max_item")
+        scope = values.get("scope", "key")
+        if scope not in SCOPES:
+            raise ValueError(f"--cache scope={scope!r}: use scope=key (each API key sees "
+                             "only its own answers) or scope=global (shared by everyone)")
+        secret = _read_secret_file(values["secret_file"], "secret_file") \
+            if "secret_file" in values else env.get(SECRET_ENV, "").strip().encode()
+        if secret and len(secret) < MIN_SECRET_BYTES:
+            raise ValueError(f"the cache secret must be at least {MIN_SECRET_BYTES} bytes "
+                             "(e.g. the output of: openssl rand -hex 32)")
         if head == "local":
             size = parse_size(values.get("size", "256MB"), "size")
             if size < 1:
                 raise ValueError("--cache local: size must be at least 1 byte")
-            return cls("local", size_bytes=size, max_item_bytes=max_item)
+            share = parse_size(values.get("tenant_size", str(max(size // 4, 1))),
+                               "tenant_size")
+            return cls("local", size_bytes=size, max_item_bytes=max_item, scope=scope,
+                       tenant_bytes=share, secret=secret)
         if importlib.util.find_spec("redis") is None:
             raise ValueError("--cache redis:// needs the redis package: pip install "
                              "'tradeoff[cache]'")
+        if not secret:
+            raise ValueError(f"--cache {redacted(head)}: the servers that share it need one "
+                             f"secret: secret_file=PATH or ${SECRET_ENV} (at least "
+                             f"{MIN_SECRET_BYTES} bytes, e.g. openssl rand -hex 32)")
         ttl_text = values.get("ttl", "3600")
         if not (ttl_text.isascii() and ttl_text.isdigit()):
             raise ValueError(f"--cache ttl={ttl_text!r}: give whole seconds (0: no expiry)")
         ttl = int(ttl_text)
-        return cls("redis", url=head, ttl_s=ttl or None, max_item_bytes=max_item)
+        password = _read_secret_file(values["password_file"], "password_file").decode() \
+            if "password_file" in values else None
+        return cls("redis", url=head, ttl_s=ttl or None, max_item_bytes=max_item,
+                   scope=scope, tenant_bytes=parse_size(values.get("tenant_size", "256MB"),
+                                                        "tenant_size"),
+                   secret=secret, password=password)
 
     def describe(self) -> str:
+        shared = "shared by every API key" if self.scope == "global" else \
+            "entries per API key"
+        share = f"at most {self.tenant_bytes / 1e6:,.0f} MB per API key"
         if self.kind == "local":
             return (f"local LRU of {self.size_bytes / 1e6:,.0f} MB, answers up to "
-                    f"{self.max_item_bytes:,} bytes")
+                    f"{self.max_item_bytes:,} bytes, {shared}, {share}")
         ttl = f"ttl {self.ttl_s} s" if self.ttl_s else "no expiry"
-        return f"Redis at {self.url} ({ttl}), answers up to {self.max_item_bytes:,} bytes"
+        return (f"Redis at {redacted(self.url)} ({ttl}), answers up to "
+                f"{self.max_item_bytes:,} bytes, {shared}, {share}")
 
 
 # ------------------------------------------------------------------------- keys
@@ -125,23 +189,26 @@ class CacheSpec:
 
 @dataclass(frozen=True, slots=True)
 class CacheKey:
-    """Where an answer is stored (``key``) and the digest its value must carry
-    (``check``)."""
+    """Where an answer is stored (``key``), the digest its MAC binds (``check``) and the
+    API key whose share it is charged to (``tenant``; empty when keys are off)."""
 
     key: bytes
     check: bytes
+    tenant: bytes = b""
 
 
 class _Material:
-    """Feeds length-prefixed parts to both digests, so no two different sequences of
-    parts hash alike by shifting bytes between parts."""
+    """Feeds length-prefixed parts to both keyed digests, so no two different sequences
+    of parts hash alike by shifting bytes between parts."""
 
     __slots__ = ("long", "short")
 
-    def __init__(self, kind: bytes) -> None:
-        self.short = hashlib.blake2b(digest_size=KEY_BYTES, person=b"tradeoff-key")
-        self.long = hashlib.blake2b(digest_size=CHECK_BYTES, person=b"tradeoff-check")
+    def __init__(self, secret: bytes, kind: bytes, scope: bytes) -> None:
+        self.short = hashlib.blake2b(digest_size=KEY_BYTES, key=secret, person=b"tradeoff-key")
+        self.long = hashlib.blake2b(digest_size=CHECK_BYTES, key=secret,
+                                    person=b"tradeoff-check")
         self.add(kind)
+        self.add(scope)
 
     def add(self, data: bytes | memoryview) -> None:
         length = _U32.pack(len(data)) if len(data) < 1 << 32 else struct.pack("<Q", len(data))
@@ -160,8 +227,8 @@ class _Material:
         else:
             self.add(np.ascontiguousarray(array).reshape(-1).view(np.uint8).data)
 
-    def done(self) -> CacheKey:
-        return CacheKey(self.short.digest(), self.long.digest())
+    def done(self, tenant: bytes) -> CacheKey:
+        return CacheKey(self.short.digest(), self.long.digest(), tenant)
 
 
 def answer_parameters(parameters: dict[str, Any]) -> bytes:
@@ -170,31 +237,66 @@ def answer_parameters(parameters: dict[str, Any]) -> bytes:
     return orjson.dumps(kept, option=orjson.OPT_SORT_KEYS) if kept else b""
 
 
-def tensor_key(model: str, version: int, inputs: Iterable[tuple[str, str, np.ndarray]],
-               wanted: Sequence[tuple[str, bool]], parameters: dict[str, Any]) -> CacheKey:
-    """The key of a tensor request: ``inputs`` as (name, datatype, array), ``wanted`` the
-    outputs returned in order with whether each is binary."""
-    material = _Material(b"tensor")
-    material.text(model)
-    material.text(str(version))
-    for name, datatype, array in sorted(inputs, key=lambda item: item[0]):
-        material.text(name)
-        material.array(datatype, array)
-    material.add(orjson.dumps(wanted))
-    material.add(answer_parameters(parameters))
-    return material.done()
+class Keys:
+    """Keys, tenant tags and MACs under one server secret (derived to 32 bytes)."""
 
+    def __init__(self, secret: bytes, scope: str = "key") -> None:
+        self.secret = hashlib.blake2b(secret, digest_size=32, person=b"tradeoff-secret").digest()
+        self.scope = scope
 
-def generation_key(model: str, version: int, prompt: Sequence[int], params: Any) -> CacheKey:
-    """The key of a generation: the prompt's token ids (after the chat template) and
-    every sampling parameter."""
-    material = _Material(b"generation")
-    material.text(model)
-    material.text(str(version))
-    material.add(np.asarray(prompt, dtype=np.int64).data)
-    fields = {name: getattr(params, name) for name in sorted(params.__dataclass_fields__)}
-    material.add(orjson.dumps(fields, option=orjson.OPT_SORT_KEYS))
-    return material.done()
+    def _material(self, kind: bytes, tenant: bytes) -> _Material:
+        return _Material(self.secret, kind, tenant if self.scope == "key" else b"")
+
+    def tensor_key(self, tenant: bytes, model: str, version: int,
+                   inputs: Iterable[tuple[str, str, np.ndarray]],
+                   wanted: Sequence[tuple[str, bool]], parameters: dict[str, Any]) -> CacheKey:
+        """The key of a tensor request: ``inputs`` as (name, datatype, array), ``wanted``
+        the outputs returned in order with whether each is binary."""
+        material = self._material(b"tensor", tenant)
+        material.text(model)
+        material.text(str(version))
+        for name, datatype, array in sorted(inputs, key=lambda item: item[0]):
+            material.text(name)
+            material.array(datatype, array)
+        material.add(orjson.dumps(wanted))
+        material.add(answer_parameters(parameters))
+        return material.done(tenant)
+
+    def generation_key(self, tenant: bytes, model: str, version: int, prompt: Sequence[int],
+                       params: Any) -> CacheKey:
+        """The key of a generation: the prompt's token ids (after the chat template) and
+        every sampling parameter."""
+        material = self._material(b"generation", tenant)
+        material.text(model)
+        material.text(str(version))
+        material.add(np.asarray(prompt, dtype=np.int64).data)
+        fields = {name: getattr(params, name) for name in sorted(params.__dataclass_fields__)}
+        material.add(orjson.dumps(fields, option=orjson.OPT_SORT_KEYS))
+        return material.done(tenant)
+
+    def _mac(self, check: bytes, value: bytes | memoryview) -> bytes:
+        mac = hashlib.blake2b(digest_size=MAC_BYTES, key=self.secret, person=b"tradeoff-mac")
+        mac.update(check)
+        mac.update(value)
+        return mac.digest()
+
+    def seal(self, key: CacheKey, value: bytes) -> bytes:
+        """The stored form of ``value``: its MAC, then the value."""
+        return self._mac(key.check, value) + value
+
+    def open(self, key: CacheKey, stored: bytes) -> memoryview | None:
+        """The value of a stored entry, or None when its MAC is not this key's."""
+        view = memoryview(stored)
+        value = view[MAC_BYTES:]
+        if len(stored) < MAC_BYTES or not hmac.compare_digest(
+                self._mac(key.check, value), view[:MAC_BYTES]):
+            return None
+        return value
+
+    def tag(self, tenant: bytes) -> bytes:
+        """A tenant's name in the store: says nothing of its API key."""
+        return hashlib.blake2b(tenant, digest_size=12, key=self.secret,
+                               person=b"tradeoff-tenant").hexdigest().encode()
 
 
 # ---------------------------------------------------------------- stored values
@@ -210,13 +312,28 @@ def encode_outputs(outputs: Sequence[TensorOutput]) -> bytes:
     return b"".join([_U32.pack(len(header)), header, *blobs])
 
 
-def decode_outputs(value: bytes | memoryview) -> list[TensorOutput]:
-    """The outputs :func:`encode_outputs` stored (numeric tensors are views, no copy)."""
+# What a model declares for each output asked for: name, datatype, binary, and the shape
+# (-1 where any size is allowed).
+Expected = Sequence[tuple[str, str, bool, Sequence[int]]]
+
+
+def decode_outputs(value: bytes | memoryview, expected: Expected) -> list[TensorOutput]:
+    """The outputs :func:`encode_outputs` stored (numeric tensors are views, no copy),
+    or ValueError when they are not the ``expected`` outputs."""
     view = memoryview(value)
     (length,) = _U32.unpack_from(view, 0)
     offset = 4 + length
     outputs = []
-    for name, datatype, shape, binary, size in orjson.loads(view[4:offset]):
+    header = orjson.loads(view[4:offset])
+    if not isinstance(header, list) or len(header) != len(expected):
+        raise ValueError("stored answer has other outputs than the request asks for")
+    for (name, datatype, shape, binary, size), want in zip(header, expected, strict=True):
+        want_name, want_datatype, want_binary, want_shape = want
+        if (name, datatype, binary) != (want_name, want_datatype, want_binary) or \
+                not isinstance(shape, list) or len(shape) != len(want_shape) or \
+                any(not isinstance(d, int) or d < 0 or (w >= 0 and d != w)
+                    for d, w in zip(shape, want_shape, strict=True)):
+            raise ValueError(f"stored output {name!r} is not what the model declares")
         raw = view[offset:offset + size]
         if len(raw) != size:
             raise ValueError("stored answer is truncated")
@@ -234,11 +351,16 @@ def encode_generation(tokens: Sequence[int], reason: str) -> bytes:
     return orjson.dumps({"tokens": list(tokens), "finish_reason": reason})
 
 
-def decode_generation(value: bytes | memoryview) -> tuple[list[int], str]:
+def decode_generation(value: bytes | memoryview, vocab_size: int,
+                      max_tokens: int) -> tuple[list[int], str]:
+    """A stored generation, or ValueError unless it is one this model could have made:
+    at most ``max_tokens`` token ids in its vocabulary, and a normal end."""
     doc = orjson.loads(value)
     tokens, reason = doc["tokens"], doc["finish_reason"]
-    if not isinstance(reason, str) or not all(isinstance(t, int) for t in tokens):
-        raise ValueError("stored generation is malformed")
+    if reason not in FINISH_REASONS or not isinstance(tokens, list) or \
+            len(tokens) > max_tokens or \
+            not all(type(t) is int and 0 <= t < vocab_size for t in tokens):
+        raise ValueError("stored generation is not one this model could have made")
     return tokens, reason
 
 
@@ -246,13 +368,19 @@ def decode_generation(value: bytes | memoryview) -> tuple[list[int], str]:
 
 
 class LocalStore:
-    """An in-process LRU bounded in bytes (keys, values and per-entry overhead)."""
+    """An in-process LRU bounded in bytes (keys, values and per-entry overhead), and for
+    each tenant (an API key) to ``tenant_capacity``: a tenant over its share evicts its own
+    least recent entries, not everyone's."""
 
     kind = "local"
 
-    def __init__(self, capacity_bytes: int) -> None:
+    def __init__(self, capacity_bytes: int, tenant_capacity: int | None = None) -> None:
         self.capacity = capacity_bytes
+        self.tenant_capacity = capacity_bytes if tenant_capacity is None else tenant_capacity
         self.entries: OrderedDict[bytes, bytes] = OrderedDict()
+        self.owner: dict[bytes, bytes] = {}                      # key -> tenant (keys on)
+        self.owned: dict[bytes, OrderedDict[bytes, None]] = {}   # tenant -> its keys, LRU
+        self.tenant_bytes: dict[bytes, int] = {}
         self.bytes = 0
         self.evictions = 0
 
@@ -264,26 +392,92 @@ class LocalStore:
         value = self.entries.get(key)
         if value is not None:
             self.entries.move_to_end(key)
+            tenant = self.owner.get(key)
+            if tenant is not None:
+                self.owned[tenant].move_to_end(key)
         return value
 
-    def put(self, key: bytes, value: bytes) -> bool:
+    def _remove(self, key: bytes) -> None:
+        value = self.entries.pop(key)
         cost = self.cost(key, value)
-        if cost > self.capacity:
+        self.bytes -= cost
+        tenant = self.owner.pop(key, None)
+        if tenant is not None:
+            own = self.owned[tenant]
+            del own[key]
+            self.tenant_bytes[tenant] -= cost
+            if not own:
+                del self.owned[tenant], self.tenant_bytes[tenant]
+
+    def put(self, key: bytes, value: bytes, tenant: bytes = b"") -> bool:
+        cost = self.cost(key, value)
+        if cost > self.capacity or (tenant and cost > self.tenant_capacity):
             return False
-        old = self.entries.pop(key, None)
-        if old is not None:
-            self.bytes -= self.cost(key, old)
+        if key in self.entries:
+            self._remove(key)
+        if tenant:
+            own = self.owned.get(tenant)
+            while own and self.tenant_bytes[tenant] + cost > self.tenant_capacity:
+                self._remove(next(iter(own)))
+                self.evictions += 1
         while self.entries and self.bytes + cost > self.capacity:
-            evicted_key, evicted = self.entries.popitem(last=False)
-            self.bytes -= self.cost(evicted_key, evicted)
+            self._remove(next(iter(self.entries)))
             self.evictions += 1
         self.entries[key] = value
         self.bytes += cost
+        if tenant:
+            self.owner[key] = tenant
+            self.owned.setdefault(tenant, OrderedDict())[key] = None
+            self.tenant_bytes[tenant] = self.tenant_bytes.get(tenant, 0) + cost
         return True
 
     def clear(self) -> None:
         self.entries.clear()
+        self.owner.clear()
+        self.owned.clear()
+        self.tenant_bytes.clear()
         self.bytes = 0
+
+
+# One tenant's entries in Redis: a sorted set of its keys by insertion time, a hash of
+# their sizes and a byte count. Writing an entry trims the oldest until the tenant's
+# bytes fit its share; entries Redis has expired leave the index as their time passes.
+# KEYS: entry, index, sizes, total; ARGV: value, ttl s (0: none), now ms, share bytes
+_TENANT_PUT = """
+local size = string.len(ARGV[1])
+local ttl = tonumber(ARGV[2])
+local now = tonumber(ARGV[3])
+if ttl > 0 then
+  redis.call('SET', KEYS[1], ARGV[1], 'EX', ttl)
+  local gone = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now - ttl * 1000)
+  for _, k in ipairs(gone) do
+    redis.call('DECRBY', KEYS[4], tonumber(redis.call('HGET', KEYS[3], k) or '0'))
+    redis.call('HDEL', KEYS[3], k)
+    redis.call('ZREM', KEYS[2], k)
+  end
+else
+  redis.call('SET', KEYS[1], ARGV[1])
+end
+local old = redis.call('HGET', KEYS[3], KEYS[1])
+if old then redis.call('DECRBY', KEYS[4], tonumber(old)) end
+redis.call('ZADD', KEYS[2], now, KEYS[1])
+redis.call('HSET', KEYS[3], KEYS[1], size)
+local total = redis.call('INCRBY', KEYS[4], size)
+local evicted = 0
+while total > tonumber(ARGV[4]) do
+  local oldest = redis.call('ZPOPMIN', KEYS[2])
+  if #oldest == 0 then break end
+  local k = oldest[1]
+  total = redis.call('DECRBY', KEYS[4], tonumber(redis.call('HGET', KEYS[3], k) or '0'))
+  redis.call('HDEL', KEYS[3], k)
+  redis.call('DEL', k)
+  evicted = evicted + 1
+end
+if ttl > 0 then
+  for i = 2, 4 do redis.call('EXPIRE', KEYS[i], ttl) end
+end
+return evicted
+"""
 
 
 class RedisStore:
@@ -293,19 +487,23 @@ class RedisStore:
 
     kind = "redis"
 
-    def __init__(self, url: str, ttl_s: int | None, timeout_s: float = 0.25,
+    def __init__(self, url: str, ttl_s: int | None, password: str | None = None,
+                 tenant_capacity: int = 256 << 20, timeout_s: float = 0.25,
                  retry_s: float = 1.0, log_interval_s: float = 30.0) -> None:
         import redis.asyncio as aioredis
 
-        self.url = url
+        self.url = redacted(url)
         self.ttl_s = ttl_s
+        self.tenant_capacity = tenant_capacity
+        extra: dict[str, Any] = {"password": password} if password is not None else {}
         self.client = aioredis.Redis.from_url(url, socket_timeout=timeout_s,
                                               socket_connect_timeout=timeout_s,
-                                              retry_on_timeout=False)
+                                              retry_on_timeout=False, **extra)
+        self._tenant_put = self.client.register_script(_TENANT_PUT)
         self.retry_s = retry_s
         self.log_interval_s = log_interval_s
         self.errors = 0
-        self.evictions = 0  # Redis evicts by its own policy; not seen from here
+        self.evictions = 0  # tenants' entries trimmed for their share (Redis's own: not seen)
         self.bytes = 0
         self._down_until = 0.0
         self._logged_at = -float("inf")
@@ -337,11 +535,23 @@ class RedisStore:
             return None
         return value if isinstance(value, bytes) else None
 
-    async def put(self, key: bytes, value: bytes) -> bool:
+    async def put(self, key: bytes, value: bytes, tenant: bytes = b"") -> bool:
+        """Write an entry; a tenant's (its name from :meth:`Keys.tag`) within its share."""
         if not self.available:
             return False
         try:
-            await self.client.set(REDIS_PREFIX + key, value, ex=self.ttl_s)
+            if not tenant:
+                await self.client.set(REDIS_PREFIX + key, value, ex=self.ttl_s)
+                return True
+            if len(value) > self.tenant_capacity:
+                return False
+            base = REDIS_PREFIX + b"tenant:" + tenant
+            # wall-clock milliseconds: the index is shared by servers on other machines
+            self.evictions += int(await self._tenant_put(
+                keys=[REDIS_PREFIX + key, base + b":index", base + b":sizes",
+                      base + b":bytes"],
+                args=[value, self.ttl_s or 0, int(time.time() * 1000),
+                      self.tenant_capacity]))
         except Exception as exc:
             self._failed(exc)
             return False
@@ -359,87 +569,109 @@ class RedisStore:
 
 class ResponseCache:
     """Lookups and insertions for every model, counted; identical misses in flight are
-    computed once (:meth:`flight`)."""
+    computed once (:attr:`flights`)."""
 
-    def __init__(self, store: LocalStore | RedisStore, spec: CacheSpec) -> None:
+    def __init__(self, store: LocalStore | RedisStore, spec: CacheSpec,
+                 secret: bytes | None = None) -> None:
         self.store = store
         self.spec = spec
+        self.keys = Keys(secret or spec.secret or os.urandom(32), spec.scope)
         self.max_item_bytes = spec.max_item_bytes
         self.insertions = 0
-        self.collisions = 0     # a stored value whose check digest did not match
+        self.rejected = 0       # a stored value whose MAC failed: another writer or secret
         self.too_large = 0      # answers over max_item, not stored
-        self.unreadable = 0     # a stored value that could not be decoded
+        self.unreadable = 0     # a stored value that could not be decoded, or not this model's
         self.coalesced = 0      # requests answered by an identical request in flight
         self.flights: dict[bytes, asyncio.Future] = {}
         self._writes: set[asyncio.Task] = set()
 
     @classmethod
     def from_spec(cls, spec: CacheSpec) -> ResponseCache:
-        store: LocalStore | RedisStore = LocalStore(spec.size_bytes) if spec.kind == "local" \
-            else RedisStore(spec.url, spec.ttl_s)
+        store: LocalStore | RedisStore = \
+            LocalStore(spec.size_bytes, spec.tenant_bytes) if spec.kind == "local" \
+            else RedisStore(spec.url, spec.ttl_s, spec.password, spec.tenant_bytes)
         return cls(store, spec)
+
+    def tensor_key(self, tenant: bytes, model: str, version: int,
+                   inputs: Iterable[tuple[str, str, np.ndarray]],
+                   wanted: Sequence[tuple[str, bool]], parameters: dict[str, Any]) -> CacheKey:
+        """:meth:`Keys.tensor_key` under this cache's secret and scope."""
+        return self.keys.tensor_key(tenant, model, version, inputs, wanted, parameters)
+
+    def generation_key(self, tenant: bytes, model: str, version: int, prompt: Sequence[int],
+                       params: Any) -> CacheKey:
+        """:meth:`Keys.generation_key` under this cache's secret and scope."""
+        return self.keys.generation_key(tenant, model, version, prompt, params)
 
     async def _get(self, key: CacheKey) -> memoryview | None:
         store = self.store
         raw = store.get(key.key) if isinstance(store, LocalStore) else await store.get(key.key)
         if raw is None:
             return None
-        if raw[:CHECK_BYTES] != key.check:
-            self.collisions += 1
-            log.warning("response cache: a stored answer's digest does not match its key "
-                        "(a collision, or another writer); treated as a miss")
-            return None
-        return memoryview(raw)[CHECK_BYTES:]
+        value = self.keys.open(key, raw)
+        if value is None:
+            self.rejected += 1
+            log.warning("response cache: a stored answer failed its MAC (written by a "
+                        "server with another secret, or by something else); treated as "
+                        "a miss")
+        return value
 
-    async def lookup(self, key: CacheKey) -> list[TensorOutput] | None:
+    async def lookup(self, key: CacheKey, expected: Expected) -> list[TensorOutput] | None:
+        """The stored answer, if it is authentic and the outputs ``expected``."""
         value = await self._get(key)
         if value is None:
             return None
         try:
-            return decode_outputs(value)
-        except (ValueError, KeyError, TypeError, struct.error, orjson.JSONDecodeError):
+            return decode_outputs(value, expected)
+        except Exception:  # whatever a stored value holds, it is a miss, never a 500
             self.unreadable += 1
             return None
 
-    async def lookup_generation(self, key: CacheKey) -> tuple[list[int], str] | None:
+    async def lookup_generation(self, key: CacheKey, vocab_size: int,
+                                max_tokens: int) -> tuple[list[int], str] | None:
+        """The stored generation, if it is authentic and one the model could have made."""
         value = await self._get(key)
         if value is None:
             return None
         try:
-            return decode_generation(value)
-        except (ValueError, KeyError, TypeError, orjson.JSONDecodeError):
+            return decode_generation(value, vocab_size, max_tokens)
+        except Exception:
             self.unreadable += 1
             return None
 
     def keep_value(self, key: CacheKey, value: bytes,
-                    done: Any = None) -> None:
+                   done: Callable[[int], None] | None = None) -> None:
         """Keep ``value`` under ``key`` unless it is over ``max_item``; the write to Redis
         runs in the background (the answer does not wait for it); ``done(ns)`` hears how
         long the write took."""
-        if len(value) + CHECK_BYTES > self.max_item_bytes:
+        if len(value) + MAC_BYTES > self.max_item_bytes:
             self.too_large += 1
             return
+        sealed = self.keys.seal(key, value)
         if isinstance(self.store, LocalStore):
             started = time.perf_counter_ns()
-            if self.store.put(key.key, key.check + value):
+            if self.store.put(key.key, sealed, key.tenant):
                 self.insertions += 1
             if done is not None:
                 done(time.perf_counter_ns() - started)
             return
-        task = asyncio.ensure_future(self._put(key, key.check + value, done))
+        tenant = self.keys.tag(key.tenant) if key.tenant else b""
+        task = asyncio.ensure_future(self._put(key, sealed, tenant, done))
         if not task.done():
             self._writes.add(task)
             task.add_done_callback(self._writes.discard)
 
-    async def _put(self, key: CacheKey, value: bytes, done: Any) -> None:
+    async def _put(self, key: CacheKey, value: bytes, tenant: bytes,
+                   done: Callable[[int], None] | None) -> None:
         assert isinstance(self.store, RedisStore)
         started = time.perf_counter_ns()
-        if await self.store.put(key.key, value):
+        if await self.store.put(key.key, value, tenant):
             self.insertions += 1
         if done is not None:
             done(time.perf_counter_ns() - started)
 
-    def keep(self, key: CacheKey, outputs: Sequence[TensorOutput], done: Any = None) -> None:
+    def keep(self, key: CacheKey, outputs: Sequence[TensorOutput],
+             done: Callable[[int], None] | None = None) -> None:
         """Keep a tensor answer (see :meth:`keep_value`)."""
         if sum(o.array.nbytes for o in outputs if o.datatype != "BYTES") > self.max_item_bytes:
             self.too_large += 1  # refused before the bytes are copied

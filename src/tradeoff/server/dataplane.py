@@ -36,7 +36,7 @@ from tradeoff.scheduling.request import InferenceRequest, Timings
 from tradeoff.scheduling.scheduler import Outputs
 from tradeoff.scheduling.stats import merge_model_stats
 from tradeoff.server.asgi import OFF_LOOP_BYTES
-from tradeoff.server.cache import ResponseCache, generation_key, tensor_key
+from tradeoff.server.cache import Expected, ResponseCache
 from tradeoff.server.models import ModelManager, ModelVersion
 from tradeoff.server.router import SHADOW_IN_FLIGHT, RoutedModel
 
@@ -412,11 +412,12 @@ class DataPlane:
         compute (joining a batch) and keep the answer."""
         started = time.perf_counter_ns()
         inputs = [(t.name, t.datatype, t.array) for t in request.inputs]
-        key_args = (served.name, served.version, inputs,
-                    wanted_outputs(served.config, request), request.parameters)
+        wanted = wanted_outputs(served.config, request)
+        key_args = (request.tenant, served.name, served.version, inputs, wanted,
+                    request.parameters)
         size = sum(t.array.nbytes for t in request.inputs)
-        key = tensor_key(*key_args) if size <= OFF_LOOP_BYTES else \
-            await asyncio.to_thread(tensor_key, *key_args)
+        key = cache.tensor_key(*key_args) if size <= OFF_LOOP_BYTES else \
+            await asyncio.to_thread(cache.tensor_key, *key_args)
         stats = served.stats
         # only requests of one priority wait for each other: a low-priority request
         # in flight must not hold back a high-priority one
@@ -434,7 +435,8 @@ class DataPlane:
         cache.flights[flight_key] = flight
         answer = None
         try:
-            answer = await cache.lookup(key)
+            answer = await cache.lookup(key, expected_outputs(served.config, wanted,
+                                                              internal.rows))
             lookup_ns = time.perf_counter_ns() - started
             if answer is not None:
                 stats.record_cache_hit(lookup_ns, lookup_ns)
@@ -478,13 +480,14 @@ class DataPlane:
 
     async def generate(self, name: str, prompt: str | list[dict[str, str]], params: Any,
                        priority: int = 0, cache: bool = False,
-                       route_parameters: dict[str, Any] | None = None
-                       ) -> tuple[GenerativeModel, Handle, int]:
+                       route_parameters: dict[str, Any] | None = None,
+                       tenant: bytes = b"") -> tuple[GenerativeModel, Handle, int]:
         """Tokenize a prompt (or apply the chat template to messages), check it fits the
         model, and queue it; returns the model, the handle its events arrive on, and the
         prompt's length in tokens. With ``cache`` (a whole, deterministic answer is
         wanted) and the model's ``response_cache``, a cached answer replays instead. A
-        router of generative models sends it on by ``route_parameters`` (class, user)."""
+        router of generative models sends it on by ``route_parameters`` (class, user).
+        ``tenant`` is the API key that asked (its cache entries are its own)."""
         if self.shutting_down:
             raise Unavailable("the server is shutting down and takes no new requests")
         routed = self.manager.get(name)
@@ -515,8 +518,8 @@ class DataPlane:
             return model, handle, len(tokens)
         model.check_accepting()  # a stopping model answers 503, cached or not
         started = time.perf_counter_ns()
-        key = generation_key(model.name, model.version, tokens, params)
-        found = await self.cache.lookup_generation(key)
+        key = self.cache.generation_key(tenant, model.name, model.version, tokens, params)
+        found = await self.cache.lookup_generation(key, model.engine.vocab, params.max_tokens)
         lookup_ns = time.perf_counter_ns() - started
         if found is not None:
             model.stats.cache_hit[0] += 1
@@ -660,6 +663,16 @@ def wanted_outputs(config: ModelConfig, request: V2Request) -> list[tuple[str, b
         return [(t.name, default_binary) for t in config.outputs]
     return [(o.name, default_binary if o.binary is None else o.binary)
             for o in request.outputs]
+
+
+def expected_outputs(config: ModelConfig, wanted: list[tuple[str, bool]],
+                     rows: int) -> Expected:
+    """What a stored answer to this request must hold: each output as the config declares
+    it (the batch dimension is the request's rows)."""
+    batch = [rows] if config.max_batch_size > 0 else []
+    return [(name, tensor.datatype, binary, [*batch, *tensor.dims])
+            for name, binary in wanted
+            if (tensor := config.output(name)) is not None]
 
 
 def select_outputs(config: ModelConfig, request: V2Request,

@@ -122,13 +122,14 @@ class GrpcService:
         self.dataplane = dataplane
         self.access = access or Access()
 
-    def _authorize(self, method: str, context: Any) -> None:
-        """The same keys as over HTTP, from the ``authorization`` metadata."""
+    def _authorize(self, method: str, context: Any) -> bytes:
+        """The same keys as over HTTP, from the ``authorization`` metadata; returns who
+        made the call (:meth:`Access.check`)."""
         if not self.access.enabled or method in OPEN_METHODS:
-            return
+            return b""
         authorization = next((v for k, v in context.invocation_metadata() or ()
                               if k == "authorization"), None)
-        self.access.check(authorization, admin=method in ADMIN_METHODS)
+        return self.access.check(authorization, admin=method in ADMIN_METHODS)
 
     async def server_live(self, request: pb.ServerLiveRequest, context: Any) -> Any:
         return pb.ServerLiveResponse(live=self.dataplane.live())
@@ -179,16 +180,19 @@ class GrpcService:
         return pb.RepositoryModelUnloadResponse()
 
     async def model_infer(self, request: pb.ModelInferRequest, context: Any) -> Any:
-        response, server_timing = await self._infer(request)
+        response, server_timing = await self._infer(request,
+                                                    self._authorize("ModelInfer", context))
         context.set_trailing_metadata((("server-timing", server_timing),))
         return response
 
-    async def _infer(self, request: pb.ModelInferRequest) -> tuple[Any, str]:
-        """The response to one request, and its Server-Timing value."""
+    async def _infer(self, request: pb.ModelInferRequest, tenant: bytes) -> tuple[Any, str]:
+        """The response to one request (``tenant``: who asked), and its Server-Timing
+        value."""
         with self.dataplane.admitted():
             # the cheap checks before the tensors are decoded
             self.dataplane.check_target(request.model_name, request.model_version or None)
             v2 = decode_infer_request(request, self.dataplane.limits)
+            v2.tenant = tenant
             served, timings, outputs = await self.dataplane.infer(
                 request.model_name, request.model_version or None, v2)
         response = pb.ModelInferResponse(model_name=request.model_name,
@@ -208,14 +212,14 @@ class GrpcService:
         (not necessarily in order; each carries its request's id). An error answers its
         own request in ``error_message`` and the stream goes on."""
         try:
-            self._authorize("ModelStreamInfer", context)
+            tenant = self._authorize("ModelStreamInfer", context)
         except RequestError as exc:
             await context.abort(_STATUS.get(exc.status, grpc.StatusCode.INTERNAL), str(exc))
         answers: asyncio.Queue[Any] = asyncio.Queue()
 
         async def answer(request: pb.ModelInferRequest) -> None:
             try:
-                response, _ = await self._infer(request)
+                response, _ = await self._infer(request, tenant)
                 await answers.put(pb.ModelStreamInferResponse(infer_response=response))
             except Exception as exc:  # every request on the stream gets an answer
                 if not isinstance(exc, RequestError):

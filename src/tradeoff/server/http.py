@@ -35,7 +35,7 @@ from tradeoff.protocol.v2 import (
 from tradeoff.scheduling.request import Timings
 from tradeoff.scheduling.scheduler import Outputs
 from tradeoff.server import metrics, openapi
-from tradeoff.server.access import Access
+from tradeoff.server.access import TENANT, Access
 from tradeoff.server.asgi import (
     JSON_HEADERS,
     OFF_LOOP_BYTES,
@@ -288,7 +288,8 @@ class HttpApp:
                 self.access.check_headers(scope["headers"], admin=False)
             raise
         if route.access is not OPEN and self.access.enabled:
-            self.access.check_headers(scope["headers"], admin=route.access is ADMIN)
+            scope[TENANT] = self.access.check_headers(scope["headers"],
+                                                      admin=route.access is ADMIN)
         if route.admit:
             self.dataplane.check_admission()  # refused at once when full, body unread
             scope[_ADMIT] = True
@@ -378,6 +379,7 @@ class HttpApp:
             await asyncio.to_thread(decode_request, body, length, self.dataplane.limits)
         self._charge(scope, -decoding)  # decoded: the arrays are what is left
         _set_class(request, headers)
+        request.tenant = scope.get(TENANT, b"")
         handler = asyncio.current_task()
         assert handler is not None
         # a client that leaves cancels this handler: the scheduler drops the request if
@@ -430,8 +432,8 @@ class HttpApp:
         admitted = False
         try:
             self.origins.check_values("POST", headers.get(b"host"), headers.get(b"origin"))
-            if self.access.enabled:
-                self.access.check(headers.get(b"authorization"), admin=False)
+            tenant = self.access.check(headers.get(b"authorization"), admin=False) \
+                if self.access.enabled else b""
             self.dataplane.check_admission()
             self.dataplane.check_target(name, version)
             if len(body) > self.max_request_bytes:
@@ -442,6 +444,7 @@ class HttpApp:
             request = decode_request(body, _header_length(headers, len(body)),
                                      self.dataplane.limits)
             _set_class(request, headers)
+            request.tenant = tenant
 
             def done(result: tuple[Timings, Outputs] | BaseException) -> None:
                 self.dataplane.release()

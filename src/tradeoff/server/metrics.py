@@ -210,8 +210,8 @@ class GenerationCollector(Collector):
 
 class CacheCollector(Collector):
     """The response cache: per model version its lookups, hits and misses; for the cache
-    as a whole its insertions, evictions, bytes, collisions, answers too large to keep,
-    requests coalesced onto an identical one, and Redis errors."""
+    as a whole its insertions, evictions, bytes, rejected and unreadable values, answers
+    too large to keep, requests coalesced onto an identical one, and Redis errors."""
 
     def __init__(self, manager: ModelManager, dataplane: DataPlane) -> None:
         self.manager = manager
@@ -248,8 +248,10 @@ class CacheCollector(Collector):
                 ("tradeoff_cache_insertions", "Answers written to the cache", cache.insertions),
                 ("tradeoff_cache_evictions", "Entries the local LRU evicted for room",
                  cache.evictions),
-                ("tradeoff_cache_collisions", "Stored answers whose digest did not match the "
-                 "key (served as misses)", cache.collisions),
+                ("tradeoff_cache_rejected", "Stored answers that failed their MAC (another "
+                 "writer or another secret): served as misses", cache.rejected),
+                ("tradeoff_cache_unreadable", "Stored answers that could not be decoded or "
+                 "are not what the model makes: served as misses", cache.unreadable),
                 ("tradeoff_cache_too_large", "Answers over max_item, not kept",
                  cache.too_large),
                 ("tradeoff_cache_coalesced", "Requests answered by an identical request in "

@@ -22,6 +22,7 @@ import orjson
 from tradeoff.errors import InvalidInput, RequestError
 from tradeoff.generate.bridge import GenerativeModel, Handle
 from tradeoff.protocol.v2 import parse_json_object
+from tradeoff.server.access import TENANT
 from tradeoff.server.asgi import (
     DisconnectWatch,
     Receive,
@@ -155,7 +156,8 @@ class OpenAIApi:
         cacheable = wants_cache and not stream and (params.temperature == 0
                                                     or params.seed is not None)
         model, handle, prompt_tokens = await self.dataplane.generate(
-            name, prompt, params, cache=cacheable, route_parameters=_route_parameters(doc, scope))
+            name, prompt, params, cache=cacheable, route_parameters=_route_parameters(doc, scope),
+            tenant=scope.get(TENANT, b""))
         reply = _Reply(model, handle, chat, prompt_tokens)
 
         def gone() -> None:  # stop generating for nobody
