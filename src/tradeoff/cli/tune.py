@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +95,35 @@ def batch_size(model_dir: Path, device: str, max_memory: str | None,
     save_result(result, json_path, console, "tune result")
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGINT, SIGTERM or SIGHUP during ``tune serve``: unwinds the search so the server
+    gets its config back."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _stop_on_signals() -> Iterator[None]:
+    """The first SIGINT, SIGTERM or SIGHUP raises :class:`Stopped`; later ones are ignored
+    while the server's config is put back."""
+    caught: list[int] = []
+
+    def stop(signum: int, _frame: object) -> None:
+        if not caught:
+            caught.append(signum)
+            raise Stopped(signum)
+
+    wanted = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
+    previous = {sig: signal.signal(sig, stop) for sig in wanted}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def _values(text: str, option: str, least: int) -> tuple[int, ...]:
     try:
         values = tuple(sorted({int(v) for v in text.split(",") if v.strip()}))
@@ -106,8 +139,8 @@ def _values(text: str, option: str, least: int) -> tuple[int, ...]:
 @click.argument("url")
 @endpoint_options
 @load_options("arrival", "duration", "warmup", "max_connections")
-@click.option("--sla-p99-ms", type=click.FloatRange(min=0, min_open=True), required=True,
-              help="The SLA: p99 latency at most this.")
+@click.option("--sla-p99-ms", type=click.FloatRange(min=0, min_open=True),
+              help="The SLA: p99 latency at most this (required unless --restore).")
 @click.option("--rate", type=click.FloatRange(min=0, min_open=True),
               help="Requests per second the deployment must serve within the SLA; the "
                    "winner is the cheapest (then lowest p99) that does.")
@@ -145,20 +178,26 @@ def _values(text: str, option: str, least: int) -> tuple[int, ...]:
               metavar="REPOSITORY/MODEL",
               help="Also write the winner as this model's config.pbtxt (the file there is "
                    "kept as config.pbtxt.orig).")
+@click.option("--restore", is_flag=True,
+              help="Do not tune: put back the config a tune serve that was killed left the "
+                   "model without (the repository index marks a model on a trial config; "
+                   "the marker holds the original).")
 @json_option("tradeoff.tune/1")
-def serve(url: str, sla_p99_ms: float, rate: float | None, max_throughput: bool,
+def serve(url: str, sla_p99_ms: float | None, rate: float | None, max_throughput: bool,
           max_error_percent: float, price_per_hour: float | None,
           price_per_core_hour: float | None, budget: float, strategy: str,
           max_batch_sizes: str, delays_us: str, instances: str, threads: str,
           confirm: int, preferred: str, output_dir: Path | None, apply_to: Path | None,
-          json_path: Path | None,
+          restore: bool, json_path: Path | None,
           **shared: Any) -> None:
     """Search the serving config of a model on a running `tradeoff serve` for an SLA:
     max_batch_size, max_queue_delay_microseconds, preferred_batch_size, instance count and
     intra-op threads. Each candidate is loaded live (the repository extension's load with
     a config; no restart) and measured with the bench engine: at --rate, or for the
     highest throughput within the SLA (--max-throughput). The search stops at --budget;
-    the server gets its original config back at the end.
+    the server gets its original config back at the end, and on SIGINT, SIGTERM or
+    SIGHUP. Each trial config carries a marker (parameters tradeoff_tune, shown in the
+    repository index); if the tuner is killed outright, --restore puts the original back.
 
     Prints every configuration tried (a refused one with the server's reason), marks the
     Pareto front of throughput, p99 and cost per million requests, and writes the winner
@@ -172,14 +211,26 @@ def serve(url: str, sla_p99_ms: float, rate: float | None, max_throughput: bool,
           --rate 200 --price-per-core-hour 0.05 --json tune.json
       tradeoff tune serve http://127.0.0.1:8000 --model mlp --sla-p99-ms 10 \\
           --max-throughput --strategy grid --budget 30m --apply-to ./models/mlp
+      tradeoff tune serve http://127.0.0.1:8000 --model mlp --restore
     """
     from rich.console import Console
 
     from tradeoff.report.terminal import print_serve_tune
     from tradeoff.stats.cost import Price
-    from tradeoff.tune.serve_search import ServeGoal, ServeSearch, Space, write_winner
+    from tradeoff.tune.serve_search import (
+        ServeGoal,
+        ServeSearch,
+        Space,
+        check_apply_target,
+        write_winner,
+    )
 
     console = Console()
+    if restore:
+        _restore(url, shared)
+        return
+    if sla_p99_ms is None:
+        raise click.UsageError("give --sla-p99-ms (the p99 latency the config must meet)")
     if (rate is None) == (not max_throughput):
         raise click.UsageError("give one of --rate R or --max-throughput")
     try:
@@ -192,12 +243,33 @@ def serve(url: str, sla_p99_ms: float, rate: float | None, max_throughput: bool,
         goal = ServeGoal(sla_p99_ms, rate,
                          Price(per_hour=price_per_hour) if price_per_hour else None,
                          price_per_core_hour, budget, strategy, max_error_percent, confirm)
-        with step_progress(console) as say:
-            search = ServeSearch(target, base, goal, space, say)
+        if apply_to is not None:
+            check_apply_target(apply_to, target.model or "")
+        search = ServeSearch(target, base, goal, space)
+        with _stop_on_signals(), step_progress(console) as say:
+            search.say = say
             result = search.run()
         result = write_winner(result, search.original,
                               output_dir or Path(f"tune-{result.model}"), apply_to)
+    except Stopped as stop:
+        click.echo(f"tune serve: stopped by {stop}; {target.model} has its original config "
+                   "back", err=True)
+        sys.exit(128 + stop.signum)
     except user_errors() as exc:
         raise click.ClickException(str(exc)) from None
     print_serve_tune(result, console)
     save_result(result, json_path, console, "tune result")
+
+
+def _restore(url: str, shared: dict[str, Any]) -> None:
+    from tradeoff.tune.serve_search import ModelControl, restore_original
+
+    try:
+        target = take_endpoint(url, shared)
+        if not target.model:
+            raise click.UsageError("give --model: the model whose config to restore")
+        http_url = target.url if target.url.startswith("http") else f"http://{target.url}"
+        click.echo(restore_original(ModelControl(http_url, target.model,
+                                                 headers=dict(target.headers or {}))))
+    except user_errors() as exc:
+        raise click.ClickException(str(exc)) from None

@@ -23,6 +23,11 @@ curse). "Best" is the highest throughput under the SLA
 (max throughput), or the lowest cost per million requests and then the lowest p99 (at a
 rate). A candidate the server refuses is recorded with its reason and skipped.
 
+Every candidate loaded carries a marker in its ``parameters`` (``tradeoff_tune``: who
+applied it, and ``tradeoff_tune_original``: the config the server had), so the
+repository index and the model's config show that the server is on a trial config, and
+:func:`restore_original` can put the original back even after the tuner was killed.
+
     goal = ServeGoal(sla_p99_ms=20, rate=None, budget_s=600)
     result = ServeSearch(target, base_load, goal, Space()).run()
 """
@@ -30,9 +35,12 @@ rate). A candidate the server refuses is recorded with its reason and skipped.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import itertools
 import json
 import math
+import os
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -47,9 +55,10 @@ from tradeoff.bench.endpoint import EndpointSpec, make_adapter
 from tradeoff.bench.load import LoadSpec
 from tradeoff.bench.session import run_benchmark
 from tradeoff.bench.sweep import Sweep, SweepPlan, point_summary
-from tradeoff.errors import TuneError
-from tradeoff.repository.edit import config_text, write_config
+from tradeoff.errors import TradeoffError, TuneError
+from tradeoff.repository.edit import PBTXT, YAML_FILES, config_text
 from tradeoff.results import ServeTune, SweepRow, Trial, environment
+from tradeoff.server.models import TUNE_MARKER, TUNE_ORIGINAL
 from tradeoff.stats.cost import Price
 
 Progress = Callable[[str], None]
@@ -246,6 +255,7 @@ class ServeSearch:
         self.rows: dict[Knobs, list[SweepRow]] = {}
         self.started = 0.0
         self.original: dict[str, Any] = {}
+        self.marker: dict[str, Any] = {}
 
     # ---------------------------------------------------------------- measuring
 
@@ -265,7 +275,7 @@ class ServeSearch:
             return None
         start = self.clock()
         self.say(f"trial {len(self.trials) + 1}: {knobs.name}")
-        refused = self.control.load(knobs.config(original))
+        refused = self._apply(knobs, original)
         if refused is not None:
             trial = Trial(knobs.name, dataclasses.asdict(knobs), "refused", refused,
                           seconds=self.clock() - start)
@@ -350,17 +360,41 @@ class ServeSearch:
             raise TuneError(f"{self.target.model!r} does not batch (max_batch_size 0): its "
                             "inputs have no batch dimension, so there is no batch size or "
                             "queue delay to tune")
+        applied = tune_marker(original)
+        if applied is not None:
+            raise TuneError(f"{self.target.model!r} is on a config applied by {applied}, not "
+                            "its own; put the original back first: tradeoff tune serve "
+                            f"--restore {self.control.url} --model {self.target.model}")
         baseline = Knobs.of(original)
+        self.marker = {
+            TUNE_MARKER: {"string_value": (
+                f"tradeoff tune serve, pid {os.getpid()} on {socket.gethostname()}, since "
+                f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%dT%H:%M:%SZ}")},
+            TUNE_ORIGINAL: {"string_value": json.dumps(original, separators=(",", ":"))}}
         try:
             stop = self._grid(original) if self.goal.strategy == "grid" else \
                 self._coordinate(baseline, original)
             stop += self._confirm(baseline, original)
         finally:
-            refused = self.control.load(original)  # the server goes back to what it had
-        if refused is not None:
-            raise TuneError(f"could not restore the original config of {self.target.model!r}:"
-                            f" {refused}")
+            self._restore(original)  # the server goes back to what it had
         return self._result(baseline, stop)
+
+    def _apply(self, knobs: Knobs, original: dict[str, Any]) -> str | None:
+        """Load ``knobs`` on the server, marked as a tune serve trial; the refusal or None."""
+        config = knobs.config(original)
+        config["parameters"] = {**config.get("parameters", {}), **self.marker}
+        return self.control.load(config)
+
+    def _restore(self, original: dict[str, Any]) -> None:
+        try:
+            refused = self.control.load(original)
+        except TuneError as exc:
+            refused = str(exc)
+        if refused is not None:
+            raise TuneError(
+                f"could not restore the original config of {self.target.model!r}: {refused}; "
+                f"when the server answers: tradeoff tune serve --restore {self.control.url} "
+                f"--model {self.target.model}")
 
     def _confirm(self, baseline: Knobs, original: dict[str, Any]) -> str:
         """Measure the best ``confirm`` configurations and the server's own once more
@@ -380,7 +414,7 @@ class ServeSearch:
                 break
             self.say(f"measuring again: {knobs.name}")
             start = self.clock()
-            if self.control.load(knobs.config(original)) is not None:
+            if self._apply(knobs, original) is not None:
                 continue  # loaded before; a refusal now leaves its first figure
             try:
                 self.rows[knobs].append(self._measure(knobs))
@@ -456,22 +490,117 @@ def pareto_front(trials: list[Trial]) -> set[str]:
     return {t.name for t in trials if not any(dominates(o, t) for o in trials if o is not t)}
 
 
+WRITTEN_BY = "# written by tradeoff tune serve"
+
+
+def tune_marker(config: dict[str, Any]) -> str | None:
+    """Who applied ``config`` (Triton's JSON, as the server reports it) when a tune serve
+    did; None for a config of the model's own."""
+    entry = (config.get("parameters") or {}).get(TUNE_MARKER)
+    return None if entry is None else str(entry.get("string_value", "")) or "tune serve"
+
+
+def restore_original(control: ModelControl) -> str:
+    """Load back the config a tune serve found (kept in its marker) when the server is
+    still on one of its trial configs; says what it did."""
+    current = control.config()
+    applied = tune_marker(current)
+    if applied is None:
+        raise TuneError(f"{control.model!r} is on its own config, not one applied by tune "
+                        "serve: nothing to restore")
+    text = (current.get("parameters") or {}).get(TUNE_ORIGINAL, {}).get("string_value")
+    try:
+        original = json.loads(text or "")
+    except ValueError:
+        original = None
+    if not isinstance(original, dict):
+        raise TuneError(f"{control.model!r}: the tune serve marker holds no original config; "
+                        f"load the model's file instead: POST {control.url}/v2/repository/"
+                        f"models/{control.model}/load")
+    refused = control.load(original)
+    if refused is not None:
+        raise TuneError(f"could not restore the original config of {control.model!r}: "
+                        f"{refused}")
+    return (f"{control.model}: the config applied by {applied} replaced by the original "
+            f"(max_batch_size {original.get('max_batch_size', 0)})")
+
+
+def check_apply_target(model_dir: Path, model: str) -> None:
+    """TuneError unless ``model_dir`` is ``model``'s directory in a repository (named after
+    it, holding its config or versions) or a new, empty directory."""
+    where = f"--apply-to {model_dir}"
+    if model_dir.exists() and not model_dir.is_dir():
+        raise TuneError(f"{where}: not a directory")
+    if not model_dir.exists() or not any(model_dir.iterdir()):
+        return
+    if model_dir.name != model:
+        raise TuneError(f"{where}: not the directory of model {model!r} (a model's directory "
+                        f"is named after it); give REPOSITORY/{model} or a new, empty "
+                        "directory")
+    configs = [model_dir / n for n in (PBTXT, *YAML_FILES) if (model_dir / n).is_file()]
+    versions = [d for d in model_dir.iterdir() if d.is_dir() and d.name.isdigit()]
+    if not configs and not versions:
+        raise TuneError(f"{where}: holds neither a config nor a version directory: not the "
+                        f"directory of model {model!r}")
+    from tradeoff.repository.config import load_config_file
+
+    for path in configs:  # the loader refuses a name that is not the directory's
+        try:
+            load_config_file(path, default_name=model)
+        except TradeoffError as exc:
+            raise TuneError(f"{where}: {path.name} is not a config of model {model!r}: "
+                            f"{exc}") from None
+
+
+def _free_name(path: Path) -> Path:
+    """``path`` + ``.orig``, or ``.orig.2``, ``.orig.3``... the first that does not exist."""
+    candidate, n = path.with_name(path.name + ".orig"), 1
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.name}.orig.{n}")
+    return candidate
+
+
+def _ours(path: Path) -> bool:
+    try:
+        with path.open() as handle:
+            return handle.readline().startswith(WRITTEN_BY)
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
 def write_winner(result: ServeTune, original: dict[str, Any], directory: Path,
                  model_dir: Path | None = None) -> ServeTune:
     """Write the winner's ``config.pbtxt`` (and the config the server had, as
-    ``original.pbtxt``) into ``directory``; with ``model_dir`` (REPOSITORY/MODEL) also
-    as the model's config, its previous file kept as ``.orig``. Returns ``result`` saying
-    where the winner went."""
+    ``original.pbtxt``) into ``directory``, which holds no other files of those names;
+    with ``model_dir`` (REPOSITORY/MODEL, see :func:`check_apply_target`) also as the
+    model's config, each config file there kept under a new name (``.orig``, then
+    ``.orig.2``...): nothing is deleted or overwritten. Returns ``result`` saying where
+    the winner went."""
     trial = result.trial(result.winner)
     if trial is None:
         return result
     winner = Knobs(**trial.knobs).config(original)
-    directory.mkdir(parents=True, exist_ok=True)
-    written = directory / "config.pbtxt"
-    written.write_text(config_text(winner))
-    (directory / "original.pbtxt").write_text(config_text(original))
+    header = f"{WRITTEN_BY}: {trial.name} for model {result.model!r}\n"
+    outputs = {directory / "config.pbtxt": header + config_text(winner),
+               directory / "original.pbtxt": f"{WRITTEN_BY}: the config {result.model!r} "
+                                            "had on the server\n" + config_text(original)}
+    for path in outputs:
+        if path.exists() and not _ours(path):
+            raise TuneError(f"--output {directory}: {path.name} there was not written by "
+                            "tune serve; give another directory")
     if model_dir is not None:
-        if not model_dir.is_dir():
-            raise TuneError(f"--apply-to {model_dir}: no such model directory")
-        written, _ = write_config(model_dir, winner)
+        check_apply_target(model_dir, result.model)
+    directory.mkdir(parents=True, exist_ok=True)
+    for path, text in outputs.items():
+        path.write_text(text)
+    written = directory / "config.pbtxt"
+    if model_dir is not None:
+        model_dir.mkdir(parents=True, exist_ok=True)
+        for name in (PBTXT, *YAML_FILES):
+            current = model_dir / name
+            if current.is_file():
+                current.rename(_free_name(current))
+        written = model_dir / PBTXT
+        written.write_text(outputs[directory / "config.pbtxt"])
     return dataclasses.replace(result, written=str(written))
