@@ -20,13 +20,38 @@
             └── InstanceDied     500: ... and the instance cannot run again
 
 Transports (HTTP, gRPC) map these to status codes; nothing here imports a web framework.
+A message is cut at ``MESSAGE_LIMIT`` characters, so an error that echoes what a file or a
+client gave stays one readable line (a model's load-failure reason, a log line, an answer).
 """
 
 from __future__ import annotations
 
+import reprlib
+
+MESSAGE_LIMIT = 2000  # characters
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict, _SHOWN.maxstring = 2, 4, 4, 40
+
+
+def capped(text: str, limit: int = MESSAGE_LIMIT) -> str:
+    """``text`` cut to ``limit`` characters, saying how many were cut."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
+def shown(value: object) -> str:
+    """A short ``repr`` of a value for an error message: long strings, lists and mappings
+    are cut (``[1, 2, 3, 4, ...]``), so the message names the value without echoing it."""
+    return _SHOWN.repr(value)
+
 
 class TradeoffError(Exception):
-    """Base of every error tradeoff raises on purpose."""
+    """Base of every error tradeoff raises on purpose; its message is ``capped``."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(capped(a) if isinstance(a, str) else a for a in args))
 
 
 class ConfigError(TradeoffError):
@@ -39,7 +64,7 @@ class ConfigError(TradeoffError):
     def __init__(self, source: str, field: str, problem: str) -> None:
         self.source = source
         self.field = field
-        self.problem = problem
+        self.problem = capped(problem)
         where = f"{source}: {field}: " if field else f"{source}: "
         super().__init__(where + problem)
 

@@ -17,7 +17,9 @@
     prefill_stretch: 2.0        # a step that prefills takes at most this many decode steps
 
 Validated like ``config.pbtxt``: an error names the file, the field and what is wrong,
-with "did you mean" for a misspelt field or value.
+with "did you mean" for a misspelt field or value. The sizes have upper bounds
+(``SIZE_LIMITS``: max_num_seqs 4,096, max_num_batched_tokens and num_blocks 2^20,
+max_num_queued_requests 1,000,000, block_size 1,024).
 """
 
 from __future__ import annotations
@@ -29,16 +31,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from tradeoff.backends.registry import default_registry
-from tradeoff.errors import ConfigError
+from tradeoff.errors import ConfigError, shown
 from tradeoff.repository.repository import GENERATIVE_FILE
+from tradeoff.repository.safe_yaml import read_yaml
 
 _CHOICES = {"scheduling": ("fcfs", "priority"), "batching": ("continuous", "static"),
             "precision": ("fp32", "bf16", "int8")}
-_POSITIVE = ("max_num_seqs", "max_num_batched_tokens", "max_num_queued_requests",
-             "num_blocks", "block_size")
+# the sizes and their upper bounds (each is at least 1)
+SIZE_LIMITS = {"max_num_seqs": 4096, "max_num_batched_tokens": 1 << 20,
+               "max_num_queued_requests": 1_000_000, "num_blocks": 1 << 20,
+               "block_size": 1024}
 
 
 def _hint(value: str, choices: Sequence[str]) -> str:
@@ -77,14 +80,10 @@ class GenerativeConfig:
     def read(cls, path: Path, formats: Sequence[str] | None = None) -> GenerativeConfig:
         """Read and validate a ``generate.yaml``; ConfigError names file and field.
         ``formats``: those the generative backends read (default: the registry's)."""
-        source = str(path)
-        try:
-            doc = yaml.safe_load(path.read_text())
-        except (OSError, yaml.YAMLError) as exc:
-            raise ConfigError(source, "", f"not readable YAML: {exc}") from None
+        doc = read_yaml(path)
         if formats is None:
             formats = default_registry().generative_formats()
-        return cls.from_mapping({} if doc is None else doc, source, formats)
+        return cls.from_mapping({} if doc is None else doc, str(path), formats)
 
     @classmethod
     def from_mapping(cls, doc: Any, source: str, formats: Sequence[str] = ()
@@ -104,23 +103,26 @@ class GenerativeConfig:
             values[key] = _typed(source, key, known[key].type, value)
         config = cls(**values)
         if formats and config.format not in formats:
-            raise ConfigError(source, "format", f"no backend reads {config.format!r}"
+            raise ConfigError(source, "format", f"no backend reads {shown(config.format)}"
                               f"{_hint(config.format, formats)} (formats: "
                               f"{', '.join(formats)})")
         for key, choices in _CHOICES.items():
             value = getattr(config, key)
             if value not in choices:
-                raise ConfigError(source, key, f"unsupported value {value!r}"
+                raise ConfigError(source, key, f"unsupported value {shown(value)}"
                                   f"{_hint(value, choices)} (one of {', '.join(choices)})")
         device = config.device
         if device not in ("auto", "cpu", "cuda") and not (
                 device.startswith("cuda:") and device[5:].isascii() and device[5:].isdigit()):
-            raise ConfigError(source, "device", f"unsupported value {device!r}"
+            raise ConfigError(source, "device", f"unsupported value {shown(device)}"
                               f"{_hint(device, ('auto', 'cpu', 'cuda'))} "
                               "(auto, cpu, cuda or cuda:N)")
-        for key in _POSITIVE:
-            if getattr(config, key) < 1:
-                raise ConfigError(source, key, f"must be >= 1, got {getattr(config, key)}")
+        for key, limit in SIZE_LIMITS.items():
+            size = getattr(config, key)
+            if size < 1:
+                raise ConfigError(source, key, f"must be >= 1, got {size}")
+            if size > limit:
+                raise ConfigError(source, key, f"must be at most {limit:,}, got {shown(size)}")
         if config.prefill_stretch and not 1 < config.prefill_stretch <= 100:
             raise ConfigError(source, "prefill_stretch", "must be 0 (no limit) or above 1 "
                               f"(at most 100), got {config.prefill_stretch}")
@@ -131,16 +133,16 @@ def _typed(source: str, key: str, kind: Any, value: Any) -> Any:
     """``value`` as the field's type; YAML gives ints, bools and strings already."""
     if kind == "bool":
         if not isinstance(value, bool):
-            raise ConfigError(source, key, f"expected true or false, got {value!r}")
+            raise ConfigError(source, key, f"expected true or false, got {shown(value)}")
         return value
     if kind == "int":
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(source, key, f"expected int, got {value!r}")
+            raise ConfigError(source, key, f"expected int, got {shown(value)}")
         return value
     if kind == "float":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(source, key, f"expected a number, got {value!r}")
+            raise ConfigError(source, key, f"expected a number, got {shown(value)}")
         return float(value)
     if isinstance(value, (dict, list)) or value is None:
-        raise ConfigError(source, key, f"expected a string, got {value!r}")
+        raise ConfigError(source, key, f"expected a string, got {shown(value)}")
     return str(value)

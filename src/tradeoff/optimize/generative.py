@@ -29,6 +29,7 @@ from tradeoff.errors import OptimizeError
 from tradeoff.generate.config import GenerativeConfig
 from tradeoff.generate.loader import load_generative
 from tradeoff.repository.repository import GENERATIVE_FILE
+from tradeoff.repository.safe_yaml import read_yaml
 from tradeoff.results import OutputAccuracy, VersionReport
 from tradeoff.stats.distribution import distribution
 
@@ -43,7 +44,7 @@ def sibling_name(name: str, precision: str) -> str:
 
 def write_sibling(model_dir: Path, precision: str) -> Path:
     """The sibling model of ``model_dir`` in ``precision``; returns its directory."""
-    doc = yaml.safe_load((model_dir / GENERATIVE_FILE).read_text()) or {}
+    doc = read_yaml(model_dir / GENERATIVE_FILE) or {}
     path = Path(str(doc.get("path", GenerativeConfig.path)))
     doc["path"] = str(path if path.is_absolute() else (model_dir / path).resolve())
     doc["precision"] = precision

@@ -21,13 +21,13 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-import yaml
 from google.protobuf import json_format, text_format
 
 from tradeoff import dtypes
 from tradeoff.backends.registry import BackendRegistry, default_registry
 from tradeoff.errors import ConfigError
 from tradeoff.protocol import model_config_pb2 as pb
+from tradeoff.repository.safe_yaml import parse_yaml
 
 
 @dataclass(frozen=True)
@@ -449,12 +449,8 @@ def load_config_file(path: Path, *, default_name: str,
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(source, "", f"cannot read: {exc}") from exc
     if path.suffix in (".yaml", ".yml"):
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ConfigError(source, "", f"not valid YAML: {exc}") from exc
-        return parse_config_mapping(data, source=source, default_name=default_name,
-                                    backends=backends)
+        return parse_config_mapping(parse_yaml(text, source), source=source,
+                                    default_name=default_name, backends=backends)
     return parse_config_text(text, source=source, default_name=default_name, backends=backends)
 
 

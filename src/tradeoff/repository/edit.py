@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from tradeoff.errors import ConfigError
+from tradeoff.repository.safe_yaml import read_yaml
 
 PBTXT, YAML_FILES = "config.pbtxt", ("config.yaml", "config.yml")
 _POLICY = re.compile(r"\bversion_policy\s*:?\s*\{")
@@ -36,7 +37,7 @@ def add_versions(model_dir: Path, notes: Mapping[int, Mapping[str, str]]) -> Pat
     for name in YAML_FILES:
         path = model_dir / name
         if path.is_file():
-            data = yaml.safe_load(path.read_text()) or {}
+            data = read_yaml(path) or {}
             data["version_policy"] = {"all": {}}
             existing = data.setdefault("parameters", {})
             existing.update({k: {"string_value": v} for k, v in parameters.items()})

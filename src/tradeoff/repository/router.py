@@ -25,14 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from tradeoff.errors import ConfigError
+from tradeoff.repository.safe_yaml import read_yaml
 
 TOP_FIELDS = ("routes", "fallback", "shadow", "idempotent")
 ROUTE_FIELDS = ("when", "to", "sticky")
 CONDITIONS = ("class", "deadline_ms_below")
 TARGET_FIELDS = ("model", "version", "weight")
+MAX_WEIGHT = 1e6  # an arm's weight: a sum of any number of them stays finite
 
 
 def _hint(value: str, choices: Sequence[str]) -> str:
@@ -88,10 +88,12 @@ class Route:
 
     def arm_at(self, point: float) -> int:
         """The arm whose share of the total weight holds ``point`` in [0, 1)."""
-        total = sum(arm.weight for arm in self.arms)
+        largest = max(arm.weight for arm in self.arms)  # shares of it: the sum is finite
+        shares = [arm.weight / largest for arm in self.arms]
+        total = sum(shares)
         edge = 0.0
-        for index, arm in enumerate(self.arms):
-            edge += arm.weight / total
+        for index, share in enumerate(shares):
+            edge += share / total
             if point < edge:
                 return index
         return len(self.arms) - 1
@@ -123,29 +125,26 @@ class RouterConfig:
 
     @classmethod
     def read(cls, path: Path) -> RouterConfig:
-        try:
-            doc = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as exc:
-            raise ConfigError(str(path), "", f"not valid YAML: {exc}") from None
-        except OSError as exc:
-            raise ConfigError(str(path), "", f"cannot be read: {exc.strerror}") from None
-        return cls.from_mapping(doc, str(path))
+        """Read and check ``router.yaml``; the router is named after its directory."""
+        return cls.from_mapping(read_yaml(path), str(path), name=path.parent.name)
 
     @classmethod
-    def from_mapping(cls, doc: Any, source: str) -> RouterConfig:
+    def from_mapping(cls, doc: Any, source: str, name: str | None = None) -> RouterConfig:
+        """Check a router's document; ``name``: the router's, which no target may be."""
         if not isinstance(doc, dict):
             raise ConfigError(source, "", "must be a mapping with 'routes'")
         _known(doc, TOP_FIELDS, source, "")
         raw_routes = doc.get("routes")
         if not isinstance(raw_routes, list) or not raw_routes:
             raise ConfigError(source, "routes", "must be a non-empty list of routes")
-        routes = tuple(_route(r, source, f"routes[{i}].") for i, r in enumerate(raw_routes))
+        routes = tuple(_route(r, source, f"routes[{i}].", name)
+                       for i, r in enumerate(raw_routes))
         for index, route in enumerate(routes[:-1]):
             if route.when is None:
                 raise ConfigError(source, f"routes[{index}]", "has no 'when', so the routes "
                                   "after it can never match; put it last")
-        fallback = _targets(doc["fallback"], source, "fallback", weights=False) \
-            if doc.get("fallback") else ()
+        fallback = _targets(doc["fallback"], source, "fallback", weights=False,
+                            router=name) if doc.get("fallback") else ()
         shadow = None
         if doc.get("shadow") is not None:
             raw = doc["shadow"]
@@ -156,7 +155,8 @@ class RouterConfig:
             if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or \
                     not 0 < fraction <= 1:
                 raise ConfigError(source, "shadow.fraction", "must be a number in (0, 1]")
-            (target,) = _targets(raw.get("to"), source, "shadow.to", weights=False, one=True)
+            (target,) = _targets(raw.get("to"), source, "shadow.to", weights=False, one=True,
+                                 router=name)
             shadow = Shadow(target, float(fraction))
         idempotent = doc.get("idempotent", False)
         if not isinstance(idempotent, bool):
@@ -191,7 +191,7 @@ def sticky_point(name: str, value: Any) -> float:
     return int.from_bytes(digest, "little") / 2**64
 
 
-def _route(raw: Any, source: str, where: str) -> Route:
+def _route(raw: Any, source: str, where: str, router: str | None) -> Route:
     if not isinstance(raw, dict):
         raise ConfigError(source, where.rstrip("."), "must be a mapping with 'to'")
     _known(raw, ROUTE_FIELDS, source, where)
@@ -214,13 +214,13 @@ def _route(raw: Any, source: str, where: str) -> Route:
     sticky = raw.get("sticky")
     if sticky is not None and (not isinstance(sticky, str) or not sticky):
         raise ConfigError(source, f"{where}sticky", "must name a request parameter")
-    arms = _targets(raw.get("to"), source, f"{where}to", weights=True)
+    arms = _targets(raw.get("to"), source, f"{where}to", weights=True, router=router)
     return Route(arms, when, sticky)
 
 
-def _targets(raw: Any, source: str, where: str, *, weights: bool,
-             one: bool = False) -> tuple[Target, ...]:
-    """``MODEL``, ``{model, version, weight}``, or a list of either."""
+def _targets(raw: Any, source: str, where: str, *, weights: bool, one: bool = False,
+             router: str | None = None) -> tuple[Target, ...]:
+    """``MODEL``, ``{model, version, weight}``, or a list of either; none ``router``."""
     items = raw if isinstance(raw, list) else [raw]
     if raw is None or raw == []:
         raise ConfigError(source, where, "must name a model, or list {model, version, weight}")
@@ -230,6 +230,8 @@ def _targets(raw: Any, source: str, where: str, *, weights: bool,
     for index, item in enumerate(items):
         at = f"{where}[{index}]" if isinstance(raw, list) else where
         if isinstance(item, str) and item:
+            if item == router:
+                raise ConfigError(source, at, "a router cannot target itself")
             targets.append(Target(item))
             continue
         if not isinstance(item, dict):
@@ -238,14 +240,17 @@ def _targets(raw: Any, source: str, where: str, *, weights: bool,
         model = item.get("model")
         if not isinstance(model, str) or not model:
             raise ConfigError(source, f"{at}.model", "must name a model")
+        if model == router:
+            raise ConfigError(source, f"{at}.model", "a router cannot target itself")
         version = item.get("version")
         if version is not None and (isinstance(version, bool) or not isinstance(version, int)
                                     or version < 1):
             raise ConfigError(source, f"{at}.version", "must be a positive integer")
         weight = item.get("weight", 1)
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or \
-                not 0 < weight < float("inf"):
-            raise ConfigError(source, f"{at}.weight", "must be a positive number")
+                not 0 < weight <= MAX_WEIGHT:
+            raise ConfigError(source, f"{at}.weight", f"must be a positive number of at most "
+                              f"{MAX_WEIGHT:,.0f}")
         targets.append(Target(model, version, float(weight)))
     return tuple(targets)
 
