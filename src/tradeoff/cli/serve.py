@@ -93,6 +93,9 @@ if TYPE_CHECKING:
 @click.option("--max-instances", default=16, show_default=True, type=click.IntRange(1),
               help="Most instances one model version may have: a config or load request "
                    "asking more is refused.")
+@click.option("--warmup-timeout", default="5m", show_default=True, type=DURATION,
+              help="Longest a model's warmups may take at one load (all instances); "
+                   "past it the load fails. Unload and shutdown cancel a warmup.")
 @click.option("--inline-batch-us", default=500, show_default=True, type=click.IntRange(0),
               help="Run a batch on the event loop, not a worker thread, once the model's "
                    "last 16 batches each took less than this (a thread hand-off costs "
@@ -159,8 +162,8 @@ def serve(repository: Path, host: str, http_port: int, metrics_port: int, no_met
           max_connections_per_client: int,
           allowed_hosts: tuple[str, ...], allowed_origins: tuple[str, ...],
           cache: str | None, shutdown_timeout: float, default_max_batch_size: int,
-          intra_op_threads: int, max_instances: int, inline_batch_us: int,
-          api_keys: tuple[str, ...],
+          intra_op_threads: int, max_instances: int, warmup_timeout: float,
+          inline_batch_us: int, api_keys: tuple[str, ...],
           api_key_files: tuple[Path, ...],
           admin_keys: tuple[str, ...], admin_key_files: tuple[Path, ...],
           metrics_keys: tuple[str, ...],
@@ -215,7 +218,8 @@ def serve(repository: Path, host: str, http_port: int, metrics_port: int, no_met
         shutdown_timeout=shutdown_timeout,
         default_max_batch_size=default_max_batch_size, intra_op_threads=intra_op_threads,
         max_instances=max_instances, inline_batch_us=inline_batch_us,
-        strict_readiness=strict_readiness, allow_fault_injection=allow_fault_injection,
+        warmup_timeout=warmup_timeout, strict_readiness=strict_readiness,
+        allow_fault_injection=allow_fault_injection,
         access=access, tls_cert=tls_cert, tls_key=tls_key, cache=cache_spec,
         allowed_hosts=allowed_hosts, allowed_origins=allowed_origins,
         limits=RequestLimits(max_inputs, max_tensor_elements, max_json_depth,

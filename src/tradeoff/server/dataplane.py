@@ -117,6 +117,7 @@ class DataPlane:
         """Refuse new work and flush every queue; accepted requests are still answered,
         generations until the drain deadline."""
         self.shutting_down = True
+        self.manager.cancel_loads()
         for served in self.manager.served_versions():
             served.begin_drain(self.manager.drain_timeout_s)
 

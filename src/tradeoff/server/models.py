@@ -15,6 +15,8 @@ import enum
 import functools
 import logging
 import os
+import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -96,13 +98,21 @@ class ModelEntry:
     latest: Served | None = None
 
 
+# What a config sent with a network load may ask of warmups (an operator's file may ask
+# more): runs per warmup, and bytes of one warmup request's inputs.
+NETWORK_WARMUP_COUNT = 1000
+NETWORK_WARMUP_BYTES = 64 << 20
+
+
 def _warmup_inputs(config: ModelConfig, warmup: Warmup, model_dir: Path, *,
                    from_network: bool) -> dict[str, np.ndarray]:
     """The tensors of one warmup request, as the config declares them: its dims and its
     ``data_type`` (Triton sends what the warmup says; a model that rejects it fails its
-    load, rather than being warmed up with data nobody configured)."""
+    load, rather than being warmed up with data nobody configured). A config sent over
+    the network may not ask for more than NETWORK_WARMUP_BYTES of inputs."""
     rng = np.random.default_rng(0)
     inputs = {}
+    total = 0
     for tensor in config.inputs:
         spec = warmup.inputs.get(tensor.name)
         dims = spec.dims if spec is not None and spec.dims else tensor.dims
@@ -111,6 +121,10 @@ def _warmup_inputs(config: ModelConfig, warmup: Warmup, model_dir: Path, *,
             shape = (warmup.batch_size, *shape)
         datatype = spec.datatype if spec is not None and spec.datatype else tensor.datatype
         dtype = dtypes.numpy_dtype(datatype)
+        total += int(np.prod(shape, dtype=np.float64)) * max(dtype.itemsize, 1)
+        if from_network and total > NETWORK_WARMUP_BYTES:
+            raise ValueError(f"its inputs would take over {NETWORK_WARMUP_BYTES >> 20} MiB; "
+                             "a config sent with a load may ask at most that")
         source = spec.source if spec is not None else "zero"
         if source == "file" and spec is not None:
             raw = confined(model_dir / "warmup", spec.file, f"model {config.name!r}",
@@ -133,15 +147,21 @@ def _warmup_inputs(config: ModelConfig, warmup: Warmup, model_dir: Path, *,
 
 
 def _run_warmup(config: ModelConfig, backends: list[Backend], model_dir: Path, *,
-                from_network: bool) -> None:
+                from_network: bool, cancel: threading.Event | None = None,
+                deadline: float = float("inf")) -> None:
     """Run the configured warmup (or one zero request) on every instance. A configured
     warmup that fails raises ModelLoadError: the load fails and the caller releases the
     instances. The default request is ours, not the operator's (Triton has none), so its
-    failure is only logged."""
+    failure is only logged. Between runs, ``cancel`` (set by unload or shutdown) and the
+    ``deadline`` (time.monotonic()) stop it with ModelLoadError."""
     explicit = bool(config.warmup)
     plans = config.warmup or (Warmup("default_zero", 1, {}),)
     outputs = [t.name for t in config.outputs]
     for plan in plans:
+        if from_network and plan.count > NETWORK_WARMUP_COUNT:
+            raise ConfigError(f"model {config.name!r}", "model_warmup.count",
+                              f"asks for {plan.count} runs; a config sent with a load may "
+                              f"ask at most {NETWORK_WARMUP_COUNT}")
         try:
             inputs = _warmup_inputs(config, plan, model_dir, from_network=from_network)
         except (OSError, ValueError) as exc:
@@ -151,6 +171,13 @@ def _run_warmup(config: ModelConfig, backends: list[Backend], model_dir: Path, *
         request = InferenceRequest(inputs=inputs, rows=rows)
         for backend in backends:
             for _ in range(plan.count):
+                if cancel is not None and cancel.is_set():
+                    raise ModelLoadError(f"model {config.name!r}: load cancelled during "
+                                        f"warmup {plan.name!r} (unloaded, or the server "
+                                        "is stopping)")
+                if time.monotonic() > deadline:
+                    raise ModelLoadError(f"model {config.name!r}: warmup {plan.name!r} ran "
+                                        "past the warmup deadline (serve --warmup-timeout)")
                 try:
                     run_batch(backend, config, [request], outputs)
                 except Exception as exc:  # InferenceFailed, or a config reshape that fails
@@ -195,8 +222,10 @@ class ModelManager:
 
     def __init__(self, repository: ModelRepository, *, default_intra_op_threads: int = 1,
                  allow_fault_injection: bool = False, drain_timeout_s: float = 30.0,
-                 max_instances: int = 16, inline_batch_us: int = 500) -> None:
+                 max_instances: int = 16, inline_batch_us: int = 500,
+                 warmup_timeout_s: float = 300.0) -> None:
         self.repository = repository
+        self.warmup_timeout_s = warmup_timeout_s  # a load's warmups, all instances together
         self.inline_batch_us = inline_batch_us  # see scheduling/scheduler.py
         self.max_instances = max_instances  # per model version: a load asking more is refused
         # intra-op threads one instance may ask for: a load asking thousands is refused
@@ -208,10 +237,14 @@ class ModelManager:
         self.models: dict[str, ModelEntry] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._stopping: set[asyncio.Task] = set()
+        self._cancels: dict[str, threading.Event] = {}  # loads in progress, by model
 
-    def _build(self, name: str, config_override: dict[str, Any] | None
+    def _build(self, name: str, config_override: dict[str, Any] | None,
+               cancel: threading.Event | None = None
                ) -> tuple[ModelConfig, dict[int, tuple[list[Backend], Path]]]:
-        """Blocking part of a load: read config, create sessions, warm up."""
+        """Blocking part of a load: read config, create sessions, warm up (until
+        ``cancel`` is set or the warmup deadline passes)."""
+        deadline = time.monotonic() + self.warmup_timeout_s
         source = self.repository.read(name, config_override)
         config = source.config
         faults = [k for k in fault_parameters if k in config.parameters]
@@ -249,7 +282,8 @@ class ModelManager:
                                 backend = FaultInjectingBackend(backend, fail_on, die_on)
                             backends.append(backend)
                 _run_warmup(config, backends, self.repository.model_dir(name),
-                            from_network=source.from_network)
+                            from_network=source.from_network, cancel=cancel,
+                            deadline=deadline)
         except BaseException:
             for backends, _ in built.values():
                 for backend in backends:
@@ -299,7 +333,12 @@ class ModelManager:
 
     async def _load_tensor(self, name: str, config_override: dict[str, Any] | None,
                            entry: ModelEntry) -> dict[int, Served]:
-        config, built = await asyncio.to_thread(self._build, name, config_override)
+        cancel = self._cancels[name] = threading.Event()
+        try:
+            config, built = await asyncio.to_thread(self._build, name, config_override, cancel)
+        finally:
+            if self._cancels.get(name) is cancel:
+                del self._cancels[name]
         versions: dict[int, Served] = {}
         for version, (backends, path) in built.items():
             previous = entry.versions.get(version)
@@ -409,6 +448,9 @@ class ModelManager:
         if entry is None:
             self.repository.model_dir(name)  # NotFound if it does not exist at all
             return
+        loading = self._cancels.get(name)
+        if loading is not None:  # stop its warmup: the load fails, then this unload runs
+            loading.set()
         lock = self._locks.setdefault(name, asyncio.Lock())
         async with lock:
             if not entry.versions:
@@ -433,8 +475,15 @@ class ModelManager:
             except TradeoffError:
                 pass
 
+    def cancel_loads(self) -> None:
+        """Stop every load's warmup at its next run: those loads fail (shutdown)."""
+        for cancel in list(self._cancels.values()):
+            cancel.set()
+
     async def close(self) -> None:
-        """Shutdown: unload every model (generations get ``drain_timeout_s``)."""
+        """Shutdown: cancel the loads in progress, unload every model (generations get
+        ``drain_timeout_s``)."""
+        self.cancel_loads()
         for name in list(self.models):
             await self.unload(name, self.drain_timeout_s)
         if self._stopping:  # versions whose instances died, still releasing

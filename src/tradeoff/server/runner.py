@@ -47,6 +47,7 @@ class ServeOptions:
     default_max_batch_size: int = 4
     intra_op_threads: int = 1
     max_instances: int = 16
+    warmup_timeout: float = 300.0
     inline_batch_us: int = 500  # batches measured shorter run on the event loop
     strict_readiness: bool = False
     max_inflight: int | None = 1024
@@ -126,7 +127,8 @@ def make_dataplane(options: ServeOptions) -> DataPlane:
                            allow_fault_injection=options.allow_fault_injection,
                            drain_timeout_s=_generation_drain_s(options.shutdown_timeout),
                            max_instances=options.max_instances,
-                           inline_batch_us=options.inline_batch_us)
+                           inline_batch_us=options.inline_batch_us,
+                           warmup_timeout_s=options.warmup_timeout)
     cache = ResponseCache.from_spec(options.cache) if options.cache is not None else None
     manager.cache_enabled = cache is not None
     dataplane = DataPlane(manager, options.max_inflight, options.limits, cache)
