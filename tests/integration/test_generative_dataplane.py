@@ -155,7 +155,8 @@ def test_a_model_that_fails_to_load_leaves_the_others_serving(tmp_path: Path) ->
     build_repository(repo, ("tiny",))
     write_generative(repo, "tinyllama", "corrupt", **SMALL)
     (repo / "corrupt" / "1" / "model.safetensors").write_bytes(b"not safetensors")
-    write_generative(repo, "tinyllama", "huge", **{**SMALL, "num_blocks": 10**12})
+    write_generative(repo, "tinyllama", "huge",  # the largest sizes: 512 GiB of KV cache
+                     **{**SMALL, "num_blocks": 2**20, "block_size": 1024})
     write_generative(repo, "tinyllama", **SMALL)
     with contextlib.contextmanager(running_server)(repo) as server:
         index = {row["name"]: row for row in
