@@ -216,7 +216,7 @@ def during(attack: Any, server: ServerProcess) -> Any:
 
 
 @pytest.mark.parametrize(("route", "body", "says"), [
-    ("/v1/completions", {"prompt": "z" * (16 << 20)}, "characters) cannot fit"),
+    ("/v1/completions", {"prompt": "z" * (8 << 20)}, "characters) cannot fit"),
     ("/v1/chat/completions",
      {"messages": [{"role": "user", "content": "hi"}] * 200_000}, "messages cannot fit"),
 ])
@@ -224,7 +224,8 @@ def test_a_prompt_that_cannot_fit_is_refused_before_tokenizing(
         server: ServerProcess, route: str, body: dict, says: str) -> None:
     """A 16 MB prompt used to be tokenized on the event loop before its length was
     checked (21.7 s with nothing answered, RSS +1.3 GiB and kept), a chat of 200,000
-    messages 4.8 s: both are refused from their size alone."""
+    messages 4.8 s: both are refused from their size alone (a prompt of 8 MB here: past
+    --max-json-bytes, 16 MiB, a body is refused before it is decoded)."""
     before = rss(server)
     response = during(lambda: post_json(server.url, route, {
         "model": "tinyllama", "max_tokens": 4, **body}), server)

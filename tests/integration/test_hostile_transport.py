@@ -14,6 +14,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -296,10 +297,10 @@ def json_tensor(megabytes: float) -> bytes:
 def test_json_tensors_are_charged_what_decoding_them_takes(server: ServerProcess) -> None:
     """A 57 MB JSON body used to peak at ~970 MiB (14x) before its shape was refused,
     as many at once as clients sent. Decoding JSON is charged to --max-body-memory at
-    15x its size first: a body that can never fit gets 413, one that does not fit now
+    40x its size first: a body that can never fit gets 413, one that does not fit now
     503, and binary tensors are the way to send big ones."""
     before = rss(server)
-    fits = request(server.url, "POST", "/v2/models/mlp/infer", json_tensor(2),
+    fits = request(server.url, "POST", "/v2/models/mlp/infer", json_tensor(1),
                    {"Content-Type": "application/json"})
     assert fits.status == 400 and "shape" in fits.json()["error"], fits.body[:200]
     never = request(server.url, "POST", "/v2/models/mlp/infer", json_tensor(6),
@@ -314,12 +315,42 @@ def test_json_tensors_are_charged_what_decoding_them_takes(server: ServerProcess
     try:
         stalled.sendall(head("/v2/repository/index", 40 * MiB) + b" " * (30 * MiB))
         wait_for(lambda: refused_for_memory(server, 40), "the stalled body to be held")
-        later = request(server.url, "POST", "/v2/models/mlp/infer", json_tensor(3),
+        later = request(server.url, "POST", "/v2/models/mlp/infer", json_tensor(1),
                         {"Content-Type": "application/json"})
         assert later.status == 503 and later.header("Retry-After"), later.body[:200]
         assert_mlp_answers(server)
     finally:
         stalled.close()
+    assert rss(server) - before < BODY_MEMORY + 64 * MiB
+
+
+def empty_objects(megabytes: float) -> bytes:
+    """A JSON object whose decoding takes 36x its size: a list of empty objects."""
+    count = int(megabytes * MiB) // 3
+    return b'{"prompt": [' + b"{}," * (count - 1) + b"{}]}"
+
+
+def test_every_json_body_is_charged_what_decoding_it_takes(server: ServerProcess) -> None:
+    """40 bodies of 7 MB sent to /v1 and /v2/repository/index used to grow RSS by 284
+    MiB against a 64 MiB --max-body-memory: their JSON was decoded uncharged, and a list
+    of empty objects takes 36x its text. Every JSON body is now charged 40x before it is
+    decoded (in a worker thread when large): one that can never fit gets 413, one that
+    does not fit now 503."""
+    before = rss(server)
+    never = request(server.url, "POST", "/v1/completions", empty_objects(7),
+                    {"Content-Type": "application/json"})
+    assert never.status == 413 and "--max-body-memory" in never.json()["error"]["message"]
+
+    def send(path: str) -> int:
+        return request(server.url, "POST", path, empty_objects(1.4),
+                       {"Content-Type": "application/json"}).status
+
+    paths = ["/v1/completions", "/v2/repository/index", "/v1/chat/completions",
+             "/v2/repository/index"] * 10
+    with ThreadPoolExecutor(40) as pool:
+        statuses = list(pool.map(send, paths))
+    assert set(statuses) <= {200, 400, 503} and 503 in statuses, statuses  # or refused
+    assert_mlp_answers(server)
     assert rss(server) - before < BODY_MEMORY + 64 * MiB
 
 

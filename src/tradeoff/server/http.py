@@ -44,6 +44,7 @@ from tradeoff.server.asgi import (
     Receive,
     Scope,
     Send,
+    off_loop_if_large,
     send_body,
     send_json,
 )
@@ -66,9 +67,9 @@ DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
 # they cannot add up to much, and a full budget must not refuse every small request.
 FREE_BODY_BYTES = 64 * 1024
 
-# decoding JSON tensors holds up to this many times the JSON text more (measured: a
-# list of small numbers is a Python object per element before it becomes an array)
-JSON_EXPANSION = 15
+# decoding JSON holds up to this many times the text more, as Python objects (measured
+# with orjson: a list of small numbers 16x, of empty objects or arrays 33-36x)
+JSON_EXPANSION = 40
 
 # per-request state the app keeps in the ASGI scope
 _ADMIT = "tradeoff.admit"        # the route takes an admission slot once its body is read
@@ -110,7 +111,7 @@ class HttpApp:
         self.body_bytes_held = 0  # charged to limits.max_body_memory
         self.router = Router(ROUTES)
         self._openapi = orjson.dumps(openapi.document(ROUTES))
-        openai = OpenAIApi(dataplane, self._read_body)
+        openai = OpenAIApi(dataplane, self._read_json)
         handlers = {name: getattr(self, name, None) or getattr(openai, name)
                     for name in {route.handler for route in ROUTES}}
         self._handlers: dict[str, Callable[[Scope, Receive, Send, Params],
@@ -229,27 +230,37 @@ class HttpApp:
         self.body_bytes_held += extra
         scope[_CHARGED] = scope.get(_CHARGED, 0) + extra
 
-    def _charge_json(self, scope: Scope, size: int) -> int:
-        """Refuse JSON tensors over ``--max-json-bytes`` (decoding them holds the
-        interpreter for about a second per 30 MB, stalling every other client), and
-        charge what decoding ``size`` bytes takes (Python objects, then arrays: up to
-        ``JSON_EXPANSION`` times the text) before it is decoded; returns the charge,
-        for the caller to give back once decoded."""
+    def _charge_json(self, scope: Scope, size: int, tensors: bool = True) -> int:
+        """Refuse JSON over ``--max-json-bytes`` (decoding it holds the interpreter for
+        about a second per 30 MB, stalling every other client), and charge what decoding
+        ``size`` bytes takes (Python objects: up to ``JSON_EXPANSION`` times the text)
+        before it is decoded; returns the charge. ``tensors``: the body is an infer
+        request, whose errors point to binary data."""
         if size <= FREE_BODY_BYTES:
             return 0
+        remedy = "send the tensors as binary data (binary_data_size, as tritonclient's " \
+            "binary_data=True does)" if tensors else "send a smaller document"
         if size > self.limits.max_json_bytes:
-            raise PayloadTooLarge(
-                f"the request's JSON is {size} bytes, over --max-json-bytes "
-                f"({self.limits.max_json_bytes}); send the tensors as binary data "
-                "(binary_data_size, as tritonclient's binary_data=True does)")
+            raise PayloadTooLarge(f"the request's JSON is {size} bytes, over --max-json-bytes "
+                                  f"({self.limits.max_json_bytes}); {remedy}")
         need = JSON_EXPANSION * (size - FREE_BODY_BYTES)
         if need + scope.get(_CHARGED, 0) > self.limits.max_body_memory:
             raise PayloadTooLarge(
                 f"a JSON body of {size} bytes takes about {need + size} bytes to decode, "
-                f"over --max-body-memory ({self.limits.max_body_memory}); send the "
-                "tensors as binary data (binary_data_size) or in smaller requests")
+                f"over --max-body-memory ({self.limits.max_body_memory}); {remedy}")
         self._charge(scope, need)
         return need
+
+    async def _read_json(self, scope: Scope, receive: Receive) -> dict[str, Any]:
+        """A JSON object body (``{}`` when empty), charged to ``--max-body-memory`` for
+        what decoding it holds until the request ends, decoded off the loop when large."""
+        body = await self._read_body(scope, receive)
+        if not body.strip():
+            return {}
+        self._charge_json(scope, len(body), tensors=False)
+        doc: dict[str, Any] = await off_loop_if_large(len(body), parse_json_object, body,
+                                                      "request body")
+        return doc
 
     def _decompress(self, body: bytes, encoding: bytes) -> bytes:
         if encoding == b"gzip":
@@ -300,10 +311,6 @@ class HttpApp:
                 self.dataplane.release()
             self.body_bytes_held -= scope.get(_CHARGED, 0)
 
-    @staticmethod
-    def _json_body(body: bytes) -> dict[str, Any]:
-        return parse_json_object(body, "request body") if body.strip() else {}
-
     # ------------------------------------------------------------------ handlers
     # Each takes (scope, receive, send, path parameters); the route table names them.
 
@@ -346,12 +353,11 @@ class HttpApp:
 
     async def repository_index(self, scope: Scope, receive: Receive, send: Send,
                                params: Params) -> None:
-        body = await self._read_body(scope, receive)
-        ready_only = bool(self._json_body(body).get("ready", False))
+        ready_only = bool((await self._read_json(scope, receive)).get("ready", False))
         await send_json(send, 200, self.dataplane.manager.index(ready_only))
 
     async def load(self, scope: Scope, receive: Receive, send: Send, params: Params) -> None:
-        document = self._json_body(await self._read_body(scope, receive))
+        document = await self._read_json(scope, receive)
         parameters = document.get("parameters") or {}
         if not isinstance(parameters, dict):
             raise InvalidInput("'parameters' must be a JSON object")

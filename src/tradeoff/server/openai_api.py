@@ -21,14 +21,12 @@ import orjson
 
 from tradeoff.errors import InvalidInput, RequestError
 from tradeoff.generate.bridge import GenerativeModel, Handle
-from tradeoff.protocol.v2 import parse_json_object
 from tradeoff.server.access import TENANT
 from tradeoff.server.asgi import (
     DisconnectWatch,
     Receive,
     Scope,
     Send,
-    off_loop_if_large,
     send_json,
 )
 from tradeoff.server.dataplane import DataPlane
@@ -100,15 +98,9 @@ class OpenAIApi:
     """The ``/v1`` handlers of the HTTP app (the route table names them)."""
 
     def __init__(self, dataplane: DataPlane,
-                 read_body: Callable[[Scope, Receive], Awaitable[bytes]]) -> None:
+                 read_json: Callable[[Scope, Receive], Awaitable[dict[str, Any]]]) -> None:
         self.dataplane = dataplane
-        self.read_body = read_body
-
-    async def _json(self, scope: Scope, receive: Receive) -> dict[str, Any]:
-        body = await self.read_body(scope, receive)
-        doc: dict[str, Any] = await off_loop_if_large(len(body), parse_json_object, body,
-                                                      "request body")
-        return doc
+        self._json = read_json  # the body as a JSON object, within --max-body-memory
 
     async def openai_models(self, scope: Scope, receive: Receive, send: Send,
                             params: dict[str, str]) -> None:
