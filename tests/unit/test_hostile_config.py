@@ -206,3 +206,17 @@ def test_sizes_at_their_bound_load(tmp_path: Path) -> None:
                     "".join(f"{field}: {limit}\n" for field, limit in SIZE_LIMITS.items()))
     config: Any = GenerativeConfig.read(path, ("synthetic",))
     assert all(getattr(config, field) == limit for field, limit in SIZE_LIMITS.items())
+
+
+def test_deeply_nested_json_model_files_name_the_file(tmp_path: Path) -> None:
+    """model.json (both synthetic kinds) and the tokenizer's config: 20,000 nested ``[``
+    used to end in a bare RecursionError."""
+    from tradeoff.backends.synthetic import _read
+    from tradeoff.backends.synthetic_generative import SyntheticLLMConfig
+
+    deep = tmp_path / "model.json"
+    deep.write_text("[" * 20_000 + "]" * 20_000)
+    for read in (_read, SyntheticLLMConfig.read):
+        with pytest.raises(ModelLoadError) as caught:
+            read(deep)
+        assert str(deep) in str(caught.value) and len(str(caught.value)) < 500

@@ -492,7 +492,7 @@ def load_hf_directory(directory: Path, device: str = "cpu",
     config_path = directory / "config.json"
     try:
         doc = json.loads(config_path.read_text())
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: deep nesting
         raise ModelLoadError(f"{config_path}: {exc}") from None
     if doc.get("model_type", "llama") != "llama":
         raise ModelLoadError(f"{config_path}: model_type {doc.get('model_type')!r} is not a "

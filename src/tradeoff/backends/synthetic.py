@@ -55,7 +55,7 @@ class Cost:
 def _read(path: Path) -> dict[str, Any]:
     try:
         document = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: deep nesting
         raise ModelLoadError(f"{path}: not a readable synthetic model: {exc}") from None
     if not isinstance(document, dict) or not document.get("inputs") \
             or not document.get("outputs"):

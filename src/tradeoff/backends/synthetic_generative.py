@@ -107,7 +107,7 @@ class SyntheticLLMConfig:
         """Read and check ``model.json``; ModelLoadError names the file and the field."""
         try:
             doc = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:  # RecursionError: deep nesting
             raise ModelLoadError(f"{path}: not a readable synthetic model: {exc}") from None
         if not isinstance(doc, dict):
             raise ModelLoadError(f"{path}: must be a JSON object of settings")

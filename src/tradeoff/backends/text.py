@@ -54,7 +54,13 @@ class Tokenizer:
         except Exception as exc:  # the library raises its own exception type
             raise ModelLoadError(f"{path}: not a readable tokenizer: {exc}") from None
         config_path = directory / "tokenizer_config.json"
-        config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+        try:
+            config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+        except (OSError, ValueError, RecursionError) as exc:  # RecursionError: deep nesting
+            raise ModelLoadError(f"{config_path}: not a readable tokenizer config: "
+                                 f"{type(exc).__name__}: {exc}") from None
+        if not isinstance(config, dict):
+            raise ModelLoadError(f"{config_path}: must be a JSON object")
         return cls(backend, config)
 
     def token_id(self, text: str | None) -> int | None:
