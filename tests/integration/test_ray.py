@@ -1,5 +1,6 @@
 """`tradeoff serve --ray` and `--ray` load workers on a real Ray cluster: a head and one
-more node, each a `ray start` of its own on 127.0.0.2 and 127.0.0.3."""
+more node, each a `ray start` of its own on 127.0.0.2 and 127.0.0.3, with a token of its
+own (a stale ~/.ray/auth_token, as a past Ray run leaves, is in the way on purpose)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 import pytest
@@ -35,10 +37,22 @@ GONE_LINE = re.compile(r"replica (\S+) is gone")
 SUCCESSES = "tradeoff_inference_request_success_total"
 
 
+METRICS_KEY = "replica-metrics-key"
+
+
+def stale_home(directory: Path) -> Path:
+    """A home directory holding the token a past Ray run left (not this cluster's)."""
+    (directory / ".ray").mkdir(parents=True)
+    (directory / ".ray" / "auth_token").write_text("token-of-a-past-run\n")
+    return directory
+
+
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalRayCluster]:
-    with LocalRayCluster(nodes=2) as running:
-        yield running
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRayCluster]:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HOME", str(stale_home(tmp_path_factory.mktemp("home"))))
+        with LocalRayCluster(nodes=2) as running:
+            yield running
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +67,8 @@ def ray_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def deployment(cluster: LocalRayCluster, ray_repository: Path) -> Iterator[ServerProcess]:
     server = ServerProcess(ray_repository, extra_args=(
-        "--ray", cluster.address, "--replicas", "2", "--replica-cpus", "1"),
-        env={"RAY_USAGE_STATS_ENABLED": "0"})
+        "--ray", cluster.address, "--replicas", "2", "--replica-cpus", "1",
+        "--metrics-key", METRICS_KEY), env=cluster.env)
     server.start(timeout=240)
     try:
         wait_for(lambda: len(live_replicas(server)) == 2, "two replicas listed", 60)
@@ -138,9 +152,21 @@ def test_statistics_sum_over_replicas_and_each_replica_serves_metrics(
         doc = json.loads(request(deployment.url, "GET", "/v2/models/tiny/stats").body)
         return sum(entry["inference_count"] for entry in doc["model_stats"])
 
+    def scrape(url: str) -> str:
+        parts = urlsplit(url)
+        answer = request(f"{parts.scheme}://{parts.netloc}", "GET", parts.path,
+                         headers={"Authorization": f"Bearer {METRICS_KEY}"})
+        assert answer.status == 200, answer.body
+        return answer.body.decode()
+
     def per_replica() -> list[float]:
-        return [metric_total(get_text(r["metrics_url"]), SUCCESSES, "tiny")
+        return [metric_total(scrape(r["metrics_url"]), SUCCESSES, "tiny")
                 for r in live_replicas(deployment).values()]
+
+    for replica in live_replicas(deployment).values():  # on --host, behind --metrics-key
+        assert replica["metrics_url"].startswith("http://127.0.0.1:")
+        with pytest.raises(AssertionError, match="missing or invalid metrics key"):
+            get_text(replica["metrics_url"])
 
     before, scraped_before = count(), sum(per_replica())
     statuses = Counter(infer_tiny(deployment.url) for _ in range(40))
@@ -192,11 +218,12 @@ def test_a_killed_replica_is_replaced_with_the_same_models(deployment: ServerPro
     assert Counter(infer_tiny(deployment.url) for _ in range(12)) == {200: 12}
 
 
-def run_cli(tmp_path: Path, *args: str, name: str) -> dict[str, Any]:
+def run_cli(tmp_path: Path, *args: str, name: str, env: dict[str, str]
+            ) -> dict[str, Any]:
     out = tmp_path / f"{name}.json"
     done = subprocess.run([sys.executable, "-m", "tradeoff", *args, "--json", str(out)],
                           capture_output=True, text=True, timeout=300, check=False,
-                          env=dict(os.environ, RAY_USAGE_STATS_ENABLED="0"))
+                          env=dict(os.environ, **env))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return json.loads(out.read_text())
 
@@ -218,7 +245,7 @@ def test_bench_workers_on_both_nodes_merge_exactly(cluster: LocalRayCluster,
     before = served(plain_server)
     closed = run_cli(tmp_path, "bench", plain_server.url, "--model", "tiny", "--concurrency",
                      "4", "--requests", "201", "--ray", cluster.address, "--workers", "2",
-                     name="closed")
+                     name="closed", env=cluster.env)
     assert closed["summary"]["requests"] == 201
     assert served(plain_server) - before == closed["total_requests_sent"]
     hosts = closed["client"]["hosts"]
@@ -228,7 +255,7 @@ def test_bench_workers_on_both_nodes_merge_exactly(cluster: LocalRayCluster,
     before = served(plain_server)
     opened = run_cli(tmp_path, "bench", plain_server.url, "--model", "tiny", "--rate", "200",
                      "--duration", "2", "--ray", cluster.address, "--workers", "2",
-                     name="open")
+                     name="open", env=cluster.env)
     assert served(plain_server) - before == opened["total_requests_sent"]
     assert abs(opened["summary"]["achieved_rate_rps"] - 200) <= 6
 
@@ -238,14 +265,109 @@ def test_sweep_soak_and_compare_take_ray_workers(cluster: LocalRayCluster,
                                                  tmp_path: Path) -> None:
     ray = ("--ray", cluster.address, "--workers", "2")
     sweep = run_cli(tmp_path, "sweep", plain_server.url, "--model", "tiny",
-                    "--concurrency-range", "2:4", "--duration", "1s", *ray, name="sweep")
+                    "--concurrency-range", "2:4", "--duration", "1s", *ray, name="sweep",
+                    env=cluster.env)
     assert [p["load"]["concurrency"] for p in sweep["points"]] == [2, 4]
     soak = run_cli(tmp_path, "soak", plain_server.url, "--model", "tiny", "--max-rate", "200",
                    "--fraction", "0.5", "--duration", "2s", "--window", "0.3s", *ray,
-                   name="soak")
+                   name="soak", env=cluster.env)
     compare = run_cli(tmp_path, "compare", "--endpoint", f"a={plain_server.url},model=tiny",
                       "--endpoint", f"b={plain_server.url},model=mlp", "--concurrency", "2",
-                      "--duration", "1s", "--rounds", "1", *ray, name="compare")
+                      "--duration", "1s", "--rounds", "1", *ray, name="compare",
+                      env=cluster.env)
     results = [*sweep["points"], soak["result"], *(e["result"] for e in compare["endpoints"])]
     for result in results:
         assert {h["node"] for h in result["client"]["hosts"]} == {"127.0.0.2", "127.0.0.3"}
+
+
+def listeners(pids: set[int], drivers: set[int] = frozenset()) -> list[tuple[str, str, str]]:
+    """(address, port, process) of every TCP socket ``pids`` listen on; a Ray driver
+    among ``drivers`` is named ``driver``."""
+    found = []
+    for line in subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True,
+                               check=True).stdout.splitlines():
+        owners = {int(p) for p in re.findall(r"pid=(\d+)", line)} & pids
+        if owners:
+            address, _, port = line.split()[3].rpartition(":")
+            owner = min(owners)
+            found.append((address.strip("[]"), port,
+                          "driver" if owner in drivers else process_name(owner)))
+    return found
+
+
+def process_name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:300]
+    except OSError:
+        return "?"
+
+
+def on_loopback(address: str) -> bool:
+    import ipaddress
+
+    if address in ("*", "0.0.0.0", "::"):
+        return False
+    ip = ipaddress.ip_address(address)
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return (mapped or ip).is_loopback
+
+
+def descendants(root: int) -> set[int]:
+    children: dict[int, set[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), set()).add(int(stat.parent.name))
+    found, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        found.add(pid)
+        todo.extend(children.get(pid, set()) - found)
+    return found
+
+
+# What Ray 2.60 binds to every interface whatever the node's address (only a node on
+# 127.0.0.1 gets loopback-only servers): the gRPC servers of the GCS, each raylet and
+# each worker (Serve's controller, proxy and replicas, the coordinator, load workers),
+# each dashboard agent's gRPC server, and the dashboard head's metrics port (44227).
+# All but the last take Ray's token (docs/scale-out.md).
+def ray_binds_everywhere(process: str) -> bool:
+    return (process == "driver" or process.split(" ")[0].endswith(("gcs_server", "raylet"))
+            or process.startswith("ray::") or "dashboard/dashboard.py" in process)
+
+
+def test_the_cluster_and_its_drivers_listen_on_loopback_where_ray_lets_them(
+        cluster: LocalRayCluster, deployment: ServerProcess) -> None:
+    assert deployment.process is not None
+    found = listeners(cluster.pids() | descendants(deployment.process.pid),
+                      drivers={deployment.process.pid})
+    assert len(found) >= 10, found
+    elsewhere = [f for f in found if not on_loopback(f[0])]
+    assert all(address in ("*", "0.0.0.0", "::") for address, _, _ in elsewhere), found
+    assert [f for f in elsewhere if not ray_binds_everywhere(f[2])] == [], found
+    # the proxy on --host, each replica's /metrics on --host
+    assert any(f[1] == str(deployment.http_port) and f[0] == "127.0.0.1" for f in found)
+
+
+def test_a_local_ray_listens_on_loopback_only(ray_repository: Path, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HOME", str(home))
+        with ServerProcess(ray_repository, extra_args=(
+                "--ray", "--metrics-key", METRICS_KEY),
+                env={"RAY_USAGE_STATS_ENABLED": "0"}) as server:
+            wait_for(lambda: len(live_replicas(server)) == 1, "one replica listed", 60)
+            assert server.process is not None
+            found = listeners(descendants(server.process.pid))
+            replica = next(iter(live_replicas(server).values()))
+    assert len(found) >= 10, found
+    # Serve's replica keeps one inter-deployment gRPC server on [::] (hard-coded in Ray)
+    elsewhere = [f for f in found if not on_loopback(f[0])]
+    assert all(f[2].startswith("ray::ServeReplica") for f in elsewhere), found
+    assert len(elsewhere) <= 1, found
+    assert replica["node"] == "127.0.0.1"
+    assert replica["metrics_url"].startswith("http://127.0.0.1:")
+    assert not (home / ".ray").exists()  # its own token: nothing read or left in ~/.ray

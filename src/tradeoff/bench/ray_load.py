@@ -58,6 +58,11 @@ def connect(address: str) -> Any:
         try:
             ray.init(address=address, namespace=NAMESPACE, log_to_driver=False,
                      configure_logging=False)
+        except ray.exceptions.AuthenticationError:
+            raise BenchSetupError(f"--ray {address}: the Ray cluster refused this "
+                                  "process's token: give the cluster's token as "
+                                  "RAY_AUTH_TOKEN (or a file holding it as "
+                                  "RAY_AUTH_TOKEN_PATH)") from None
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise BenchSetupError(f"--ray {address}: cannot reach the Ray cluster: {exc}"
                                   ) from None

@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import http.client
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -149,12 +150,16 @@ class ServerProcess:
 
 
 class LocalRayCluster:
-    """A Ray cluster of ``nodes`` nodes on this machine, each a separate ``ray start`` on a
-    loopback address of its own (127.0.0.2, 127.0.0.3, ...), so no traffic leaves
-    loopback; torn down with ``ray stop`` (which stops every Ray process of this user).
+    """A Ray cluster of ``nodes`` nodes on this machine, each a ``ray start --block`` child
+    on a loopback address of its own (127.0.0.2, 127.0.0.3, ...), so no traffic leaves
+    loopback. It has a token of its own (Ray's token authentication stays on): ``env``
+    holds what a driver needs to join it, and nothing in ``~/.ray`` is read or written.
+    Stopping it ends its own processes only (not every Ray of the machine, as ``ray
+    stop`` would).
 
         with LocalRayCluster(nodes=2) as cluster:
             cluster.address          # 127.0.0.2:<port>, for --ray
+            cluster.env              # for the drivers: serve --ray, bench --ray
     """
 
     def __init__(self, nodes: int = 2, cpus_per_node: float = 1,
@@ -169,35 +174,76 @@ class LocalRayCluster:
         self.temp_dir = tempfile.mkdtemp(prefix="tradeoff-ray-")
         self.log = tempfile.NamedTemporaryFile(prefix="tradeoff-ray-", suffix=".log",
                                                delete=False)
+        self.env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32),
+                    "RAY_USAGE_STATS_ENABLED": "0"}
+        self.processes: list[subprocess.Popen[bytes]] = []
 
-    def _ray(self, *args: str, node: int | None = None, timeout: float = 120.0) -> None:
-        command = [str(Path(sys.executable).with_name("ray")), *args]
-        if node is not None and self.affinity and shutil.which("taskset"):
-            command = ["taskset", "-c", self.affinity[node % len(self.affinity)], *command]
-        env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
-        done = subprocess.run(command, stdout=self.log, stderr=subprocess.STDOUT,
-                              env=env, timeout=timeout, check=False)
-        if done.returncode != 0:
-            raise RuntimeError(f"ray {' '.join(args)} failed:\n"
-                               f"{Path(self.log.name).read_text(errors='replace')[-3000:]}")
+    def _node_env(self) -> dict[str, str]:
+        # every process of the cluster carries TRADEOFF_RAY_CLUSTER, so stop finds them;
+        # Ray's own metrics export (a Prometheus port on all interfaces) is not used here
+        return dict(os.environ, **self.env, TRADEOFF_RAY_CLUSTER=self.temp_dir,
+                    RAY_enable_metrics_collection="0")
+
+    def _start_node(self, k: int, *args: str, timeout: float = 120.0) -> None:
+        command = [str(Path(sys.executable).with_name("ray")), "start", "--block", *args]
+        if self.affinity and shutil.which("taskset"):
+            command = ["taskset", "-c", self.affinity[k % len(self.affinity)], *command]
+        process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT,
+                                   env=self._node_env(), start_new_session=True)
+        self.processes.append(process)
+        deadline = time.monotonic() + timeout
+        while self._log_text().count("Ray runtime started.") <= k:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"ray start of node {k} failed:\n"
+                                   f"{self._log_text()[-3000:]}")
+            time.sleep(0.2)
+
+    def _log_text(self) -> str:
+        return Path(self.log.name).read_text(errors="replace")
 
     def start(self) -> LocalRayCluster:
         common = ("--num-cpus", f"{self.cpus_per_node:g}", "--object-store-memory",
                   str(self.object_store_bytes), "--disable-usage-stats")
-        self._ray("start", "--head", "--node-ip-address", "127.0.0.2", "--port",
-                  str(self.port), "--include-dashboard=false", "--temp-dir", self.temp_dir,
-                  *common, node=0)
         try:
+            self._start_node(0, "--head", "--node-ip-address", "127.0.0.2", "--port",
+                             str(self.port), "--include-dashboard=false", "--no-monitor",
+                             "--ray-client-server-port", str(free_port("127.0.0.2")),
+                             "--temp-dir", self.temp_dir, *common)
             for k in range(1, self.nodes):
-                self._ray("start", "--address", self.address, "--node-ip-address",
-                          f"127.0.0.{2 + k}", *common, node=k)
+                self._start_node(k, "--address", self.address, "--node-ip-address",
+                                 f"127.0.0.{2 + k}", *common)
         except Exception:
             self.stop()
             raise
         return self
 
+    def pids(self) -> set[int]:
+        """The processes of this cluster now (its nodes' and their workers')."""
+        found = set()
+        marker = f"TRADEOFF_RAY_CLUSTER={self.temp_dir}".encode()
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit() and int(entry.name) != os.getpid():
+                try:
+                    if marker in (entry / "environ").read_bytes().split(b"\0"):
+                        found.add(int(entry.name))
+                except OSError:  # gone, or not ours to read
+                    continue
+        return found | {p.pid for p in self.processes if p.poll() is None}
+
     def stop(self) -> None:
-        self._ray("stop", "--force")
+        """SIGTERM each node (the others first, then the head), which stops its
+        processes; whatever of this cluster is left after that gets SIGKILL."""
+        for process in reversed(self.processes):
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(60)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+        for pid in self.pids():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
     def __enter__(self) -> LocalRayCluster:

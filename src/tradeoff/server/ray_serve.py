@@ -4,8 +4,10 @@ Each replica is a whole ``tradeoff`` data plane (every model of the repository, 
 own batchers and instances) behind Ray Serve's HTTP proxy, which spreads requests over
 the replicas. The repository path must be one every node sees. Replicas keep their
 models in step through :mod:`tradeoff.server.replicas`; each serves its own Prometheus
-``/metrics`` on its node's address. Autoscaling is Ray Serve's: it holds the ongoing
-requests per replica near ``target_ongoing_requests``.
+``/metrics`` on ``--host`` (its node's address when that is every interface), behind
+``--metrics-key``. Autoscaling is Ray Serve's: it holds the ongoing requests per replica
+near ``target_ongoing_requests``. A local Ray (``--ray`` alone) gets a token of its own,
+and binds to loopback when ``--host`` is a loopback address.
 
 gRPC is not carried: Ray Serve's gRPC proxy routes only methods defined on the
 deployment, and the KServe service is not one of them (docs/scale-out.md).
@@ -13,15 +15,21 @@ deployment, and the KServe service is not one of them (docs/scale-out.md).
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
+import secrets
 import signal
+import socket
 import threading
 from dataclasses import dataclass, replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from tradeoff.errors import MissingDependency, TradeoffError
+from tradeoff.errors import MissingDependency, TradeoffError, Unauthorized
 from tradeoff.heap import settle_heap
+from tradeoff.server.access import Access
+from tradeoff.server.metrics import render
 from tradeoff.server.replicas import ReplicaCoordinator, ReplicaLink
 from tradeoff.server.runner import ServeOptions, make_app, make_dataplane
 
@@ -108,10 +116,12 @@ class Replica:
         settle_heap()
         metrics_url = None
         if self.options.metrics_port is not None:
-            from prometheus_client import start_http_server
-
-            self.metrics_server, _ = start_http_server(0, self.node, self.asgi_app.registry)
-            metrics_url = f"http://{self.node}:{self.metrics_server.server_port}/metrics"
+            self.metrics_server = serve_metrics(self.options.host, self.asgi_app.registry,
+                                                self.options.access)
+            shown = self.node if is_every_interface(self.options.host) else \
+                self.options.host
+            host = f"[{shown}]" if ":" in shown else shown
+            metrics_url = f"http://{host}:{self.metrics_server.server_port}/metrics"
         self.link = ReplicaLink(self.coordinator, self.dataplane, self.replica_id,
                                 self.node, os.getpid(), metrics_url)
         await self.link.join()
@@ -126,6 +136,57 @@ class Replica:
         await self.dataplane.close()
         if self.metrics_server is not None:
             self.metrics_server.shutdown()
+
+
+def is_every_interface(host: str) -> bool:
+    return host in ("", "0.0.0.0", "::")
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def serve_metrics(host: str, registry: Any, access: Access) -> ThreadingHTTPServer:
+    """A replica's ``/metrics`` on ``host`` (a port of its own), behind the metrics keys
+    as ``tradeoff serve``'s is; served from a daemon thread."""
+
+    class Metrics(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path.split("?")[0] != "/metrics":
+                self._answer(404, b"no route: the metrics port serves /metrics")
+                return
+            try:
+                access.check_metrics((k.lower().encode("latin-1"), v.encode("latin-1"))
+                                     for k, v in self.headers.items())
+            except Unauthorized as exc:
+                self._answer(401, str(exc).encode())
+                return
+            self._answer(200, render(registry), "text/plain; version=0.0.4; charset=utf-8")
+
+        def _answer(self, status: int, body: bytes,
+                    content_type: str = "text/plain; charset=utf-8") -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            if status == 401:
+                self.send_header("WWW-Authenticate", "Bearer")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:  # scrapes are not news
+            pass
+
+    class Server(ThreadingHTTPServer):
+        daemon_threads = True
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+    server = Server((host, 0), Metrics)
+    threading.Thread(target=server.serve_forever, name="replica-metrics",
+                     daemon=True).start()
+    return server
 
 
 def _import_serve() -> Any:
@@ -156,11 +217,27 @@ def deploy(options: ServeOptions, ray_options: RayOptions) -> Any:
     return coordinator
 
 
-def connect(address: str | None, every_node: bool = False) -> None:
-    """Join the Ray cluster at ``address`` (None: start a local one). With one proxy (on
-    the head), Ray Serve's preference for replicas on the proxy's own node is turned off
-    for the Serve actors this job starts: it would send every request to the head's
-    replicas until they hold ``max_ongoing_requests`` each."""
+def local_ray_environment(host: str) -> dict[str, str]:
+    """The environment a local Ray (``--ray`` alone) starts with: token authentication
+    on, with a token of its own (not ``~/.ray/auth_token``, which Ray would otherwise
+    read, or write); with a loopback ``host``, every Ray process on 127.0.0.1 (Ray binds
+    its servers to loopback only when the node's address is 127.0.0.1, which it allows
+    only in its single-machine mode)."""
+    env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    if is_loopback(host):
+        env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    return env
+
+
+def connect(address: str | None, every_node: bool = False, host: str = "127.0.0.1") -> None:
+    """Join the Ray cluster at ``address`` (None: start a local one, see
+    :func:`local_ray_environment`). With one proxy (on the head), Ray Serve's preference
+    for replicas on the proxy's own node is turned off for the Serve actors this job
+    starts: it would send every request to the head's replicas until they hold
+    ``max_ongoing_requests`` each."""
+    if address is None:
+        # before Ray is imported: it reads its single-machine mode once, at import
+        os.environ.update(local_ray_environment(host))
     _import_serve()
     import ray
 
@@ -169,7 +246,13 @@ def connect(address: str | None, every_node: bool = False) -> None:
     try:
         ray.init(address=address, namespace=NAMESPACE, log_to_driver=False,
                  include_dashboard=False if address is None else None,
+                 _node_ip_address="127.0.0.1" if address is None and is_loopback(host)
+                 else None,
                  configure_logging=False, runtime_env={"env_vars": env} if env else None)
+    except ray.exceptions.AuthenticationError:
+        raise TradeoffError(f"the Ray cluster at {address} refused this process's token: "
+                            "give the cluster's token as RAY_AUTH_TOKEN (or a file holding "
+                            "it as RAY_AUTH_TOKEN_PATH)") from None
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise TradeoffError(f"cannot reach the Ray cluster at {address}: {exc}; start one "
                             "with `ray start --head`") from None
@@ -178,7 +261,7 @@ def connect(address: str | None, every_node: bool = False) -> None:
 def serve_on_ray(options: ServeOptions, ray_options: RayOptions) -> None:
     """Run ``tradeoff serve --ray`` until SIGINT/SIGTERM, then take the deployment down."""
     options = replace(options, model_repository=options.model_repository.resolve())
-    connect(ray_options.address, ray_options.every_node)
+    connect(ray_options.address, ray_options.every_node, options.host)
     serve = _import_serve()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
