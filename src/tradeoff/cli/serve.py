@@ -127,8 +127,10 @@ if TYPE_CHECKING:
 @click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None,
               metavar="[ADDRESS]",
               help="Serve as a Ray Serve deployment on the Ray cluster at ADDRESS (host:port "
-                   "of `ray start --head`; alone: start Ray here). HTTP v2 and /v1 through "
-                   "Ray's proxy on --host/--http-port; no gRPC. docs/scale-out.md.")
+                   "of `ray start --head`; alone: start Ray here, with a token of its own, "
+                   "on loopback when --host is). HTTP v2 and /v1 through Ray's proxy on "
+                   "--host/--http-port, each replica's /metrics on --host; no gRPC. "
+                   "docs/scale-out.md.")
 @click.option("--replicas", default=1, show_default=True, type=click.IntRange(1),
               help="With --ray: replicas of the whole data plane.")
 @click.option("--autoscale", metavar="MIN:MAX",
