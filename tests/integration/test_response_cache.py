@@ -305,3 +305,29 @@ def test_with_api_keys_each_key_sees_only_its_own_answers(repo: Path) -> None:
     finally:
         with pytest.raises(StopIteration):
             next(server_gen)
+
+
+def test_bench_and_the_server_report_one_hit_ratio(repo: Path) -> None:
+    """On a server that nothing else has sent to, a run with no warmup sees what the
+    server's statistics and its Prometheus counters say: hits / lookups."""
+    server_gen = running_server(repo, extra_args=("--cache", "local,size=4MB"))
+    server = next(server_gen)
+    try:
+        spec = EndpointSpec(server.url, model="mlp", distinct_inputs=30, zipf=1.0, seed=3)
+        result, _, _ = run_benchmark(make_adapter(spec), LoadSpec(
+            concurrency=2, requests=400, warmup_s=0.0, seed=3))
+        counts = result.summary.server_counts
+        assert counts is not None and counts.cache_hit_ratio is not None
+        own = stats(server, "mlp")["inference_stats"]
+        hits, misses = int(own["cache_hit"]["count"]), int(own["cache_miss"]["count"])
+        # the server also counted the bench's cold-start request, sent before its window
+        assert result.cold_start_ok
+        assert (hits, misses - 1) == (counts.cache_hits, counts.cache_misses)
+        assert counts.cache_hit_ratio == hits / (hits + misses - 1)
+        samples = metric_samples(server)
+        mlp = frozenset({"model": "mlp", "version": "1"}.items())
+        assert samples[("tradeoff_cache_lookups_total", mlp)] == hits + misses
+        assert samples[("tradeoff_cache_hits_total", mlp)] == hits
+    finally:
+        with pytest.raises(StopIteration):
+            next(server_gen)

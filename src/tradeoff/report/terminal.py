@@ -81,8 +81,9 @@ def print_bench_result(result: BenchResult, console: Console) -> None:
     counts = s.server_counts
     if counts is not None and counts.cache_hit_ratio is not None:
         table.add_row("server cache hit ratio",
-                      f"{counts.cache_hit_ratio:.1%} ({counts.cache_hits:,} hits, "
-                      f"{counts.cache_misses:,} misses)")
+                      f"{counts.cache_hit_ratio:.1%} ({counts.cache_hits:,} hits of "
+                      f"{counts.cache_hits + counts.cache_misses:,} lookups, measurement "
+                      "window)")
     mix = result.endpoint.get("input_mix")
     if mix and mix.get("draw") == "zipf":
         table.add_row("inputs", f"{mix['distinct_inputs']:,} distinct, Zipf s={mix['zipf_s']:g}")
