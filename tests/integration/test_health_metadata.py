@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import time
+from pathlib import Path
+
 import pytest
 import tritonclient.http as triton
 
+from tests.synthetic_model import write_synthetic_model
 from tradeoff.models import EXAMPLE_MODELS
 from tradeoff.server.process import ServerProcess
 
@@ -148,3 +153,27 @@ def test_ready_only_index(server: ServerProcess) -> None:
     rows = response.json()
     assert rows and all(row["state"] == "READY" for row in rows)
     assert not set(BROKEN_MODELS) & {row["name"] for row in rows}
+
+
+def test_a_server_with_nothing_to_serve_is_live_but_not_ready(tmp_path: Path) -> None:
+    """Every model failed to load: ready used to answer 200 (unless --strict-readiness);
+    it answers 503 until a model serves, and the log says why."""
+    write_synthetic_model(tmp_path, "broken", extra="not a config field: 1")
+    process = ServerProcess(tmp_path)
+    process.process = subprocess.Popen(process.command(), stdout=process.log,
+                                       stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while "no model serves" not in process.log_text():
+            assert time.monotonic() < deadline and process.process.poll() is None
+            time.sleep(0.1)
+        assert request(process.url, "GET", "/v2/health/live").status == 200
+        assert request(process.url, "GET", "/v2/health/ready").status == 503
+        (tmp_path / "broken" / "config.pbtxt").write_text(
+            'name: "broken"\nbackend: "synthetic"\nmax_batch_size: 8\n')
+        assert request(process.url, "POST", "/v2/repository/models/broken/load",
+                       b"{}").status == 200
+        assert request(process.url, "GET", "/v2/health/ready").status == 200
+    finally:
+        assert process.stop() == 0
+        process.close_log()

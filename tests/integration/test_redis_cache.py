@@ -282,3 +282,19 @@ def test_redis_killed_under_load_loses_no_request_and_comes_back(
             restarted.kill()
         with pytest.raises(StopIteration):
             next(server_gen)
+
+
+def test_a_redis_that_is_down_at_start_is_reported_at_start(repo: Path,
+                                                             secret_file: Path) -> None:
+    """The cache used to be logged as fine until the first request failed on it."""
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    server_gen = running_server(repo, extra_args=("--cache", f"{url},secret_file={secret_file}"))
+    server = next(server_gen)
+    try:
+        started = server.log_text()
+        assert "response cache: Redis at" in started and "failed" in started
+        assert infer_json(server.url, "mlp", inputs(np.zeros((1, 256), np.float32))).status \
+            == 200  # served without the cache
+    finally:
+        with pytest.raises(StopIteration):
+            next(server_gen)

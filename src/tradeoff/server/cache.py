@@ -535,6 +535,16 @@ class RedisStore:
             return None
         return value if isinstance(value, bytes) else None
 
+    async def check(self) -> bool:
+        """Ping Redis; a failure is counted and logged like any other (the server serves
+        without the cache until Redis answers)."""
+        try:
+            await self.client.ping()
+        except Exception as exc:
+            self._failed(exc)
+            return False
+        return True
+
     async def put(self, key: bytes, value: bytes, tenant: bytes = b"") -> bool:
         """Write an entry; a tenant's (its name from :meth:`Keys.tag`) within its share."""
         if not self.available:
@@ -615,6 +625,10 @@ class ResponseCache:
                         "server with another secret, or by something else); treated as "
                         "a miss")
         return value
+
+    async def check(self) -> bool:
+        """Whether the store answers now (a local one always does)."""
+        return True if isinstance(self.store, LocalStore) else await self.store.check()
 
     async def lookup(self, key: CacheKey, expected: Expected) -> list[TensorOutput] | None:
         """The stored answer, if it is authentic and the outputs ``expected``."""

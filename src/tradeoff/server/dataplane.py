@@ -125,11 +125,14 @@ class DataPlane:
         return not self.shutting_down
 
     def ready(self) -> bool:
+        """Started, not stopping, and serving: at least one model (every model with
+        ``--strict-readiness``). A server with nothing to serve is not ready."""
         if not self.started or self.shutting_down:
             return False
+        entries = self.manager.models.values()
         if self.strict_readiness:
-            return all(e.latest is not None for e in self.manager.models.values())
-        return True
+            return bool(entries) and all(e.latest is not None for e in entries)
+        return any(e.latest is not None for e in entries)
 
     def server_metadata(self) -> dict[str, Any]:
         return {"name": "tradeoff", "version": __version__, "extensions": EXTENSIONS}

@@ -185,12 +185,18 @@ def serve(options: ServeOptions) -> None:
         log.info("HTTP (Open Inference Protocol v2) on %s://%s:%d", scheme, options.host,
                  http_port)
         log.info("access: %s", options.access.describe())
-        if options.cache is not None:
+        if options.cache is not None and dataplane.cache is not None:
             log.info("response cache: %s", options.cache.describe())
+            await dataplane.cache.check()  # warns now if Redis does not answer
         if metrics_port is not None:
             log.info("Prometheus metrics on %s://%s:%d/metrics", scheme, options.host,
                      metrics_port)
-        log.info("ready")
+        if dataplane.ready():
+            log.info("ready")
+        else:
+            log.warning("no model serves (see the errors above, or POST "
+                        "/v2/repository/index): /v2/health/ready answers 503 until one "
+                        "loads")
 
     async def shutdown() -> None:
         dataplane.begin_shutdown()  # once more if a signal started it: deadlines keep
