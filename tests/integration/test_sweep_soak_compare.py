@@ -241,6 +241,17 @@ def test_compare_needs_two_endpoints(tmp_path: Path) -> None:
     assert "NAME=URL" in run.stderr and "Traceback" not in run.stderr
 
 
+def test_compare_checks_every_endpoint_before_its_first_round(server: ServerProcess
+                                                              ) -> None:
+    """A missing version used to be found after the first endpoint's round had run."""
+    run = tradeoff("compare", "--endpoint", f"fp32={server.url},model=mlp,version=1",
+                   "--endpoint", f"int8={server.url},model=mlp,version=7", "--duration", "5s",
+                   check=False)
+    assert run.returncode != 0 and "Traceback" not in run.stderr
+    assert "endpoint int8" in run.stderr and "version" in run.stderr, run.stderr
+    assert "round 1" not in run.stdout
+
+
 # ------------------------------------------------------------------------ report
 
 def chromium() -> str | None:

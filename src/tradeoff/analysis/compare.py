@@ -27,6 +27,7 @@ import numpy as np
 from rich.console import Console
 
 from tradeoff.analysis.profile import build_profile, profile
+from tradeoff.bench.adapters import BenchSetupError
 from tradeoff.bench.endpoint import EndpointSpec, make_adapter
 from tradeoff.bench.load import LoadSpec
 from tradeoff.bench.records import OK, Records
@@ -301,6 +302,11 @@ def run_compare(endpoints: list[EndpointSpec], spec: LoadSpec, rounds: int = 3,
     if spec.duration_s is None:
         raise ValueError("compare needs --duration (each round measures that long)")
     adapters = [make_adapter(e) for e in endpoints]
+    for name, adapter in zip(names, adapters, strict=True):
+        try:  # every endpoint answers before the first round, not after a wasted one
+            adapter.prepare()
+        except BenchSetupError as exc:
+            raise BenchSetupError(f"endpoint {name}: {exc}", exc.status) from None
     per_round: list[list[BenchResult]] = [[] for _ in endpoints]
     measured: list[list[dict[str, np.ndarray]]] = [[] for _ in endpoints]
     for round_no in range(rounds):

@@ -89,10 +89,15 @@ def optimize(model_dir: Path, int8: str | None, per_channel: bool, exclude: tupl
         result = optimize_model(model_dir, plan, say)
     print_optimize(result, console)
     made = [v for v in result.versions if v.created]
+    name = model_dir.resolve().name
     if made and made[0].model:
         console.print(f"new models {', '.join(str(v.model) for v in made)} beside "
-                      f"{model_dir}")
-    else:
+                      f"{model_dir}; a running server serves them after "
+                      f"curl -X POST localhost:8000/v2/repository/models/MODEL/load "
+                      "(or a restart)")
+    elif made:
         console.print(f"new versions {', '.join(str(v.version) for v in made)} in "
-                      f"{model_dir}; the config serves all versions")
+                      f"{model_dir}; the config serves all versions. A running server "
+                      f"serves them after: curl -X POST "
+                      f"localhost:8000/v2/repository/models/{name}/load (or a restart)")
     save_result(result, json_path, console, "optimize result")
