@@ -94,7 +94,8 @@ class FloorProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.process = subprocess.Popen(
             [sys.executable, __file__, "--floor", cluster.address, str(self.port)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=ENV, text=True)
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            env=dict(os.environ, **cluster.env), text=True)
         assert self.process.stdout is not None
         for line in self.process.stdout:
             if line.strip() == "ready":
@@ -104,7 +105,6 @@ class FloorProcess:
     def stop(self, timeout: float = 60) -> None:
         self.process.terminate()
         self.process.wait(timeout)
-ENV = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
 
 
 def build(repo: Path) -> list[str]:
@@ -125,7 +125,7 @@ def start(config: str, repo: Path, cluster: LocalRayCluster) -> ServerProcess | 
     if config == "serve":
         return ServerProcess(repo, cpus="0", extra_args=("--no-grpc",)).start()
     replicas = config.split("-")[1]
-    server = ServerProcess(repo, env={"RAY_USAGE_STATS_ENABLED": "0"}, extra_args=(
+    server = ServerProcess(repo, env=cluster.env, extra_args=(
         "--ray", cluster.address, "--replicas", replicas, "--replica-cpus", "1"))
     server.start(timeout=240)
     deadline = time.monotonic() + 60
@@ -147,7 +147,8 @@ def bench(url: str, model: str, concurrency: int, args: argparse.Namespace,
     command = [CLI, "bench", *target, "--concurrency", str(concurrency),
                "--duration", args.duration, "--warmup", args.warmup, "--ray",
                cluster.address, "--workers", str(min(2, concurrency)), "--json", str(out)]
-    done = subprocess.run(command, capture_output=True, text=True, check=False, env=ENV)
+    done = subprocess.run(command, capture_output=True, text=True, check=False,
+                          env=dict(os.environ, **cluster.env))
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed:\n{done.stdout[-2000:]}"
                            f"{done.stderr[-2000:]}")
