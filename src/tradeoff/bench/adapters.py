@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import urllib.error
-import urllib.request
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,8 +20,8 @@ import numpy as np
 import orjson
 
 from tradeoff import dtypes
+from tradeoff.bench.http_client import DEFAULT_MAX_RESPONSE_BYTES, Response, build_request, get
 from tradeoff.bench.http_client import Connection as HttpConnection
-from tradeoff.bench.http_client import Response, build_request
 from tradeoff.bench.mix import InputMix
 from tradeoff.bench.records import SERVER_PARTS
 from tradeoff.protocol.v2 import encode_bytes_elements
@@ -82,6 +80,7 @@ class Adapter(ABC):
     asked_tokens: Sequence[int] = ()  # streaming: the output length each request asks
     mix = InputMix()  # which prepared request each send uses (make_adapter sets it)
     input_count = 0  # requests prepare() made
+    max_response_bytes = DEFAULT_MAX_RESPONSE_BYTES  # one answer at most (make_adapter sets it)
 
     def __init__(self, url: str, timeout_s: float = 10.0) -> None:
         self.url = url
@@ -93,7 +92,8 @@ class Adapter(ABC):
 
     def connect(self, timeout_s: float) -> Connection:
         """A new connection to the endpoint (keep-alive HTTP/1.1 unless overridden)."""
-        return HttpConnection(self.host, self.port, timeout_s, tls=self.tls)
+        return HttpConnection(self.host, self.port, timeout_s, tls=self.tls,
+                              max_bytes=self.max_response_bytes)
 
     def reader(self) -> Any:
         """Streaming adapters: a fresh reader of one answer's body."""
@@ -102,6 +102,10 @@ class Adapter(ABC):
     @abstractmethod
     def prepare(self) -> list[bytes]:
         """Raw requests to send, used round-robin (reads the endpoint's metadata first)."""
+
+    def invalid(self, response: Response) -> str | None:
+        """Why a 2xx answer cannot be read as one, or None when it can."""
+        return None
 
     def server_timing(self, response: Response) -> tuple[float, float, float, float] | None:
         value = response.headers.get(b"server-timing")
@@ -119,19 +123,25 @@ class Adapter(ABC):
         return {"protocol": self.protocol, "url": self.url}
 
     def _get_json(self, path: str) -> Any:
+        """One set-up read, bounded like every request: --timeout for all of it, and
+        --max-response-size."""
         scheme = "https" if self.tls else "http"
         url = f"{scheme}://{self.host}:{self.port}{self.prefix}{path}"
         headers = getattr(self, "headers", None) or {}
         try:
-            with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
-                                        timeout=self.timeout_s) as response:
-                return json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")[:300]
-            raise BenchSetupError(f"GET {self.url}{path}: HTTP {exc.code} {detail}",
-                                  exc.code) from None
-        except (urllib.error.URLError, OSError) as exc:
+            response = get(url, timeout_s=self.timeout_s, max_bytes=self.max_response_bytes,
+                           headers=headers)
+        except OSError as exc:
             raise BenchSetupError(f"GET {self.url}{path}: {exc}") from None
+        if not 200 <= response.status < 300:
+            detail = response.body[:300].decode(errors="replace")
+            raise BenchSetupError(f"GET {self.url}{path}: HTTP {response.status} {detail}",
+                                  response.status)
+        try:
+            return orjson.loads(response.body)
+        except orjson.JSONDecodeError as exc:
+            raise BenchSetupError(f"GET {self.url}{path}: the answer is not JSON "
+                                  f"({exc})") from None
 
 
 def _random_array(datatype: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
@@ -243,7 +253,7 @@ class V2Adapter(Adapter):
         assert self.input_data is not None
         try:
             doc = json.loads(self.input_data.read_text())
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:
             raise BenchSetupError(f"--input-data {self.input_data}: {exc}") from None
         entries = doc.get("data") if isinstance(doc, dict) else None
         if not isinstance(entries, list) or not entries:
@@ -308,6 +318,23 @@ class V2Adapter(Adapter):
         return build_request("POST", self.host, path, header + b"".join(blobs),
                              {"Inference-Header-Content-Length": str(len(header)),
                               "Content-Type": "application/octet-stream", **self.headers})
+
+    def invalid(self, response: Response) -> str | None:
+        """An answer is a JSON object (binary outputs: its JSON header, then the blobs
+        it announces)."""
+        body = response.body
+        size = response.headers.get(b"inference-header-content-length")
+        try:
+            header = int(size) if size is not None else len(body)
+            if not 0 < header <= len(body):
+                return (f"undecodable answer: a JSON header of {size!r} bytes in "
+                        f"{len(body):,}")
+            doc = orjson.loads(body if header == len(body) else body[:header])
+        except ValueError as exc:  # orjson's errors too
+            return f"undecodable answer: {exc}"
+        if not isinstance(doc, dict):
+            return f"undecodable answer: {type(doc).__name__}, not an object"
+        return None
 
     def server_stats(self) -> dict[str, Any] | None:
         try:

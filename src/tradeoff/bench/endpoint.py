@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tradeoff.bench.adapters import Adapter, BenchSetupError, HttpJsonAdapter, V2Adapter
+from tradeoff.bench.load import LOAD_DEFAULTS
 from tradeoff.bench.mix import InputMix, RequestClass
 
 PROTOCOLS = ("v2", "v2-grpc", "http", "openai")
@@ -100,6 +101,7 @@ class EndpointSpec:
     body: Path | None = None
     seed: int = 0
     timeout_s: float = 30.0
+    max_response_bytes: int = LOAD_DEFAULTS.max_response_bytes  # one answer, at most
     generation: GenerationOptions = field(default_factory=GenerationOptions)
     distinct_inputs: int | None = None  # random inputs (v2) or synthetic prompts to make
     zipf: float | None = None  # draw them with this Zipf exponent (None: round-robin)
@@ -125,6 +127,7 @@ def make_adapter(spec: EndpointSpec) -> Adapter:
         raise BenchSetupError("--mix sets request parameters: it works with --protocol v2 "
                               "and v2-grpc")
     adapter.mix = InputMix(zipf, spec.classes)
+    adapter.max_response_bytes = spec.max_response_bytes
     return adapter
 
 

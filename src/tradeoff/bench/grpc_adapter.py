@@ -13,10 +13,11 @@ from typing import Any
 import grpc
 import numpy as np
 from google.protobuf import json_format
+from google.protobuf.message import DecodeError
 from grpc import aio
 
 from tradeoff.bench.adapters import BenchSetupError, Connection, V2Adapter
-from tradeoff.bench.http_client import Response
+from tradeoff.bench.http_client import DEFAULT_MAX_RESPONSE_BYTES, Response, ResponseTooLarge
 from tradeoff.protocol import grpc_service_pb2 as pb
 from tradeoff.protocol.v2 import encode_bytes_elements
 
@@ -28,11 +29,15 @@ _HTTP_STATUS = {grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.NOT_FOUND
 
 
 class GrpcConnection:
-    """One channel; ``request`` sends a serialized ModelInferRequest."""
+    """One channel; ``request`` sends a serialized ModelInferRequest. Answers over
+    ``max_bytes`` fail with ResponseTooLarge."""
 
-    def __init__(self, target: str, timeout_s: float) -> None:
+    def __init__(self, target: str, timeout_s: float,
+                 max_bytes: int = DEFAULT_MAX_RESPONSE_BYTES) -> None:
         self.timeout_s = timeout_s
-        self.channel = aio.insecure_channel(target)
+        self.max_bytes = max_bytes
+        self.channel = aio.insecure_channel(
+            target, options=[("grpc.max_receive_message_length", min(max_bytes, 2**31 - 1))])
         self.infer = self.channel.unary_unary(METHOD.format("ModelInfer"))
 
     async def request(self, raw: bytes) -> Response:
@@ -45,6 +50,9 @@ class GrpcConnection:
                 raise TimeoutError(exc.details()) from None
             if code == grpc.StatusCode.UNAVAILABLE and "connect" in (exc.details() or "").lower():
                 raise ConnectionRefusedError(exc.details()) from None
+            if code == grpc.StatusCode.RESOURCE_EXHAUSTED and \
+                    "larger than max" in (exc.details() or ""):
+                raise ResponseTooLarge.over(self.max_bytes) from None
             return Response(_HTTP_STATUS.get(code, 500), {}, (exc.details() or "").encode())
         headers = {key.encode(): value.encode() if isinstance(value, str) else value
                    for key, value in (await call.trailing_metadata() or ())}
@@ -127,7 +135,14 @@ class GrpcV2Adapter(V2Adapter):
         return request.SerializeToString()
 
     def connect(self, timeout_s: float) -> Connection:
-        return GrpcConnection(self.target, timeout_s)
+        return GrpcConnection(self.target, timeout_s, self.max_response_bytes)
+
+    def invalid(self, response: Response) -> str | None:
+        try:
+            pb.ModelInferResponse.FromString(response.body)
+        except DecodeError as exc:
+            return f"undecodable answer: {exc}"
+        return None
 
     def server_stats(self) -> dict[str, Any] | None:
         try:

@@ -6,18 +6,39 @@ prebuilt request bytes and lets httptools' C parser read the response.
 
     connection = Connection("127.0.0.1", 8000)
     response = await connection.request(build_request("GET", "127.0.0.1", "/v2"))
+
+Every request has one deadline for all of it (connect, send, the answer to its last byte),
+not a timer per read that a dripping endpoint restarts with every byte, and an answer
+longer than ``max_bytes`` fails before it is held. :func:`get` does the same for the few
+blocking reads around a run (an endpoint's metadata, a server's ``/metrics``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import http.client
+import socket
 import ssl
-import time
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import httptools
+
+from tradeoff.bench.load import LOAD_DEFAULTS
+
+DEFAULT_MAX_RESPONSE_BYTES = LOAD_DEFAULTS.max_response_bytes
+
+
+class ResponseTooLarge(ConnectionError):
+    """An answer longer than the client's bound on answers."""
+
+    @classmethod
+    def over(cls, limit: int) -> ResponseTooLarge:
+        return cls(f"the answer passed {limit:,} bytes (--max-response-size)")
 
 
 @dataclass(slots=True)
@@ -44,15 +65,18 @@ class _ResponseProtocol(asyncio.Protocol):
         self._body: list[bytes] = []
         self.closed = False
         self.sink: Callable[[int, bytes], None] | None = None  # streams the body when set
-        self.last_piece = 0.0  # loop time of the last body piece given to the sink
-        self._now: Callable[[], float] = time.monotonic
+        self.received = 0  # bytes of the answer under way, head and framing included
+        self.limit = DEFAULT_MAX_RESPONSE_BYTES
 
     # asyncio callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self._now = asyncio.get_running_loop().time
 
     def data_received(self, data: bytes) -> None:
+        self.received += len(data)
+        if self.received > self.limit:
+            self._fail(ResponseTooLarge.over(self.limit))
+            return
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -68,7 +92,6 @@ class _ResponseProtocol(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         if self.sink is not None:
-            self.last_piece = self._now()
             self.sink(self.parser.get_status_code(), body)
         else:
             self._body.append(body)
@@ -91,49 +114,42 @@ class _ResponseProtocol(asyncio.Protocol):
 class Connection:
     """One keep-alive connection, one request at a time; reconnects when closed."""
 
-    def __init__(self, host: str, port: int, timeout: float = 30.0, tls: bool = False) -> None:
+    def __init__(self, host: str, port: int, timeout: float = 30.0, tls: bool = False,
+                 max_bytes: int = DEFAULT_MAX_RESPONSE_BYTES) -> None:
         self.host = host
         self.port = port
         self.timeout = timeout
+        self.max_bytes = max_bytes
         self.tls = _tls_context() if tls else None
         self._protocol: _ResponseProtocol | None = None
 
-    async def _connect(self) -> _ResponseProtocol:
+    async def _connect(self, timeout: float) -> _ResponseProtocol:
         loop = asyncio.get_running_loop()
         _, protocol = await asyncio.wait_for(
             loop.create_connection(_ResponseProtocol, self.host, self.port, ssl=self.tls),
-            self.timeout)
+            timeout)
         return protocol
 
-    async def request(self, raw: bytes,
-                      on_body: Callable[[int, bytes], None] | None = None) -> Response:
-        """Send prebuilt request bytes; raises OSError/TimeoutError on failure. With
-        ``on_body`` the body goes to it piece by piece as it arrives, with the status
-        (for server-sent events), and the response's ``body`` stays empty; the timeout
-        then counts from the last piece."""
+    async def request(self, raw: bytes, on_body: Callable[[int, bytes], None] | None = None,
+                      timeout: float | None = None) -> Response:
+        """Send prebuilt request bytes; raises OSError/TimeoutError on failure. The whole
+        request (connecting included) has ``timeout`` seconds (default: the connection's),
+        and its answer at most ``max_bytes`` (ResponseTooLarge). With ``on_body`` the body
+        goes to it piece by piece as it arrives, with the status (for server-sent events),
+        and the response's ``body`` stays empty."""
+        loop = asyncio.get_running_loop()
+        timeout = self.timeout if timeout is None else timeout
+        deadline = loop.time() + timeout
         protocol = self._protocol
         if protocol is None or protocol.closed or protocol.transport is None or \
                 protocol.transport.is_closing():
-            protocol = self._protocol = await self._connect()
-        loop = asyncio.get_running_loop()
+            protocol = self._protocol = await self._connect(timeout)
         waiter = protocol.waiter = loop.create_future()
-        if on_body is None:
-            timer = loop.call_later(self.timeout, _expire, waiter)
-        else:
-            # one timer per answer, not one per piece (a stream at 20,000 tokens/s would
-            # cancel and arm 20,000 a second): when it fires, it waits again for whatever
-            # is left of the timeout after the last piece
-            def idle() -> None:
-                nonlocal timer
-                until = protocol.last_piece + self.timeout
-                if until > loop.time():
-                    timer = loop.call_at(until, idle)
-                else:
-                    _expire(waiter)
-
-            protocol.last_piece = loop.time()
-            timer = loop.call_later(self.timeout, idle)
-            protocol.sink = on_body
+        # one timer per answer, none per piece: a stream at 20,000 tokens/s costs no more
+        timer = loop.call_at(deadline, _expire, waiter, timeout)
+        protocol.sink = on_body
+        protocol.received = 0
+        protocol.limit = self.max_bytes
         assert protocol.transport is not None
         try:
             protocol.transport.write(raw)
@@ -165,6 +181,58 @@ def _tls_context() -> ssl.SSLContext:
     return ssl.create_default_context()
 
 
-def _expire(waiter: asyncio.Future) -> None:
+def _expire(waiter: asyncio.Future, timeout: float) -> None:
     if not waiter.done():
-        waiter.set_exception(TimeoutError("no response within the timeout"))
+        waiter.set_exception(TimeoutError(f"no whole answer within the timeout of "
+                                          f"{timeout:g} s"))
+
+
+def get(url: str, *, timeout_s: float, max_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        headers: dict[str, str] | None = None) -> Response:
+    """``GET url``, blocking, with the bounds of :meth:`Connection.request`: ``timeout_s``
+    for all of it (connect, head, body), so an endpoint that drips its answer cannot stretch
+    it, and a body over ``max_bytes`` raises ResponseTooLarge before it is held. Any status
+    is returned; OSError (TimeoutError at the deadline) when no whole answer came."""
+    parts = urlsplit(url)
+    if parts.scheme == "https":
+        connection: http.client.HTTPConnection = http.client.HTTPSConnection(
+            parts.hostname or "", parts.port, timeout=timeout_s, context=_tls_context())
+    else:
+        connection = http.client.HTTPConnection(parts.hostname or "", parts.port,
+                                                timeout=timeout_s)
+    expired = threading.Event()
+
+    def expire() -> None:  # wakes a read that is blocked at the deadline
+        expired.set()
+        if connection.sock is not None:
+            with contextlib.suppress(OSError):
+                connection.sock.shutdown(socket.SHUT_RDWR)
+
+    watchdog = threading.Timer(timeout_s, expire)
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        connection.connect()
+        if expired.is_set():
+            raise TimeoutError
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        connection.request("GET", path, headers=headers or {})
+        answer = connection.getresponse()
+        body = bytearray()
+        while chunk := answer.read1(1 << 16):
+            if len(body) + len(chunk) > max_bytes:
+                raise ResponseTooLarge.over(max_bytes)
+            body += chunk
+        if expired.is_set():
+            raise TimeoutError
+    except (OSError, http.client.HTTPException) as exc:
+        if expired.is_set():
+            raise TimeoutError(f"no whole answer within {timeout_s:g} s") from None
+        if isinstance(exc, OSError):
+            raise
+        raise ConnectionError(f"malformed HTTP answer: {exc!r}") from None
+    finally:
+        watchdog.cancel()
+        connection.close()
+    return Response(answer.status, {k.lower().encode(): v.encode("latin-1", "replace")
+                                    for k, v in answer.getheaders()}, bytes(body))

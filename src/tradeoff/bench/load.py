@@ -62,6 +62,8 @@ class LoadDefaults:
     arrival: str = "constant"  # perf_analyzer's; poisson for independent users (vLLM's)
     warmup_s: float = 0.0  # the cold-start request is sent alone and reported apart anyway
     timeout_s: float = 30.0
+    stop_grace_s: float = 30.0  # in flight when a run stops: at most min(this, timeout_s)
+    max_response_bytes: int = 64 << 20  # one answer, head included (--max-response-size)
     max_connections: int = 1024
     seed: int = 0
     stability_percent: float = 10.0
@@ -89,6 +91,7 @@ class LoadSpec:
     stability_percent: float = LOAD_DEFAULTS.stability_percent
     max_windows: int = LOAD_DEFAULTS.max_windows
     timeout_s: float = LOAD_DEFAULTS.timeout_s
+    stop_grace_s: float = LOAD_DEFAULTS.stop_grace_s  # see grace_s
     max_connections: int = LOAD_DEFAULTS.max_connections
     seed: int = LOAD_DEFAULTS.seed
     offset_s: float = 0.0  # shifts the open-loop schedule (a worker's share of the rate)
@@ -122,6 +125,12 @@ class LoadSpec:
         if self.concurrency is not None:
             return "closed"
         return "open" if self.rate is not None else "trace"
+
+    @property
+    def grace_s(self) -> float:
+        """How long the requests in flight when the run stops have to end, before they
+        are cut (and counted as timeouts): their timeout, at most ``stop_grace_s``."""
+        return min(self.timeout_s, self.stop_grace_s)
 
     @property
     def fixed_length(self) -> bool:

@@ -48,8 +48,8 @@ class OpenAIAdapter(Adapter):
         self.model_entry: dict[str, Any] | None = None
 
     def reader(self) -> StreamReader:
-        """A fresh reader for one answer."""
-        return StreamReader(chat=self.chat)
+        """A fresh reader for one answer (its timing; the text is not kept)."""
+        return StreamReader(chat=self.chat, keep_text=False)
 
     def prepare(self) -> list[bytes]:
         self._check_model()

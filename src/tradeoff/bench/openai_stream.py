@@ -23,6 +23,9 @@ import orjson
 
 from tradeoff.bench.http_client import Connection, build_request
 
+MAX_EVENT_BYTES = 1 << 20  # one server-sent event; a longer one fails the answer
+MAX_ERROR_BODY = 1 << 16  # of an error answer, the part kept to say why
+
 
 def generation_body(model: str, *, prompt: str | None = None,
                     messages: list[dict[str, str]] | None = None, max_tokens: int = 16,
@@ -53,9 +56,11 @@ def generation_request(host: str, base_path: str, body: bytes, chat: bool,
 
 @dataclass
 class StreamReader:
-    """Reads one answer's server-sent events (a sink for ``Connection.request``)."""
+    """Reads one answer's server-sent events (a sink for ``Connection.request``);
+    without ``keep_text`` the text is only stamped, not kept."""
 
     chat: bool
+    keep_text: bool = True
     status: int = 0
     text_ns: list[int] = field(default_factory=list)  # arrival of each event with text
     pieces: list[str] = field(default_factory=list)
@@ -64,27 +69,48 @@ class StreamReader:
     error: str | None = None
     done: bool = False  # saw ``data: [DONE]``
     received: int = 0  # body bytes
-    _buffer: bytes = b""
+    _pending: bytearray = field(default_factory=bytearray)  # an event not yet ended
     _error_body: bytes = b""
+    _overlong: bool = False
 
     def __call__(self, status: int, data: bytes) -> None:
         now = time.perf_counter_ns()
         self.status = status
         self.received += len(data)
         if status != 200:
-            self._error_body += data
+            if len(self._error_body) < MAX_ERROR_BODY:
+                self._error_body += data[:MAX_ERROR_BODY]
+            return
+        if self._overlong:
             return
         # at 20,000 tokens/s this runs 20,000 times a second: no copy of the whole buffer
         # per event, no line splitting for the usual event (one ``data:`` line)
-        if self._buffer:
-            data = self._buffer + data
+        pending = self._pending
+        if pending:
+            # an event that came in pieces (a drip): look for its end in the new bytes only
+            seen = len(pending)
+            pending += data
+            if pending.find(b"\n\n", seen - 1) < 0 and \
+                    pending.find(b"\n\r\n", max(seen - 2, 0)) < 0:
+                if len(pending) > MAX_EVENT_BYTES:
+                    self._overlong = True
+                    self.error = f"an event longer than {MAX_EVENT_BYTES:,} bytes"
+                    pending.clear()
+                return
+            data = bytes(pending)
+            pending.clear()
         if b"\r" in data:
             data = data.replace(b"\r\n", b"\n")
         start = 0
         while (end := data.find(b"\n\n", start)) >= 0:
             self._event(data[start:end], now)
             start = end + 2
-        self._buffer = data[start:]
+        if start < len(data):
+            pending += memoryview(data)[start:]
+            if len(pending) > MAX_EVENT_BYTES:
+                self._overlong = True
+                self.error = f"an event longer than {MAX_EVENT_BYTES:,} bytes"
+                pending.clear()
 
     def _event(self, event: bytes, now: int) -> None:
         if event.startswith(b"data:") and b"\n" not in event:
@@ -117,7 +143,8 @@ class StreamReader:
                 else choice.get("text")
             if piece:
                 self.text_ns.append(now)
-                self.pieces.append(piece)
+                if self.keep_text:
+                    self.pieces.append(piece)
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
 

@@ -6,6 +6,11 @@ Closed loop keeps ``concurrency`` requests outstanding, one keep-alive connectio
 Open loop sends at scheduled times on as many connections as it needs (up to
 ``max_connections``) and measures latency from the scheduled time, so a server that stalls
 is charged for every request that should have been sent meanwhile.
+
+Each request has ``timeout_s`` in all. When the run stops (``--duration``, or stability),
+the requests still in flight have ``LoadSpec.grace_s`` more to end; those that have not
+are cut then and recorded as timeouts, so an endpoint that never finishes an answer
+cannot hold the run past its length.
 """
 
 from __future__ import annotations
@@ -21,11 +26,13 @@ from typing import Any
 import numpy as np
 
 from tradeoff.bench.adapters import Adapter, Connection
+from tradeoff.bench.http_client import ResponseTooLarge
 from tradeoff.bench.load import LoadSpec, arrival_offsets_ns
 from tradeoff.bench.openai_stream import StreamReader
 from tradeoff.bench.records import (
     HTTP_ERROR,
     OK,
+    OTHER,
     STREAM,
     Generated,
     RecordBuffer,
@@ -35,6 +42,7 @@ from tradeoff.bench.records import (
 from tradeoff.heap import settled_heap
 
 DEFAULT_WINDOW_S = 5.0
+CONNECTION_WAIT = "waited for a free connection"  # the note that says so (see diagnose)
 TIMER_SLACK_S = 0.002  # past a start time even when the loop rounds a timer to its tick
 
 
@@ -154,7 +162,11 @@ class Runner:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._load_done = False
         self.streaming = adapter.streaming
-        self.failures: dict[str, int] = {}  # streamed answers: why each failed, counted
+        self.failures: dict[str, int] = {}  # answers that came but failed: why, counted
+        self._tasks: set[asyncio.Task] = set()  # what the load runs: cut at the grace
+        self._cutting = False
+        self._cut = 0  # requests cut at the end of the run
+        self._waited = 0  # open loop: requests that waited for a free connection
 
     def _request_bytes(self) -> tuple[int, bytes]:
         turn = self._next_request
@@ -169,12 +181,18 @@ class Runner:
         rows = self.adapter.rows_per_request
         reader = self.adapter.reader() if self.streaming else None
         try:
-            response = await (connection.request(raw) if reader is None else
-                              connection.request(raw, on_body=reader))  # type: ignore[call-arg]
+            try:
+                response = await (connection.request(raw) if reader is None else
+                                  connection.request(raw, on_body=reader))  # type: ignore[call-arg]
+            except asyncio.CancelledError:
+                if not self._cutting:
+                    raise
+                raise self._cut_now() from None
         except (OSError, EOFError, asyncio.IncompleteReadError) as exc:
-            if reader is not None:
-                self._failed(f"{type(exc).__name__} after {len(reader.text_ns)} text "
-                             f"event(s): {exc}")
+            if reader is not None or isinstance(exc, ResponseTooLarge):
+                self._failed(f"{type(exc).__name__}" + (
+                    f" after {len(reader.text_ns)} text event(s)" if reader else "")
+                    + f": {exc}")
             self.buffer.add(scheduled, sent, self.clock(), classify(exc), 0, len(raw),
                             0 if reader is None else reader.received, rows, None,
                             None if reader is None else self._generated(reader, index), index)
@@ -182,7 +200,11 @@ class Runner:
         end = self.clock()
         ok = 200 <= response.status < 300
         if reader is None:
-            self.buffer.add(scheduled, sent, end, OK if ok else HTTP_ERROR, response.status,
+            outcome = OK if ok else HTTP_ERROR
+            if ok and (why := self.adapter.invalid(response)) is not None:
+                self._failed(why)
+                outcome, ok = OTHER, False
+            self.buffer.add(scheduled, sent, end, outcome, response.status,
                             len(raw), len(response.body), rows,
                             self.adapter.server_timing(response) if ok else None, None, index)
             return
@@ -195,6 +217,12 @@ class Runner:
 
     def _failed(self, why: str) -> None:
         self.failures[why[:120]] = self.failures.get(why[:120], 0) + 1
+
+    def _cut_now(self) -> TimeoutError:
+        """A request cut at the end of the run: counted, and recorded as a timeout."""
+        self._cut += 1  # the cancellation ends here: the task then ends normally
+        return TimeoutError(f"still in flight {self.spec.grace_s:g} s after the run "
+                            "stopped")
 
     def _generated(self, reader: StreamReader, index: int) -> Generated:
         stamps = reader.text_ns
@@ -238,6 +266,7 @@ class Runner:
         assert self._loop is not None
         waiter: asyncio.Future[Connection] = self._loop.create_future()
         self._waiters.append(waiter)
+        self._waited += 1
         try:
             return await waiter
         except asyncio.CancelledError:
@@ -255,7 +284,16 @@ class Runner:
 
     async def _open_request(self, scheduled: int) -> None:
         try:
-            connection = await self._connection()
+            try:
+                connection = await self._connection()
+            except asyncio.CancelledError:
+                if not self._cutting:
+                    raise
+                exc = self._cut_now()  # scheduled, never sent: charged to the endpoint
+                now = self.clock()
+                self.buffer.add(scheduled, now, now, classify(exc), 0, 0, 0,
+                                self.adapter.rows_per_request, None, None, -1)
+                return
             try:
                 await self._send(connection, scheduled)
             except BaseException:
@@ -277,7 +315,7 @@ class Runner:
                 return
 
     async def _open_dispatcher(self, start: int) -> None:
-        tasks: set[asyncio.Task] = set()
+        tasks = self._tasks
         for offset in arrival_offsets_ns(self.spec):
             scheduled = start + offset
             if self._stopping or (self._stop_at is not None and scheduled >= self._stop_at):
@@ -294,7 +332,7 @@ class Runner:
             tasks.add(task)
             task.add_done_callback(tasks.discard)
         if tasks:
-            await asyncio.gather(*tasks)
+            await asyncio.gather(*list(tasks))
         for connection in self._idle:
             connection.close()
 
@@ -383,6 +421,9 @@ class Runner:
         spec = self.spec
         cold = await self._cold_start() if cold_start else RecordBuffer().freeze()
         self._loop = asyncio.get_running_loop()
+        # with no warmup the window opens with the first request: count from before it
+        server_before = await asyncio.to_thread(self.adapter.server_stats) \
+            if read_server_stats and not spec.warmup_s else None
         if start_at_ns is not None:
             await asyncio.sleep(max(start_at_ns - self.clock(), 0) / 1e9)
             # the loop's timers (millisecond ticks) may wake a little early: a request sent
@@ -395,19 +436,19 @@ class Runner:
             self._stop_at = self._measure_start + int(spec.duration_s * 1e9)
         if spec.requests is not None:
             self._budget = spec.requests
-        server_before = None
         cpu_start = time.process_time()
 
         load_future: asyncio.Future[Any]
         if spec.mode == "closed":
             assert spec.concurrency is not None
-            load_future = asyncio.gather(*(self._closed_worker()
-                                           for _ in range(spec.concurrency)))
+            self._tasks.update(asyncio.ensure_future(self._closed_worker())
+                               for _ in range(spec.concurrency))
+            load_future = asyncio.gather(*self._tasks)
         else:
             load_future = asyncio.ensure_future(self._open_dispatcher(start))
         if spec.warmup_s:
             await asyncio.sleep(spec.warmup_s)
-        if read_server_stats:
+        if read_server_stats and spec.warmup_s:
             server_before = await asyncio.to_thread(self.adapter.server_stats)
         snapshots: list[tuple[int, dict[str, Any]]] = []
         lags: list[float] = []
@@ -420,7 +461,7 @@ class Runner:
         windows: list[WindowReport] = []
         stable = None
         if spec.fixed_length:
-            await load_future
+            await self._finish(load_future)
             reason = ("--requests reached" if spec.requests is not None else
                       "--duration reached" if spec.duration_s is not None else "trace replayed")
         else:
@@ -428,7 +469,7 @@ class Runner:
             stable = reason.startswith("stable")
             self._stop_at = self.clock()
             self._stopping = True
-            await load_future
+            await self._finish(load_future)
         self._load_done = True
         lag_watch.cancel()
         if sampler is not None:
@@ -447,8 +488,30 @@ class Runner:
         return RunOutcome(records, cold, start, self._measure_start, measure_end, windows,
                           stable, reason, cpu, server_before, server_after,
                           server_snapshots=snapshots, loop_lag_ms=np.asarray(lags),
-                          notes=[f"{n} answer(s) failed: {why}" for why, n in
-                                 sorted(self.failures.items(), key=lambda kv: -kv[1])[:5]])
+                          notes=self._notes())
+
+    async def _finish(self, load_future: asyncio.Future[Any]) -> None:
+        """Wait for the load to end; once the run has stopped, what is still in flight
+        ``grace_s`` later is cut (each is recorded as a timeout)."""
+        if self._stop_at is not None:  # else --requests or a trace: each has its timeout
+            cut_at = self._stop_at + int(self.spec.grace_s * 1e9)
+            await asyncio.wait({load_future}, timeout=max(cut_at - self.clock(), 0) / 1e9)
+            if not load_future.done():
+                self._cutting = True
+                for task in list(self._tasks):
+                    task.cancel()
+        await load_future
+
+    def _notes(self) -> list[str]:
+        notes = [f"{n} answer(s) failed: {why}" for why, n in
+                 sorted(self.failures.items(), key=lambda kv: -kv[1])[:5]]
+        if self._cut:
+            notes.append(f"{self._cut} request(s) still in flight {self.spec.grace_s:g} s "
+                         "after the run stopped were cut, counted as timeouts")
+        if self._waited:
+            notes.append(f"{self._waited} request(s) {CONNECTION_WAIT}: the endpoint held "
+                         f"all --max-connections {self.spec.max_connections}")
+        return notes
 
 
 def fixed_end(spec: LoadSpec, records: Records, measure_start: int, stop_at: int) -> int:

@@ -12,21 +12,33 @@ read as they are at the second reading.
 
 :func:`prometheus_rows` gives the same rows from a Prometheus server that scrapes one or
 more servers (replicas summed), with PromQL over a window.
+
+A reading is bounded: ``SCRAPE_TIMEOUT_S`` for all of it (not per read: an endpoint that
+drips its answer cannot stretch it), ``MAX_SCRAPE_BYTES`` and ``MAX_SERIES``. A reading
+past a bound raises :class:`ScrapeError`, whose message says which, before the text is
+parsed.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 
+import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from tradeoff.bench.adapters import BenchSetupError
+from tradeoff.bench.http_client import ResponseTooLarge, get
+
+SCRAPE_TIMEOUT_S = 5.0
+MAX_SCRAPE_BYTES = 32 << 20
+MAX_SERIES = 100_000  # samples of one reading; a server with 100 models has a few thousand
+
+
+class ScrapeError(BenchSetupError):
+    """One reading failed a bound, or was not Prometheus text; the next may not."""
 
 Labels = frozenset[tuple[str, str]]
 
@@ -72,14 +84,37 @@ def metrics_url(url: str) -> str:
     return url if url.rstrip("/").endswith("/metrics") else url.rstrip("/") + "/metrics"
 
 
-def scrape(url: str, timeout_s: float = 5.0) -> Snapshot:
-    """Read ``url`` (a server's ``/metrics``); BenchSetupError when it cannot."""
+def scrape(url: str, timeout_s: float = SCRAPE_TIMEOUT_S, max_bytes: int = MAX_SCRAPE_BYTES,
+           max_series: int = MAX_SERIES) -> Snapshot:
+    """Read ``url`` (a server's ``/metrics``): ScrapeError when the reading passes a bound
+    or is not Prometheus text, BenchSetupError when there is no reading at all."""
+    body = _read(url, timeout_s, max_bytes)
+    lines = body.count(b"\n") + (not body.endswith(b"\n"))
+    series = lines - body.count(b"\n#") - body.startswith(b"#") - body.count(b"\n\n")
+    if series > max_series:
+        raise ScrapeError(f"{url}: more than {max_series:,} series in one reading "
+                          f"({series:,}); not read")
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
-            text = response.read().decode()
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+        return parse(body.decode())
+    except (ValueError, TypeError) as exc:  # UnicodeDecodeError is a ValueError
+        raise ScrapeError(f"{url}: not Prometheus text ({str(exc)[:120]})") from None
+
+
+def _read(url: str, timeout_s: float, max_bytes: int) -> bytes:
+    """The body of ``GET url`` within the bounds of a reading."""
+    try:
+        response = get(url, timeout_s=timeout_s, max_bytes=max_bytes)
+    except ResponseTooLarge:
+        raise ScrapeError(f"{url}: a reading over {max_bytes:,} bytes; not read") from None
+    except TimeoutError:
+        raise ScrapeError(f"{url}: no whole reading within {timeout_s:g} s") from None
+    except OSError as exc:
         raise BenchSetupError(f"cannot read {url}: {exc}") from None
-    return parse(text)
+    if response.status != 200:
+        detail = response.body[:300].decode(errors="replace")
+        raise BenchSetupError(f"cannot read {url}: HTTP {response.status} {detail}",
+                              response.status)
+    return response.body
 
 
 def quantile(q: float, before: dict[float, float], after: dict[float, float]) -> float | None:
@@ -187,38 +222,57 @@ def live_rows(before: Snapshot, after: Snapshot) -> tuple[list[ModelRow], list[G
 
 # ------------------------------------------------------------------ from Prometheus
 
-def _query(base: str, expr: str, timeout_s: float) -> list[tuple[dict[str, str], float]]:
-    """One instant query of Prometheus's HTTP API: (labels, value) per series."""
+def _query(base: str, expr: str, deadline: float, timeout_s: float
+           ) -> list[tuple[dict[str, str], float]]:
+    """One instant query of Prometheus's HTTP API, done by ``deadline`` (monotonic, the
+    end of ``timeout_s`` for the whole reading): (labels, value) per series."""
     url = f"{base.rstrip('/')}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise ScrapeError(f"Prometheus at {base}: no whole reading within "
+                          f"{timeout_s:g} s")
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
-            answer = json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        detail = exc.read().decode(errors="replace")[:300]
-        raise BenchSetupError(f"Prometheus at {base} refused {expr!r}: HTTP {exc.code} "
-                              f"{detail}") from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+        response = get(url, timeout_s=left, max_bytes=MAX_SCRAPE_BYTES)
+    except ResponseTooLarge:
+        raise ScrapeError(f"Prometheus at {base}: an answer over {MAX_SCRAPE_BYTES:,} "
+                          "bytes; not read") from None
+    except TimeoutError:
+        raise ScrapeError(f"Prometheus at {base}: no whole reading within "
+                          f"{timeout_s:g} s") from None
+    except OSError as exc:
         raise BenchSetupError(f"cannot query Prometheus at {base}: {exc}") from None
-    if answer.get("status") != "success":
-        raise BenchSetupError(f"Prometheus at {base}: {answer.get('error', answer)}")
-    out = []
-    for series in answer["data"]["result"]:
-        value = float(series["value"][1])
-        out.append((series["metric"], value if math.isfinite(value) else math.nan))
+    if response.status != 200:
+        detail = response.body[:300].decode(errors="replace")
+        raise BenchSetupError(f"Prometheus at {base} refused {expr!r}: HTTP "
+                              f"{response.status} {detail}")
+    try:
+        answer = orjson.loads(response.body)
+        if answer.get("status") != "success":
+            raise BenchSetupError(f"Prometheus at {base}: {answer.get('error', answer)}")
+        out = []
+        for series in answer["data"]["result"]:
+            value, metric = float(series["value"][1]), series["metric"]
+            if not isinstance(metric, dict):
+                raise TypeError("a series' metric is not an object")
+            out.append((metric, value if math.isfinite(value) else math.nan))
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+        raise ScrapeError(f"Prometheus at {base}: not a query answer "
+                          f"({type(exc).__name__}: {str(exc)[:120]})") from None
     return out
 
 
-def prometheus_rows(base: str, window: str = "1m", timeout_s: float = 5.0
+def prometheus_rows(base: str, window: str = "1m", timeout_s: float = SCRAPE_TIMEOUT_S
                     ) -> tuple[list[ModelRow], list[GenerationRow]]:
     """The rows of :func:`live_rows`, from a Prometheus server that scrapes the servers:
     rates and percentiles over ``window``, summed over every server (replica) it
-    scrapes."""
+    scrapes. Its queries have ``timeout_s`` in all."""
     by = "model, version"
+    deadline = time.monotonic() + timeout_s
 
     def per_model(expr: str, keys: str = by) -> dict[tuple[str, ...], float]:
         names = [k.strip() for k in keys.split(",")]
         return {tuple(m.get(n, "") for n in names): v
-                for m, v in _query(base, expr, timeout_s)}
+                for m, v in _query(base, expr, deadline, timeout_s)}
 
     def rate(name: str, keys: str = by) -> str:
         return f"sum by ({keys}) (rate({name}[{window}]))"

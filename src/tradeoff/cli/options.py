@@ -62,6 +62,37 @@ DURATION = Duration()
 DURATION_OR_ZERO = Duration(allow_zero=True)
 
 
+class ByteSize(click.ParamType):
+    """A size flag: ``64MiB``, ``1GB``, ``65536`` (bytes) -> bytes, at least 1."""
+
+    name = "size"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        from tradeoff.server.cache import parse_size
+
+        try:
+            size = parse_size(str(value), "size")
+        except ValueError:
+            self.fail(f"{value!r} is not a size; write 64MiB, 1GB or 65536 (bytes)", param, ctx)
+        if size < 1:
+            self.fail(f"{value!r}: a size must be at least 1 byte", param, ctx)
+        return size
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "SIZE"
+
+
+def size_text(size: int) -> str:
+    """``67108864`` -> ``64MiB``: as a user would write it."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= scale and size % scale == 0:
+            return f"{size // scale}{unit}"
+    return str(size)
+
+
 def seconds_text(seconds: float) -> str:
     """``1800`` -> ``30m``, ``5`` -> ``5s``, ``0.5`` -> ``500ms``: as a user would write it."""
     if seconds == 0:
@@ -150,7 +181,14 @@ endpoint_options = apply(
     # used by the requests (inputs, connections) and by the load alike
     click.option("--timeout", type=DURATION, default=seconds_text(LOAD_DEFAULTS.timeout_s),
                  show_default=True,
-                 help="Connect and read timeout per request."),
+                 help="Each request's deadline, connecting to the last byte of the answer; "
+                      "when a run stops, what is in flight has this (at most "
+                      f"{seconds_text(LOAD_DEFAULTS.stop_grace_s)}) more, then is cut and "
+                      "counted as a timeout. The endpoint's metadata reads have it too."),
+    click.option("--max-response-size", "max_response_bytes", type=ByteSize(),
+                 default=size_text(LOAD_DEFAULTS.max_response_bytes), show_default=True,
+                 help="The longest answer read (head included; the endpoint's metadata "
+                      "too): a longer one is cut there and counted as an error."),
     click.option("--seed", type=int, default=LOAD_DEFAULTS.seed, show_default=True,
                  help="Seed for random inputs, synthetic prompts and Poisson arrivals."),
 )
@@ -182,6 +220,7 @@ def take_endpoint(url: str, options: dict[str, Any]) -> EndpointSpec:
         batch_size=options.pop("batch_size"), input_data=options.pop("input_data"),
         method=options.pop("method"), headers=parse_headers(options.pop("headers")),
         body=options.pop("body"), seed=options["seed"], timeout_s=options["timeout"],
+        max_response_bytes=options.pop("max_response_bytes"),
         generation=generation, distinct_inputs=options.pop("distinct_inputs"),
         zipf=options.pop("zipf"),
         classes=tuple(RequestClass.parse(text) for text in options.pop("classes")))
