@@ -39,6 +39,22 @@ def run_json(tmp_path: Path, name: str, *args: str, check: bool = True
 
 # ------------------------------------------------------------------------- sweep
 
+def test_a_sweep_warms_up_each_level_unless_told_otherwise(tmp_path: Path) -> None:
+    """The README's SLA sweep measured the cold start as its first level's p99."""
+    with ControlServer() as server:
+        url = f"{server.url}/serial?ms=1"
+        sweep, out = run_json(tmp_path, "warm", "sweep", url, "--protocol", "http",
+                              "--method", "GET", "--concurrency-range", "1:2",
+                              "--duration", "0.5")
+        assert "warmup: 1s at each level" in out
+        assert all(p["load"]["warmup_s"] == 1.0 for p in sweep["points"])
+        cold, out = run_json(tmp_path, "cold", "sweep", url, "--protocol", "http",
+                             "--method", "GET", "--concurrency-range", "1:2",
+                             "--duration", "0.5", "--warmup", "0")
+        assert "warmup:" not in out
+        assert all(p["load"]["warmup_s"] == 0 for p in cold["points"])
+
+
 def test_concurrency_sweep_of_a_server_without_batching(tmp_path: Path) -> None:
     """One request at a time, 5 ms each: throughput is flat at about 200/s from
     concurrency 1, latency grows with concurrency; the sweep stops 2 points past the knee

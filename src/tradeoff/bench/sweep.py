@@ -37,6 +37,10 @@ from tradeoff.results import (
 from tradeoff.stats.cost import Price, rank
 from tradeoff.stats.knee import MIN_GAIN, find_knee
 
+# a sweep's warmup at each level unless --warmup says otherwise: a level's first requests
+# meet cold caches, new connections and a batcher that has not settled
+SWEEP_WARMUP_S = 1.0
+
 KNEE_RULE = (f"first load from which every further point gains under {MIN_GAIN:.0%} "
              "throughput (output tokens/s for generations) per doubling of the load")
 
@@ -215,8 +219,9 @@ class Sweep:
                     middle = round(middle)
                     if middle in (low, high):
                         break
-                if self._fails(point_summary(self.measure(middle)), limit):
-                    high = middle
+                failure = self._fails(point_summary(self.measure(middle)), limit)
+                if failure:
+                    high, why = middle, failure  # the reason is the failed level's own
                 else:
                     low = middle
             best = low

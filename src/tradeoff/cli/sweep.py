@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from tradeoff.bench.load import LOAD_DEFAULTS
 from tradeoff.cli.options import (
@@ -52,7 +53,8 @@ def sweep(url: str, concurrency_range: str | None, rate_range: str | None,
     """Find where an endpoint saturates: one full benchmark per load level, until
     throughput stops growing, errors rise or p99 passes --max-p99-ms; the knee is marked.
 
-    Each level sets the concurrency (--concurrency-range) or the rate (--rate-range) and
+    Each level sets the concurrency (--concurrency-range) or the rate (--rate-range),
+    warms up for --warmup (1s by default here: a level's first requests are cold) and
     measures --duration, by default 5s per level (a sweep needs a fixed length per
     point); every other load flag has the defaults of every command (docs/cli.md).
 
@@ -69,7 +71,7 @@ def sweep(url: str, concurrency_range: str | None, rate_range: str | None,
     from rich.console import Console
 
     from tradeoff.bench.endpoint import make_adapter
-    from tradeoff.bench.sweep import Sweep, SweepPlan, parse_levels
+    from tradeoff.bench.sweep import SWEEP_WARMUP_S, Sweep, SweepPlan, parse_levels
     from tradeoff.report.terminal import print_ranking, print_sweep
     from tradeoff.stats.cost import Price
 
@@ -80,6 +82,11 @@ def sweep(url: str, concurrency_range: str | None, rate_range: str | None,
         mode = "concurrency" if concurrency_range else "rate"
         levels = parse_levels(concurrency_range or rate_range or "",
                               integer=mode == "concurrency")
+        source = click.get_current_context().get_parameter_source("warmup")
+        if source is ParameterSource.DEFAULT:  # a level's first requests are cold
+            shared["warmup"] = SWEEP_WARMUP_S
+            console.print(f"warmup: {SWEEP_WARMUP_S:g}s at each level before measuring (a "
+                          "sweep's default; --warmup 0 measures cold starts too)")
         target = take_endpoint(url, shared)
         base = take_load(shared, default_duration_s=LOAD_DEFAULTS.point_duration_s)
         plan = SweepPlan(mode, levels, max_p99_ms=max_p99_ms,
