@@ -76,6 +76,7 @@ def test_the_command_prints_the_table_and_writes_json(tmp_path: Path) -> None:
                                     "--max-memory", "1GB", "--json", str(out)])
     assert run.exit_code == 0, run.output
     assert "recommended batch size: 25" in run.output and "formula" in run.output
+    assert "what this optimises: the model's own throughput" in run.output
     document = load_result(out)
     assert isinstance(document, BatchSizeTune) and document.recommended == RECOMMENDED
     assert json.loads(out.read_text())["schema"] == "tradeoff.tune/1"
@@ -84,12 +85,14 @@ def test_the_command_prints_the_table_and_writes_json(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("args", "says"), [
     (["{missing}"], "not a model directory"),
+    (["{repo}"], "is a model repository, not a model: give REPOSITORY/MODEL"),
     (["{nobatch}"], "does not batch"),
     (["{model}", "--max-memory", "lots"], "--max-memory='lots'"),
 ])
 def test_user_mistakes_are_one_line(tmp_path: Path, args: list[str], says: str) -> None:
     model = write_synthetic_model(tmp_path, "model")
     nobatch = write_synthetic_model(tmp_path, "nobatch", max_batch_size=0)
-    values = {"missing": str(tmp_path / "nope"), "nobatch": str(nobatch), "model": str(model)}
+    values = {"missing": str(tmp_path / "nope"), "nobatch": str(nobatch), "model": str(model),
+              "repo": str(tmp_path)}
     run = CliRunner().invoke(main, ["tune", "batch-size", *[a.format(**values) for a in args]])
     assert run.exit_code != 0 and says in run.output and "Traceback" not in run.output

