@@ -45,8 +45,10 @@ def test_a_sweep_warms_up_each_level_unless_told_otherwise(tmp_path: Path) -> No
         url = f"{server.url}/serial?ms=1"
         sweep, out = run_json(tmp_path, "warm", "sweep", url, "--protocol", "http",
                               "--method", "GET", "--concurrency-range", "1:2",
-                              "--duration", "0.5")
+                              "--duration", "0.5", "--summary", str(tmp_path / "warm.md"))
         assert "warmup: 1s at each level" in out
+        table = (tmp_path / "warm.md").read_text().splitlines()
+        assert table[0].startswith("| concurrency | throughput_rps") and len(table) == 4
         assert all(p["load"]["warmup_s"] == 1.0 for p in sweep["points"])
         cold, out = run_json(tmp_path, "cold", "sweep", url, "--protocol", "http",
                              "--method", "GET", "--concurrency-range", "1:2",
@@ -240,8 +242,12 @@ def test_compare_reads_result_files(tmp_path: Path, server: ServerProcess) -> No
                  "1.6", "--warmup", "0.2", "--window", "0.2",
                  "--json", str(tmp_path / f"{model}.json"))
     doc, _ = run_json(tmp_path, "compare", "compare", str(tmp_path / "mlp.json"),
-                      str(tmp_path / "mlp_nobatch.json"), "--price-per-1k-requests", "0.01")
+                      str(tmp_path / "mlp_nobatch.json"), "--price-per-1k-requests", "0.01",
+                      "--summary", str(tmp_path / "compare.csv"))
     assert [e["name"] for e in doc["endpoints"]] == ["mlp", "mlp_nobatch"]
+    table = (tmp_path / "compare.csv").read_text().splitlines()
+    assert table[0].startswith("endpoint,throughput_rps,throughput_ratio")
+    assert [line.split(",")[0] for line in table[1:]] == ["mlp", "mlp_nobatch"]
     checks = {c["check"]: c["ok"] for c in doc["fairness"]["checks"]}
     assert checks["interleaved"] is False and checks["same inputs"] is None
     assert doc["ratios"][1]["throughput"]["ci95"] is not None  # from 8 windows each

@@ -15,6 +15,8 @@ from tradeoff.cli.options import (
     load_options,
     max_error_percent_option,
     save_result,
+    save_summary,
+    summary_option,
     take_endpoint,
     take_load,
     user_errors,
@@ -53,10 +55,11 @@ def _facts(values: tuple[str, ...]) -> dict[str, dict[str, str]]:
               help="Only endpoints meeting this p99 (and --max-error-percent) rank.")
 @max_error_percent_option
 @json_option("tradeoff.compare/1")
+@summary_option
 def compare(results: tuple[Path, ...], endpoints: tuple[str, ...], rounds: int,
             facts: tuple[str, ...], per_hour: tuple[str, ...], per_1k: tuple[str, ...],
             alpha: float, sla_p99_ms: float | None, max_error_percent: float,
-            json_path: Path | None, **shared: Any) -> None:
+            json_path: Path | None, summary_path: Path | None, **shared: Any) -> None:
     """Run the same load with the same inputs against several endpoints, interleaved, and
     show them side by side with ratios, confidence intervals, fairness checks, profiles
     and cost. Or compare existing bench results (RESULTS...).
@@ -71,7 +74,8 @@ def compare(results: tuple[Path, ...], endpoints: tuple[str, ...], rounds: int,
           --duration 5s --price-per-hour 1.20 --fact batched:hardware="2 vCPU"
       tradeoff compare --endpoint http=http://127.0.0.1:8000,model=mlp \\
           --endpoint grpc=127.0.0.1:8001,model=mlp,protocol=v2-grpc --concurrency 8
-      tradeoff compare a.json b.json --price-per-hour a=2.5 --price-per-hour b=0.9
+      tradeoff compare a.json b.json --price-per-hour a=2.5 --price-per-hour b=0.9 \\
+          --summary compare.md
     """
     from rich.console import Console
 
@@ -101,3 +105,4 @@ def compare(results: tuple[Path, ...], endpoints: tuple[str, ...], rounds: int,
         raise click.ClickException(str(exc)) from None
     print_compare(document, console)
     save_result(document, json_path, console, "comparison")
+    save_summary(document, summary_path, console)

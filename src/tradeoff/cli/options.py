@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from tradeoff.bench.endpoint import EndpointSpec
-    from tradeoff.results import ResultDocument
+    from tradeoff.results import CompareResult, ResultDocument, SweepResult
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
@@ -337,6 +337,30 @@ def json_option(schema: str) -> Decorator:
 records_option = click.option(
     "--records", "records_path", type=click.Path(dir_okay=False, path_type=Path),
     help="Write every request's record here (.csv, or .parquet with pyarrow).")
+
+def _summary_path(ctx: click.Context, param: click.Parameter, value: Path | None
+                  ) -> Path | None:
+    if value is not None and value.suffix not in (".csv", ".md"):
+        raise click.BadParameter(f"{value}: name a .csv or a .md file")
+    return value
+
+
+summary_option = click.option(
+    "--summary", "summary_path", type=click.Path(dir_okay=False, path_type=Path),
+    callback=_summary_path,
+    help="Write one row per level or endpoint here: .csv, or .md for a Markdown table "
+         "(as perf_analyzer's -f).")
+
+
+def save_summary(result: SweepResult | CompareResult, path: Path | None,
+                 console: Console) -> None:
+    """Write ``--summary`` when one was given, and say where."""
+    from tradeoff.report.summary import write_summary
+
+    if path is None:
+        return
+    write_summary(result, path)
+    console.print(f"summary table: {path}")
 
 
 def save_result(document: ResultDocument, path: Path | None, console: Console,

@@ -16,6 +16,8 @@ from tradeoff.cli.options import (
     load_options,
     max_error_percent_option,
     save_result,
+    save_summary,
+    summary_option,
     take_endpoint,
     take_load,
     user_errors,
@@ -45,11 +47,12 @@ from tradeoff.cli.options import (
               help="USD per 1,000 requests, for priced APIs.")
 @alpha_option
 @json_option("tradeoff.sweep/1")
+@summary_option
 def sweep(url: str, concurrency_range: str | None, rate_range: str | None,
           max_p99_ms: float | None, max_error_percent: float, sla_p99_ms: float | None,
           patience: int, bisect_steps: int, price_per_hour: float | None,
           per_1k: float | None, alpha: float, json_path: Path | None,
-          **shared: Any) -> None:
+          summary_path: Path | None, **shared: Any) -> None:
     """Find where an endpoint saturates: one full benchmark per load level, until
     throughput stops growing, errors rise or p99 passes --max-p99-ms; the knee is marked.
 
@@ -64,7 +67,7 @@ def sweep(url: str, concurrency_range: str | None, rate_range: str | None,
       tradeoff sweep http://127.0.0.1:8000 --model mlp --concurrency-range 1:64:8 \\
           --duration 5s --json sweep.json
       tradeoff sweep http://127.0.0.1:8000 --model mlp --rate-range 250:8000 \\
-          --arrival poisson --sla-p99-ms 20 --json sla.json
+          --arrival poisson --sla-p99-ms 20 --json sla.json --summary sla.md
       tradeoff sweep http://127.0.0.1:8000 --model mlp --concurrency-range 1:128 \\
           --price-per-hour 0.34 --max-p99-ms 50
     """
@@ -104,3 +107,4 @@ def sweep(url: str, concurrency_range: str | None, rate_range: str | None,
     if result.ranking:
         print_ranking(result.ranking, result.score, console)
     save_result(result, json_path, console, "sweep")
+    save_summary(result, summary_path, console)

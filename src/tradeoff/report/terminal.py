@@ -82,8 +82,8 @@ def print_bench_result(result: BenchResult, console: Console) -> None:
     if counts is not None and counts.cache_hit_ratio is not None:
         table.add_row("server cache hit ratio",
                       f"{counts.cache_hit_ratio:.1%} ({counts.cache_hits:,} hits of "
-                      f"{counts.cache_hits + counts.cache_misses:,} lookups, measurement "
-                      "window)")
+                      f"{(counts.cache_hits or 0) + (counts.cache_misses or 0):,} lookups, "
+                      "measurement window)")
     mix = result.endpoint.get("input_mix")
     if mix and mix.get("draw") == "zipf":
         table.add_row("inputs", f"{mix['distinct_inputs']:,} distinct, Zipf s={mix['zipf_s']:g}")
