@@ -100,3 +100,26 @@ def test_the_cli_with_two_workers(server: ServerProcess, tmp_path: Path) -> None
     assert summary["errors"] == 0 and summary["output_length"]["exact"] == summary["requests"]
     assert summary["output_tokens"]["total"] == 32 * summary["requests"]
     assert doc["client"]["workers"] == 2
+
+
+def test_a_profile_measures_constant_rates_between_one_at_a_time_and_flat_out(
+        server: ServerProcess, tmp_path: Path) -> None:
+    """guidellm's sweep profile: the two anchor runs, then every rate between them, each
+    with its TTFT and TPOT."""
+    out = tmp_path / "profile.json"
+    result = CliRunner().invoke(main, [
+        "sweep", f"{server.url}/v1", "--protocol", "openai", "--model", MODEL,
+        "--ignore-eos", "--profile", "3", "--profile-concurrency", "16", "--duration",
+        "0.8", "--warmup", "0.2", "--input-tokens", "16", "--output-tokens", "16",
+        "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    anchors = doc["plan"]["profile"]
+    assert 0 < anchors["synchronous_rps"] < anchors["throughput_rps"]
+    loads = [row["load"] for row in doc["rows"]]
+    assert len(loads) == 3 and loads[0] == pytest.approx(anchors["synchronous_rps"], 1e-3)
+    assert loads[-1] == pytest.approx(anchors["throughput_rps"], 1e-3)
+    assert all(row["ttft_p50_ms"] is not None and row["tpot_p50_ms"] is not None
+               for row in doc["rows"])
+    assert doc["stop_reason"] == "every rate of the profile measured"
+    assert "flat out" in result.output

@@ -87,6 +87,9 @@ class SweepPlan:
     min_gain: float = MIN_GAIN
     patience: int = 2
     bisect_steps: int = 4
+    # a profile's anchors: the rates one request at a time and flat out gave (see
+    # profile_levels); its levels all run, whatever the knee
+    profile: dict[str, float] | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in ("concurrency", "rate"):
@@ -96,6 +99,29 @@ class SweepPlan:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def profile_levels(adapter: Adapter, base: LoadSpec, count: int, max_concurrency: int,
+                   console: Console | None = None) -> tuple[list[float], dict[str, float]]:
+    """guidellm's sweep profile: measure one request at a time (the lowest useful rate)
+    and ``max_concurrency`` at once (the saturation rate), then ``count`` constant rates
+    spread evenly between them, both ends included. Returns the rates and the anchors."""
+    if count < 2:
+        raise ValueError("--profile needs at least 2 rates")
+    anchors = {}
+    for name, concurrency in (("synchronous", 1), ("throughput", max_concurrency)):
+        if console:
+            console.print(f"profile: {name} run (concurrency {concurrency})")
+        spec = dataclasses.replace(base, concurrency=concurrency, rate=None, intervals=None,
+                                   workers=min(base.workers, concurrency))
+        result, _, _ = run_benchmark(adapter, spec, console)
+        anchors[f"{name}_rps"] = result.summary.throughput_rps
+    low, high = anchors["synchronous_rps"], anchors["throughput_rps"]
+    if not low > 0:
+        raise ValueError("profile: no request succeeded one at a time; check the endpoint")
+    high = max(high, low * 1.01)  # saturated at one: still spread a little
+    step = (high - low) / (count - 1)
+    return [round(low + i * step, 3) for i in range(count)], anchors
 
 
 def point_summary(result: BenchResult) -> SweepRow:
@@ -190,6 +216,8 @@ class Sweep:
             why = self._fails(row, self.plan.max_p99_ms)
             if why:
                 return why
+            if self.plan.profile is not None:
+                continue  # a profile measures every rate between its anchors
             rows = [point_summary(p) for p in self.points]
             loads = [r.load for r in rows]
             knee = find_knee(loads, [r.work_rate for r in rows], self.plan.min_gain)
@@ -197,7 +225,8 @@ class Sweep:
                 return (f"throughput stopped growing: {self.plan.patience} points past "
                         f"{self.plan.mode} {loads[knee]:g} gained under "
                         f"{self.plan.min_gain:.0%} per doubling")
-        return "last level reached"
+        return "every rate of the profile measured" if self.plan.profile is not None \
+            else "last level reached"
 
     def _search_sla(self) -> tuple[str, SlaAnswer]:
         limit = self.plan.sla_p99_ms

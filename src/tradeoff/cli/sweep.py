@@ -30,6 +30,11 @@ from tradeoff.cli.options import (
 @click.option("--concurrency-range", help="START:END doubles (1:256), START:END:STEP steps "
                                           "like perf_analyzer, or a list 1,4,16.")
 @click.option("--rate-range", help="Open-loop rates, same forms (100:3200 doubles).")
+@click.option("--profile", "profile_count", type=click.IntRange(2), metavar="N",
+              help="guidellm's sweep: one request at a time, then --profile-concurrency at "
+                   "once, then N constant rates evenly between the two throughputs.")
+@click.option("--profile-concurrency", type=click.IntRange(1), default=64,
+              show_default=True, help="Concurrency of a profile's saturating run.")
 @load_options("arrival", "duration", "warmup", "max_connections", "workers", "ray")
 @click.option("--max-p99-ms", type=click.FloatRange(min=0, min_open=True),
               help="Stop once p99 passes this.")
@@ -49,7 +54,8 @@ from tradeoff.cli.options import (
 @json_option("tradeoff.sweep/1")
 @summary_option
 def sweep(url: str, concurrency_range: str | None, rate_range: str | None,
-          max_p99_ms: float | None, max_error_percent: float, sla_p99_ms: float | None,
+          profile_count: int | None, profile_concurrency: int, max_p99_ms: float | None,
+          max_error_percent: float, sla_p99_ms: float | None,
           patience: int, bisect_steps: int, price_per_hour: float | None,
           per_1k: float | None, alpha: float, json_path: Path | None,
           summary_path: Path | None, **shared: Any) -> None:
@@ -70,21 +76,28 @@ def sweep(url: str, concurrency_range: str | None, rate_range: str | None,
           --arrival poisson --sla-p99-ms 20 --json sla.json --summary sla.md
       tradeoff sweep http://127.0.0.1:8000 --model mlp --concurrency-range 1:128 \\
           --price-per-hour 0.34 --max-p99-ms 50
+      tradeoff sweep http://127.0.0.1:8000/v1 --protocol openai --model smollm2-135m \\
+          --profile 6 --profile-concurrency 16 --duration 20s --json profile.json
     """
     from rich.console import Console
 
     from tradeoff.bench.endpoint import make_adapter
-    from tradeoff.bench.sweep import SWEEP_WARMUP_S, Sweep, SweepPlan, parse_levels
+    from tradeoff.bench.sweep import (
+        SWEEP_WARMUP_S,
+        Sweep,
+        SweepPlan,
+        parse_levels,
+        profile_levels,
+    )
     from tradeoff.report.terminal import print_ranking, print_sweep
     from tradeoff.stats.cost import Price
 
     console = Console()
     try:
-        if (concurrency_range is None) == (rate_range is None):
-            raise ValueError("give one of --concurrency-range or --rate-range")
+        given = [o for o in (concurrency_range, rate_range, profile_count) if o is not None]
+        if len(given) != 1:
+            raise ValueError("give one of --concurrency-range, --rate-range or --profile")
         mode = "concurrency" if concurrency_range else "rate"
-        levels = parse_levels(concurrency_range or rate_range or "",
-                              integer=mode == "concurrency")
         source = click.get_current_context().get_parameter_source("warmup")
         if source is ParameterSource.DEFAULT:  # a level's first requests are cold
             shared["warmup"] = SWEEP_WARMUP_S
@@ -92,15 +105,25 @@ def sweep(url: str, concurrency_range: str | None, rate_range: str | None,
                           "sweep's default; --warmup 0 measures cold starts too)")
         target = take_endpoint(url, shared)
         base = take_load(shared, default_duration_s=LOAD_DEFAULTS.point_duration_s)
+        adapter = make_adapter(target)
+        anchors = None
+        if profile_count is not None:
+            levels, anchors = profile_levels(adapter, base, profile_count,
+                                             profile_concurrency, console)
+            console.print(f"profile: {profile_count} rates from "
+                          f"{anchors['synchronous_rps']:,.2f} to "
+                          f"{anchors['throughput_rps']:,.2f} req/s")
+        else:
+            levels = parse_levels(concurrency_range or rate_range or "",
+                                  integer=mode == "concurrency")
         plan = SweepPlan(mode, levels, max_p99_ms=max_p99_ms,
                          max_error_percent=max_error_percent, sla_p99_ms=sla_p99_ms,
-                         patience=patience, bisect_steps=bisect_steps)
+                         patience=patience, bisect_steps=bisect_steps, profile=anchors)
         price = None
         if price_per_hour is not None or per_1k is not None:
             price = Price(per_hour=price_per_hour,
                           per_1k_requests=None if price_per_hour is not None else per_1k)
-        result = Sweep(make_adapter(target), base, plan, console, price=price,
-                       alpha=alpha).run()
+        result = Sweep(adapter, base, plan, console, price=price, alpha=alpha).run()
     except user_errors() as exc:
         raise click.ClickException(str(exc)) from None
     print_sweep(result, console)

@@ -190,6 +190,11 @@ def print_sweep(sweep: SweepResult, console: Console) -> None:
     else:
         console.print("knee not reached: throughput was still growing")
     console.print(f"stopped: {sweep.stop_reason}")
+    anchors = sweep.plan.get("profile")
+    if anchors:
+        console.print(f"profile: {anchors['synchronous_rps']:,.2f} req/s one at a time, "
+                      f"{anchors['throughput_rps']:,.2f} req/s flat out; the rates above "
+                      "are spread evenly between them")
     sla = sweep.sla
     if sla:
         if sla.best and sla.best_load is not None:
