@@ -4,6 +4,7 @@ own (a stale ~/.ray/auth_token, as a past Ray run leaves, is in the way on purpo
 
 from __future__ import annotations
 
+import csv
 import importlib.util
 import json
 import os
@@ -253,11 +254,15 @@ def test_bench_workers_on_both_nodes_merge_exactly(cluster: LocalRayCluster,
     assert sorted(h["requests"] for h in hosts) == [100, 101]
     assert closed["client"]["workers"] == 2 and closed["client"]["start_skew_ms"] >= 0
     before = served(plain_server)
+    records = tmp_path / "open.csv"
     opened = run_cli(tmp_path, "bench", plain_server.url, "--model", "tiny", "--rate", "200",
                      "--duration", "2", "--ray", cluster.address, "--workers", "2",
-                     name="open", env=cluster.env)
+                     "--records", str(records), name="open", env=cluster.env)
     assert served(plain_server) - before == opened["total_requests_sent"]
     assert abs(opened["summary"]["achieved_rate_rps"] - 200) <= 6
+    with records.open() as f:  # no Ray worker sends a request before its time
+        assert all(float(r["sent_ms"]) >= float(r["scheduled_ms"]) for r in csv.DictReader(f))
+    assert opened["summary"]["latency_ms"]["min"] >= 0
 
 
 def test_sweep_soak_and_compare_take_ray_workers(cluster: LocalRayCluster,

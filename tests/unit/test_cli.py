@@ -14,6 +14,7 @@ import yaml
 from click.testing import CliRunner
 
 from tradeoff.bench.load import LOAD_DEFAULTS, LoadSpec
+from tradeoff.bench.sweep import SWEEP_WARMUP_S
 from tradeoff.cli import main
 from tradeoff.cli.options import seconds_text
 
@@ -147,7 +148,8 @@ def test_the_same_flag_has_the_same_default_in_every_command(
     for name, spec in specs.items():
         assert spec.concurrency == d.concurrency and spec.rate is None, name
         assert spec.arrival == d.arrival == "constant", name
-        assert spec.warmup_s == d.warmup_s == 0.0, name
+        # no warmup unless asked, but for a sweep's levels (their first requests are cold)
+        assert spec.warmup_s == (SWEEP_WARMUP_S if name == "sweep" else d.warmup_s), name
         assert spec.timeout_s == d.timeout_s and spec.seed == d.seed, name
         assert spec.max_connections == d.max_connections, name
         assert spec.stability_percent == d.stability_percent, name

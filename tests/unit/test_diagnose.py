@@ -219,3 +219,12 @@ def test_an_optimized_version_over_the_max_drop_or_slower_is_a_finding() -> None
     findings = {(f.rule, f.subject) for f in diagnose(result)}
     assert findings == {("optimize_accuracy_drop", "minilm v3 (int8)"),
                         ("optimize_not_faster", "minilm v4 (fp16)")}
+
+
+def test_a_cached_run_is_neither_queue_nor_compute_bound() -> None:
+    """A fully cached run used to read 'compute-bound: 0.00 ms of compute vs 0.00 ms
+    queued'."""
+    found = rules(bench_result(queue=0.0, compute=0.0, executions=10, cache_hits=9_990))
+    assert "compute_bound" not in found and "queue_bound" not in found
+    assert "cached_answers" in found
+    assert "compute_bound" in rules(bench_result(queue=0.5, compute=3.0))

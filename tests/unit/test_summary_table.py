@@ -38,5 +38,5 @@ def test_fixtures_render_as_markdown_and_files(tmp_path: Path) -> None:
         assert all(line.count("|") == table[0].count("|") for line in table)
         write_summary(result, tmp_path / "out.csv")
         assert len((tmp_path / "out.csv").read_text().splitlines()) == 1 + count
-    with pytest.raises(ValueError, match="name a .csv or a .md file"):
+    with pytest.raises(ValueError, match=r"name a \.csv or a \.md file"):
         write_summary(result, tmp_path / "out.txt")

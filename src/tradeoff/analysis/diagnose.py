@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from tradeoff.bench.result import endpoint_p50_ms
 from tradeoff.bench.runner import CONNECTION_WAIT
 from tradeoff.bench.sweep import point_summary
 from tradeoff.results import (
@@ -39,7 +40,6 @@ ERROR_PERCENT = 1.0
 FIRST_TOKEN_SHARE = 0.5       # generations: TTFT p50 / end-to-end p50 at or above this
 GOODPUT_SHARE = 0.9           # goodput below this share of throughput: SLO misses
 DECODE_SLOWDOWN = 2.0         # TPOT p50 at the sweep's highest load / at its lowest
-CLIENT_LAG_SHARE = 0.1        # the client's lag p99 / the endpoint's own p50 time: it shows
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 
@@ -117,14 +117,18 @@ def server_bound(result: BenchResult) -> list[Finding]:
     out = []
     evidence = {"latency_mean_ms": lat["mean"], "queue_ms": mean["queue"],
                 "compute_ms": compute, "server_total_ms": total}
-    if mean["queue"] > compute:
+    counts = result.summary.server_counts
+    # answers mostly from the cache: neither the queue nor compute was what was measured
+    cached = counts is not None and (counts.cache_hit_ratio or 0.0) >= 0.5
+    measured = not cached and mean["queue"] + compute > 0
+    if measured and mean["queue"] > compute:
         out.append(Finding(
             "queue_bound", "warning",
             f"queue-bound: requests wait {mean['queue']:.2f} ms in the queue for "
             f"{compute:.2f} ms of compute", evidence,
             "add model instances (instance_group count) or replicas, or shorten "
             "max_queue_delay_microseconds; the model itself is not the bottleneck"))
-    else:
+    elif measured:
         out.append(Finding(
             "compute_bound", "info",
             f"compute-bound: {compute:.2f} ms of compute vs {mean['queue']:.2f} ms queued",
@@ -144,35 +148,21 @@ def server_bound(result: BenchResult) -> list[Finding]:
     return out
 
 
-def _endpoint_ms(result: BenchResult) -> float | None:
-    """The shortest time the run measures of the endpoint, at p50: the gap between tokens
-    of a generation (else its first token), or a request's latency."""
-    generation = result.summary.generation
-    if generation is not None:
-        for figures in (generation.itl_ms, generation.ttft_ms):
-            if figures and figures.get("p50"):
-                return float(figures["p50"])
-    return _latency(result).get("p50") or None
-
-
 def client_bound(result: BenchResult) -> list[Finding]:
-    """The runner's self-check said client-bound: so it is when the client was busy (CPU),
-    or when its lag is a material share of what it measured. A late client in front of a
-    slow endpoint (one that drips its answers) adds little to the figures: that is the
-    endpoint's slowness, not the client's. Waiting for a free connection is the
-    endpoint's too: it held them all."""
+    """The runner's self-check (bench/result.py ``client_check``): critical when the
+    client was busy or its lag, above what the loop shows at rest, is a material share of
+    what it measured; the lag alone, small next to the endpoint's own time, is noted."""
     client = result.client
-    if not client.client_bound:
+    if not client.reasons:
         return []
     waited = any(CONNECTION_WAIT in note for note in client.notes)
-    send = (client.send_lag_ms or {}).get("p99") or 0.0
-    lag = max((client.loop_lag_ms or {}).get("p99") or 0.0, 0.0 if waited else send)
-    own = _endpoint_ms(result)
+    lag = max((client.loop_lag_ms or {}).get("p99") or 0.0,
+              0.0 if waited else (client.send_lag_ms or {}).get("p99") or 0.0)
+    own = endpoint_p50_ms(result.summary)
     evidence = {"reasons": client.reasons, "cpu_percent": client.cpu_percent,
                 "client_lag_p99_ms": lag, "endpoint_p50_ms": own,
                 "waited_for_connections": waited}
-    busy = any("lag" not in reason for reason in client.reasons)  # the CPU reason
-    if busy or (own is not None and lag >= CLIENT_LAG_SHARE * own):
+    if client.client_bound:
         return [Finding("client_bound", "critical", "client-bound: the load generator could "
                         "not keep up, so the figures understate the endpoint", evidence,
                         "rerun with --workers N, on a less loaded or separate client "
@@ -187,8 +177,7 @@ def client_bound(result: BenchResult) -> list[Finding]:
                     "nothing to do on the client; "
                     + ("a higher --max-connections, or less load, if the endpoint is to "
                        "be measured unsaturated" if waited else
-                       "a separate client machine would remove even this")),
-            ]
+                       "a separate client machine would remove even this"))]
 
 
 def cold_start(result: BenchResult) -> list[Finding]:

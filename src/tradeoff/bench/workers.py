@@ -153,4 +153,5 @@ def merge_runs(spec: LoadSpec, runs: WorkerRuns, cold_start: Records) -> RunOutc
     return RunOutcome(records, cold_start, outcomes[0].start_ns + offsets[0], measure_start,
                       measure_end, windows, stable, outcomes[0].stop_reason, cpu,
                       runs.server_before, runs.server_after, notes=runs.notes,
-                      loop_lag_ms=lags, hosts=runs.hosts, start_skew_ms=runs.start_skew_ms)
+                      loop_lag_ms=lags, idle_lag_ms=max(o.idle_lag_ms for o in outcomes),
+                      hosts=runs.hosts, start_skew_ms=runs.start_skew_ms)
