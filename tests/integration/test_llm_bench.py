@@ -117,8 +117,7 @@ def test_cli_keeps_the_api_key_out_of_the_result(streaming: StreamingServer,
     assert "ttft_ms" in records.read_text().splitlines()[0]
 
 
-def test_a_stream_times_out_only_after_the_timeout_without_a_piece(
-        streaming: StreamingServer) -> None:
+def test_a_stream_has_the_timeout_in_all(streaming: StreamingServer) -> None:
     def stream(timeout_s: float, **behaviour: int) -> str | None:
         host, port, base = split_url(streaming.url(**behaviour))
         raw = generation_request(host, base, generation_body("test-model", prompt="x",
@@ -127,9 +126,10 @@ def test_a_stream_times_out_only_after_the_timeout_without_a_piece(
         assert timing.latency_s < 3
         return timing.error
 
-    # 4 tokens 250 ms apart: longer in all than the timeout, never idle that long
-    assert stream(0.4, first=50, every=250) is None
-    assert "TimeoutError" in str(stream(0.4, first=50, every=700))
+    # --timeout is the whole answer's deadline: 4 tokens 250 ms apart take longer in all
+    # than 0.4 s though no gap does; within 2 s they finish
+    assert "TimeoutError" in str(stream(0.4, first=50, every=250))
+    assert stream(2.0, first=50, every=250) is None
     assert "TimeoutError" in str(stream(0.4, first=700))
 
 
