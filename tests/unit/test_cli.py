@@ -267,3 +267,36 @@ def test_every_import_the_commands_make_when_run_resolves() -> None:
     assert len(names) > 20
     for module, name in names:
         assert hasattr(importlib.import_module(module), name), f"{module}.{name}"
+
+
+def test_one_size_type_and_one_duration_type_everywhere(tmp_path: Path) -> None:
+    """serve's byte flags took integers only, tune's and optimize's --seconds refused
+    500ms, top --window took any text."""
+    runner = CliRunner()
+    help_text = runner.invoke(main, ["serve", "--help"], terminal_width=200).output
+    for shown in ("[default: 64MiB]", "[default: 1GiB]", "[default: 16MiB]",
+                  "[default: 64KiB]"):
+        assert shown in help_text, shown
+    refused = runner.invoke(main, ["serve", "--model-repository", str(tmp_path),
+                                   "--max-body-memory", "lots"])
+    assert refused.exit_code == 2 and "'lots' is not a size" in refused.output
+    small = runner.invoke(main, ["serve", "--model-repository", str(tmp_path),
+                                 "--max-header-bytes", "100"])
+    assert small.exit_code == 2 and "at least 1KiB" in small.output
+    for argv in (["tune", "batch-size", str(tmp_path / "nope"), "--seconds", "500ms"],
+                 ["optimize", str(tmp_path / "nope"), "--fp16", "--seconds", "500ms"]):
+        run = runner.invoke(main, argv)
+        assert run.exit_code != 0 and "--seconds" not in run.output, run.output
+    window = runner.invoke(main, ["top", "--prometheus-url", "http://127.0.0.1:9",
+                                  "--window", "5x"])
+    assert window.exit_code == 2 and "not a PromQL range" in window.output
+
+
+def test_help_shows_only_the_flags_a_command_can_use() -> None:
+    runner = CliRunner()
+    tune_help = runner.invoke(main, ["tune", "serve", "--help"]).output
+    assert "--chat" not in tune_help and "--method" not in tune_help
+    assert "--model" in tune_help and "--shape" in tune_help
+    assert "--requests" not in runner.invoke(main, ["sweep", "--help"]).output
+    build = runner.invoke(main, ["models", "build", "--help"]).output
+    assert "minilm" in build and "resnet50" in build

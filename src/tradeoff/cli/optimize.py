@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from tradeoff.cli.options import json_option, save_result, step_progress
+from tradeoff.cli.options import Duration, json_option, save_result, step_progress
 
 
 @click.command()
@@ -36,8 +36,8 @@ from tradeoff.cli.options import json_option, save_result, step_progress
                    "agreement (classifiers), relative max error (other outputs).")
 @click.option("--from-version", type=click.IntRange(min=1),
               help="The version to start from (default: the newest not made by optimize).")
-@click.option("--seconds", type=click.FloatRange(min=0.1), default=4.0, show_default=True,
-              help="Time to measure the speed of each version.")
+@click.option("--seconds", type=Duration(minimum_s=0.1), default="4s", show_default=True,
+              help="Time to measure the speed of each version (4s, 500ms).")
 @json_option("tradeoff.optimize/1")
 def optimize(model_dir: Path, int8: str | None, per_channel: bool, exclude: tuple[str, ...],
              fp16: bool, bf16: bool, graph_opt: bool, calibration: Path | None,

@@ -63,9 +63,12 @@ DURATION_OR_ZERO = Duration(allow_zero=True)
 
 
 class ByteSize(click.ParamType):
-    """A size flag: ``64MiB``, ``1GB``, ``65536`` (bytes) -> bytes, at least 1."""
+    """A size flag: ``64MiB``, ``1GB``, ``65536`` (bytes) -> bytes, at least ``minimum``."""
 
     name = "size"
+
+    def __init__(self, minimum: int = 1) -> None:
+        self.minimum = minimum
 
     def convert(self, value: Any, param: click.Parameter | None,
                 ctx: click.Context | None) -> int:
@@ -77,8 +80,9 @@ class ByteSize(click.ParamType):
             size = parse_size(str(value), "size")
         except ValueError:
             self.fail(f"{value!r} is not a size; write 64MiB, 1GB or 65536 (bytes)", param, ctx)
-        if size < 1:
-            self.fail(f"{value!r}: a size must be at least 1 byte", param, ctx)
+        if size < self.minimum:
+            self.fail(f"{value!r}: this size must be at least {size_text(self.minimum)}",
+                      param, ctx)
         return size
 
     def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
@@ -194,6 +198,23 @@ endpoint_options = apply(
 )
 
 
+def hidden(*names: str) -> Decorator:
+    """Keep these options of a command out of its --help (they still parse, with their
+    defaults): a shared option set the command uses only part of. Put it above them."""
+    def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
+        for param in getattr(function, "__click_params__", []):
+            if set(param.opts) & set(names):
+                param.hidden = True
+        return function
+    return decorate
+
+
+# what only the http and openai protocols use: hidden where a command takes only v2
+NOT_V2_OPTIONS = ("--method", "--body", "--chat", "--prompts", "--input-tokens",
+                  "--output-tokens", "--num-prompts", "--ignore-eos", "--temperature",
+                  "--api-key-env", "--slo")
+
+
 def take_endpoint(url: str, options: dict[str, Any]) -> EndpointSpec:
     """The EndpointSpec named by the endpoint options, which are taken out of ``options``
     (``--timeout`` and ``--seed`` stay there: the load needs them too)."""
@@ -278,8 +299,8 @@ LOAD_OPTIONS: dict[str, Decorator] = {
     "workers": click.option(
         "--workers", type=click.IntRange(1), default=1, show_default=True,
         help="Load generators (processes, or Ray actors with --ray), each offering its "
-             "share of the load; their raw records are merged exactly. Needs --duration "
-             "or --requests."),
+             "share of the load; their raw records are merged exactly. Needs a "
+             "fixed-length run, not one until stable."),
     "ray": click.option(
         "--ray", "ray_address", metavar="ADDRESS",
         help="Run the --workers as Ray actors spread over the nodes of the Ray cluster at "

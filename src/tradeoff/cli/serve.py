@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from tradeoff.cli.options import DURATION, DURATION_OR_ZERO, setup_logging
+from tradeoff.cli.options import DURATION, DURATION_OR_ZERO, ByteSize, setup_logging
 from tradeoff.errors import TradeoffError
 
 if TYPE_CHECKING:
@@ -29,22 +29,22 @@ if TYPE_CHECKING:
 @click.option("--grpc-port", default=8001, show_default=True, type=click.IntRange(0, 65535),
               help="Open Inference Protocol v2 over gRPC (0 picks a free port).")
 @click.option("--no-grpc", is_flag=True, help="Do not serve gRPC.")
-@click.option("--max-request-bytes", default=64 * 1024 * 1024, show_default=True,
-              type=click.IntRange(1), help="Larger request bodies get 413.")
+@click.option("--max-request-bytes", default="64MiB", show_default=True, type=ByteSize(),
+              help="Larger request bodies get 413 (64MiB, 1GB or bytes).")
 @click.option("--max-inputs", default=64, show_default=True, type=click.IntRange(1),
               help="Input tensors one request may carry.")
 @click.option("--max-tensor-elements", default=1 << 26, show_default=True,
               type=click.IntRange(1), help="Elements one input tensor may hold.")
 @click.option("--max-json-depth", default=32, show_default=True, type=click.IntRange(1),
               help="Nesting of a tensor's JSON data (and its number of dimensions).")
-@click.option("--max-bytes-element", default=16 << 20, show_default=True,
-              type=click.IntRange(1), help="Bytes of one BYTES element.")
+@click.option("--max-bytes-element", default="16MiB", show_default=True, type=ByteSize(),
+              help="Bytes of one BYTES element.")
 @click.option("--max-inflight", default=1024, show_default=True, type=click.IntRange(0),
               help="Inference requests the whole server holds at once (queued or running; "
                    "a request takes its place once its body is read); more are refused at "
                    "once with 503 / UNAVAILABLE. 0: no limit.")
-@click.option("--max-header-bytes", default=64 * 1024, show_default=True,
-              type=click.IntRange(1024),
+@click.option("--max-header-bytes", default="64KiB", show_default=True,
+              type=ByteSize(1024),
               help="Request line and headers of one HTTP request; more get 431 (414 for a "
                    "long URL).")
 @click.option("--header-timeout", default="10s", show_default=True, type=DURATION,
@@ -52,14 +52,13 @@ if TYPE_CHECKING:
                    "opened (or after the head's first byte) is closed (408).")
 @click.option("--body-timeout", default="30s", show_default=True, type=DURATION,
               help="A request body that sends no bytes for this long gets 408.")
-@click.option("--max-body-memory", default=1 << 30, show_default=True,
-              type=click.IntRange(1),
+@click.option("--max-body-memory", default="1GiB", show_default=True, type=ByteSize(),
               help="Bytes of request bodies (beyond the first 64 KiB of each) the server "
                    "holds at once; a body that does not fit gets 503.")
-@click.option("--max-json-bytes", default=16 << 20, show_default=True,
-              type=click.IntRange(1024),
-              help="JSON text of one inference request; more gets 413 (send tensors as "
-                   "binary data, as tritonclient's binary_data=True does).")
+@click.option("--max-json-bytes", default="16MiB", show_default=True, type=ByteSize(1024),
+              help="JSON text of one request body (inference, /v1, repository); more gets "
+                   "413 (send tensors as binary data, as tritonclient's binary_data=True "
+                   "does).")
 @click.option("--max-connections", default=8192, show_default=True, type=click.IntRange(1),
               help="Open HTTP connections; more are answered 503 and closed.")
 @click.option("--max-connections-per-client", default=2048, show_default=True,

@@ -3,6 +3,7 @@ Prometheus that scrapes it."""
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -10,13 +11,22 @@ import click
 
 from tradeoff.cli.options import Duration, user_errors
 
+_PROMQL_RANGE = re.compile(r"^(?:\d+(?:ms|s|m|h|d|w|y))+$")
+
+
+def _promql_range(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    if not _PROMQL_RANGE.match(value):
+        raise click.BadParameter(f"{value!r} is not a PromQL range; write 30s, 5m or 1h30m")
+    return value
+
 
 @click.command()
 @click.argument("url", required=False)
 @click.option("--prometheus-url", help="Read a Prometheus server that scrapes the servers "
                                        "instead (replicas summed), e.g. http://HOST:9090.")
-@click.option("--window", default="1m", show_default=True,
-              help="With --prometheus-url: the PromQL range of rates and percentiles.")
+@click.option("--window", default="1m", show_default=True, callback=_promql_range,
+              help="With --prometheus-url: the PromQL range of rates and percentiles "
+                   "(30s, 5m, 1h30m).")
 @click.option("--interval", type=Duration(minimum_s=0.1), default="1s", show_default=True,
               help="Time between readings (rates and percentiles cover it).")
 @click.option("--iterations", type=click.IntRange(min=1),

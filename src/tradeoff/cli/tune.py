@@ -13,8 +13,10 @@ import click
 
 from tradeoff.bench.load import LOAD_DEFAULTS
 from tradeoff.cli.options import (
+    NOT_V2_OPTIONS,
     Duration,
     endpoint_options,
+    hidden,
     json_option,
     load_options,
     max_error_percent_option,
@@ -50,8 +52,8 @@ def tune() -> None:
               help="Stop once one batch takes longer than this at p99.")
 @click.option("--max-batch", type=click.IntRange(min=1), default=1024, show_default=True,
               help="The largest batch size to try.")
-@click.option("--seconds", type=click.FloatRange(min=0.05), default=1.0, show_default=True,
-              help="Time each batch size runs.")
+@click.option("--seconds", type=Duration(minimum_s=0.05), default="1s", show_default=True,
+              help="Time each batch size runs (1s, 500ms).")
 @click.option("--back-off", type=click.FloatRange(0, 1, max_open=True), default=0.2,
               show_default=True, help="Fraction to back off from the knee.")
 @click.option("--threads", type=click.IntRange(min=1),
@@ -137,6 +139,7 @@ def _values(text: str, option: str, least: int) -> tuple[int, ...]:
 
 @tune.command("serve")
 @click.argument("url")
+@hidden(*NOT_V2_OPTIONS)
 @endpoint_options
 @load_options("arrival", "duration", "warmup", "max_connections")
 @click.option("--sla-p99-ms", type=click.FloatRange(min=0, min_open=True),
