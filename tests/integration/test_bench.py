@@ -236,3 +236,23 @@ def test_no_open_loop_request_leaves_before_its_scheduled_time(tmp_path: Path,
     early = [r for r in rows if float(r["sent_ms"]) < float(r["scheduled_ms"])]
     assert not early, f"{len(early)} of {len(rows)} sent early, e.g. {early[:2]}"
     assert result["summary"]["latency_ms"]["min"] >= 0
+
+
+def test_the_wrong_port_or_url_is_one_line_saying_what_to_give(server: ServerProcess,
+                                                               tmp_path: Path) -> None:
+    """The gRPC port gave a BadStatusLine of binary garbage; no server, a bare refusal;
+    an infer URL, a 404 for a doubled path."""
+    cases = [([f"http://{server.grpc_url}", "--model", "mlp"], "as a gRPC port does"),
+             ([f"http://127.0.0.1:{free_port()}", "--model", "mlp"],
+              "nothing listens at 127.0.0.1:"),
+             ([f"{server.url}/v2/models/mlp/infer", "--model", "mlp"],
+              "give the server's base URL"),
+             ([f"{server.url}/v1/chat/completions", "--protocol", "openai", "--model", "m"],
+              "give the API's base URL")]
+    for args, says in cases:
+        code, _, out = bench(tmp_path, *args, "--requests", "2", check=False)
+        assert code != 0 and says in out and "Traceback" not in out, out
+    top = subprocess.run([sys.executable, "-m", "tradeoff", "top", f"http://{server.grpc_url}",
+                          "--iterations", "1"], capture_output=True, text=True, timeout=60,
+                         check=False)
+    assert "as a gRPC port does" in top.stdout + top.stderr

@@ -170,6 +170,10 @@ class V2Adapter(Adapter):
                  input_data: Path | None = None, variants: int = 8, seed: int = 0,
                  timeout_s: float = 10.0, headers: dict[str, str] | None = None) -> None:
         super().__init__(url, timeout_s)
+        if "/v2/" in f"{self.prefix}/":
+            raise BenchSetupError(f"{url}: give the server's base URL (http://HOST:PORT, "
+                                  "with a path prefix if it has one), not a route of it; "
+                                  "--model names the model")
         self.headers = headers or {}  # sent with every request, e.g. Authorization
         self.model = model
         self.version = version

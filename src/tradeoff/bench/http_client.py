@@ -228,8 +228,19 @@ def get(url: str, *, timeout_s: float, max_bytes: int = DEFAULT_MAX_RESPONSE_BYT
     except (OSError, http.client.HTTPException) as exc:
         if expired.is_set():
             raise TimeoutError(f"no whole answer within {timeout_s:g} s") from None
+        where = f"{parts.hostname}:{parts.port}"
+        if isinstance(exc, ConnectionRefusedError):
+            raise ConnectionRefusedError(
+                f"nothing listens at {where}: is the server running there? (tradeoff "
+                "serve --model-repository DIR starts one on :8000)") from None
         if isinstance(exc, OSError):
             raise
+        line = str(exc.args[0]) if exc.args else ""
+        if line.startswith("\x00\x00"):  # an HTTP/2 frame: gRPC's port
+            raise ConnectionError(
+                f"{where} answers in HTTP/2 frames, as a gRPC port does: give the HTTP "
+                "port (tradeoff serve: 8000, metrics 8002), or bench a gRPC endpoint with "
+                "--protocol v2-grpc HOST:PORT") from None
         raise ConnectionError(f"malformed HTTP answer: {exc!r}") from None
     finally:
         watchdog.cancel()

@@ -32,6 +32,9 @@ class OpenAIAdapter(Adapter):
         super().__init__(url, timeout_s)
         if not self.prefix:
             self.prefix = "/v1"  # a bare host: the usual base path
+        if self.prefix.rstrip("/").endswith(("/completions", "/models")):
+            raise BenchSetupError(f"{url}: give the API's base URL (e.g. http://HOST:8000/"
+                                  "v1), not a route of it; --chat picks /chat/completions")
         if not items:
             raise BenchSetupError("no prompts to send")
         self.model = model
