@@ -47,6 +47,7 @@ def test_a_sweep_warms_up_each_level_unless_told_otherwise(tmp_path: Path) -> No
                               "--method", "GET", "--concurrency-range", "1:2",
                               "--duration", "0.5", "--summary", str(tmp_path / "warm.md"))
         assert "warmup: 1s at each level" in out
+        assert "concurrency 2: 1 of 2 levels at most, 50%, about" in out  # progress lines
         table = (tmp_path / "warm.md").read_text().splitlines()
         assert table[0].startswith("| concurrency | throughput_rps") and len(table) == 4
         assert all(p["load"]["warmup_s"] == 1.0 for p in sweep["points"])

@@ -25,22 +25,36 @@ from tradeoff.bench.result import build_result
 from tradeoff.bench.runner import Runner, WindowReport, run_coroutine
 from tradeoff.bench.workers import run_workers, split_spec
 from tradeoff.results import BenchResult
+from tradeoff.stats.progress import progress_text
+
+PLAIN_EVERY_S = 10.0  # a progress line this often when the output is not a terminal
 
 
 async def _progress(runner: Runner, console: Console, spec: LoadSpec) -> None:
-    """Once a second: elapsed, achieved rate, p50/p99 and errors over the last second."""
-    with console.status("starting") as status:
+    """Once a second: elapsed (with the share done and the time left for a run of fixed
+    length), achieved rate, p50/p99 and errors over the last second. Not on a terminal
+    (a log, CI), a plain line every PLAIN_EVERY_S instead."""
+    total_s = spec.warmup_s + spec.duration_s if spec.duration_s is not None else None
+    live = console.is_terminal
+    with console.status("starting") if live else contextlib.nullcontext() as status:
         started = time.monotonic()
+        printed = started
         while True:
             await asyncio.sleep(1.0)
             now = runner.clock()
             last = runner.live_window(0, now - 1_000_000_000, now + 1)
             phase = "measuring" if runner.measuring(now) else "warmup"
-            text = (f"{phase} {time.monotonic() - started:4.0f}s  "
-                    f"{last.throughput_rps:,.0f} req/s  errors {last.errors}")
+            elapsed = time.monotonic() - started
+            done = f" ({progress_text(elapsed, total_s, elapsed)})" if total_s else ""
+            text = (f"{phase} {elapsed:4.0f}s{done}  {last.throughput_rps:,.0f} req/s  "
+                    f"errors {last.errors}")
             if last.completed > last.errors:
                 text += f"  p50 {last.p50_ms:.2f} ms  p99 {last.p99_ms:.2f} ms"
-            status.update(text)
+            if status is not None:
+                status.update(text)
+            elif time.monotonic() - printed >= PLAIN_EVERY_S:
+                console.print(text)
+                printed = time.monotonic()
 
 
 def run_benchmark(adapter: Adapter, spec: LoadSpec, console: Console | None = None

@@ -16,6 +16,7 @@ Every point is a complete bench result; :meth:`Sweep.run` gives the typed
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,7 @@ from tradeoff.results import (
 )
 from tradeoff.stats.cost import Price, rank
 from tradeoff.stats.knee import MIN_GAIN, find_knee
+from tradeoff.stats.progress import progress_text
 
 # a sweep's warmup at each level unless --warmup says otherwise: a level's first requests
 # meet cold caches, new connections and a batcher that has not settled
@@ -165,6 +167,7 @@ class Sweep:
         self.console = console
         self.on_point = on_point
         self.points: list[BenchResult] = []
+        self._started = time.monotonic()
 
     def _spec(self, load: float) -> LoadSpec:
         if self.plan.mode == "concurrency":
@@ -175,8 +178,19 @@ class Sweep:
         return dataclasses.replace(self.base, rate=float(load), concurrency=None,
                                    intervals=None)
 
+    def _most_levels(self) -> int:
+        """Levels this sweep may measure: every level, and an SLA search's bisections."""
+        plan = self.plan
+        return len(plan.levels) + (plan.bisect_steps if plan.sla_p99_ms is not None else 0)
+
     def measure(self, load: float) -> BenchResult:
         """One full benchmark at ``load``."""
+        if self.console:
+            if not self.points:
+                self._started = time.monotonic()
+            self.console.print(f"{self.plan.mode} {load:g}: " + progress_text(
+                len(self.points), self._most_levels(), time.monotonic() - self._started,
+                "levels at most"), highlight=False)
         result, _, _ = run_benchmark(self.adapter, self._spec(load), self.console)
         if self.console:
             row = point_summary(result)

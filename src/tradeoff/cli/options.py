@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -398,9 +399,19 @@ def save_result(document: ResultDocument, path: Path | None, console: Console,
 @contextmanager
 def step_progress(console: Console, first: str = "starting") -> Iterator[Callable[[str], None]]:
     """A spinner whose text is the step under way, for long work in process; yields the
-    function that names the next step."""
+    function that names the next step. Not on a terminal (a log, CI): each step a plain
+    line with the time so far."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+    if not console.is_terminal:
+        started = time.monotonic()
+
+        def say(step: str) -> None:
+            console.print(f"[{time.monotonic() - started:6.1f}s] {step}", highlight=False)
+
+        say(first)
+        yield say
+        return
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                   console=console, transient=True) as progress:
         task = progress.add_task(first, total=None)

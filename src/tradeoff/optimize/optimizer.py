@@ -49,6 +49,7 @@ from tradeoff.repository.edit import add_versions, version_parameter
 from tradeoff.repository.repository import ModelRepository, ModelSource
 from tradeoff.results import OptimizeResult, VersionReport, environment
 from tradeoff.stats.distribution import distribution
+from tradeoff.stats.progress import progress_text
 
 DEFAULT_MAX_DROP = 0.01
 # progress(description) is called before each step
@@ -94,9 +95,16 @@ def optimize_model(model_dir: Path, plan: OptimizePlan,
     calibration_doc = None
     made: dict[int, Variant] = {}
     next_version = max(on_disk) + 1
+    done, steps, started = 0, 2 * len(plan.variants) + 1, time.monotonic()
+
+    def step(text: str) -> None:  # each version made, then each measured
+        nonlocal done
+        say(f"{text} ({progress_text(done, steps, time.monotonic() - started)})")
+        done += 1
+
     for variant in plan.variants:
         version_dir = model_dir / str(next_version)
-        say(f"making version {next_version}: {variant.kind}")
+        step(f"making version {next_version}: {variant.kind}")
         feeds = None
         if variant.kind == INT8_STATIC:
             calibration, calibration_from = _samples(plan.calibration, model_dir, config,
@@ -127,7 +135,7 @@ def optimize_model(model_dir: Path, plan: OptimizePlan,
     reports = []
     reference: dict[str, np.ndarray] | None = None
     for version in versions:
-        say(f"measuring version {version}")
+        step(f"measuring version {version}")
         path = model_dir / str(version) / config.default_model_filename
         backend = backend_type.create(_spec(name, path, source.config))
         try:

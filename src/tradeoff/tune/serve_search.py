@@ -60,6 +60,7 @@ from tradeoff.repository.edit import PBTXT, YAML_FILES, config_text
 from tradeoff.results import ServeTune, SweepRow, Trial, environment
 from tradeoff.server.models import TUNE_MARKER, TUNE_ORIGINAL
 from tradeoff.stats.cost import Price
+from tradeoff.stats.progress import progress_text
 
 Progress = Callable[[str], None]
 KNOBS = ("max_batch_size", "max_queue_delay_us", "instances", "threads", "preferred")
@@ -274,7 +275,9 @@ class ServeSearch:
         if self.trials and self._left() < self._typical_s():
             return None
         start = self.clock()
-        self.say(f"trial {len(self.trials) + 1}: {knobs.name}")
+        elapsed = start - self.started
+        self.say(f"trial {len(self.trials) + 1}: {knobs.name} (budget "
+                 f"{progress_text(elapsed, self.goal.budget_s, elapsed)})")
         refused = self._apply(knobs, original)
         if refused is not None:
             trial = Trial(knobs.name, dataclasses.asdict(knobs), "refused", refused,
