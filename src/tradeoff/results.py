@@ -317,6 +317,11 @@ class Summary:
     achieved_rate_rps: float | None
     duration_s: float
     generation: Generation | None = None  # written flat into the summary
+    # the successful latencies at QUANTILES, from the records: the report's CDF
+    latency_quantiles_ms: list[float] | None = None
+    # the measurement over time (bench/result.py timeline): bin_s, throughput_rps, p50_ms,
+    # p99_ms per bin
+    timeline: dict[str, Any] | None = None
 
     @property
     def error_percent(self) -> float:
@@ -338,6 +343,10 @@ class Summary:
                "achieved_rate_rps": self.achieved_rate_rps, "duration_s": self.duration_s}
         if self.generation is not None:
             out.update(self.generation.to_dict())
+        if self.latency_quantiles_ms is not None:
+            out["latency_quantiles_ms"] = self.latency_quantiles_ms
+        if self.timeline is not None:
+            out["timeline"] = self.timeline
         return out
 
     @classmethod
@@ -347,7 +356,8 @@ class Summary:
                    _optional(f("server_counts"), ServerCounts.read, f"{f.where}.server_counts"),
                    f("bytes_sent"), f("bytes_received"), f("asked_rate_rps"),
                    f("achieved_rate_rps"), f("duration_s"),
-                   Generation.read(f) if f.has("ttft_ms") else None)
+                   Generation.read(f) if f.has("ttft_ms") else None,
+                   f.get("latency_quantiles_ms"), f.get("timeline"))
 
 
 @dataclass(frozen=True)

@@ -296,15 +296,19 @@ def test_report_renders_every_plot_in_chromium(tmp_path: Path, server: ServerPro
              "--endpoint", f"b={server.url},model=mlp_nobatch", "--rounds", "1", *SHORT)
     run_json(tmp_path, "soak", "soak", server.url, "--model", "mlp", "--max-rate", "100",
              "--duration", "3", "--window", "0.5", "--server-pid", str(server.process.pid))
+    run_json(tmp_path, "bench", "bench", server.url, "--model", "mlp", "--rate", "200",
+             "--duration", "3")
     report = tmp_path / "report.html"
     pngs = tmp_path / "png"
     run = tradeoff("report", *sweeps, str(tmp_path / "compare.json"),
-                   str(tmp_path / "soak.json"), "-o", str(report), "--png", str(pngs))
+                   str(tmp_path / "soak.json"), str(tmp_path / "bench.json"), "-o", str(report),
+                   "--png", str(pngs))
     assert f"report: {report}" in run.stdout
     page = report.read_text()
     assert "http://" not in page.split("<main>")[0] and "<script src" not in page
     expected = page.count('<figure class="plot"')
-    assert expected == 6  # throughput, latency, frontier, comparison, CDF, soak
+    # throughput, latency, frontier, comparison, over the run, CDF, soak
+    assert expected == 7
     assert len(list(pngs.glob("*.png"))) == expected
 
     flags = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
@@ -315,10 +319,13 @@ def test_report_renders_every_plot_in_chromium(tmp_path: Path, server: ServerPro
     assert dom.returncode == 0, dom.stderr[-2000:]
     rendered = [part.split('"')[0] for part in dom.stdout.split('data-rendered="')[1:]]
     assert len(rendered) == expected, dom.stdout[:500]
+    widths = []
     for size in rendered:
         box, drawn = size.split(":")
         width, height = (int(v) for v in box.split("x"))
         assert width > 200 and height > 100 and int(drawn) > 20, rendered
+        widths.append(width)
+    assert max(widths) - min(widths) <= 4, rendered  # one size: the same text size in each
     for name in ("Knee", "Findings", "Fairness", "Endpoint profiles", "Environment",
                  "Verdict"):
         assert name in dom.stdout

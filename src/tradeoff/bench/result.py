@@ -7,6 +7,7 @@ counts from each request's scheduled send time. See docs/bench.md for each defin
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -29,7 +30,7 @@ from tradeoff.results import (
     Window,
     environment,
 )
-from tradeoff.stats.distribution import distribution
+from tradeoff.stats.distribution import distribution, quantiles
 
 SEND_LAG_LIMIT_MS = 1.0      # above the loop's lag at rest
 LOOP_LAG_LIMIT_MS = 5.0
@@ -144,6 +145,40 @@ def _cache_counts(before: dict[str, Any], after: dict[str, Any]
     return (hits, misses) if hits + misses > 0 else (None, None)
 
 
+MAX_TIMELINE_BINS = 300
+
+
+def timeline(records: Records, start_ns: int, end_ns: int) -> dict[str, Any] | None:
+    """The run over time, from its requests: completions per second and the p50 and p99
+    latency of the requests that ended in each bin (one second, or longer so a run has at
+    most MAX_TIMELINE_BINS). Bins without an answer have None latencies."""
+    seconds = (end_ns - start_ns) / 1e9
+    ok = (records.outcome == OK) & (records.end_ns >= start_ns) & (records.end_ns <= end_ns)
+    if seconds <= 0 or not ok.any():
+        return None
+    bin_s = max(1.0, float(np.ceil(seconds / MAX_TIMELINE_BINS)))
+    bins = int(np.ceil(seconds / bin_s))
+    index = np.minimum(((records.end_ns[ok] - start_ns) / 1e9 // bin_s).astype(np.int64),
+                       bins - 1)
+    latency = records.latency_ms[ok]
+    order = np.argsort(index, kind="stable")
+    index, latency = index[order], latency[order]
+    edges = np.searchsorted(index, np.arange(bins + 1))
+    p50: list[float | None] = []
+    p99: list[float | None] = []
+    for lo, hi in itertools.pairwise(edges):  # one per bin, not per request
+        part = latency[lo:hi]
+        p50.append(round(float(np.percentile(part, 50)), 4) if part.size else None)
+        p99.append(round(float(np.percentile(part, 99)), 4) if part.size else None)
+    counts = np.diff(edges)
+    last = seconds - (bins - 1) * bin_s  # the last bin may be short
+    widths = np.full(bins, bin_s)
+    widths[-1] = max(last, 1e-9)
+    return {"bin_s": bin_s,
+            "throughput_rps": [round(float(c), 3) for c in counts / widths],
+            "p50_ms": p50, "p99_ms": p99}
+
+
 def _windows(outcome: RunOutcome) -> list[Window]:
     """Windows, each with the server's means over it when snapshots bracket it."""
     at = dict(outcome.server_snapshots)
@@ -253,6 +288,8 @@ def build_result(adapter: Adapter, spec: LoadSpec, outcome: RunOutcome,
         throughput_rps=throughput,
         inferences_per_s=throughput * rows,
         latency_ms=distribution(measured.latency_ms[ok]),
+        latency_quantiles_ms=quantiles(measured.latency_ms[ok]),
+        timeline=timeline(records, outcome.measure_start_ns, outcome.measure_end_ns),
         server_ms=_server_breakdown(measured, ok, outcome),
         server_counts=_server_counts(outcome),
         bytes_sent=int(measured.bytes_sent.sum()),

@@ -16,7 +16,7 @@ from tradeoff import __version__
 from tradeoff.analysis.diagnose import diagnose
 from tradeoff.bench.sweep import KNEE_RULE, point_summary
 from tradeoff.report import plots
-from tradeoff.report.terminal import accuracy_cell
+from tradeoff.report.terminal import accuracy_cell, soak_memory_text
 from tradeoff.results import (
     BatchSizeTune,
     BenchResult,
@@ -40,7 +40,8 @@ h1{font-size:24px;margin:0 0 4px}h2{font-size:18px;margin:32px 0 8px;border-bott
 solid #e5e7eb;padding-bottom:4px}h3{font-size:15px;margin:18px 0 6px}
 .muted{color:#6b7280}.grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(460px,1fr));
 gap:16px}figure{background:#fff;border:1px solid #e5e7eb;border-radius:8px;margin:0;padding:8px}
-figure svg{width:100%;height:auto}figcaption{font-size:12px;color:#6b7280;padding:4px}
+figure.plot{max-width:520px}figure svg{width:100%;height:auto}
+figcaption{font-size:12px;color:#6b7280;padding:4px}
 table{border-collapse:collapse;background:#fff;margin:8px 0;font-size:13px}
 th,td{border:1px solid #e5e7eb;padding:4px 8px;text-align:right}th{background:#f3f4f6}
 td.l,th.l{text-align:left}tr.knee td{background:#fef9c3;font-weight:600}
@@ -247,6 +248,10 @@ def _soak_section(report: Report, soak: SoakResult) -> None:
     reasons = "".join(f"<li>{_e(r['text'])}</li>" for r in verdict.reasons) or \
         "<li>no drift, error burst or memory growth found</li>"
     notes = "".join(f"<li class='muted'>{_e(n)}</li>" for n in verdict.notes)
+    memory = verdict.trends.get("memory")
+    if memory:
+        flagged = any(r["kind"] == "memory_growth" for r in verdict.reasons)
+        notes += f"<li>{_e(soak_memory_text(memory, flagged))}</li>"
     report.add(f"Soak: {soak.label}",
                report.figure(plots.soak_timeline(soak), "soak",
                              "Throughput and p99 per window; server memory below.")
@@ -334,13 +339,19 @@ def _serve_tune_section(report: Report, result: ServeTune) -> None:
 
 
 def _findings_section(report: Report, documents: Sequence[ResultDocument]) -> None:
+    """Every result's findings, each saying which result (its kind and number in the
+    report's list) it came from: two results of one model find alike things."""
     rows = []
-    for doc in documents:
+    for number, doc in enumerate(documents, 1):
+        kind = doc.schema.removeprefix("tradeoff.").split("/")[0]
+        source = f"{kind} #{number}"
         for f in diagnose(doc):
             rows.append([f"<span class='sev {f.severity}'>{_e(f.severity)}</span>",
-                         _e(f.subject), _e(f.title), _e(f.action)])
-    report.add("Findings", _table(["severity", "subject", "finding", "what to do"], rows,
-                                  left=4) if rows else "<p>No findings.</p>")
+                         _e(source), _e(f.subject), _e(f.title), _e(f.action)])
+    report.add("Findings", _table(["severity", "from", "subject", "finding", "what to do"],
+                                  rows, left=5)
+               + "<p class='muted'>from: the kind of result and its place in the order "
+               "the results were given.</p>" if rows else "<p>No findings.</p>")
 
 
 def _environment_section(report: Report, documents: Sequence[ResultDocument]) -> None:
@@ -366,27 +377,33 @@ def build_report(documents: Sequence[ResultDocument], png_dir: Path | None = Non
         _sweep_section(report, sweeps)
     for compare in compares:
         _compare_section(report, compare)
-    named = [(b.label, b.summary.latency_ms) for b in benches]
-    named += [(e.name, e.result.summary.latency_ms) for c in compares for e in c.endpoints]
+    named = [(b.label, b.summary) for b in benches]
+    named += [(e.name, e.result.summary) for c in compares for e in c.endpoints]
     for sweep in sweeps:
         point = sweep.point_at(sweep.knee.load) if sweep.knee else None
         if point:
-            named.append((f"{sweep.label} at knee", point.summary.latency_ms))
-    latencies = [(n, lat) for n, lat in named if lat]
+            named.append((f"{sweep.label} at knee", point.summary))
+    latencies = [(n, summary) for n, summary in named if summary.latency_ms]
     if benches:
         rows = [[_e(b.label), _e(b.load["mode"]), _num(p.load),
                  _num(p.throughput_rps, 1), _num(p.p50_ms), _num(p.p99_ms),
                  _num(p.error_percent, 1)]
                 for b in benches for p in [point_summary(b)]]
         generations = [b for b in benches if b.summary.generation]
-        report.add("Benchmarks", _table(["endpoint", "mode", "load", "req/s", "p50 ms",
-                                         "p99 ms", "errors %"], rows, left=2)
+        timed = [(b.label, b.summary) for b in benches if b.summary.timeline]
+        over = report.figure(plots.over_the_run(timed), "over-the-run",
+                             "Throughput and latency per second of the measurement (longer "
+                             "bins for long runs), from every request.") if timed else ""
+        report.add("Benchmarks", over + _table(["endpoint", "mode", "load", "req/s",
+                                                "p50 ms", "p99 ms", "errors %"], rows, left=2)
                    + ("<h3>Generations (ms)</h3>" + _generation_table(generations)
                       if generations else ""))
     if latencies:
         report.add("Latency distribution",
                    report.figure(plots.latency_cdf(latencies), "latency-cdf",
-                                 "Each curve joins the reported percentiles."))
+                                 "From each run's own requests, every percentile and "
+                                 "the tail (dashed: a result that kept only p50 ... "
+                                 "p99.9)."))
     for soak in soaks:
         _soak_section(report, soak)
     for document in optimized:

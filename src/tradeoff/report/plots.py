@@ -21,7 +21,7 @@ from tradeoff.results import (
     Summary,
     SweepResult,
 )
-from tradeoff.stats.distribution import PERCENTILES
+from tradeoff.stats.distribution import PERCENTILES, QUANTILES
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -40,7 +40,10 @@ def _pyplot() -> Any:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    plt.rcParams.update({"svg.fonttype": "none", "font.size": 9, "axes.spines.top": False,
+    # every figure is drawn 6.4 in wide and shown 500-520 px wide (html.py): these sizes
+    # read as 11-12 px text there
+    plt.rcParams.update({"svg.fonttype": "none", "font.size": 10, "axes.titlesize": 10,
+                         "legend.fontsize": 9, "axes.spines.top": False,
                          "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.3})
     return plt
 
@@ -112,7 +115,7 @@ def latency_vs_load(sweeps: list[SweepResult]) -> Figure:
     axes.set_xlabel("concurrency" if mode == "concurrency" else "offered rate (req/s)")
     axes.set_ylabel("latency (ms)")
     axes.set_title(f"p50 and p99 latency vs {mode}")
-    axes.legend(fontsize=7)
+    axes.legend()
     return figure
 
 
@@ -124,7 +127,7 @@ def frontier(sweeps: list[SweepResult]) -> Figure:
         axes.plot([r.throughput_rps for r in rows], [r.p99_ms for r in rows], "o-",
                   color=color, label=sweep.label)
         for r in rows:
-            axes.annotate(f"{r.load:g}", (r.throughput_rps, r.p99_ms), fontsize=7,
+            axes.annotate(f"{r.load:g}", (r.throughput_rps, r.p99_ms), fontsize=8,
                           textcoords="offset points", xytext=(3, 3), color=color)
         if sweep.knee:
             _knee_marker(axes, sweep.knee.throughput_rps, sweep.knee.p99_ms, color)
@@ -167,7 +170,7 @@ def batch_size_curve(result: BatchSizeTune) -> Figure:
     axes.set_title(f"{result.model}: throughput and latency by batch size")
     lines, labels = axes.get_legend_handles_labels()
     more, more_labels = latency.get_legend_handles_labels()
-    axes.legend(lines + more, labels + more_labels, fontsize=7)
+    axes.legend(lines + more, labels + more_labels)
     return figure
 
 
@@ -194,23 +197,53 @@ def pareto(result: ServeTune) -> Figure:
     axes.set_xlabel("throughput (req/s)")
     axes.set_ylabel("p99 latency (ms)")
     axes.set_title(f"{result.model}: configurations tried")
-    axes.legend(fontsize=7)
+    axes.legend()
     return figure
 
 
-def latency_cdf(named: list[tuple[str, dict[str, Any]]]) -> Figure:
-    """Latency distribution from each result's reported percentiles (min ... max)."""
+def latency_cdf(named: list[tuple[str, Summary]]) -> Figure:
+    """The latency CDF of each result, from its quantiles of every request (QUANTILES);
+    a result written before they were kept is drawn dashed through its percentiles."""
     figure, axes = _figure()
-    for color, (name, latency) in zip(cycle(COLORS), named):
-        points = [(latency["min"], 0.0)] + [(latency[k], q / 100) for k, q in
-                                            PERCENTILES.items()] + [(latency["max"], 1.0)]
-        axes.plot([p[0] for p in points], [p[1] for p in points], "o-", color=color,
-                  label=name, markersize=3)
+    for color, (name, summary) in zip(cycle(COLORS), named):
+        latency = summary.latency_ms or {}
+        if summary.latency_quantiles_ms:
+            xs = summary.latency_quantiles_ms
+            ys = [q / 100 for q in QUANTILES]
+            style = "-"
+        else:
+            points = [(latency["min"], 0.0)] + [(latency[k], q / 100) for k, q in
+                                                PERCENTILES.items()] + [(latency["max"], 1.0)]
+            xs, ys, style = [p[0] for p in points], [p[1] for p in points], "o--"
+        axes.plot(xs, ys, style, color=color, label=name, markersize=3)
     axes.set_xscale("log")
     axes.set_xlabel("latency (ms)")
     axes.set_ylabel("fraction of requests")
-    axes.set_title("Latency CDF (from min, p50, p90, p95, p99, p99.9, max)")
-    axes.legend(fontsize=7)
+    axes.set_title("Latency CDF")
+    axes.legend()
+    return figure
+
+
+def over_the_run(named: list[tuple[str, Summary]]) -> Figure:
+    """Throughput (top) and p50/p99 latency (bottom) over each run's measurement, from
+    its requests (``Summary.timeline``)."""
+    figure, (top, bottom) = _pyplot().subplots(2, 1, figsize=(6.4, 4.6), sharex=True,
+                                               layout="constrained")
+    for color, (name, summary) in zip(cycle(COLORS), named):
+        line = summary.timeline or {}
+        bin_s = line.get("bin_s", 1.0)
+        ends = [bin_s * (i + 1) for i in range(len(line.get("throughput_rps", [])))]
+        top.plot(ends, line["throughput_rps"], "-", color=color, label=name)
+        for key, style in (("p50_ms", "-"), ("p99_ms", "--")):
+            values = [float("nan") if v is None else v for v in line[key]]
+            bottom.plot(ends, values, style, color=color,
+                        label=f"{name} {key.removesuffix('_ms')}")
+    top.set_ylabel("req/s")
+    top.set_title("Over the run (each point: the requests that ended in its bin)")
+    top.legend()
+    bottom.set_ylabel("latency (ms)")
+    bottom.set_xlabel("seconds into the measurement")
+    bottom.legend()
     return figure
 
 
@@ -260,7 +293,7 @@ def generation_vs_load(sweeps: list[SweepResult]) -> Figure:
         axes.set_yscale("log")
         axes.set_xlabel("concurrency" if mode == "concurrency" else "offered rate (req/s)")
         axes.set_title(title)
-    left.legend(fontsize=6)
+    left.legend()
     return figure
 
 
@@ -309,9 +342,18 @@ def _generation_figure(summary: Summary, distribution: str, key: str) -> float |
 
 
 def tidy(figure: Figure) -> Figure:
-    """Last touches shared by the SVG and the PNG of a figure."""
+    """Last touches shared by the SVG and the PNG of a figure: plain numbers on every axis
+    (no '1e3' or '+2.185e3' offsets: a soak's RSS over a 0.1 MiB range read as
+    offsets)."""
+    from matplotlib.ticker import ScalarFormatter
+
     for axes in figure.axes:
         _plain_log_axis(axes)
+        for axis in (axes.xaxis, axes.yaxis):
+            formatter = axis.get_major_formatter()
+            if isinstance(formatter, ScalarFormatter):
+                formatter.set_useOffset(False)
+                formatter.set_scientific(False)
     return figure
 
 

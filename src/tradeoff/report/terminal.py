@@ -301,6 +301,22 @@ def print_findings(findings: list[Any], console: Console) -> None:
     console.print(table)
 
 
+def soak_memory_text(memory: dict[str, Any], flagged: bool) -> str:
+    """The server's memory trend in words: a trend can be certain (a small p) and still
+    too small to matter, and then says so (``flagged``: the verdict called it growth)."""
+    growth = memory["growth_mib"]
+    size = f"{growth:+.1f} MiB" if abs(growth) >= 0.05 else f"{growth * 1024:+.0f} KiB"
+    certain = memory["p_value"] < 0.05
+    if not certain:
+        return f"server memory: {size} over the run, no trend (Mann-Kendall p=" \
+               f"{memory['p_value']:.2f})"
+    grows = memory.get("direction") == "up"
+    judged = "growth that makes the run unstable" if flagged else \
+        "too small to matter" if grows else "shrinking"
+    return (f"server memory: {size} over the run, a steady {memory.get('direction')} "
+            f"trend (Mann-Kendall p={memory['p_value']:.3f}): {judged}")
+
+
 def print_soak(soak: SoakResult, console: Console) -> None:
     """The soak's windows and its verdict."""
     table = Table(title=f"Soak at {soak.rate_rps:,.1f} req/s "
@@ -315,8 +331,8 @@ def print_soak(soak: SoakResult, console: Console) -> None:
     verdict = soak.verdict
     memory = verdict.trends.get("memory")
     if memory:
-        console.print(f"server memory: {memory['growth_mib']:+.1f} MiB over the run "
-                      f"(p={memory['p_value']:.3f})")
+        flagged = any(r["kind"] == "memory_growth" for r in verdict.reasons)
+        console.print(soak_memory_text(memory, flagged))
     if verdict.stable:
         console.print("[bold green]stable[/]: no drift, error burst or memory growth")
     else:
