@@ -127,3 +127,28 @@ def test_a_format_error_is_in_the_error_tree_and_a_value_error() -> None:
     assert issubclass(ResultFormatError, TradeoffError)
     assert issubclass(ResultFormatError, ValueError)
     assert tradeoff.ResultFormatError is ResultFormatError
+
+
+def test_a_certain_but_tiny_memory_trend_is_not_called_growth() -> None:
+    """A soak printed '+0.0 MiB (p=0.005)' and called it stable without a word."""
+    from tradeoff.report.terminal import soak_memory_text
+
+    tiny = soak_memory_text({"growth_mib": 0.0012, "p_value": 0.005, "direction": "up"},
+                            flagged=False)
+    assert "+1 KiB" in tiny and "too small to matter" in tiny
+    leak = soak_memory_text({"growth_mib": 40.0, "p_value": 0.001, "direction": "up"},
+                            flagged=True)
+    assert "+40.0 MiB" in leak and "unstable" in leak
+    flat = soak_memory_text({"growth_mib": 0.3, "p_value": 0.4, "direction": "none"},
+                            flagged=False)
+    assert "no trend" in flat
+
+
+def test_findings_say_which_result_they_came_from() -> None:
+    pytest.importorskip("matplotlib")
+    from tradeoff.report.html import build_report
+
+    page, _ = build_report([load_result(DATA / "bench-tensor.json"),
+                            load_result(DATA / "sweep.json")])
+    findings = page.split("Findings")[1]
+    assert "bench #1" in findings and "sweep #2" in findings
