@@ -62,3 +62,19 @@ def test_the_routing_example_builds_loads_and_routes(tmp_path: Path) -> None:
     finally:
         with pytest.raises(StopIteration):
             next(server_gen)
+
+
+def test_every_relative_link_in_the_docs_names_a_file_that_exists() -> None:
+    """docs/tuning.md linked a docs/cost.md that was never written."""
+    link = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)|\(docs/([\w./-]+\.md)\)")
+    pages = [*DOCS.glob("*.md"), DOCS.parent / "README.md"]
+    missing = []
+    for page in pages:
+        for match in link.finditer(page.read_text()):
+            target = match.group(1) or match.group(2)
+            if target.startswith(("http://", "https://", "mailto:")):
+                continue
+            base = DOCS if match.group(2) else page.parent
+            if not (base / target).exists():
+                missing.append(f"{page.name}: {target}")
+    assert not missing, missing
