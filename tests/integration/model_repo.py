@@ -171,6 +171,16 @@ dynamic_batching { }
 instance_group [ { count: 2 kind: KIND_CPU } ]
 """
 
+# a model of add_constant_model: FP32 [batch, 4] in and out ({extra}: more fields)
+CONSTANT_CONFIG = """\
+name: "{name}"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+{extra}"""
+
 VERSIONED_CONFIG = """\
 name: "{name}"
 backend: "onnxruntime"

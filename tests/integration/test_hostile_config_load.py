@@ -18,19 +18,11 @@ from tradeoff.models.generative import write_synthetic_llm
 from tradeoff.server.process import ServerProcess
 
 from .helpers import background_load, infer_json, post_json, running_server
-from .model_repo import _write, add_constant_model
+from .model_repo import CONSTANT_CONFIG, _write, add_constant_model
 
 pytestmark = pytest.mark.integration
 
 SHORT = 300  # characters: the most a reason about a hostile file may take
-MODEL = """\
-name: "{name}"
-platform: "onnxruntime_onnx"
-max_batch_size: 8
-input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
-output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
-instance_group [ {{ count: 1 kind: KIND_CPU }} ]
-"""
 LEVELS = ["&a [x, x, x, x, x, x, x, x, x]"] + [
     f"&{name} [{', '.join([f'*{below}'] * 9)}]"
     for below, name in zip("abcdef", "bcdefg", strict=True)]
@@ -55,8 +47,8 @@ HOSTILE: dict[str, tuple[str, str, str]] = {
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("hostile_config")
-    _write(root, "one", {1: add_constant_model(1.0)}, MODEL.format(name="one"))
-    _write(root, "two", {1: add_constant_model(2.0)}, MODEL.format(name="two"))
+    _write(root, "one", {1: add_constant_model(1.0)}, CONSTANT_CONFIG.format(name="one", extra=""))
+    _write(root, "two", {1: add_constant_model(2.0)}, CONSTANT_CONFIG.format(name="two", extra=""))
     (root / "heavy").mkdir()
     (root / "heavy" / "router.yaml").write_text(ARMS.format(w="1.0e+6"))
     for name, (file, text, _) in HOSTILE.items():

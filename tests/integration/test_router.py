@@ -25,7 +25,7 @@ from .helpers import (
     running_server,
     wait_for,
 )
-from .model_repo import _write, add_constant_model
+from .model_repo import CONSTANT_CONFIG, _write, add_constant_model
 
 pytestmark = pytest.mark.integration
 
@@ -40,23 +40,16 @@ routes:
 fallback: [small]
 shadow: {to: slow, fraction: 1.0}
 """
-MODEL = """\
-name: "{name}"
-platform: "onnxruntime_onnx"
-max_batch_size: 8
-input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
-output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
-instance_group [ {{ count: 1 kind: KIND_CPU }} ]
-{extra}"""
 
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("routed")
     # big adds 1, small adds 2, slow adds 3 after holding each batch for up to 1.5 s
-    _write(root, "big", {1: add_constant_model(1.0)}, MODEL.format(name="big", extra=""))
-    _write(root, "small", {1: add_constant_model(2.0)}, MODEL.format(name="small", extra=""))
-    _write(root, "slow", {1: add_constant_model(3.0)}, MODEL.format(
+    _write(root, "big", {1: add_constant_model(1.0)}, CONSTANT_CONFIG.format(name="big", extra=""))
+    _write(root, "small", {1: add_constant_model(2.0)},
+           CONSTANT_CONFIG.format(name="small", extra=""))
+    _write(root, "slow", {1: add_constant_model(3.0)}, CONSTANT_CONFIG.format(
         name="slow", extra="dynamic_batching { max_queue_delay_microseconds: 1500000 "
                            "preferred_batch_size: [ 8 ] }\n"))
     (root / "front").mkdir()
@@ -291,7 +284,7 @@ def test_a_latency_priority_with_its_own_delay_takes_the_waiting_batch(tmp_path:
                                                                        ) -> None:
     """The throughput level waits up to 5 s to fill a batch; a level-1 request (delay 0)
     goes at once and takes the waiting request with it: one execution of two rows."""
-    config = MODEL.format(name="levels", extra=(
+    config = CONSTANT_CONFIG.format(name="levels", extra=(
         "dynamic_batching { max_queue_delay_microseconds: 5000000 priority_levels: 2 "
         "default_priority_level: 2 }\n"
         'parameters { key: "priority_1_max_queue_delay_microseconds" '
