@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tradeoff.bench.load import LOAD_DEFAULTS
+from tradeoff.bench.sweep import SWEEP_WARMUP_S
 
 from .control_server import ControlServer
 
@@ -101,7 +102,7 @@ def test_durations_with_units_and_shared_defaults_reach_the_result(tmp_path: Pat
     assert [p["load"]["concurrency"] for p in points] == [1, 2]
     for point in points:  # the flags not given take the same defaults as in bench
         assert point["load"]["duration_s"] == 0.5
-        assert point["load"]["warmup_s"] == LOAD_DEFAULTS.warmup_s
+        assert point["load"]["warmup_s"] == SWEEP_WARMUP_S  # but a sweep level's warmup
         assert point["load"]["timeout_s"] == LOAD_DEFAULTS.timeout_s
         assert point["load"]["seed"] == LOAD_DEFAULTS.seed
 

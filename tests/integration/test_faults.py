@@ -18,7 +18,13 @@ from tradeoff.results import BenchResult
 from tradeoff.server.process import ServerProcess
 
 from .helpers import infer_json, model_metric, post_json, request, running_server, wait_for
-from .model_repo import VERSIONED_CONFIG, _write, add_constant_model, build_shutdown_repository
+from .model_repo import (
+    CONSTANT_CONFIG,
+    VERSIONED_CONFIG,
+    _write,
+    add_constant_model,
+    build_shutdown_repository,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -138,6 +144,8 @@ def test_swapping_in_a_new_version_under_load_fails_no_request(server: ServerPro
 def test_fault_injection_needs_the_server_flag(tmp_path: Path) -> None:
     root = tmp_path / "models"
     _write(root, "faulty", {1: add_constant_model(1.0)}, FAULTY_CONFIG)
+    _write(root, "plain", {1: add_constant_model(1.0)},
+           CONSTANT_CONFIG.format(name="plain", extra=""))  # ready needs one model serving
     with ServerProcess(root) as plain:
         assert status(plain, "/v2/models/faulty/ready") == 503
         index = post_json(plain.url, "/v2/repository/index", {}).json()

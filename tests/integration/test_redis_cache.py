@@ -208,7 +208,7 @@ def test_tenants_neither_read_nor_flush_each_others_entries(repo: Path, store: R
 
 ACL = ("ACL SETUSER tradeoff on >tradeoff-password-0123 ~tradeoff:cache:* +get +set +del "
        "+evalsha +script|load +zadd +zrangebyscore +zrem +zpopmin +hset +hget +hdel "
-       "+incrby +decrby +expire")  # as docs/cache.md gives it
+       "+incrby +decrby +expire +ping")  # as docs/cache.md gives it
 
 
 def test_a_redis_user_with_the_documented_acl_is_enough(repo: Path, tmp_path: Path,

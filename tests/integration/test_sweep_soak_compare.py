@@ -120,7 +120,7 @@ def test_sweep_refuses_bad_ranges_in_one_line(tmp_path: Path) -> None:
                    "--concurrency-range", "8:1", check=False)
     assert run.returncode != 0 and "START:END" in run.stderr and "Traceback" not in run.stderr
     run = tradeoff("sweep", "http://127.0.0.1:9", "--protocol", "http", check=False)
-    assert "--concurrency-range or --rate-range" in run.stderr
+    assert "--concurrency-range, --rate-range or --profile" in run.stderr
 
 
 # -------------------------------------------------------------------------- soak
