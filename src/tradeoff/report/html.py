@@ -38,9 +38,9 @@ margin:0;background:#f9fafb}
 main{max-width:1040px;margin:0 auto;padding:24px}
 h1{font-size:24px;margin:0 0 4px}h2{font-size:18px;margin:32px 0 8px;border-bottom:1px
 solid #e5e7eb;padding-bottom:4px}h3{font-size:15px;margin:18px 0 6px}
-.muted{color:#6b7280}.grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(460px,1fr));
+.muted{color:#6b7280}.grid{display:grid;grid-template-columns:repeat(auto-fill,496px);
 gap:16px}figure{background:#fff;border:1px solid #e5e7eb;border-radius:8px;margin:0;padding:8px}
-figure.plot{max-width:520px}figure svg{width:100%;height:auto}
+figure.plot{width:496px;max-width:100%;box-sizing:border-box}figure svg{width:100%;height:auto}
 figcaption{font-size:12px;color:#6b7280;padding:4px}
 table{border-collapse:collapse;background:#fff;margin:8px 0;font-size:13px}
 th,td{border:1px solid #e5e7eb;padding:4px 8px;text-align:right}th{background:#f3f4f6}
