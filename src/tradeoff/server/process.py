@@ -29,6 +29,19 @@ def free_port(host: str = "127.0.0.1") -> int:
     return free_ports(1, host)[0]
 
 
+# ports a Ray node takes by default whatever else is asked: a free port picked for the GCS
+# must not be one of them (the OS hands out 52365 as readily as any other)
+RAY_DEFAULT_PORTS = frozenset({8265, 52365, 6379, 10001})
+
+
+def _ray_free_port() -> int:
+    """A free port on 127.0.0.2 that no Ray component claims by default."""
+    while True:
+        port = free_port("127.0.0.2")
+        if port not in RAY_DEFAULT_PORTS and not 10002 <= port <= 19999:  # workers' range
+            return port
+
+
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     """``count`` different free ports (each socket stays bound until all are picked: a
     port just closed may be handed out again at once)."""
@@ -169,7 +182,7 @@ class LocalRayCluster:
         self.affinity = affinity  # node k's processes run on these CPUs (taskset -c)
         self.cpus_per_node = cpus_per_node
         self.object_store_bytes = object_store_bytes
-        self.port = free_port("127.0.0.2")
+        self.port = _ray_free_port()
         self.address = f"127.0.0.2:{self.port}"
         self.temp_dir = tempfile.mkdtemp(prefix="tradeoff-ray-")
         self.log = tempfile.NamedTemporaryFile(prefix="tradeoff-ray-", suffix=".log",
@@ -207,7 +220,7 @@ class LocalRayCluster:
         try:
             self._start_node(0, "--head", "--node-ip-address", "127.0.0.2", "--port",
                              str(self.port), "--include-dashboard=false", "--no-monitor",
-                             "--ray-client-server-port", str(free_port("127.0.0.2")),
+                             "--ray-client-server-port", str(_ray_free_port()),
                              "--temp-dir", self.temp_dir, *common)
             for k in range(1, self.nodes):
                 self._start_node(k, "--address", self.address, "--node-ip-address",
