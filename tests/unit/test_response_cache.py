@@ -174,7 +174,7 @@ def _input_key(cache: ResponseCache, value: float, tenant: bytes = b""):
                                                                      np.float32))], [], {})
 
 
-def test_a_stored_value_moved_under_another_key_fails_its_mac() -> None:
+def test_a_local_value_found_under_another_key_is_a_miss() -> None:
     cache = _cache()
     mine, theirs = _input_key(cache, 1.0), _input_key(cache, 0.0)
     cache.keep(theirs, _outputs(7.0))
@@ -187,38 +187,34 @@ def test_a_stored_value_moved_under_another_key_fails_its_mac() -> None:
     assert found is not None and float(found[0].array[0, 0]) == 7.0
 
 
-def test_a_value_planted_without_the_secret_is_never_served() -> None:
-    cache = _cache()
-    key = _input_key(cache, 1.0)
-    assert isinstance(cache.store, LocalStore)
+def test_a_value_sealed_without_the_secret_never_opens() -> None:
+    """What Redis holds: any MAC a writer without the secret can make fails, and a
+    server with the same secret opens what another wrote."""
+    key = KEYS.tensor_key(b"", "mlp", 1, [("X", "FP32", np.ones((1, 2), np.float32))], [],
+                          {})
     planted = encode_outputs(_outputs(1337.0))
-    # what a writer who knows the format but not the secret can store: any MAC bytes
-    for mac in (b"\0" * MAC_BYTES, key.check, Keys(b"guessed-secret-0123456").seal(key, planted)
-                [:MAC_BYTES]):
-        cache.store.put(key.key, mac + planted)
-        assert asyncio.run(cache.lookup(key, EXPECTED)) is None
-    assert cache.rejected == 3
-    # a server with the same secret reads what this one wrote
-    cache.keep(key, _outputs(2.0))
-    twin = ResponseCache(cache.store, cache.spec, secret=SECRET)
-    mine = ResponseCache(cache.store, cache.spec, secret=SECRET)
-    twin_key = _input_key(twin, 1.0)
-    mine.keep(twin_key, _outputs(3.0))
-    found = asyncio.run(twin.lookup(twin_key, EXPECTED))
-    assert found is not None and float(found[0].array[0, 0]) == 3.0
+    for forged in (b"\0" * MAC_BYTES + planted, key.check + planted,
+                   Keys(b"guessed-secret-0123456").seal(key, planted)):
+        assert KEYS.open(key, forged) is None
+    sealed = Keys(SECRET).seal(key, planted)
+    assert bytes(KEYS.open(key, sealed) or b"") == planted
+    other = KEYS.tensor_key(b"", "mlp", 1, [("X", "FP32", np.zeros((1, 2), np.float32))],
+                            [], {})
+    assert KEYS.open(other, sealed) is None  # moved under another key
+    assert KEYS.open(key, sealed[:-1] + b"\1") is None  # one bit of the value
 
 
 def test_an_authentic_value_the_model_cannot_have_made_is_a_miss_not_a_500() -> None:
     cache = _cache()
     key = _input_key(cache, 1.0)
     assert isinstance(cache.store, LocalStore)
-    cache.store.put(key.key, cache.keys.seal(key, b"\x05\x00\x00\x00[[[[["))
+    cache.store.put(key.key, key.check + b"\x05\x00\x00\x00[[[[[")
     assert asyncio.run(cache.lookup(key, EXPECTED)) is None and cache.unreadable == 1
     for wrong in ([TensorOutput("OUT0", np.ones((1, 5), np.float32), "FP32", False)],
                   [TensorOutput("OUT0", np.ones((1, 4), np.float64), "FP64", False)],
                   [TensorOutput("OTHER", np.ones((1, 4), np.float32), "FP32", False)],
                   [*_outputs(1.0), *_outputs(2.0)]):
-        cache.store.put(key.key, cache.keys.seal(key, encode_outputs(wrong)))
+        cache.store.put(key.key, key.check + encode_outputs(wrong))
         assert asyncio.run(cache.lookup(key, EXPECTED)) is None
     assert asyncio.run(cache.lookup(key, [("OUT0", "FP32", False, [1, -1])])) is None
     assert cache.unreadable == 6
@@ -226,9 +222,9 @@ def test_an_authentic_value_the_model_cannot_have_made_is_a_miss_not_a_500() -> 
     gen = cache.generation_key(b"", "llm", 1, [1, 2], params)
     for tokens, reason in (([1, 10**12], "stop"), ([1, -1], "stop"), ([1, 2], "abort"),
                            ([1] * 5, "length"), ([True, 2], "stop")):
-        cache.store.put(gen.key, cache.keys.seal(gen, encode_generation(tokens, reason)))
+        cache.store.put(gen.key, gen.check + encode_generation(tokens, reason))
         assert asyncio.run(cache.lookup_generation(gen, 300, 4)) is None
-    cache.store.put(gen.key, cache.keys.seal(gen, encode_generation([1, 299], "length")))
+    cache.store.put(gen.key, gen.check + encode_generation([1, 299], "length"))
     assert asyncio.run(cache.lookup_generation(gen, 300, 4)) == ([1, 299], "length")
 
 

@@ -9,9 +9,10 @@ every input's name, datatype, shape and bytes, the outputs asked for (and whethe
 is binary), every request parameter that may change the answer and, unless the operator
 shares entries across tenants, the API key that asked. All of it is hashed with BLAKE2b
 keyed by the server's secret, so nobody without the secret can compute where an answer
-lives. A stored value carries a MAC (keyed BLAKE2b over a second digest of the key
+lives. A value in Redis carries a MAC (keyed BLAKE2b over a second digest of the key
 material and the value): a value a foreign writer planted or moved fails it and is a
-miss, never an answer. A decoded value is checked against the model (token ids in the
+miss, never an answer. In the process's own LRU, which nothing else writes, the second
+digest alone is stored and compared (a key collision is a miss). A decoded value is checked against the model (token ids in the
 vocabulary, tensors as the config declares) before it is used.
 
     cache = ResponseCache.from_spec(CacheSpec.parse("local,size=256MB"))
@@ -614,8 +615,19 @@ class ResponseCache:
         return self.keys.generation_key(tenant, model, version, prompt, params)
 
     async def _get(self, key: CacheKey) -> memoryview | None:
+        """The value under ``key`` if it is this key's: in Redis, which others can write,
+        its MAC must hold; in this process's own LRU, the check digest stored before it
+        must match (a key collision; hashing the value would cost 1 µs per KiB)."""
         store = self.store
-        raw = store.get(key.key) if isinstance(store, LocalStore) else await store.get(key.key)
+        if isinstance(store, LocalStore):
+            raw = store.get(key.key)
+            if raw is None:
+                return None
+            if raw[:CHECK_BYTES] == key.check:
+                return memoryview(raw)[CHECK_BYTES:]
+            self.rejected += 1
+            return None
+        raw = await store.get(key.key)
         if raw is None:
             return None
         value = self.keys.open(key, raw)
@@ -658,19 +670,18 @@ class ResponseCache:
         """Keep ``value`` under ``key`` unless it is over ``max_item``; the write to Redis
         runs in the background (the answer does not wait for it); ``done(ns)`` hears how
         long the write took."""
-        if len(value) + MAC_BYTES > self.max_item_bytes:
+        if len(value) + max(MAC_BYTES, CHECK_BYTES) > self.max_item_bytes:
             self.too_large += 1
             return
-        sealed = self.keys.seal(key, value)
         if isinstance(self.store, LocalStore):
             started = time.perf_counter_ns()
-            if self.store.put(key.key, sealed, key.tenant):
+            if self.store.put(key.key, key.check + value, key.tenant):
                 self.insertions += 1
             if done is not None:
                 done(time.perf_counter_ns() - started)
             return
         tenant = self.keys.tag(key.tenant) if key.tenant else b""
-        task = asyncio.ensure_future(self._put(key, sealed, tenant, done))
+        task = asyncio.ensure_future(self._put(key, self.keys.seal(key, value), tenant, done))
         if not task.done():
             self._writes.add(task)
             task.add_done_callback(self._writes.discard)
