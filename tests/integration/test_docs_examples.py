@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
+import click
 import pytest
 
+from tradeoff.cli import main
 from tradeoff.server.process import ServerProcess
 
 from .helpers import infer_json, post_json, running_server
@@ -78,3 +81,74 @@ def test_every_relative_link_in_the_docs_names_a_file_that_exists() -> None:
             if not (base / target).exists():
                 missing.append(f"{page.name}: {target}")
     assert not missing, missing
+
+
+def documented_commands() -> list[tuple[str, list[str]]]:
+    """Every `tradeoff` command in the shell blocks of README and docs: (where, argv),
+    continuation lines joined, comments and a trailing ``&`` dropped."""
+    found = []
+    for page in [DOCS.parent / "README.md", *sorted(DOCS.glob("*.md"))]:
+        for match in FENCE.finditer(page.read_text()):
+            if match.group(1) not in ("sh", "bash", ""):
+                continue
+            text = match.group(2).replace("\\\n", " ")
+            for raw in text.splitlines():
+                line = raw.strip()
+                if not line.startswith(("tradeoff ", ".venv/bin/tradeoff ")) or \
+                        " [--" in line:  # a synopsis, not a command
+                    continue
+                words = [re.sub(r"^\$\(.*\)$", "12345", w)  # $(pgrep ...): a pid
+                         for w in shlex.split(line, comments=True)]
+                if words[-1] == "&":
+                    words.pop()
+                found.append((f"{page.name}: {line[:80]}", words[1:]))
+    return found
+
+
+def parse_only(argv: list[str]) -> None:
+    """Parse ``argv`` as `tradeoff` would, every flag's type and check included, without
+    running the command."""
+    command: click.Command = main
+    context = click.Context(main, info_name="tradeoff")
+    while isinstance(command, click.Group):
+        name, sub, argv = command.resolve_command(context, list(argv))
+        assert name is not None and sub is not None
+        context = click.Context(sub, info_name=name, parent=context)
+        command = sub
+    command.make_context(context.info_name, list(argv), parent=context.parent)
+
+
+MISSING = re.compile(r"(File|Directory) '([^']+)' does not exist")
+
+
+def test_every_documented_command_parses_as_written(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each `tradeoff ...` line of README and docs names a command and flags that exist,
+    with values their types take (the flags a page promised and the CLI renamed used to
+    fail only when a reader tried them). The files a page's earlier steps would have
+    made (./models, sweep.json) are made empty first."""
+    monkeypatch.chdir(tmp_path)
+    commands = documented_commands()
+    assert len(commands) > 50
+    failures = []
+    for where, argv in commands:
+        for _ in range(8):  # one missing file at a time
+            try:
+                parse_only(argv)
+            except click.exceptions.Exit:
+                pass  # --help
+            except click.ClickException as exc:
+                message = exc.format_message()
+                missing = MISSING.search(message)
+                if missing and not missing.group(2).startswith("/"):
+                    path = tmp_path / missing.group(2)
+                    if missing.group(1) == "Directory":
+                        path.mkdir(parents=True, exist_ok=True)
+                    else:
+                        path.parent.mkdir(parents=True, exist_ok=True)
+                        path.write_text("{}")
+                    continue
+                if not missing:  # an absolute path of the reader's machine: not ours
+                    failures.append(f"{where}: {message}")
+            break
+    assert not failures, "\n".join(failures)
