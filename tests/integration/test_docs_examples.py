@@ -152,3 +152,60 @@ def test_every_documented_command_parses_as_written(tmp_path: Path,
                     failures.append(f"{where}: {message}")
             break
     assert not failures, "\n".join(failures)
+
+
+# the README's measuring commands, shortened to run in seconds: (flag, value) -> value
+SHORTER = {"--duration": "1s", "--warmup": "0.2s", "--concurrency-range": "1:4",
+           "--rate-range": "250:500", "--concurrency": "4", "--rate": "200",
+           "--probe-duration": "0.5s", "--rounds": "2", "--output-tokens": "4",
+           "--bisect-steps": "1"}
+MEASURING = ("bench", "sweep", "soak", "compare", "diagnose", "report")
+
+
+def shortened(argv: list[str], server: ServerProcess) -> list[str]:
+    """``argv`` against ``server`` (ports 8000/8001/8002 as it has them), each long flag's
+    value replaced by a short one; every other word as written."""
+    ports = {"8000": str(server.http_port), "8001": str(server.grpc_port),
+             "8002": str(server.metrics_port)}
+    out = []
+    for i, written in enumerate(argv):
+        word = SHORTER[argv[i - 1]] if i and argv[i - 1] in SHORTER else written
+        for default, port in ports.items():
+            word = word.replace(f"127.0.0.1:{default}", f"127.0.0.1:{port}")
+        out.append(word)
+    if out[0] == "soak":  # a soak needs 6 windows for its trend test
+        out[out.index("--duration") + 1] = "3s"
+        out += ["--probe-duration", "0.5s", "--window", "0.5s"]
+    return out
+
+
+def test_the_readmes_measuring_commands_run_as_written(tmp_path: Path) -> None:
+    """bench, sweep, soak, compare, diagnose and report from the README, in order,
+    against a served repository of the models they name (the README's SLA sweep used to
+    find no load meeting its SLA; the LLM line runs when its weights are installed)."""
+    repo = tmp_path / "models"
+    from tradeoff.models import build_repository
+    from tradeoff.models.generative import available_generative_models
+
+    llm = "smollm2-135m" in available_generative_models()
+    build_repository(repo, ("mlp", "mlp_nobatch", *(("smollm2-135m",) if llm else ())))
+    commands = [argv for where, argv in documented_commands()
+                if where.startswith("README.md") and argv[0] in MEASURING
+                and (llm or "openai" not in argv) and "minilm" not in " ".join(argv)]
+    assert [argv[0] for argv in commands][:6] == ["bench", "bench", *(["bench"] if llm else []),
+                                                  "sweep", "sweep", "soak"][:6]
+    server_gen = running_server(repo)
+    server: ServerProcess = next(server_gen)
+    try:
+        for argv in commands:
+            command = [sys.executable, "-m", "tradeoff", *shortened(argv, server)]
+            run = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True,
+                                 timeout=240, check=False)
+            assert run.returncode == 0, f"{' '.join(argv)}\n{run.stdout[-2000:]}" \
+                                        f"{run.stderr[-2000:]}"
+            if "--sla-p99-ms" in argv:  # a warm sweep finds a load that meets 20 ms
+                assert "highest rate meeting it is" in run.stdout, run.stdout[-2000:]
+        assert (tmp_path / "report.html").exists() and (tmp_path / "mlp.csv").exists()
+    finally:
+        with pytest.raises(StopIteration):
+            next(server_gen)
