@@ -12,8 +12,9 @@ keyed by the server's secret, so nobody without the secret can compute where an 
 lives. A value in Redis carries a MAC (keyed BLAKE2b over a second digest of the key
 material and the value): a value a foreign writer planted or moved fails it and is a
 miss, never an answer. In the process's own LRU, which nothing else writes, the second
-digest alone is stored and compared (a key collision is a miss). A decoded value is checked against the model (token ids in the
-vocabulary, tensors as the config declares) before it is used.
+digest alone is stored and compared (a key collision is a miss). A decoded value is
+checked against the model (token ids in the vocabulary, tensors as the config declares)
+before it is used.
 
     cache = ResponseCache.from_spec(CacheSpec.parse("local,size=256MB"))
     key = cache.tensor_key(tenant, "mlp", 1, inputs, wanted, parameters)
