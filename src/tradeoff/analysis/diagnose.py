@@ -13,8 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from tradeoff.bench.result import endpoint_p50_ms
-from tradeoff.bench.runner import CONNECTION_WAIT
+from tradeoff.bench.result import client_lags_ms, endpoint_p50_ms, waited_for_connections
 from tradeoff.bench.sweep import point_summary
 from tradeoff.results import (
     BenchResult,
@@ -155,9 +154,8 @@ def client_bound(result: BenchResult) -> list[Finding]:
     client = result.client
     if not client.reasons:
         return []
-    waited = any(CONNECTION_WAIT in note for note in client.notes)
-    lag = max((client.loop_lag_ms or {}).get("p99") or 0.0,
-              0.0 if waited else (client.send_lag_ms or {}).get("p99") or 0.0)
+    waited = waited_for_connections(client.notes)
+    lag = max(client_lags_ms(client.send_lag_ms, client.loop_lag_ms, client.notes))
     own = endpoint_p50_ms(result.summary)
     evidence = {"reasons": client.reasons, "cpu_percent": client.cpu_percent,
                 "client_lag_p99_ms": lag, "endpoint_p50_ms": own,

@@ -50,6 +50,21 @@ def endpoint_p50_ms(summary: Summary) -> float | None:
     return summary.latency("p50") or None
 
 
+def waited_for_connections(notes: list[str]) -> bool:
+    """Open-loop requests waited for a free connection: the endpoint held them all."""
+    return any(CONNECTION_WAIT in note for note in notes)
+
+
+def client_lags_ms(send_lag: dict[str, float] | None, loop_lag: dict[str, float] | None,
+                   notes: list[str], at_rest_ms: float = 0.0) -> tuple[float, float]:
+    """The client's send and event-loop lag p99 above ``at_rest_ms``; the send lag counts
+    nothing when requests waited for a free connection (the endpoint's doing)."""
+    send = max(send_lag["p99"] - at_rest_ms, 0.0) \
+        if send_lag and not waited_for_connections(notes) else 0.0
+    loop = max(loop_lag["p99"] - at_rest_ms, 0.0) if loop_lag else 0.0
+    return send, loop
+
+
 def client_check(outcome: RunOutcome, summary: Summary, send_lag: dict[str, float] | None,
                  loop_lag: dict[str, float] | None) -> tuple[bool, list[str]]:
     """Whether the client was the bottleneck, and the reasons to look at. Lags count above
@@ -59,10 +74,8 @@ def client_check(outcome: RunOutcome, summary: Summary, send_lag: dict[str, floa
     takes 1 s changes nothing; in front of a 1 ms one it inflates every figure. Waiting
     for a free connection is the endpoint's doing, not the client's."""
     idle = outcome.idle_lag_ms
-    waited = any(CONNECTION_WAIT in note for note in outcome.notes)
+    send, loop = client_lags_ms(send_lag, loop_lag, outcome.notes, idle)
     reasons = []
-    send = max(send_lag["p99"] - idle, 0.0) if send_lag and not waited else 0.0
-    loop = max(loop_lag["p99"] - idle, 0.0) if loop_lag else 0.0
     at_rest = f" ({idle:.1f} ms at rest)"
     if send > SEND_LAG_LIMIT_MS:
         reasons.append(f"send lag p99 {send + idle:.2f} ms{at_rest} > {SEND_LAG_LIMIT_MS} ms")
