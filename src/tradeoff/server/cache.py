@@ -19,7 +19,7 @@ before it is used.
     cache = ResponseCache.from_spec(CacheSpec.parse("local,size=256MB"))
     key = cache.tensor_key(tenant, "mlp", 1, inputs, wanted, parameters)
     outputs = await cache.lookup(key, expected)     # None: a miss
-    cache.keep(key, outputs, tenant=tenant)         # after a successful inference only
+    cache.keep(key, outputs)        # after a successful inference only (key.tenant pays)
 """
 
 from __future__ import annotations
@@ -191,8 +191,9 @@ class CacheSpec:
 
 @dataclass(frozen=True, slots=True)
 class CacheKey:
-    """Where an answer is stored (``key``), the digest its MAC binds (``check``) and the
-    API key whose share it is charged to (``tenant``; empty when keys are off)."""
+    """Where an answer is stored (``key``), a second digest of the same material
+    (``check``: bound into the MAC in Redis, stored before the value locally) and the API
+    key whose share it is charged to (``tenant``; empty when keys are off)."""
 
     key: bytes
     check: bytes
@@ -590,7 +591,8 @@ class ResponseCache:
         self.keys = Keys(secret or spec.secret or os.urandom(32), spec.scope)
         self.max_item_bytes = spec.max_item_bytes
         self.insertions = 0
-        self.rejected = 0       # a stored value whose MAC failed: another writer or secret
+        self.rejected = 0       # a stored value not this key's: a failed MAC (Redis), or a
+        # stored digest that differs (a key collision, local)
         self.too_large = 0      # answers over max_item, not stored
         self.unreadable = 0     # a stored value that could not be decoded, or not this model's
         self.coalesced = 0      # requests answered by an identical request in flight

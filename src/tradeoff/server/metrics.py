@@ -248,8 +248,8 @@ class CacheCollector(Collector):
                 ("tradeoff_cache_insertions", "Answers written to the cache", cache.insertions),
                 ("tradeoff_cache_evictions", "Entries the local LRU evicted for room",
                  cache.evictions),
-                ("tradeoff_cache_rejected", "Stored answers that failed their MAC (another "
-                 "writer or another secret): served as misses", cache.rejected),
+                ("tradeoff_cache_rejected", "Stored answers that are not their key's (a "
+                 "failed MAC in Redis, a key collision): served as misses", cache.rejected),
                 ("tradeoff_cache_unreadable", "Stored answers that could not be decoded or "
                  "are not what the model makes: served as misses", cache.unreadable),
                 ("tradeoff_cache_too_large", "Answers over max_item, not kept",
