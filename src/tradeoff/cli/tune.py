@@ -271,8 +271,6 @@ def _restore(url: str, shared: dict[str, Any]) -> None:
         target = take_endpoint(url, shared)
         if not target.model:
             raise click.UsageError("give --model: the model whose config to restore")
-        http_url = target.url if target.url.startswith("http") else f"http://{target.url}"
-        click.echo(restore_original(ModelControl(http_url, target.model,
-                                                 headers=dict(target.headers or {}))))
+        click.echo(restore_original(ModelControl.of(target)))
     except user_errors() as exc:
         raise click.ClickException(str(exc)) from None

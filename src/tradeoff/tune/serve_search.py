@@ -198,6 +198,12 @@ class ModelControl:
         self.timeout_s = timeout_s
         self.headers = headers or {}
 
+    @classmethod
+    def of(cls, target: EndpointSpec) -> ModelControl:
+        """The control of the model an endpoint names (a bare host:port is plain HTTP)."""
+        url = target.url if target.url.startswith("http") else f"http://{target.url}"
+        return cls(url, target.model or "", headers=dict(target.headers or {}))
+
     def _call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(f"{self.url}{path}", data=data, method=method,
@@ -248,9 +254,7 @@ class ServeSearch:
         self.goal = goal
         self.space = space
         self.say = progress or (lambda _: None)
-        http_url = target.url if target.url.startswith("http") else f"http://{target.url}"
-        self.control = control or ModelControl(http_url, target.model,
-                                               headers=dict(target.headers or {}))
+        self.control = control or ModelControl.of(target)
         self.clock = clock
         self.trials: dict[Knobs, Trial] = {}
         self.rows: dict[Knobs, list[SweepRow]] = {}
