@@ -287,6 +287,8 @@ def test_one_size_type_and_one_duration_type_everywhere(tmp_path: Path) -> None:
                  ["optimize", str(tmp_path / "nope"), "--fp16", "--seconds", "500ms"]):
         run = runner.invoke(main, argv)
         assert run.exit_code != 0 and "--seconds" not in run.output, run.output
+    profile = runner.invoke(main, ["sweep", "http://127.0.0.1:9", "--profile", "1000000"])
+    assert profile.exit_code == 2 and "--profile" in profile.output  # one list of rates
     window = runner.invoke(main, ["top", "--prometheus-url", "http://127.0.0.1:9",
                                   "--window", "5x"])
     assert window.exit_code == 2 and "not a PromQL range" in window.output

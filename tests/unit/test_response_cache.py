@@ -320,6 +320,7 @@ def test_secrets_and_passwords_come_from_files_and_never_reach_the_banner(tmp_pa
     ("redis://h:1/0,ttl=1h", ENV, "give whole seconds"),
     ("local,size", ENV, "write NAME=VALUE"),
     ("local,scope=tenant", ENV, "use scope=key"),
+    ("local,tenant_size=0", ENV, "tenant_size must be at least 1 byte"),
     ("redis://h:1/0", {}, "need one secret: secret_file=PATH or $TRADEOFF_CACHE_SECRET"),
     ("redis://h:1/0", {SECRET_ENV: "short"}, "at least 16 bytes"),
     ("redis://h:1/0,secret_file=/nonexistent/x", {}, "cannot read it"),

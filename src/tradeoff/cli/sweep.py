@@ -30,7 +30,7 @@ from tradeoff.cli.options import (
 @click.option("--concurrency-range", help="START:END doubles (1:256), START:END:STEP steps "
                                           "like perf_analyzer, or a list 1,4,16.")
 @click.option("--rate-range", help="Open-loop rates, same forms (100:3200 doubles).")
-@click.option("--profile", "profile_count", type=click.IntRange(2), metavar="N",
+@click.option("--profile", "profile_count", type=click.IntRange(2, 1000), metavar="N",
               help="guidellm's sweep: one request at a time, then --profile-concurrency at "
                    "once, then N constant rates evenly between the two throughputs.")
 @click.option("--profile-concurrency", type=click.IntRange(1), default=64,

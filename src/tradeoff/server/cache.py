@@ -89,6 +89,14 @@ def redacted(url: str) -> str:
     return urlunsplit(parts._replace(netloc=user + host))
 
 
+def _tenant_size(values: dict[str, str], default: str) -> int:
+    """``tenant_size`` of a --cache spec in bytes (at least 1)."""
+    share = parse_size(values.get("tenant_size", default), "tenant_size")
+    if share < 1:
+        raise ValueError("--cache tenant_size must be at least 1 byte")
+    return share
+
+
 def _read_secret_file(path: str, what: str) -> bytes:
     try:
         return Path(path).expanduser().read_bytes().strip()
@@ -152,10 +160,9 @@ class CacheSpec:
             size = parse_size(values.get("size", "256MB"), "size")
             if size < 1:
                 raise ValueError("--cache local: size must be at least 1 byte")
-            share = parse_size(values.get("tenant_size", str(max(size // 4, 1))),
-                               "tenant_size")
             return cls("local", size_bytes=size, max_item_bytes=max_item, scope=scope,
-                       tenant_bytes=share, secret=secret)
+                       tenant_bytes=_tenant_size(values, str(max(size // 4, 1))),
+                       secret=secret)
         if importlib.util.find_spec("redis") is None:
             raise ValueError("--cache redis:// needs the redis package: pip install "
                              "'tradeoff[cache]'")
@@ -170,8 +177,7 @@ class CacheSpec:
         password = _read_secret_file(values["password_file"], "password_file").decode() \
             if "password_file" in values else None
         return cls("redis", url=head, ttl_s=ttl or None, max_item_bytes=max_item,
-                   scope=scope, tenant_bytes=parse_size(values.get("tenant_size", "256MB"),
-                                                        "tenant_size"),
+                   scope=scope, tenant_bytes=_tenant_size(values, "256MB"),
                    secret=secret, password=password)
 
     def describe(self) -> str:
