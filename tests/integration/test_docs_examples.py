@@ -14,7 +14,7 @@ import click
 import pytest
 
 from tradeoff.cli import main
-from tradeoff.server.process import ServerProcess
+from tradeoff.server.process import ServerProcess, free_ports
 
 from .helpers import infer_json, post_json, running_server
 
@@ -62,6 +62,9 @@ def test_the_routing_example_builds_loads_and_routes(tmp_path: Path) -> None:
                       {"parameters": {"user": "alice"}}):
             answer = infer_json(server.url, "front", row, **extra)
             assert answer.status == 200, answer.body
+        [bench] = [argv for where, argv in documented_commands()
+                   if where.startswith("routing.md") and argv[0] == "bench"]
+        run_shell(shlex.join(["tradeoff", *shortened(bench, server)]), tmp_path)
     finally:
         with pytest.raises(StopIteration):
             next(server_gen)
@@ -209,3 +212,127 @@ def test_the_readmes_measuring_commands_run_as_written(tmp_path: Path) -> None:
     finally:
         with pytest.raises(StopIteration):
             next(server_gen)
+
+
+# docs pages in the order a reader's files flow: sweep.json, soak.json and compare.json
+# are written before diagnose and report read them
+PAGE_ORDER = ["bench.md", "cache.md", "cli.md", "sweeps.md", "soak.md", "reliability.md",
+              "compare.md", "diagnose.md", "report.md", "optimize.md", "llm-bench.md",
+              "tuning.md"]
+# lines of those pages that cannot run here, each with why; anything else must run
+NOT_HERE = {
+    "http://host:9000/predict": "a reader's own HTTP endpoint and body",
+    "https://api.example.com": "a hosted provider and its key",
+    "export PROVIDER_KEY": "a hosted provider and its key",
+    "/v1,model=a": "placeholders for the reader's two LLM configurations",
+    "--device cuda": "needs a GPU (docs/tuning.md says what is verified where)",
+    "--duration 60 --input-tokens": "an LLM served (the README test runs its LLM bench)",
+    "--profile 6": "an LLM served (the README test runs its LLM bench)",
+    "--restore": "puts back a killed tuner's config (test_hostile_tune kills one first)",
+}
+# files a reader made earlier with commands of their own (`bench ... --json a.json`)
+EARLIER = {"a.json": ["bench", "--model", "mlp"], "b.json": ["bench", "--model", "mlp_nobatch"],
+           "sweep-mlp.json": ["sweep", "--model", "mlp", "--concurrency-range", "1:2"],
+           "sweep-mlp_nobatch.json": ["sweep", "--model", "mlp_nobatch",
+                                      "--concurrency-range", "1:2"]}
+LONGER_RUNS = {"--budget": "10s", "--seconds": "0.2", "--interval": "0.3s",
+               "--window": "0.5s", "--duration": "0.5s", "--concurrency-range": "1:2",
+               "--rate-range": "250:400", "--rounds": "1"}
+# a run the page leaves at its default length (until stable, 5 s rounds) made short too
+SHORT_DEFAULTS = {"bench": ["--duration", "0.5s"],
+                  "sweep": ["--duration", "0.5s", "--warmup", "0s"],
+                  "compare": ["--duration", "0.5s", "--rounds", "1", "--warmup", "0s"],
+                  "tune batch-size": ["--seconds", "0.2"],
+                  "tune serve": ["--duration", "0.5s", "--budget", "10s"]}
+
+
+def page_script(page: str, server: ServerProcess, skipped: list[str]) -> str:
+    """docs/``page``'s shell blocks as one script that runs here: ports are ``server``'s,
+    long runs shortened, a `serve ... &` given ports of its own and waited for, and the
+    lines of NOT_HERE dropped (appended to ``skipped``)."""
+    lines = ["set -e"]
+    ports = {"8000": server.http_port, "8001": server.grpc_port,
+             "8002": server.metrics_port}
+    for match in FENCE.finditer((DOCS / page).read_text()):
+        block = match.group(2).replace("\\\n", " ")
+        if match.group(1) != "sh" or "\ntradeoff " not in "\n" + block:
+            continue  # not a reader's commands (the developer's own are run by the suite)
+        for raw in block.splitlines():
+            line = raw.split("  #")[0].rstrip()
+            if not line or line.startswith("#"):
+                continue
+            why = next((w for key, w in NOT_HERE.items() if key in line), None)
+            if why:
+                skipped.append(f"{page}: {why}")
+                continue
+            if not line.startswith("tradeoff "):
+                lines.append(line)
+                continue
+            command = line.replace('"$(pgrep -f \'tradeoff serve\')"', str(server.process.pid))
+            for default, port in ports.items():
+                command = command.replace(f"127.0.0.1:{default}", f"127.0.0.1:{port}")
+            argv = shortened(shlex.split(command)[1:], server)
+            argv = [LONGER_RUNS.get(argv[i - 1], word)
+                    if i and (argv[0], argv[i - 1]) != ("soak", "--duration") else word
+                    for i, word in enumerate(argv)]
+            if argv[0] == "serve":
+                assert line.endswith("&"), f"{page}: a serve in the foreground never ends"
+                http, grpc, metrics = free_ports(3)
+                own = [*argv[:-1], "--http-port", str(http), "--grpc-port", str(grpc),
+                       "--metrics-port", str(metrics)]
+                lines += [shlex.join(["tradeoff", *own]) + " &",
+                          "serving=$!; trap 'kill $serving; wait $serving' EXIT",
+                          f"for _ in $(seq 300); do python -c \"import urllib.request as u;"
+                          f"u.urlopen('http://127.0.0.1:{http}/v2/health/ready')\" "
+                          f"2>/dev/null && break; sleep 0.2; done"]
+                ports = {"8000": http, "8001": grpc, "8002": metrics}
+                continue
+            defaults = SHORT_DEFAULTS.get(" ".join(argv[:2]) if argv[0] == "tune" else argv[0],
+                                          [])
+            for flag, value in zip(defaults[::2], defaults[1::2], strict=True):
+                if flag not in argv and not argv[1].endswith(".json") and \
+                        "--restore" not in argv:
+                    argv += [flag, value]
+            if argv[0] == "top":
+                argv += ["--iterations", "2"]
+            lines.append(shlex.join(["tradeoff", *argv]))
+    return "\n".join(lines)
+
+
+def test_the_docs_pages_commands_run_as_written(tmp_path: Path) -> None:
+    """Every shell block of the docs pages that measure, tune or report, run in order
+    against a served example repository with shortened durations; a line that cannot run
+    on this machine is named in NOT_HERE with why (docs/optimize.md used a sentences.json
+    it never made, docs/routing.md named models `models build` does not make)."""
+    from tradeoff.models import build_repository
+
+    build_repository(tmp_path / "models", ("mlp", "mlp_nobatch", "minilm"))
+    server_gen = running_server(tmp_path / "models")
+    server: ServerProcess = next(server_gen)
+    skipped: list[str] = []
+    try:
+        for name, argv in EARLIER.items():
+            run_shell(shlex.join(["tradeoff", *shortened(
+                [argv[0], server.url, *argv[1:], "--duration", "0.5s", "--json", name],
+                server)]), tmp_path)
+        for page in PAGE_ORDER:
+            script = page_script(page, server, skipped)
+            run = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True,
+                                 text=True, timeout=600, check=False,
+                                 env=dict(os.environ, PATH=str(Path(sys.executable).parent)
+                                          + os.pathsep + os.environ.get("PATH", "")))
+            assert run.returncode == 0, f"{page}\n{script}\n{run.stdout[-3000:]}\n" \
+                                        f"{run.stderr[-3000:]}"
+    finally:
+        with pytest.raises(StopIteration):
+            next(server_gen)
+    assert sorted(set(skipped)) == sorted(set(
+        f"{page}: {why}" for page, why in [
+            ("bench.md", NOT_HERE["http://host:9000/predict"]),
+            ("llm-bench.md", NOT_HERE["https://api.example.com"]),
+            ("llm-bench.md", NOT_HERE["/v1,model=a"]),
+            ("llm-bench.md", NOT_HERE["--duration 60 --input-tokens"]),
+            ("sweeps.md", NOT_HERE["--profile 6"]),
+            ("tuning.md", NOT_HERE["--restore"]),
+            ("tuning.md", NOT_HERE["--device cuda"])])), skipped
+    assert (tmp_path / "findings.json").exists() and (tmp_path / "tune.json").exists()
