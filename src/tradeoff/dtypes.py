@@ -54,6 +54,12 @@ _ORT = {f"tensor({s})": n for s, n in [
     ("bfloat16", "BF16"), ("string", "BYTES"),
 ]}
 
+# torch dtype names (str(torch.float32) without "torch.") -> protocol name
+_TORCH = {"bool": "BOOL", "uint8": "UINT8", "uint16": "UINT16", "uint32": "UINT32",
+          "uint64": "UINT64", "int8": "INT8", "int16": "INT16", "int32": "INT32",
+          "int64": "INT64", "float16": "FP16", "float32": "FP32", "float64": "FP64",
+          "bfloat16": "BF16"}
+
 _NUMPY_TO_NAME = {dt: name for name, dt in _NUMPY.items() if name != "BF16"}
 
 DATATYPES = tuple(_NUMPY)
@@ -114,3 +120,9 @@ def from_ort(type_string: str) -> str:
         return _ORT[type_string]
     except KeyError:
         raise ValueError(f"ONNX Runtime type {type_string} is not supported") from None
+
+
+def from_torch_name(name: str) -> str | None:
+    """The protocol name of a torch dtype named without its ``torch.`` prefix; None when
+    the protocol has none (complex, float8)."""
+    return _TORCH.get(name)

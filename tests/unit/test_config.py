@@ -594,7 +594,7 @@ Y = TensorSpec("y", "FP32", (-1, 4))
 
 def complete(config: ModelConfig, inputs: list[TensorSpec], outputs: list[TensorSpec],
              **kwargs) -> ModelConfig:
-    return autocomplete(config, inputs, outputs, source=PBTXT_SOURCE, **kwargs)
+    return autocomplete(config, (inputs, outputs), source=PBTXT_SOURCE, **kwargs)
 
 
 def no_config() -> ModelConfig:

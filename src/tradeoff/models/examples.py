@@ -30,6 +30,7 @@ from tradeoff.models.packaged import (
     available_packaged_models,
     write_packaged,
 )
+from tradeoff.models.torch_models import TORCH_MODELS, write_torch_model
 
 
 def tiny_model() -> onnx.ModelProto:
@@ -112,7 +113,7 @@ def build_repository(root: Path, names: tuple[str, ...] = EXAMPLE_MODELS) -> lis
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     written = []
-    known = EXAMPLE_MODELS + PACKAGED_MODELS + BUILDABLE_GENERATIVE
+    known = EXAMPLE_MODELS + PACKAGED_MODELS + BUILDABLE_GENERATIVE + TORCH_MODELS
     unknown = set(names) - set(known)
     if unknown:
         raise ValueError(f"unknown example models {sorted(unknown)}; "
@@ -129,4 +130,5 @@ def build_repository(root: Path, names: tuple[str, ...] = EXAMPLE_MODELS) -> lis
                                                                      batching=batching)))
     written += [write_packaged(root, name) for name in PACKAGED_MODELS if name in names]
     written += [write_generative(root, name) for name in BUILDABLE_GENERATIVE if name in names]
+    written += [write_torch_model(root, name) for name in TORCH_MODELS if name in names]
     return written

@@ -214,9 +214,7 @@ def _threads(config: ModelConfig) -> int:
 
 
 def _spec(name: str, path: Path, config: ModelConfig) -> InstanceSpec:
-    return InstanceSpec(name, path, parameters=config.parameters,
-                        intra_op_threads=_threads(config),
-                        graph_optimization_level=config.graph_optimization_level)
+    return config.instance_spec(path, intra_op_threads=_threads(config))
 
 
 def _batches(config: ModelConfig, samples: Samples, size: int) -> Iterator[Samples]:

@@ -40,9 +40,19 @@ def _check(declared: TensorConfig, spec: TensorSpec, batch_dim: bool, source: st
                               f"{d} does not match the model's fixed size {m}")
 
 
-def autocomplete(config: ModelConfig, inputs: list[TensorSpec], outputs: list[TensorSpec],
+def autocomplete(config: ModelConfig, declared: tuple[list[TensorSpec], list[TensorSpec]] | None,
                  *, source: str, default_max_batch_size: int = 4) -> ModelConfig:
-    """The effective config: ``config`` completed and checked against the model's tensors."""
+    """The effective config: ``config`` completed and checked against the model's tensors
+    (``declared``: inputs and outputs, or None for a file that does not say them, whose
+    config must list them and gets no max_batch_size it did not give)."""
+    if declared is None:
+        for kind, tensors in (("input", config.inputs), ("output", config.outputs)):
+            if not tensors:
+                raise ConfigError(source, kind, f"this {config.platform} model file does not "
+                                  f"say its tensors: list every {kind} (name, data_type, "
+                                  "dims) in the config")
+        return config
+    inputs, outputs = declared
     can_batch = _can_batch(inputs + outputs)
     max_batch = config.max_batch_size
     enable_batcher = False

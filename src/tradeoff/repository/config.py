@@ -24,7 +24,8 @@ from typing import Any
 from google.protobuf import json_format, text_format
 
 from tradeoff import dtypes
-from tradeoff.backends.registry import BackendRegistry, default_registry
+from tradeoff.backends.base import TensorSpec
+from tradeoff.backends.registry import BackendRegistry, InstanceSpec, default_registry
 from tradeoff.errors import ConfigError
 from tradeoff.protocol import model_config_pb2 as pb
 from tradeoff.repository.safe_yaml import parse_yaml
@@ -175,6 +176,22 @@ class ModelConfig:
         """Shape as the client sees it, with -1 for the batch dim when batching."""
         dims = list(tensor.dims)
         return [-1, *dims] if self.max_batch_size > 0 else dims
+
+    def instance_spec(self, path: Path, *, intra_op_threads: int, kind: str = "KIND_CPU",
+                      device_id: int | None = None,
+                      parameters: dict[str, str] | None = None) -> InstanceSpec:
+        """What a backend needs to create one instance of this model from ``path``."""
+        def specs(tensors: tuple[TensorConfig, ...]) -> tuple[TensorSpec, ...]:
+            return tuple(TensorSpec(t.name, t.datatype, tuple(t.reshape if t.reshape is not None
+                                                              else t.dims)) for t in tensors)
+
+        return InstanceSpec(self.name, path,
+                            parameters=self.parameters if parameters is None else parameters,
+                            intra_op_threads=intra_op_threads,
+                            graph_optimization_level=self.graph_optimization_level,
+                            gpu_accelerators=self.gpu_accelerators, kind=kind,
+                            device_id=device_id, inputs=specs(self.inputs),
+                            outputs=specs(self.outputs), max_batch_size=self.max_batch_size)
 
     def with_changes(self, **changes: Any) -> ModelConfig:
         return replace(self, **changes)
@@ -657,7 +674,8 @@ def _from_message(m: Any, *, source: str, default_name: str, warnings: list[str]
         graph_optimization_level=int(m.optimization.graph.level),
         gpu_accelerators=gpu_accels,
         response_cache=bool(m.response_cache.enable),
-        default_model_filename=m.default_model_filename or backend.default_filename,
+        default_model_filename=m.default_model_filename or backend.filename(
+            m.platform or backend.platforms[0]),
         max_batch_size_given=m.HasField("max_batch_size"),
         warnings=tuple(warnings),
     )

@@ -116,8 +116,8 @@ class ModelRepository:
             if not path.is_file():
                 raise ModelLoadError(f"{path}: model file not found")
             files[version] = path
-        inputs, outputs = self.backends.tensor(config.backend).describe(files[max(files)])
-        config = autocomplete(config, inputs, outputs, source=source,
+        declared = self.backends.tensor(config.backend).describe(files[max(files)])
+        config = autocomplete(config, declared, source=source,
                               default_max_batch_size=self.default_max_batch_size)
         validate_against_model(config, source)
         return ModelSource(config, files, config_path, from_network=config_override is not None)

@@ -29,7 +29,7 @@ from tradeoff import dtypes
 from tradeoff.backends.base import Backend
 from tradeoff.backends.faults import PARAMETERS as fault_parameters
 from tradeoff.backends.faults import FaultInjectingBackend, NaNLogitsDecoder, fault_values
-from tradeoff.backends.registry import GENERATIVE, InstanceSpec
+from tradeoff.backends.registry import GENERATIVE
 from tradeoff.errors import (
     ConfigError,
     InvalidInput,
@@ -272,11 +272,8 @@ class ModelManager:
                 for group in config.instance_groups:
                     for device in group.devices():
                         for _ in range(group.count):
-                            backend = backend_type.create(InstanceSpec(
-                                name, path, parameters=config.parameters,
-                                intra_op_threads=self.default_intra_op_threads,
-                                graph_optimization_level=config.graph_optimization_level,
-                                gpu_accelerators=config.gpu_accelerators,
+                            backend = backend_type.create(config.instance_spec(
+                                path, intra_op_threads=self.default_intra_op_threads,
                                 kind=group.kind, device_id=device))
                             if faults:
                                 backend = FaultInjectingBackend(backend, fail_on, die_on)

@@ -161,11 +161,10 @@ def _load(model_dir: Path, plan: BatchSizePlan
     parameters = {k: v for k, v in config.parameters.items() if k != "intra_op_thread_count"}
     if plan.device == "cuda":
         _check_cuda(config.backend)
-    spec = InstanceSpec(name, source.versions[max(source.versions)], parameters=parameters,
-                        intra_op_threads=threads,
-                        graph_optimization_level=config.graph_optimization_level,
-                        gpu_accelerators=config.gpu_accelerators,
-                        kind="KIND_GPU" if plan.device == "cuda" else "KIND_CPU", device_id=0)
+    spec = config.instance_spec(source.versions[max(source.versions)],
+                                parameters=parameters, intra_op_threads=threads,
+                                kind="KIND_GPU" if plan.device == "cuda" else "KIND_CPU",
+                                device_id=0)
     try:
         samples, where = builtin_samples(model_dir, config, VALIDATION)
     except OptimizeError as exc:
