@@ -13,8 +13,8 @@ requires); an exported program does, and a config may leave them out.
 
 Per-model ``parameters``: ``precision`` (``fp32``, ``tf32``, ``bf16``, ``fp16``),
 ``precision_mode`` (``autocast``, the default, or ``cast``: the weights converted once),
-``compile`` (a ``torch.compile`` mode: ``default``, ``reduce-overhead``,
-``max-autotune``; unset: eager). On ``KIND_GPU`` each instance runs on its own CUDA
+``compile`` (a ``torch.compile`` mode for an exported program: ``default``,
+``reduce-overhead``, ``max-autotune``; unset: eager). On ``KIND_GPU`` each instance runs on its own CUDA
 stream; a batch's inputs go up through pinned host buffers, one copy per input, and its
 outputs come back once. PyTorch is imported when a model of this backend loads, never by
 a server that serves none.
@@ -210,6 +210,11 @@ class TorchBackend(Backend):
             self.torch.set_num_threads(int(spec.parameters.get("intra_op_thread_count",
                                                           spec.intra_op_threads)))
         exported = _load_exported(spec.path) if is_exported(spec.path) else None
+        if exported is not None and self.device.type != "cpu":
+            from torch.export.passes import move_to_device_pass
+
+            # the program's weights and the devices written into its graph alike
+            exported = move_to_device_pass(exported, self.device)
         module = exported.module() if exported is not None else self._load_script(spec.path)
         forward = _forward_names(module, exported)
         config_inputs = [t.name for t in spec.inputs] or forward
@@ -234,6 +239,10 @@ class TorchBackend(Backend):
         self._returned: dict[str, torch.Tensor] = {}
         self.compile_seconds: float | None = None
         if self.settings.compile_mode not in ("", "none"):
+            if exported is None:
+                raise ConfigError(source, "parameters.compile",
+                                  "torch.compile takes a torch.export program (model.pt2), "
+                                  "not TorchScript: export the model, or leave compile out")
             self._compile(spec)
 
     def _device(self, spec: InstanceSpec) -> torch.device:

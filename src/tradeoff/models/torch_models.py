@@ -163,12 +163,13 @@ def write_torchscript(module: Any, example: tuple[Any, ...], path: Path) -> None
 
 
 def write_exported(module: Any, example: tuple[Any, ...], names: tuple[str, ...],
-                   max_batch: int, path: Path) -> None:
-    """``module`` exported with a dynamic batch dimension (1 to ``max_batch``)."""
+                   path: Path, max_rows: int = 4096) -> None:
+    """``module`` exported with a dynamic batch dimension (1 to ``max_rows``: above the
+    config's max_batch_size, so `tune batch-size` can search past it)."""
     import torch
     from torch.export import Dim
 
-    batch = Dim("batch", min=1, max=max_batch)
+    batch = Dim("batch", min=1, max=max_rows)
     program = torch.export.export(module, example,
                                   dynamic_shapes={name: {0: batch} for name in names})
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -206,7 +207,7 @@ def write_encoder(root: Path, name: str, shape: EncoderShape = EncoderShape(), *
     example = _encoder_example(shape, 2)
     directory = Path(root) / name
     if exported:
-        write_exported(module, example, ("input_ids", "attention_mask"), shape.max_batch,
+        write_exported(module, example, ("input_ids", "attention_mask"),
                        directory / "1" / "model.pt2")
     else:
         write_torchscript(module, example, directory / "1" / "model.pt")
@@ -228,8 +229,7 @@ def write_resnet(root: Path, name: str, shape: ResNetShape = ResNetShape(), *,
     directory = Path(root) / name
     if exported:
         # nn.Sequential's forward takes "input"
-        write_exported(module, example, ("input",), shape.max_batch,
-                       directory / "1" / "model.pt2")
+        write_exported(module, example, ("input",), directory / "1" / "model.pt2")
     else:
         write_torchscript(module, example, directory / "1" / "model.pt")
     (directory / "config.pbtxt").write_text(RESNET_CONFIG.format(

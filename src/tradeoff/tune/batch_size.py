@@ -174,9 +174,16 @@ def _load(model_dir: Path, plan: BatchSizePlan
 
 
 def _check_cuda(backend: str) -> None:
+    if backend == "pytorch":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise TuneError(f"--device cuda: this PyTorch ({torch.__version__}) sees no CUDA "
+                            "device (a CUDA build of torch, on a machine with a GPU)")
+        return
     if backend not in ("onnxruntime", "onnxruntime_text"):
-        raise TuneError(f"--device cuda runs ONNX Runtime's CUDA provider; the {backend} "
-                        "backend has none")
+        raise TuneError(f"--device cuda runs ONNX Runtime's CUDA provider or PyTorch; the "
+                        f"{backend} backend has neither")
     import onnxruntime as ort
 
     if "CUDAExecutionProvider" not in ort.get_available_providers():
@@ -189,7 +196,7 @@ def tune_batch_size(model_dir: Path, plan: BatchSizePlan,
     """Run the doubling search on the model in ``model_dir`` (REPOSITORY/MODEL)."""
     say = progress or (lambda _: None)
     config, spec, samples, samples_from, backend_type = _load(model_dir, plan)
-    meter = memory_meter(plan.device)
+    meter = memory_meter(plan.device, config.backend)
     baseline = meter.now()
     say("loading the model")
     try:

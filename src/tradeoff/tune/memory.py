@@ -102,6 +102,36 @@ class CudaMeter:
         return self.now()
 
 
-def memory_meter(device: str) -> RssMeter | CudaMeter:
-    """The meter for ``cpu`` or ``cuda``."""
-    return CudaMeter() if device == "cuda" else RssMeter()
+class TorchCudaMeter:
+    """Memory PyTorch's caching allocator holds for tensors on one GPU: its own peak
+    counter, reset before each batch size, so the figure is this process's alone."""
+
+    source = "torch.cuda.max_memory_allocated (reset before each batch size)"
+
+    def __init__(self, device_id: int = 0) -> None:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise TuneError(f"--device cuda: this PyTorch ({torch.__version__}) sees no CUDA "
+                            "device")
+        self.torch = torch
+        self.device = torch.device("cuda", device_id)
+
+    def now(self) -> int:
+        self.torch.cuda.synchronize(self.device)
+        return int(self.torch.cuda.memory_allocated(self.device))
+
+    def reset(self) -> None:
+        self.torch.cuda.synchronize(self.device)
+        self.torch.cuda.reset_peak_memory_stats(self.device)
+
+    def peak(self) -> int:
+        self.torch.cuda.synchronize(self.device)
+        return int(self.torch.cuda.max_memory_allocated(self.device))
+
+
+def memory_meter(device: str, backend: str = "") -> RssMeter | CudaMeter | TorchCudaMeter:
+    """The meter for ``cpu`` or ``cuda`` (PyTorch's own counters for its backend)."""
+    if device != "cuda":
+        return RssMeter()
+    return TorchCudaMeter() if backend == "pytorch" else CudaMeter()
