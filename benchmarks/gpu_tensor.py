@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import statistics
 import subprocess
@@ -143,19 +144,28 @@ def bench(server: ServerProcess, name: str, concurrency: int, seconds: float,
             "errors": summary.get("errors", 0)}
 
 
-def served(root: Path, name: str, knee: int, seconds: float, out: Path,
-           workers: int) -> dict[str, Any]:
-    """A server holding ``name`` alone, benched at c1 and at twice the knee."""
+def served(root: Path, name: str, knee: int, seconds: float, out: Path, workers: int,
+           instances: int) -> dict[str, Any]:
+    """A server holding ``name`` alone, its max_batch_size the knee and ``instances``
+    instances (each its own stream: one copies and prepares while another computes),
+    benched at c1 and at twice the knee (a batch running, the next one queued)."""
     alone = Path(tempfile.mkdtemp(prefix="gpu-tensor-one-"))
-    (alone / name).symlink_to((root / name).resolve())
+    (alone / name).mkdir()
+    (alone / name / "1").symlink_to((root / name / "1").resolve())
+    config = (root / name / "config.pbtxt").read_text()
+    config = re.sub(r"max_batch_size: \d+", f"max_batch_size: {knee}", config)
+    config = config.replace("count: 1 kind:", f"count: {instances} kind:")
+    (alone / name / "config.pbtxt").write_text(config)
     server = ServerProcess(alone, extra_args=("--log-level", "warning")).start(timeout=600)
     try:
-        return {"c1": bench(server, name, 1, seconds, out, workers),
+        return {"max_batch_size": knee, "instances": instances,
+                "c1": bench(server, name, 1, seconds, out, workers),
                 "knee": bench(server, name, max(2 * knee, 2), seconds, out, workers)}
     finally:
         server.stop()
         log = server.close_log()
-        (out / f"serve_{name}.log").write_text(log[-20000:])
+        if "Traceback" in log or "ERROR" in log:
+            (out / f"serve_{name}.log").write_text(log[-20000:])
         shutil.rmtree(alone, ignore_errors=True)
 
 
@@ -237,6 +247,8 @@ def checks(device: str, compile_mode: str) -> dict[str, Any]:
             result["oom"] = "no OOM at this cap"
         except InferenceFailed as exc:
             result["oom"] = str(exc)[:300]
+        except Exception as exc:  # the wrong error: recorded, the checks go on
+            result["oom"] = f"not InferenceFailed: {type(exc).__name__}: {exc}"[:300]
         finally:
             torch.cuda.set_per_process_memory_fraction(1.0)
         result["after_oom_max_abs_diff"] = float(np.abs(answer(instance, feed) - eager).max())
@@ -265,6 +277,11 @@ def main() -> None:
     parser.add_argument("--batches", default="1,2,4,8,16,32,64,128,256")
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--workers", type=int, default=4, help="bench load processes")
+    parser.add_argument("--served-instances", type=int, default=2,
+                        help="instances of the served model (one stream each)")
+    parser.add_argument("--knees", default="",
+                        help="PRECISION=BATCH,... the served max_batch_size instead of the "
+                             "knee measured in process")
     parser.add_argument("--max-memory", default="60GB", help="tune batch-size --max-memory")
     parser.add_argument("--skip-served", action="store_true")
     parser.add_argument("--skip-tune", action="store_true")
@@ -279,6 +296,7 @@ def main() -> None:
     precisions = args.precisions.split(",")
     batches = [int(b) for b in args.batches.split(",")]
     root = Path(tempfile.mkdtemp(prefix="gpu-tensor-"))
+    scratch = Path(tempfile.mkdtemp(prefix="gpu-tensor-runs-"))  # bench and tune JSON
     kind = "KIND_GPU" if args.device == "cuda" else "KIND_CPU"
     began = started = time.perf_counter()
     report_checks = guarded("checks", checks, args.device, "")
@@ -309,13 +327,15 @@ def main() -> None:
             entry = report["precisions"][precision]
             if "error" in entry["in_process"]:
                 continue
-            entry["served"] = guarded(f"{name} served", served, root, name,
-                                      entry["in_process"]["knee_batch"], args.seconds,
-                                      args.out, args.workers)
+            given = dict(pair.split("=") for pair in args.knees.split(",") if pair)
+            knee = int(given.get(precision, entry["in_process"]["knee_batch"]))
+            entry["served"] = guarded(f"{name} served", served, root, name, knee,
+                                      args.seconds, scratch, args.workers,
+                                      args.served_instances)
             print(f"{name} served: {json.dumps(entry['served'])}", flush=True)
     (args.out / "gpu_tensor.json").write_text(json.dumps(report, indent=2))
     if not args.skip_tune and time.perf_counter() - began < args.budget_s:
-        report["tune_fp32"] = guarded("tune", tune, root, "bert_fp32", args.device, args.out,
+        report["tune_fp32"] = guarded("tune", tune, root, "bert_fp32", args.device, scratch,
                                       args.max_memory)
         print(report["tune_fp32"].get("stdout_tail") or report["tune_fp32"], flush=True)
     if args.compile and time.perf_counter() - began < args.budget_s:
@@ -329,7 +349,7 @@ def main() -> None:
 def print_table(report: dict[str, Any]) -> None:
     print(f"\n{report['gpu'] or report['device']}, torch {report['torch']}")
     print("precision | b1 p50 ms in process | served c1 p50 ms | knee batch | in process/s "
-          "| served/s at 2x knee | served/ceiling")
+          "| served/s at 2x knee | served/ceiling at the served max batch")
     for precision, entry in report["precisions"].items():
         ceiling = entry["in_process"]
         if "error" in ceiling:
@@ -338,7 +358,10 @@ def print_table(report: dict[str, Any]) -> None:
         row = entry.get("served", {})
         c1 = row.get("c1", {}).get("p50_ms")
         at_knee = row.get("knee", {}).get("infer_per_s")
-        ratio = at_knee / ceiling["knee_samples_per_s"] if at_knee else None
+        batch = row.get("max_batch_size", ceiling["knee_batch"])
+        same = next((p["samples_per_s"] for p in ceiling["points"]
+                     if p["batch"] == batch and "samples_per_s" in p), None)
+        ratio = at_knee / same if at_knee and same else None
         print(f"{precision} | {ceiling['b1_p50_ms']:.3f} | "
               f"{c1 if c1 is None else f'{c1:.3f}'} | {ceiling['knee_batch']} | "
               f"{ceiling['knee_samples_per_s']:,.0f} | "

@@ -14,10 +14,10 @@ requires); an exported program does, and a config may leave them out.
 Per-model ``parameters``: ``precision`` (``fp32``, ``tf32``, ``bf16``, ``fp16``),
 ``precision_mode`` (``autocast``, the default, or ``cast``: the weights converted once),
 ``compile`` (a ``torch.compile`` mode for an exported program: ``default``,
-``reduce-overhead``, ``max-autotune``; unset: eager). On ``KIND_GPU`` each instance runs on its own CUDA
-stream; a batch's inputs go up through pinned host buffers, one copy per input, and its
-outputs come back once. PyTorch is imported when a model of this backend loads, never by
-a server that serves none.
+``reduce-overhead``, ``max-autotune``; unset: eager). On ``KIND_GPU`` each instance runs
+on its own CUDA stream; a batch's inputs go up through pinned host buffers, one copy per
+input, and its outputs come back once. PyTorch is imported when a model of this backend
+loads, never by a server that serves none.
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Mapping, Sequence
-from contextlib import nullcontext
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -105,7 +106,7 @@ def _load_exported(path: Path) -> Any:
         return torch.export.load(str(path))
     except Exception as exc:  # zip, pickle and version errors alike
         raise ModelLoadError(f"{path}: not a readable torch.export program (.pt2): "
-                             f"{type(exc).__name__}: {exc}") from exc
+                             f"{type(exc).__name__}: {_last_line(exc)}") from exc
 
 
 def _shape(value: Any) -> tuple[int, ...]:
@@ -261,10 +262,11 @@ class TorchBackend(Backend):
 
     def _load_script(self, path: Path) -> Any:
         try:
-            return self.torch.jit.load(str(path), map_location=self.device)
+            with torchscript_quietly():
+                return self.torch.jit.load(str(path), map_location=self.device)
         except Exception as exc:  # RuntimeError, ValueError from a damaged zip
             raise ModelLoadError(f"{path}: not a readable TorchScript model (model.pt): "
-                                 f"{type(exc).__name__}: {exc}") from exc
+                                 f"{type(exc).__name__}: {_last_line(exc)}") from exc
 
     def _compile(self, spec: InstanceSpec) -> None:
         """torch.compile, then a run at every batch size the batcher can form (powers of
@@ -306,13 +308,17 @@ class TorchBackend(Backend):
                        for name in output_names}
                 if self.stream is not None:
                     self.stream.synchronize()
-        except torch.cuda.OutOfMemoryError as exc:
+        except RuntimeError as exc:
+            # TorchScript's interpreter re-raises a CUDA OOM as a plain RuntimeError
+            if not isinstance(exc, torch.cuda.OutOfMemoryError) and \
+                    "CUDA out of memory" not in str(exc):
+                raise
             torch.cuda.empty_cache()
             rows = next(iter(inputs.values())).shape[0] if inputs else 0
             raise InferenceFailed(f"model {self.name!r}: CUDA out of memory on "
                                   f"{self.device} for a batch of {rows}; this batch failed "
                                   "and the instance keeps serving (lower max_batch_size or "
-                                  f"the preferred batch sizes): {exc}") from None
+                                  f"the preferred batch sizes): {_last_line(exc)}") from None
         return {name: self._to_numpy(name, tensor) for name, tensor in out.items()}
 
     def _upload(self, name: str, array: np.ndarray) -> torch.Tensor:
@@ -372,6 +378,22 @@ class TorchBackend(Backend):
         self._returned.clear()
         if self.device.type == "cuda":
             self.torch.cuda.empty_cache()
+
+
+@contextmanager
+def torchscript_quietly() -> Iterator[None]:
+    """TorchScript without PyTorch's deprecation warnings: it is the format Triton's
+    PyTorch backend serves, so this project reads and writes it on purpose."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`?torch\.jit", category=DeprecationWarning)
+        yield
+
+
+def _last_line(exc: BaseException, limit: int = 200) -> str:
+    """The gist of a PyTorch error (its messages carry tracebacks and advice)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = lines[-1] if lines else type(exc).__name__
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def batch_sizes_to_warm(max_batch_size: int) -> list[int]:

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tradeoff.backends.pytorch import torchscript_quietly
+
 TORCH_MODELS = ("bert_base_torch", "bert_base_export", "resnet50_torch", "resnet50_export")
 
 
@@ -154,12 +156,13 @@ def write_torchscript(module: Any, example: tuple[Any, ...], path: Path) -> None
     """``module`` scripted (traced when it cannot be) and saved for the pytorch backend."""
     import torch
 
-    try:
-        program = torch.jit.script(module)
-    except Exception:  # scripting rejects some Python; tracing takes it
-        program = torch.jit.trace(module, example)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.jit.save(program, str(path))
+    with torchscript_quietly():
+        try:
+            program = torch.jit.script(module)
+        except Exception:  # scripting rejects some Python; tracing takes it
+            program = torch.jit.trace(module, example)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.jit.save(program, str(path))
 
 
 def write_exported(module: Any, example: tuple[Any, ...], names: tuple[str, ...],

@@ -41,7 +41,7 @@ from tradeoff.repository.repository import ModelRepository
 from tradeoff.results import BatchPoint, BatchSizeTune, MemoryEstimate, environment
 from tradeoff.stats.distribution import distribution
 from tradeoff.stats.knee import MIN_GAIN, find_knee
-from tradeoff.tune.memory import CudaMeter, RssMeter, memory_meter
+from tradeoff.tune.memory import MemoryMeter, memory_meter
 
 Progress = Callable[[str], None]
 
@@ -97,7 +97,7 @@ class _Measurer:
     """Runs one batch size on the backend and reads the clock and the memory meter."""
 
     def __init__(self, backend: Backend, config: ModelConfig, samples: Samples,
-                 plan: BatchSizePlan, meter: RssMeter | CudaMeter, baseline: int) -> None:
+                 plan: BatchSizePlan, meter: MemoryMeter, baseline: int) -> None:
         self.backend = backend
         self.config = config
         self.samples = samples

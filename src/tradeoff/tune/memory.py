@@ -130,7 +130,10 @@ class TorchCudaMeter:
         return int(self.torch.cuda.max_memory_allocated(self.device))
 
 
-def memory_meter(device: str, backend: str = "") -> RssMeter | CudaMeter | TorchCudaMeter:
+MemoryMeter = RssMeter | CudaMeter | TorchCudaMeter
+
+
+def memory_meter(device: str, backend: str = "") -> MemoryMeter:
     """The meter for ``cpu`` or ``cuda`` (PyTorch's own counters for its backend)."""
     if device != "cuda":
         return RssMeter()
