@@ -127,11 +127,13 @@ def in_process(root: Path, name: str, shape: EncoderShape, batches: list[int],
 
 
 def bench(server: ServerProcess, name: str, concurrency: int, seconds: float,
-          out: Path, workers: int) -> dict[str, Any]:
-    path = out / f"bench_{name}_c{concurrency}.json"
-    command = [sys.executable, "-m", "tradeoff", "bench", server.url, "--model", name,
-               "--concurrency", str(concurrency), "--duration", f"{seconds}s",
-               "--warmup", "2s", "--json", str(path)]
+          out: Path, workers: int, rows: int = 1, protocol: str = "v2") -> dict[str, Any]:
+    path = out / f"bench_{name}_c{concurrency}_r{rows}_{protocol}.json"
+    url = server.url if protocol == "v2" else server.grpc_url
+    command = [sys.executable, "-m", "tradeoff", "bench", url, "--model", name,
+               "--protocol", protocol, "--concurrency", str(concurrency),
+               "--duration", f"{seconds}s", "--warmup", "2s", "--batch-size", str(rows),
+               "--json", str(path)]
     if workers > 1 and concurrency >= 2 * workers:
         command += ["--workers", str(workers)]
     run = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
@@ -139,13 +141,18 @@ def bench(server: ServerProcess, name: str, concurrency: int, seconds: float,
         return {"error": (run.stderr or run.stdout)[-800:]}
     document = json.loads(path.read_text())
     summary = document["summary"]
-    return {"concurrency": concurrency, "infer_per_s": summary["inferences_per_s"],
+    server_ms = summary.get("server_ms") or {}
+    return {"concurrency": concurrency, "rows": rows, "protocol": protocol,
+            "infer_per_s": summary["inferences_per_s"],
             "p50_ms": summary["latency_ms"]["p50"], "p99_ms": summary["latency_ms"]["p99"],
-            "errors": summary.get("errors", 0)}
+            "errors": summary.get("errors", 0),
+            "server_p50_ms": {k: v["p50"] for k, v in server_ms.items()
+                              if isinstance(v, dict) and "p50" in v},
+            "server_counts": summary.get("server_counts")}
 
 
 def served(root: Path, name: str, knee: int, seconds: float, out: Path, workers: int,
-           instances: int) -> dict[str, Any]:
+           instances: int, extra: list[tuple[int, str]]) -> dict[str, Any]:
     """A server holding ``name`` alone, its max_batch_size the knee and ``instances``
     instances (each its own stream: one copies and prepares while another computes),
     benched at c1 and at twice the knee (a batch running, the next one queued)."""
@@ -158,9 +165,13 @@ def served(root: Path, name: str, knee: int, seconds: float, out: Path, workers:
     (alone / name / "config.pbtxt").write_text(config)
     server = ServerProcess(alone, extra_args=("--log-level", "warning")).start(timeout=600)
     try:
-        return {"max_batch_size": knee, "instances": instances,
+        runs = {"max_batch_size": knee, "instances": instances,
                 "c1": bench(server, name, 1, seconds, out, workers),
                 "knee": bench(server, name, max(2 * knee, 2), seconds, out, workers)}
+        for rows, protocol in extra:  # where the served path's own ceiling lies
+            runs[f"knee_r{rows}_{protocol}"] = bench(
+                server, name, max(2 * knee // rows, 2), seconds, out, workers, rows, protocol)
+        return runs
     finally:
         server.stop()
         log = server.close_log()
@@ -279,6 +290,10 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4, help="bench load processes")
     parser.add_argument("--served-instances", type=int, default=2,
                         help="instances of the served model (one stream each)")
+    parser.add_argument("--also", default="",
+                        help="more served runs at the knee: ROWS:PROTOCOL,... e.g. "
+                             "8:v2,1:v2-grpc (ROWS per request)")
+    parser.add_argument("--skip-checks", action="store_true")
     parser.add_argument("--knees", default="",
                         help="PRECISION=BATCH,... the served max_batch_size instead of the "
                              "knee measured in process")
@@ -299,7 +314,8 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="gpu-tensor-runs-"))  # bench and tune JSON
     kind = "KIND_GPU" if args.device == "cuda" else "KIND_CPU"
     began = started = time.perf_counter()
-    report_checks = guarded("checks", checks, args.device, "")
+    extra = [(int(r), p) for r, p in (item.split(":") for item in args.also.split(",") if item)]
+    report_checks = {} if args.skip_checks else guarded("checks", checks, args.device, "")
     print(f"checks ({time.perf_counter() - started:.1f} s): {json.dumps(report_checks)}",
           flush=True)
     started = time.perf_counter()
@@ -331,7 +347,7 @@ def main() -> None:
             knee = int(given.get(precision, entry["in_process"]["knee_batch"]))
             entry["served"] = guarded(f"{name} served", served, root, name, knee,
                                       args.seconds, scratch, args.workers,
-                                      args.served_instances)
+                                      args.served_instances, extra)
             print(f"{name} served: {json.dumps(entry['served'])}", flush=True)
     (args.out / "gpu_tensor.json").write_text(json.dumps(report, indent=2))
     if not args.skip_tune and time.perf_counter() - began < args.budget_s:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -88,14 +87,9 @@ def variant(root: Path, source: str, name: str, replace: dict[str, str] | None =
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("pytorch_models")
-    with warnings.catch_warnings():
-        # torch 2.13 deprecates TorchScript; as an error here, scripting would fall back
-        # to tracing, and tracing would fail
-        warnings.filterwarnings("ignore", r"`torch\.jit\.\w+` is deprecated",
-                                DeprecationWarning)
-        write_encoder(root, "enc_ts", SHAPE)
-        write_encoder(root, "enc_ex", SHAPE, exported=True)
-        write_resnet(root, "res_ts", RESNET)
+    write_encoder(root, "enc_ts", SHAPE)
+    write_encoder(root, "enc_ex", SHAPE, exported=True)
+    write_resnet(root, "res_ts", RESNET)
     # the forward's own argument names, listed in the other order: bound by name
     variant(root, "enc_ts", "enc_named", tensors_named("attention_mask", "input_ids"))
     variant(root, "enc_ts", "enc_two", {"count: 1": "count: 2"})

@@ -273,14 +273,15 @@ class TorchBackend(Backend):
         two up to max_batch_size, and that size), so no request pays for compiling."""
         mode = self.settings.compile_mode
         started = time.perf_counter()
-        self.module = self.torch.compile(self.module, mode=mode, dynamic=False)
         sizes = batch_sizes_to_warm(spec.max_batch_size)
-        for size in sizes:
-            rows = (size,) if spec.max_batch_size else ()
-            example = {t.name: np.zeros((*rows, *(max(d, 1) for d in t.shape)),
-                                        dtypes.numpy_dtype(t.datatype))
-                       for t in spec.inputs}
-            self.run(example, list(self.config_outputs))
+        with torchscript_quietly():  # Inductor touches torch.jit as it loads
+            self.module = self.torch.compile(self.module, mode=mode, dynamic=False)
+            for size in sizes:
+                rows = (size,) if spec.max_batch_size else ()
+                example = {t.name: np.zeros((*rows, *(max(d, 1) for d in t.shape)),
+                                            dtypes.numpy_dtype(t.datatype))
+                           for t in spec.inputs}
+                self.run(example, list(self.config_outputs))
         self.compile_seconds = time.perf_counter() - started
         log.info("model %s: torch.compile (%s) and warmup at batch sizes %s took %.1f s",
                  self.name, mode, sizes, self.compile_seconds)
