@@ -336,3 +336,21 @@ def test_the_docs_pages_commands_run_as_written(tmp_path: Path) -> None:
             ("tuning.md", NOT_HERE["--restore"]),
             ("tuning.md", NOT_HERE["--device cuda"])])), skipped
     assert (tmp_path / "findings.json").exists() and (tmp_path / "tune.json").exists()
+
+
+# pages whose shell blocks the test above does not run, and what runs them instead
+PAGES_RUN_ELSEWHERE = {
+    "routing.md": "test_the_routing_example_builds_loads_and_routes",
+    "serving.md": "a server in the foreground; every test's running_server serves so",
+    "generative.md": "a server in the foreground; tests/integration/test_generative*.py",
+    "scale-out.md": "other hosts (HEAD:6379); tests/integration/test_ray*.py on loopback",
+    "pytorch.md": "540 MB of example models; test_pytorch_serving.py serves them small",
+}
+
+
+def test_every_page_with_commands_is_run_here_or_names_what_runs_it() -> None:
+    with_commands = {page.name for page in DOCS.glob("*.md")
+                     if any(m.group(1) == "sh" and "\ntradeoff " in "\n" + m.group(2)
+                            for m in FENCE.finditer(page.read_text()))}
+    assert with_commands <= set(PAGE_ORDER) | set(PAGES_RUN_ELSEWHERE), \
+        sorted(with_commands - set(PAGE_ORDER) - set(PAGES_RUN_ELSEWHERE))
