@@ -178,3 +178,43 @@ def test_tune_batch_size_runs_through_the_pytorch_backend(repo: Path) -> None:
     assert [p.batch_size for p in result.points][:3] == [1, 2, 4]
     assert all(p.error is None for p in result.points)
     assert result.memory.weights_bytes >= 0
+
+
+@pytest.mark.parametrize("name", ["pt", "pt2"])
+def test_optimize_writes_fp16_and_bf16_versions_that_load_and_are_graded(
+        tmp_path: Path, name: str) -> None:
+    """Each version a file of 16-bit weights in the source's own form; the FP32 config
+    serves them all (FP32 in and out), and each is graded against version 1."""
+    from tradeoff.optimize.optimizer import OptimizePlan, optimize_model
+    from tradeoff.optimize.variants import Variant
+
+    write_encoder(tmp_path, name, SHAPE, exported=name == "pt2")
+    result = optimize_model(tmp_path / name, OptimizePlan(
+        variants=(Variant("fp16"), Variant("bf16")), seconds_per_version=0.2))
+    assert [(v.version, v.precision, v.created) for v in result.versions] == [
+        (1, "fp32", False), (2, "fp16", True), (3, "bf16", True)]
+    assert "torch" in result.environment
+    for report in result.versions[1:]:
+        assert "the weights cast once" in report.method
+        [graded] = report.accuracy
+        assert graded.samples > 0 and graded.drop < 0.05, graded
+    source = ModelRepository(tmp_path).read(name)
+    assert sorted(source.versions) == [1, 2, 3]
+    names = tuple(t.name for t in source.config.inputs)
+    for version in (2, 3):
+        backend = TorchBackend(source.config.instance_spec(source.versions[version],
+                                                           intra_op_threads=1))
+        got = backend.run(feed(3, names), ["OUTPUT__0"])["OUTPUT__0"]
+        assert got.dtype == np.float32
+        np.testing.assert_allclose(got, eager(3), atol=0.05)
+
+
+def test_optimize_refuses_int8_for_a_pytorch_model_and_says_why(tmp_path: Path) -> None:
+    from tradeoff.errors import OptimizeError
+    from tradeoff.optimize.optimizer import OptimizePlan, optimize_model
+    from tradeoff.optimize.variants import Variant
+
+    write_encoder(tmp_path, "pt", SHAPE)
+    with pytest.raises(OptimizeError, match="quantize_dynamic"):
+        optimize_model(tmp_path / "pt", OptimizePlan(variants=(Variant("int8-dynamic"),)))
+    assert sorted(p.name for p in (tmp_path / "pt").iterdir()) == ["1", "config.pbtxt"]

@@ -100,7 +100,7 @@ def is_exported(path: Path) -> bool:
     return path.suffix == EXPORTED_SUFFIX
 
 
-def _load_exported(path: Path) -> Any:
+def load_exported(path: Path) -> Any:
     torch = _torch()
     try:
         return torch.export.load(str(path))
@@ -116,12 +116,14 @@ def _shape(value: Any) -> tuple[int, ...]:
 def describe(model_path: Path) -> tuple[list[TensorSpec], list[TensorSpec]] | None:
     """An exported program's inputs (its forward's argument names) and outputs
     (``OUTPUT__i``) with dtypes and shapes, dynamic dimensions as -1; None for a
-    TorchScript file, whose config must list its tensors."""
+    TorchScript file, whose config must list its tensors. 16-bit floating tensors are
+    served as FP32 (inputs cast in, outputs cast out), so they are described as FP32: the
+    FP32 config of a model stays valid for its fp16 and bf16 versions."""
     if not is_exported(model_path):
         if not model_path.is_file():
             raise ModelLoadError(f"{model_path}: model file not found")
         return None
-    program = _load_exported(model_path)
+    program = load_exported(model_path)
     from torch.export.graph_signature import InputKind, OutputKind
 
     values = {node.name: node.meta.get("val") for node in program.graph.nodes}
@@ -150,13 +152,15 @@ def describe(model_path: Path) -> tuple[list[TensorSpec], list[TensorSpec]] | No
 
 def _datatype(dtype: Any, path: Path) -> str:
     name = str(dtype).removeprefix("torch.")
+    if name in ("float16", "bfloat16"):
+        return "FP32"
     found = dtypes.from_torch_name(name)
     if found is None:
         raise ModelLoadError(f"{path}: tensor dtype {name} has no protocol datatype")
     return found
 
 
-def _forward_names(module: Any, exported: Any | None) -> list[str]:
+def forward_names(module: Any, exported: Any | None) -> list[str]:
     if exported is not None:
         from torch.export.graph_signature import InputKind
 
@@ -210,14 +214,14 @@ class TorchBackend(Backend):
         if self.device.type == "cpu" and spec.intra_op_threads:
             self.torch.set_num_threads(int(spec.parameters.get("intra_op_thread_count",
                                                           spec.intra_op_threads)))
-        exported = _load_exported(spec.path) if is_exported(spec.path) else None
+        exported = load_exported(spec.path) if is_exported(spec.path) else None
         if exported is not None and self.device.type != "cpu":
             from torch.export.passes import move_to_device_pass
 
             # the program's weights and the devices written into its graph alike
             exported = move_to_device_pass(exported, self.device)
         module = exported.module() if exported is not None else self._load_script(spec.path)
-        forward = _forward_names(module, exported)
+        forward = forward_names(module, exported)
         config_inputs = [t.name for t in spec.inputs] or forward
         self.positions = dict(zip(config_inputs,
                                   input_positions(config_inputs, forward, source), strict=True))
@@ -234,6 +238,10 @@ class TorchBackend(Backend):
         if hasattr(module, "eval") and exported is None:
             module.eval()
         self.module = module
+        # floating inputs go in as the weights are: 16-bit when cast here or saved so
+        # (an optimize version), FP32 otherwise
+        self.input_dtype = low if low is not None and self.settings.precision_mode == "cast" \
+            else _weights_dtype(module, self.torch)
         self.stream = self.torch.cuda.Stream(device=self.device) if self.device.type == "cuda" \
             else None
         self._staging: dict[str, torch.Tensor] = {}
@@ -299,9 +307,8 @@ class TorchBackend(Backend):
             with torch.inference_mode(), stream:
                 for name, array in inputs.items():
                     tensor = self._upload(name, array)
-                    if low is not None and self.settings.precision_mode == "cast" and \
-                            tensor.is_floating_point():
-                        tensor = tensor.to(low)
+                    if tensor.is_floating_point() and tensor.dtype != self.input_dtype:
+                        tensor = tensor.to(self.input_dtype)
                     args[self.positions[name]] = tensor
                 with autocast:
                     returned = self.module(*args)
@@ -388,6 +395,17 @@ def torchscript_quietly() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"`?torch\.jit", category=DeprecationWarning)
         yield
+
+
+def _weights_dtype(module: Any, torch: Any) -> Any:
+    """The dtype of the module's floating weights: a 16-bit one when the file holds 16-bit
+    weights, FP32 otherwise."""
+    for tensor in (*module.parameters(), *module.buffers()):
+        if tensor.dtype in (torch.float16, torch.bfloat16):
+            return tensor.dtype
+        if tensor.is_floating_point():
+            return torch.float32
+    return torch.float32
 
 
 def _last_line(exc: BaseException, limit: int = 200) -> str:

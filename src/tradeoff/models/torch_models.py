@@ -94,8 +94,8 @@ def encoder_module(shape: EncoderShape, seed: int = 0) -> Any:
             places = torch.arange(input_ids.shape[1], device=input_ids.device)
             x = self.words(input_ids) + self.positions(places).unsqueeze(0) + self.token_type
             x = self.norm(x)
-            # an additive mask: padded keys get a large negative score
-            keep = attention_mask[:, None, None, :].to(x.dtype)
+            # an additive mask: padded keys get a large negative score (-1e4 fits FP16)
+            keep = (attention_mask[:, None, None, :] > 0).to(x.dtype)
             bias = (1.0 - keep) * -10000.0
             for layer in self.layers:
                 x = layer(x, bias)

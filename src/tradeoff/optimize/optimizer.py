@@ -114,8 +114,14 @@ def optimize_model(model_dir: Path, plan: OptimizePlan,
             feeds = _onnx_feeds(config, backend_type.create(_spec(name, model_file, config)),
                                 calibration)
         try:
-            make_variant(model_file, version_dir / config.default_model_filename, variant,
-                         feeds)
+            if config.backend == "pytorch":
+                from tradeoff.optimize.torch_variants import make_torch_variant
+
+                make_torch_variant(model_file, version_dir / config.default_model_filename,
+                                   variant, [t.name for t in config.inputs], validation)
+            else:
+                make_variant(model_file, version_dir / config.default_model_filename,
+                             variant, feeds)
             for extra in model_file.parent.iterdir():
                 if extra.name != config.default_model_filename:
                     copy = shutil.copytree if extra.is_dir() else shutil.copy2
@@ -126,8 +132,11 @@ def optimize_model(model_dir: Path, plan: OptimizePlan,
         made[next_version] = variant
         next_version += 1
     if made:
+        from tradeoff.optimize.torch_variants import describe_torch
+
+        describe = describe_torch if config.backend == "pytorch" else Variant.describe
         add_versions(model_dir, {v: {"precision": variant.precision,
-                                     "method": f"{variant.describe()}; from version "
+                                     "method": f"{describe(variant)}; from version "
                                                f"{source_version}"}
                                  for v, variant in made.items()})
     source = repository.read(name)  # the config as the server will read it now
@@ -156,6 +165,7 @@ def optimize_model(model_dir: Path, plan: OptimizePlan,
         validation={"source": validation_from, "samples": sample_count(validation)},
         calibration=calibration_doc, max_drop=plan.max_drop,
         environment={**environment(), "onnxruntime": ort.__version__,
+                     **({"torch": _torch_version()} if config.backend == "pytorch" else {}),
                      "intra_op_threads": _threads(source.config)},
         versions=reports)
 
