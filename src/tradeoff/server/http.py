@@ -88,8 +88,10 @@ DIRECT_HEADERS = _WANTED_HEADERS | frozenset((b"transfer-encoding", b"host", b"o
 
 
 def _headers(scope: Scope) -> dict[bytes, bytes]:
-    """The request headers this app reads, in one pass (names arrive lower-cased)."""
-    return {k: v for k, v in scope["headers"] if k in _WANTED_HEADERS}
+    """The request headers this app reads, in one pass (names arrive lower-cased; values
+    without the optional whitespace HTTP allows around them: libcurl, and so
+    perf_analyzer, sends ``Content-Length: 1208 ``)."""
+    return {k: v.strip(b" \t") for k, v in scope["headers"] if k in _WANTED_HEADERS}
 
 
 class HttpApp:

@@ -52,6 +52,19 @@ from uvicorn.protocols.http.httptools_impl import (
 
 log = logging.getLogger("tradeoff.server")
 
+# What the protocol below takes from uvicorn's HttpToolsProtocol beyond its public API: the
+# methods it overrides or calls and the attributes it reads. pyproject.toml pins uvicorn to the
+# versions these were checked against, and tests/unit/test_uvicorn_internals.py fails,
+# naming the missing one, when an upgrade drops or renames any of them.
+UVICORN_METHODS = ("_start_asgi_task", "_unset_keepalive_if_required", "connection_lost",
+                   "connection_made", "data_received", "on_body", "on_header",
+                   "on_headers_complete", "on_message_begin", "on_message_complete",
+                   "on_response_complete", "resume_writing", "timeout_keep_alive_handler")
+UVICORN_ATTRIBUTES = ("app", "client", "connections", "cycle", "expect_100_continue", "flow",
+                      "headers", "limit_concurrency", "loop", "parser", "pipeline",
+                      "root_path", "scope", "server_state", "timeout_keep_alive",
+                      "timeout_keep_alive_task", "transport", "url")
+
 LINGER_S = 2.0  # longest a refused upload is read and dropped before the close
 
 _REASONS = {408: b"Request Timeout", 414: b"URI Too Long",
@@ -278,7 +291,7 @@ def guarded_protocol(limits: TransportLimits,
             parser = self.parser
             url = self.url
             # origin-form paths with nothing to unquote, as uvicorn would read them
-            if direct is None or self.expect_100_continue or parser.get_method() != b"POST" \
+            if direct is None or parser.get_method() != b"POST" \
                     or parser.should_upgrade() or self.limit_concurrency is not None or \
                     self.root_path or url[:1] != b"/" or not url.isascii() or \
                     b"?" in url or b"%" in url or b"#" in url:
@@ -289,13 +302,22 @@ def guarded_protocol(limits: TransportLimits,
             version = parser.get_http_version()
             if version != "1.1":
                 scope["http_version"] = version
+            existing = self.cycle
+            busy = existing is not None and not existing.response_complete
+            # Expect: 100-continue is answered at once, so only when no earlier request
+            # on this connection still owes its answer (the 100 must come after it)
+            if self.expect_100_continue and busy:
+                return False
             params = direct.direct_route(scope, self._kept)
             if params is None:
                 return False
             cycle = _DirectCycle(scope, params, self._kept,
                                  version != "1.0" and parser.should_keep_alive())
-            existing, self.cycle = self.cycle, cast(RequestResponseCycle, cycle)
-            if existing is None or existing.response_complete:
+            self.cycle = cast(RequestResponseCycle, cycle)
+            if self.expect_100_continue:  # curl waits for it before sending the body
+                self.expect_100_continue = False
+                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            if not busy:
                 self._direct = cycle
             else:  # answered when the earlier requests are (on_response_complete)
                 self.flow.pause_reading()
@@ -329,7 +351,7 @@ def guarded_protocol(limits: TransportLimits,
             # ASGI path's checks read
             if name in wanted and self._in_head and \
                     (name != b"authorization" or name not in self._kept):
-                self._kept[name] = value
+                self._kept[name] = value.strip(b" \t")  # optional whitespace, as _headers
 
         def on_message_complete(self) -> None:
             self._body_open = False
