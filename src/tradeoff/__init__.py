@@ -31,8 +31,7 @@ from tradeoff.results import (
     load_result,
     write_json,
 )
-
-__version__ = "0.1.0"
+from tradeoff.version import __version__
 
 __all__ = [
     "BatchSizeTune",

@@ -79,7 +79,7 @@ class _Fields:
 
 def environment() -> dict[str, Any]:
     """The machine a result was measured on (every document records it)."""
-    from tradeoff import __version__
+    from tradeoff.version import __version__
 
     cpu = platform.processor() or ""
     try:

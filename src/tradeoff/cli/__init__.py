@@ -13,7 +13,6 @@ from typing import Any
 
 import click
 
-from tradeoff import __version__
 from tradeoff.cli.analyze import diagnose, report
 from tradeoff.cli.bench import bench
 from tradeoff.cli.compare import compare
@@ -25,6 +24,7 @@ from tradeoff.cli.sweep import sweep
 from tradeoff.cli.top import top
 from tradeoff.cli.tune import tune
 from tradeoff.errors import TradeoffError
+from tradeoff.version import __version__
 
 __all__ = ["main"]
 

@@ -12,7 +12,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tradeoff import __version__
 from tradeoff.analysis.diagnose import diagnose
 from tradeoff.bench.sweep import KNEE_RULE, point_summary
 from tradeoff.report import plots
@@ -28,6 +27,7 @@ from tradeoff.results import (
     SoakResult,
     SweepResult,
 )
+from tradeoff.version import __version__
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

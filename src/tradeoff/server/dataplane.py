@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from tradeoff import __version__
 from tradeoff.errors import (
     InferenceFailed,
     InvalidInput,
@@ -39,6 +38,7 @@ from tradeoff.server.asgi import OFF_LOOP_BYTES
 from tradeoff.server.cache import Expected, ResponseCache
 from tradeoff.server.models import ModelManager, ModelVersion
 from tradeoff.server.router import SHADOW_IN_FLIGHT, RoutedModel
+from tradeoff.version import __version__
 
 # request headers remembered as valid, per model version (see prepare)
 KNOWN_HEADERS = 256

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from tradeoff import __version__
 from tradeoff.dtypes import DATATYPES
 from tradeoff.server.routes import Route, path_parameters
+from tradeoff.version import __version__
 
 _GENERATION: dict[str, Any] = {
     "model": {"type": "string"}, "max_tokens": {"type": "integer", "minimum": 1},
