@@ -64,3 +64,23 @@ def test_request_errors_carry_http_status() -> None:
     assert statuses == {"InvalidInput": 400, "NotFound": 404, "PayloadTooLarge": 413,
                         "Unavailable": 503, "RequestTimeout": 503, "InferenceFailed": 500}
     assert all(issubclass(getattr(tradeoff, n), tradeoff.RequestError) for n in statuses)
+
+
+def test_no_module_imports_a_name_of_the_package_root() -> None:
+    """The root imports the result documents, so a module taking a name from the root
+    (results.py took the version) made a cycle; the version lives in tradeoff/version.py.
+    ``from tradeoff import dtypes`` names a submodule and is not one."""
+    import re
+    from pathlib import Path
+
+    root = Path(tradeoff.__file__).parent
+    offenders = []
+    for path in root.rglob("*.py"):
+        if path == root / "__init__.py":
+            continue
+        for names in re.findall(r"^\s*from tradeoff import ([\w, ]+)$", path.read_text(),
+                                re.MULTILINE):
+            for name in (n.strip() for n in names.split(",")):
+                if not ((root / f"{name}.py").exists() or (root / name).is_dir()):
+                    offenders.append(f"{path.relative_to(root)}: {name}")
+    assert not offenders, offenders
