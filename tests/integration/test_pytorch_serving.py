@@ -224,6 +224,19 @@ def test_unbindable_input_names_fail_with_a_one_line_reason_and_others_serve(
 # -- 3. dynamic batching and two instances --------------------------------------------
 
 
+def row_sender(model: str, ids: np.ndarray, mask: np.ndarray) -> Any:
+    """A ``send(client, i)`` for ``together``: row i of ``ids``/``mask`` to ``model``
+    through tritonclient, its pooled vector back."""
+    def send(client: triton_http.InferenceServerClient, i: int) -> np.ndarray:
+        tensors = [triton_http.InferInput("INPUT__0", [1, SHAPE.sequence], "INT64"),
+                   triton_http.InferInput("INPUT__1", [1, SHAPE.sequence], "INT64")]
+        tensors[0].set_data_from_numpy(ids[i:i + 1])
+        tensors[1].set_data_from_numpy(mask[i:i + 1])
+        return client.infer(model, tensors).as_numpy("OUTPUT__0")
+
+    return send
+
+
 def test_concurrent_requests_are_batched_and_each_answered_right(
         server: ServerProcess, eager: Any) -> None:
     count = 32
@@ -231,14 +244,7 @@ def test_concurrent_requests_are_batched_and_each_answered_right(
     expected = reference(eager, ids, mask)
     before = stats(server, "enc_ts")
 
-    def send(client: triton_http.InferenceServerClient, i: int) -> np.ndarray:
-        tensors = [triton_http.InferInput("INPUT__0", [1, SHAPE.sequence], "INT64"),
-                   triton_http.InferInput("INPUT__1", [1, SHAPE.sequence], "INT64")]
-        tensors[0].set_data_from_numpy(ids[i:i + 1])
-        tensors[1].set_data_from_numpy(mask[i:i + 1])
-        return client.infer("enc_ts", tensors).as_numpy("OUTPUT__0")
-
-    answers = together(server, count, send)
+    answers = together(server, count, row_sender("enc_ts", ids, mask))
     for i, answer in enumerate(answers):
         np.testing.assert_allclose(answer, expected[i:i + 1], rtol=RTOL, atol=ATOL,
                                    err_msg=f"request {i}")
@@ -257,14 +263,7 @@ def test_two_cpu_instances_load_and_serve(server: ServerProcess, eager: Any) -> 
     ids, mask = encoder_inputs(count, seed=3)
     expected = reference(eager, ids, mask)
 
-    def send(client: triton_http.InferenceServerClient, i: int) -> np.ndarray:
-        tensors = [triton_http.InferInput("INPUT__0", [1, SHAPE.sequence], "INT64"),
-                   triton_http.InferInput("INPUT__1", [1, SHAPE.sequence], "INT64")]
-        tensors[0].set_data_from_numpy(ids[i:i + 1])
-        tensors[1].set_data_from_numpy(mask[i:i + 1])
-        return client.infer("enc_two", tensors).as_numpy("OUTPUT__0")
-
-    for i, answer in enumerate(together(server, count, send)):
+    for i, answer in enumerate(together(server, count, row_sender("enc_two", ids, mask))):
         np.testing.assert_allclose(answer, expected[i:i + 1], rtol=RTOL, atol=ATOL,
                                    err_msg=f"request {i}")
     assert stats(server, "enc_two")["inference_count"] >= count

@@ -334,13 +334,20 @@ class TorchBackend(Backend):
         host = torch.from_numpy(np.ascontiguousarray(array))
         if self.device.type == "cpu":
             return host
-        staging = self._staging.get(name)
-        if staging is None or staging.numel() < host.numel() or staging.dtype != host.dtype:
-            staging = torch.empty(max(host.numel(), 1), dtype=host.dtype, pin_memory=True)
-            self._staging[name] = staging
-        pinned = staging[:host.numel()].view(host.shape)
+        pinned = self._pinned(self._staging, name, host)
         pinned.copy_(host)
         return pinned.to(self.device, non_blocking=True)
+
+    def _pinned(self, buffers: dict[str, torch.Tensor], name: str,
+                like: torch.Tensor) -> torch.Tensor:
+        """A pinned host tensor shaped like ``like``: a view of the buffer kept for
+        ``name``, grown (and its dtype changed) only when it must be."""
+        buffer = buffers.get(name)
+        if buffer is None or buffer.numel() < like.numel() or buffer.dtype != like.dtype:
+            buffer = self.torch.empty(max(like.numel(), 1), dtype=like.dtype,
+                                      pin_memory=True)
+            buffers[name] = buffer
+        return buffer[:like.numel()].view(like.shape)
 
     def _pick(self, returned: Any, name: str) -> torch.Tensor:
         key = self.output_keys.get(name)
@@ -363,11 +370,7 @@ class TorchBackend(Backend):
                 tensor = tensor.float()  # a reduced-precision run of an FP32 model
         if self.device.type == "cpu":
             return tensor
-        buffer = self._returned.get(name)
-        if buffer is None or buffer.numel() < tensor.numel() or buffer.dtype != tensor.dtype:
-            buffer = torch.empty(max(tensor.numel(), 1), dtype=tensor.dtype, pin_memory=True)
-            self._returned[name] = buffer
-        host = buffer[:tensor.numel()].view(tensor.shape)
+        host = self._pinned(self._returned, name, tensor)
         host.copy_(tensor, non_blocking=True)
         return host
 
