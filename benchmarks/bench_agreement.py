@@ -87,12 +87,16 @@ def main() -> None:
                         return tradeoff_bench(server.url, args.model, c, client_cpu,
                                               args.seconds)
 
-                    if round_no % 2:
-                        tb = run_tb()
-                        pa = run_pa()
-                    else:
-                        pa = run_pa()
-                        tb = run_tb()
+                    try:
+                        if round_no % 2:
+                            tb = run_tb()
+                            pa = run_pa()
+                        else:
+                            pa = run_pa()
+                            tb = run_tb()
+                    except RuntimeError as exc:  # perf_analyzer found no stable window
+                        print(f"c={c}: pair dropped: {str(exc).splitlines()[-1]}", flush=True)
+                        continue
                     runs[c]["perf_analyzer"].append(pa)
                     runs[c]["tradeoff bench"].append(tb)
                     print(f"c={c}: perf_analyzer {pa}, tradeoff bench {tb}", flush=True)
