@@ -218,3 +218,8 @@ def test_optimize_refuses_int8_for_a_pytorch_model_and_says_why(tmp_path: Path) 
     with pytest.raises(OptimizeError, match="quantize_dynamic"):
         optimize_model(tmp_path / "pt", OptimizePlan(variants=(Variant("int8-dynamic"),)))
     assert sorted(p.name for p in (tmp_path / "pt").iterdir()) == ["1", "config.pbtxt"]
+
+
+def test_a_thread_count_that_is_not_a_number_is_refused_by_name(repo: Path) -> None:
+    with pytest.raises(ConfigError, match=r"parameters\.intra_op_thread_count"):
+        instance(repo, "pt", intra_op_thread_count="many")

@@ -211,9 +211,12 @@ class TorchBackend(Backend):
         self.settings = TorchSettings.of(spec)
         self.device = self._device(spec)
         source = f"model {spec.name!r}"
-        if self.device.type == "cpu" and spec.intra_op_threads:
-            self.torch.set_num_threads(int(spec.parameters.get("intra_op_thread_count",
-                                                          spec.intra_op_threads)))
+        if self.device.type == "cpu" and spec.intra_op_threads:  # process-wide in PyTorch
+            threads = str(spec.parameters.get("intra_op_thread_count", spec.intra_op_threads))
+            if not threads.isdigit() or int(threads) < 1:
+                raise ConfigError(source, "parameters.intra_op_thread_count",
+                                  f"{threads!r} is not a positive integer")
+            self.torch.set_num_threads(int(threads))
         exported = load_exported(spec.path) if is_exported(spec.path) else None
         if exported is not None and self.device.type != "cpu":
             from torch.export.passes import move_to_device_pass
