@@ -1,7 +1,9 @@
 """tradeoff: serve, benchmark and tune AI inference for the latency/throughput trade-off."""
 
 from tradeoff.errors import (
+    BenchSetupError,
     ConfigError,
+    DatasetError,
     Forbidden,
     InferenceFailed,
     InstanceDied,
@@ -36,8 +38,10 @@ from tradeoff.version import __version__
 __all__ = [
     "BatchSizeTune",
     "BenchResult",
+    "BenchSetupError",
     "CompareResult",
     "ConfigError",
+    "DatasetError",
     "Forbidden",
     "InferenceFailed",
     "InstanceDied",

@@ -7,6 +7,9 @@
     ├── OptimizeError            tradeoff optimize cannot make or measure a version
     ├── TuneError                tradeoff tune cannot search or measure
     ├── ResultFormatError        a file is not a result this version reads; also a ValueError
+    ├── BenchSetupError          a measurement cannot be carried out (bad arguments, an
+    │                            endpoint unreachable or refusing); has .status
+    ├── DatasetError             a dataset option or file that cannot be used; a ValueError
     └── RequestError             something a client caused or must be told; has .status
         ├── InvalidInput         400: malformed body, wrong dtype/shape, missing input
         ├── Unauthorized         401: a protected call without a valid API key
@@ -104,6 +107,19 @@ class ResultFormatError(TradeoffError, ValueError):
     ``ValueError``, so handlers of bad values catch it too.
     """
 
+
+
+class BenchSetupError(TradeoffError):
+    """A measurement cannot be carried out (bad arguments, endpoint unreachable, ...);
+    ``status`` is the HTTP status when the endpoint refused a setup request."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class DatasetError(TradeoffError, ValueError):
+    """A dataset option or file that cannot be used; the message says what to fix."""
 
 class RequestError(TradeoffError):
     """An error answered to a client; ``status`` is the HTTP status code."""

@@ -212,8 +212,8 @@ def test_tls_on_http_and_grpc(tmp_path: Path) -> None:
 
 
 def test_llm_bench_names_the_key_variable_when_refused(secured: ServerProcess) -> None:
-    from tradeoff.bench.adapters import BenchSetupError
     from tradeoff.bench.endpoint import EndpointSpec, GenerationOptions, make_adapter
+    from tradeoff.errors import BenchSetupError
 
     for variable, env in (("NO_SUCH_KEY", {}), ("WRONG_KEY", {"WRONG_KEY": "wrong-key-000"})):
         spec = EndpointSpec(f"{secured.url}/v1", "openai", "m",

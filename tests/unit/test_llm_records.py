@@ -8,16 +8,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tradeoff.bench.adapters import BenchSetupError
 from tradeoff.bench.endpoint import parse_slo
 from tradeoff.bench.prompts import (
-    DatasetError,
     fingerprint,
     parse_length,
     read_prompts,
     synthetic_prompts,
 )
 from tradeoff.bench.records import OK, Generated, RecordBuffer, Records
+from tradeoff.errors import BenchSetupError, DatasetError
 
 
 def generations() -> Records:

@@ -27,11 +27,11 @@ import numpy as np
 from rich.console import Console
 
 from tradeoff.analysis.profile import build_profile, profile
-from tradeoff.bench.adapters import BenchSetupError
 from tradeoff.bench.endpoint import EndpointSpec, make_adapter
 from tradeoff.bench.load import LoadSpec
 from tradeoff.bench.records import OK, Records
 from tradeoff.bench.session import run_benchmark
+from tradeoff.errors import BenchSetupError
 from tradeoff.results import (
     BenchResult,
     CompareEntry,

@@ -24,6 +24,7 @@ from tradeoff.bench.http_client import DEFAULT_MAX_RESPONSE_BYTES, Response, bui
 from tradeoff.bench.http_client import Connection as HttpConnection
 from tradeoff.bench.mix import InputMix
 from tradeoff.bench.records import SERVER_PARTS
+from tradeoff.errors import BenchSetupError
 from tradeoff.protocol.v2 import encode_bytes_elements
 
 
@@ -33,15 +34,6 @@ class Connection(Protocol):
     async def request(self, raw: bytes) -> Response: ...
 
     def close(self) -> None: ...
-
-
-class BenchSetupError(Exception):
-    """The run cannot be carried out (bad arguments, endpoint unreachable, ...);
-    ``status`` is the HTTP status when the endpoint refused a setup request."""
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 def split_url(url: str) -> tuple[str, int, str]:

@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tradeoff.bench.adapters import Adapter, BenchSetupError, HttpJsonAdapter, V2Adapter
+from tradeoff.bench.adapters import Adapter, HttpJsonAdapter, V2Adapter
 from tradeoff.bench.load import LOAD_DEFAULTS
 from tradeoff.bench.mix import InputMix, RequestClass
+from tradeoff.errors import BenchSetupError, DatasetError
 
 PROTOCOLS = ("v2", "v2-grpc", "http", "openai")
 SLO_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")
@@ -158,7 +159,7 @@ def _adapter(spec: EndpointSpec) -> Adapter:
 
 def _openai_adapter(spec: EndpointSpec, model: str) -> Adapter:
     from tradeoff.bench.openai_adapter import OpenAIAdapter
-    from tradeoff.bench.prompts import DatasetError, read_prompts, synthetic_prompts
+    from tradeoff.bench.prompts import read_prompts, synthetic_prompts
 
     g = spec.generation
     try:

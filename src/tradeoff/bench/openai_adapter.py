@@ -13,9 +13,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from tradeoff.bench.adapters import Adapter, BenchSetupError
+from tradeoff.bench.adapters import Adapter
 from tradeoff.bench.openai_stream import StreamReader, generation_body, generation_request
 from tradeoff.bench.prompts import PromptItem, fingerprint
+from tradeoff.errors import BenchSetupError
 
 
 class OpenAIAdapter(Adapter):

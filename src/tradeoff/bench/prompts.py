@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from tradeoff.errors import DatasetError
+
 WORDS = tuple("""the of and to in is was for on that with as by at from it his an were are
 which this be or has had one first their its new after who they two her she been other
 when time all during into would there more over city some can only most also between
@@ -38,10 +40,6 @@ class PromptItem:
     messages: tuple[dict[str, str], ...] | None
     max_tokens: int
     input_words: int | None = None  # synthetic: the input length asked for
-
-
-class DatasetError(ValueError):
-    """A dataset option or file that cannot be used; the message says what to fix."""
 
 
 def parse_length(text: str, option: str) -> tuple[int, int]:

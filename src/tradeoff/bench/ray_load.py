@@ -14,12 +14,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tradeoff.bench.adapters import Adapter, BenchSetupError
+from tradeoff.bench.adapters import Adapter
 from tradeoff.bench.load import LoadSpec
 from tradeoff.bench.records import Records
 from tradeoff.bench.runner import Runner, RunOutcome, run_coroutine
 from tradeoff.bench.workers import START_MARGIN_S, WorkerRuns, merge_runs, split_spec
-from tradeoff.errors import MissingDependency
+from tradeoff.errors import BenchSetupError, MissingDependency
 
 CLOCK_READINGS = 5
 NAMESPACE = "tradeoff-bench"

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
-from tradeoff.bench.adapters import BenchSetupError
 from tradeoff.bench.http_client import ResponseTooLarge, get
+from tradeoff.errors import BenchSetupError
 
 SCRAPE_TIMEOUT_S = 5.0
 MAX_SCRAPE_BYTES = 32 << 20

@@ -18,12 +18,13 @@ from typing import Any
 
 from rich.console import Console
 
-from tradeoff.bench.adapters import Adapter, BenchSetupError
+from tradeoff.bench.adapters import Adapter
 from tradeoff.bench.load import LoadSpec
 from tradeoff.bench.records import REFUSED, Records
 from tradeoff.bench.result import build_result
 from tradeoff.bench.runner import Runner, WindowReport, run_coroutine
 from tradeoff.bench.workers import run_workers, split_spec
+from tradeoff.errors import BenchSetupError
 from tradeoff.results import BenchResult
 from tradeoff.stats.progress import progress_text
 

@@ -26,10 +26,11 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 
-from tradeoff.bench.adapters import Adapter, BenchSetupError
+from tradeoff.bench.adapters import Adapter
 from tradeoff.bench.load import LoadSpec
 from tradeoff.bench.session import run_benchmark
 from tradeoff.bench.sweep import Sweep, SweepPlan, parse_levels, point_summary
+from tradeoff.errors import BenchSetupError
 from tradeoff.results import Memory, SoakResult, Verdict, Window, environment
 from tradeoff.stats.trend import mann_kendall
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from tradeoff.bench.adapters import Adapter, BenchSetupError
+from tradeoff.bench.adapters import Adapter
 from tradeoff.bench.load import LoadSpec
 from tradeoff.bench.records import Records
 from tradeoff.bench.runner import (
@@ -27,6 +27,7 @@ from tradeoff.bench.runner import (
     is_stable,
     run_coroutine,
 )
+from tradeoff.errors import BenchSetupError
 
 START_MARGIN_S = 0.2
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from tradeoff.bench.load import DURATION_FORMS, LOAD_DEFAULTS, LoadSpec, parse_duration
+from tradeoff.errors import TradeoffError
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -419,10 +420,9 @@ def step_progress(console: Console, first: str = "starting") -> Iterator[Callabl
 
 
 def user_errors() -> tuple[type[Exception], ...]:
-    """What a user's mistake raises below the command line: shown as one line."""
-    from tradeoff.bench.adapters import BenchSetupError
-
-    return (ValueError, BenchSetupError, OSError)
+    """What a user's mistake raises below the command line: shown as one line (the
+    project's own tree, and the ValueError and OSError that parsing and files raise)."""
+    return (TradeoffError, ValueError, OSError)
 
 
 def setup_logging(level: str) -> None:
