@@ -304,9 +304,9 @@ def test_the_docs_pages_commands_run_as_written(tmp_path: Path) -> None:
     against a served example repository with shortened durations; a line that cannot run
     on this machine is named in NOT_HERE with why (docs/optimize.md used a sentences.json
     it never made, docs/routing.md named models `models build` does not make)."""
-    from tradeoff.models import build_repository
-
-    build_repository(tmp_path / "models", ("mlp", "mlp_nobatch", "minilm"))
+    # built by the command (not in this process, whose memory later tests measure from)
+    run_shell("tradeoff models build ./models --model mlp --model mlp_nobatch --model minilm",
+              tmp_path)
     server_gen = running_server(tmp_path / "models")
     server: ServerProcess = next(server_gen)
     skipped: list[str] = []

@@ -184,26 +184,45 @@ def hostile() -> Iterator[str]:
             process.stdout.close()
 
 
+# Started by a small interpreter of its own: a child's peak RSS (ru_maxrss) starts at its
+# parent's RSS when it is forked, and this test process may hold a gigabyte by now.
+_LAUNCHER = """
+import os, sys
+pid = os.fork()
+if pid == 0:
+    os.execv(sys.executable, [sys.executable, *sys.argv[2:]])
+_, status, usage = os.wait4(pid, 0)
+with open(sys.argv[1], "w") as out:
+    out.write(str(usage.ru_maxrss))
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
 def tradeoff(*args: str, limit_s: float = 60) -> tuple[subprocess.CompletedProcess, float]:
     """Run the CLI; (the finished process, its wall time). ``run.peak_rss_kib`` is that
-    process's own peak RSS (wait4), not that of every child the test run ever had."""
+    process's own peak RSS, taken by a small launcher (wait4) so that it does not start at
+    this test process's."""
     started = time.monotonic()
     command = [sys.executable, "-m", "tradeoff", *args]
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        process = subprocess.Popen(command, stdout=out, stderr=err)
-        killer = threading.Timer(limit_s, process.kill)  # past its limit: the test fails
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
+            tempfile.TemporaryDirectory() as tmp:
+        peak = Path(tmp) / "peak"
+        process = subprocess.Popen([sys.executable, "-c", _LAUNCHER, str(peak), "-m",
+                                    "tradeoff", *args], stdout=out, stderr=err,
+                                   start_new_session=True)
+        # past its limit: the test fails
+        killer = threading.Timer(limit_s, lambda: os.killpg(process.pid, 9))
         killer.start()
         try:
-            _, status, usage = os.wait4(process.pid, 0)
+            process.wait()
         finally:
             killer.cancel()
-        process.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         err.seek(0)
         run = subprocess.CompletedProcess(command, process.returncode,
                                           out.read().decode(errors="replace"),
                                           err.read().decode(errors="replace"))
-    run.peak_rss_kib = usage.ru_maxrss  # type: ignore[attr-defined]
+        run.peak_rss_kib = int(peak.read_text()) if peak.exists() else 10**9  # type: ignore[attr-defined]
     return run, time.monotonic() - started
 
 
