@@ -204,8 +204,9 @@ def test_the_readmes_measuring_commands_run_as_written(tmp_path: Path) -> None:
             command = [sys.executable, "-m", "tradeoff", *shortened(argv, server)]
             run = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True,
                                  timeout=240, check=False)
-            assert run.returncode == 0, f"{' '.join(argv)}\n{run.stdout[-2000:]}" \
-                                        f"{run.stderr[-2000:]}"
+            verdicts = (0, 3) if argv[0] == "soak" else (0,)  # 3: soak found it unstable
+            assert run.returncode in verdicts, f"{' '.join(argv)}\n{run.stdout[-2000:]}" \
+                                               f"{run.stderr[-2000:]}"
             if "--sla-p99-ms" in argv:  # a warm sweep finds a load that meets 20 ms
                 assert "highest rate meeting it is" in run.stdout, run.stdout[-2000:]
         assert (tmp_path / "report.html").exists() and (tmp_path / "mlp.csv").exists()
@@ -295,7 +296,10 @@ def page_script(page: str, server: ServerProcess, skipped: list[str]) -> str:
                     argv += [flag, value]
             if argv[0] == "top":
                 argv += ["--iterations", "2"]
-            lines.append(shlex.join(["tradeoff", *argv]))
+            # soak's exit status 3 is its verdict "unstable" (docs/cli.md): a result, which
+            # a few half-second windows on a busy machine may give
+            lines.append(shlex.join(["tradeoff", *argv])
+                         + (" || test $? -eq 3" if argv[0] == "soak" else ""))
     return "\n".join(lines)
 
 
