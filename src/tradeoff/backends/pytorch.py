@@ -38,7 +38,7 @@ import numpy as np
 from tradeoff import dtypes
 from tradeoff.backends.base import Backend, TensorSpec
 from tradeoff.backends.registry import InstanceSpec, TensorBackendType
-from tradeoff.errors import ConfigError, InferenceFailed, ModelLoadError
+from tradeoff.errors import ConfigError, InferenceFailed, ModelLoadError, capped
 
 if TYPE_CHECKING:
     import torch
@@ -120,8 +120,6 @@ def describe(model_path: Path) -> tuple[list[TensorSpec], list[TensorSpec]] | No
     served as FP32 (inputs cast in, outputs cast out), so they are described as FP32: the
     FP32 config of a model stays valid for its fp16 and bf16 versions."""
     if not is_exported(model_path):
-        if not model_path.is_file():
-            raise ModelLoadError(f"{model_path}: model file not found")
         return None
     program = load_exported(model_path)
     from torch.export.graph_signature import InputKind, OutputKind
@@ -170,12 +168,18 @@ def forward_names(module: Any, exported: Any | None) -> list[str]:
     return [a.name for a in schema.arguments[1:]]  # [0] is self
 
 
+def _indices(names: Sequence[str]) -> list[int] | None:
+    """The ``i`` of every ``<anything>__<i>`` name, or None unless all are named so."""
+    found = [_INDEXED.match(n) for n in names]
+    return [int(m.group(1)) for m in found if m] if names and all(found) else None
+
+
 def input_positions(names: Sequence[str], forward: Sequence[str], source: str) -> list[int]:
     """The forward argument each config input binds to (Triton's rules, see the module
     docstring)."""
-    indexed = [_INDEXED.match(n) for n in names]
-    if names and all(indexed):
-        positions = [int(m.group(1)) for m in indexed if m]
+    indexed = _indices(names)
+    if indexed is not None:
+        positions = indexed
     elif names and all(n in forward for n in names):
         positions = [list(forward).index(n) for n in names]
     else:
@@ -187,13 +191,11 @@ def input_positions(names: Sequence[str], forward: Sequence[str], source: str) -
     return positions
 
 
-def output_keys(names: Sequence[str]) -> list[int | str]:
-    """Where each config output is found in what the forward returns: an index, or the
-    name itself for a forward returning a dict."""
-    indexed = [_INDEXED.match(n) for n in names]
-    if names and all(indexed):
-        return [int(m.group(1)) for m in indexed if m]
-    return list(range(len(names)))
+def output_keys(names: Sequence[str]) -> list[int]:
+    """The index of each config output in the tuple the forward returns (a forward that
+    returns a dict is read by name instead)."""
+    indexed = _indices(names)
+    return indexed if indexed is not None else list(range(len(names)))
 
 
 class TorchBackend(Backend):
@@ -232,8 +234,10 @@ class TorchBackend(Backend):
         self.output_keys = dict(zip(self.config_outputs, output_keys(list(self.config_outputs)),
                                     strict=True))
         low = self.settings.low_dtype()
-        if low is not None and self.settings.precision_mode == "cast":
+        cast = low is not None and self.settings.precision_mode == "cast"
+        if cast:
             module = module.to(low)
+        self.autocast_dtype = low if low is not None and not cast else None
         if self.settings.precision == "tf32":
             with _TF32_LOCK:  # PyTorch's TF32 switch is process-wide
                 self.torch.backends.cuda.matmul.allow_tf32 = True
@@ -243,8 +247,7 @@ class TorchBackend(Backend):
         self.module = module
         # floating inputs go in as the weights are: 16-bit when cast here or saved so
         # (an optimize version), FP32 otherwise
-        self.input_dtype = low if low is not None and self.settings.precision_mode == "cast" \
-            else _weights_dtype(module, self.torch)
+        self.input_dtype = low if cast else _weights_dtype(module, self.torch)
         self.stream = self.torch.cuda.Stream(device=self.device) if self.device.type == "cuda" \
             else None
         self._staging: dict[str, torch.Tensor] = {}
@@ -301,10 +304,8 @@ class TorchBackend(Backend):
             output_names: Sequence[str]) -> dict[str, np.ndarray]:
         torch = self.torch
         stream = torch.cuda.stream(self.stream) if self.stream is not None else nullcontext()
-        low = self.settings.low_dtype()
-        autocast = torch.autocast(self.device.type, dtype=low) \
-            if low is not None and self.settings.precision_mode == "autocast" \
-            else nullcontext()
+        autocast = torch.autocast(self.device.type, dtype=self.autocast_dtype) \
+            if self.autocast_dtype is not None else nullcontext()
         args: list[Any] = [None] * len(self.positions)
         try:
             with torch.inference_mode(), stream:
@@ -417,8 +418,7 @@ def _weights_dtype(module: Any, torch: Any) -> Any:
 def _last_line(exc: BaseException, limit: int = 200) -> str:
     """The gist of a PyTorch error (its messages carry tracebacks and advice)."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    text = lines[-1] if lines else type(exc).__name__
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return capped(lines[-1] if lines else type(exc).__name__, limit)
 
 
 def batch_sizes_to_warm(max_batch_size: int) -> list[int]:

@@ -175,12 +175,7 @@ def _load(model_dir: Path, plan: BatchSizePlan
 
 def _check_cuda(backend: str) -> None:
     if backend == "pytorch":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise TuneError(f"--device cuda: this PyTorch ({torch.__version__}) sees no CUDA "
-                            "device (a CUDA build of torch, on a machine with a GPU)")
-        return
+        return  # its meter (TorchCudaMeter) checks that PyTorch sees a CUDA device
     if backend not in ("onnxruntime", "onnxruntime_text"):
         raise TuneError(f"--device cuda runs ONNX Runtime's CUDA provider or PyTorch; the "
                         f"{backend} backend has neither")

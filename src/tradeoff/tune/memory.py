@@ -113,7 +113,7 @@ class TorchCudaMeter:
 
         if not torch.cuda.is_available():
             raise TuneError(f"--device cuda: this PyTorch ({torch.__version__}) sees no CUDA "
-                            "device")
+                            "device (a CUDA build of torch, on a machine with a GPU)")
         self.torch = torch
         self.device = torch.device("cuda", device_id)
 
