@@ -179,6 +179,16 @@ def write_exported(module: Any, example: tuple[Any, ...], names: tuple[str, ...]
     torch.export.save(program, str(path))
 
 
+def _write_version(module: Any, example: tuple[Any, ...], names: tuple[str, ...],
+                   directory: Path, exported: bool) -> Path:
+    """Version 1 of ``directory``: ``model.pt2`` when ``exported``, else ``model.pt``."""
+    if exported:
+        write_exported(module, example, names, directory / "1" / "model.pt2")
+    else:
+        write_torchscript(module, example, directory / "1" / "model.pt")
+    return directory
+
+
 ENCODER_CONFIG = """\
 name: "{name}"
 platform: "{platform}"
@@ -208,12 +218,8 @@ def write_encoder(root: Path, name: str, shape: EncoderShape = EncoderShape(), *
     """An encoder model directory ``root/name``: version 1 and its config."""
     module = encoder_module(shape)
     example = _encoder_example(shape, 2)
-    directory = Path(root) / name
-    if exported:
-        write_exported(module, example, ("input_ids", "attention_mask"),
-                       directory / "1" / "model.pt2")
-    else:
-        write_torchscript(module, example, directory / "1" / "model.pt")
+    directory = _write_version(module, example, ("input_ids", "attention_mask"),
+                               Path(root) / name, exported)
     (directory / "config.pbtxt").write_text(ENCODER_CONFIG.format(
         name=name, platform="torch_export" if exported else "pytorch_libtorch",
         max_batch=shape.max_batch, sequence=shape.sequence, hidden=shape.hidden, kind=kind,
@@ -229,12 +235,8 @@ def write_resnet(root: Path, name: str, shape: ResNetShape = ResNetShape(), *,
 
     module = resnet_module(shape)
     example = (torch.zeros(2, 3, shape.image, shape.image),)
-    directory = Path(root) / name
-    if exported:
-        # nn.Sequential's forward takes "input"
-        write_exported(module, example, ("input",), directory / "1" / "model.pt2")
-    else:
-        write_torchscript(module, example, directory / "1" / "model.pt")
+    # nn.Sequential's forward takes "input"
+    directory = _write_version(module, example, ("input",), Path(root) / name, exported)
     (directory / "config.pbtxt").write_text(RESNET_CONFIG.format(
         name=name, platform="torch_export" if exported else "pytorch_libtorch",
         max_batch=shape.max_batch, size=shape.image, classes=shape.classes, kind=kind,
