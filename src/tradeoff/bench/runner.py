@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import operator
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -47,12 +48,65 @@ TIMER_SLACK_S = 0.002  # past a start time even when the loop rounds a timer to 
 
 
 def run_coroutine(coro: Any) -> Any:
-    """Run on uvloop (a faster client loop) where it exists."""
+    """Run on uvloop (a faster client loop) where it exists. On the main thread the run
+    can be stopped by :func:`stop_runs`: it then raises :class:`RunStopped`."""
     try:
         import uvloop
     except ImportError:  # pragma: no cover - Windows
         return asyncio.run(coro)
-    return uvloop.run(coro)
+    if threading.current_thread() is not threading.main_thread():
+        return uvloop.run(coro)
+    return uvloop.run(_STOP.stoppable(coro))
+
+
+class RunStopped(Exception):
+    """A load run ended early, or refused to start, after :func:`stop_runs`."""
+
+
+class _RunStop:
+    """The stop request for load runs on the main thread, and the run in progress."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.running: asyncio.Task[Any] | None = None
+
+    async def stoppable(self, coro: Any) -> Any:
+        self.running = asyncio.current_task()  # before the check: a stop between is seen
+        try:
+            if self.requested:
+                coro.close()
+                raise RunStopped("the load run was stopped before it began")
+            return await coro
+        except asyncio.CancelledError:
+            if self.requested:
+                raise RunStopped("the load run was stopped") from None
+            raise
+        finally:
+            self.running = None
+
+    def stop(self) -> None:
+        self.requested = True
+        task = self.running
+        if task is not None:
+            task.get_loop().call_soon_threadsafe(task.cancel)
+
+
+_STOP = _RunStop()
+
+
+def stop_runs() -> None:
+    """Stop the load run going on in the main thread, and refuse later ones with
+    :class:`RunStopped` until :func:`resume_runs`. Meant for signal handlers: it asks the
+    run's loop to cancel the run, which the loop does between its callbacks. An exception
+    raised by the handler itself would land wherever the main thread happens to be, and
+    there it can be lost: uvloop logs one raised inside a protocol callback and goes on,
+    and a C extension's module import can drop one."""
+    _STOP.stop()
+
+
+def resume_runs() -> None:
+    """Let load runs start again after :func:`stop_runs`."""
+    _STOP.requested = False
 
 
 @dataclass

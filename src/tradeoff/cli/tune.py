@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -106,24 +104,39 @@ class Stopped(KeyboardInterrupt):
         self.signum = signum
 
 
-@contextlib.contextmanager
-def _stop_on_signals() -> Iterator[None]:
-    """The first SIGINT, SIGTERM or SIGHUP raises :class:`Stopped`; later ones are ignored
-    while the server's config is put back."""
-    caught: list[int] = []
+class SignalStop:
+    """While entered, the first SIGINT, SIGTERM or SIGHUP stops the load run in progress
+    and makes :meth:`check` raise :class:`Stopped`; later ones are ignored while the
+    server's config is put back. The handler itself raises nothing (see
+    :func:`~tradeoff.bench.runner.stop_runs`): the search stops at its own points."""
 
-    def stop(signum: int, _frame: object) -> None:
-        if not caught:
-            caught.append(signum)
-            raise Stopped(signum)
+    WANTED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
-    wanted = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
-    previous = {sig: signal.signal(sig, stop) for sig in wanted}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def check(self) -> None:
+        if self.signum is not None:
+            raise Stopped(self.signum)
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        from tradeoff.bench.runner import stop_runs
+
+        if self.signum is None:
+            self.signum = signum
+            stop_runs()
+
+    def __enter__(self) -> SignalStop:
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in self.WANTED}
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        from tradeoff.bench.runner import resume_runs
+
+        for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+        resume_runs()
 
 
 def _values(text: str, option: str, least: int) -> tuple[int, ...]:
@@ -218,6 +231,7 @@ def serve(url: str, sla_p99_ms: float | None, rate: float | None, max_throughput
     """
     from rich.console import Console
 
+    from tradeoff.bench.runner import RunStopped
     from tradeoff.report.terminal import print_serve_tune
     from tradeoff.stats.cost import Price
     from tradeoff.tune.serve_search import (
@@ -249,9 +263,14 @@ def serve(url: str, sla_p99_ms: float | None, rate: float | None, max_throughput
         if apply_to is not None:
             check_apply_target(apply_to, target.model or "")
         search = ServeSearch(target, base, goal, space)
-        with _stop_on_signals(), step_progress(console) as say:
-            search.say = say
-            result = search.run()
+        with SignalStop() as stop, step_progress(console) as say:
+            search.say, search.checkpoint = say, stop.check
+            try:
+                result = search.run()
+            except RunStopped:
+                stop.check()
+                raise
+            stop.check()
         result = write_winner(result, search.original,
                               output_dir or Path(f"tune-{result.model}"), apply_to)
     except Stopped as stop:

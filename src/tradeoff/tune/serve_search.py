@@ -254,6 +254,7 @@ class ServeSearch:
         self.goal = goal
         self.space = space
         self.say = progress or (lambda _: None)
+        self.checkpoint: Callable[[], None] = lambda: None  # raises to stop the search
         self.control = control or ModelControl.of(target)
         self.clock = clock
         self.trials: dict[Knobs, Trial] = {}
@@ -297,6 +298,7 @@ class ServeSearch:
         return trial
 
     def _measure(self, knobs: Knobs) -> SweepRow:
+        self.checkpoint()
         adapter = make_adapter(self.target)
         if self.goal.rate is not None:
             spec = dataclasses.replace(self.base, rate=self.goal.rate, concurrency=None,
@@ -388,6 +390,7 @@ class ServeSearch:
 
     def _apply(self, knobs: Knobs, original: dict[str, Any]) -> str | None:
         """Load ``knobs`` on the server, marked as a tune serve trial; the refusal or None."""
+        self.checkpoint()
         config = knobs.config(original)
         config["parameters"] = {**config.get("parameters", {}), **self.marker}
         return self.control.load(config)
