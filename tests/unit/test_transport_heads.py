@@ -46,7 +46,7 @@ class DirectApp:
         declared = headers.get(b"content-length", b"")
         return {"model": "mlp"} if declared.isdigit() else None
 
-    def infer_direct(self, scope: Any, params: dict[str, str], headers: dict[bytes, bytes],
+    def infer_direct(self, scope: Any, target: Any, headers: dict[bytes, bytes],
                      body: bytes, respond: Any) -> Any:
         self.calls.append((dict(headers), bytes(body)))
         respond(200, b"{}", [])

@@ -40,11 +40,17 @@ from tradeoff.server.models import ModelManager, ModelVersion
 from tradeoff.server.router import SHADOW_IN_FLIGHT, RoutedModel
 from tradeoff.version import __version__
 
-# request headers remembered as valid, per model version (see prepare)
+# request headers remembered as valid, per model version (see validate)
 KNOWN_HEADERS = 256
 
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository", "parameters",
               "schedule_policy", "statistics"]
+
+
+TensorTarget = ModelVersion | RoutedModel  # what answers a tensor request
+# what a tensor request's callback gets: the version that answered, its timings and the
+# outputs the client asked for; or the error
+Answered = Callable[[tuple[ModelVersion, Timings, list[TensorOutput]] | BaseException], None]
 
 
 class Peers(Protocol):
@@ -74,7 +80,6 @@ class DataPlane:
         self.max_inflight = max_inflight  # server-wide; None: no limit
         self.in_flight = 0  # inference requests admitted and not yet answered
         self.overload_refusals = 0
-        self._admission = _Admission(self)
         self._background: set[asyncio.Task] = set()  # shadow copies in flight
         self.peers: Peers | None = None  # a replica of a Ray Serve deployment
 
@@ -99,10 +104,12 @@ class DataPlane:
     def release(self) -> None:
         self.in_flight -= 1
 
-    def admitted(self) -> _Admission:
-        """``with dataplane.admitted():`` :meth:`admit` on entry, :meth:`release` on exit,
-        whatever happens inside."""
-        return self._admission
+    def admitted(self) -> Admission:
+        """``with dataplane.admitted():`` a slot taken on entry (or a 503), given back on
+        exit, whatever happens inside."""
+        admission = Admission(self)
+        admission.take()
+        return admission
 
     # ------------------------------------------------------------ health, metadata
 
@@ -223,14 +230,20 @@ class DataPlane:
 
     def prepare(self, name: str, version: str | None,
                 request: V2Request) -> tuple[ModelVersion, InferenceRequest]:
-        """Validate a decoded request against the model's config."""
+        """Validate a decoded request against the config of the model that serves it."""
         served = self.manager.tensor(name, version)
+        return served, self.validate(served, request)
+
+    def validate(self, served: ModelVersion, request: V2Request) -> InferenceRequest:
+        """The scheduler's request for a decoded one, checked against ``served``'s config
+        (InvalidInput saying what does not fit)."""
+        name = served.name
         header = request.header
         if header is not None:
             known = served.checked.get(header)
             if known is not None:  # this header passed every check below already
                 shape_key, rows, priority, timeout = known
-                return served, InferenceRequest(
+                return InferenceRequest(
                     inputs={t.name: t.array for t in request.inputs}, rows=rows,
                     shape_key=shape_key, priority=priority, timeout_us=timeout)
         config = served.config
@@ -294,45 +307,63 @@ class DataPlane:
         if header is not None and len(served.checked) < KNOWN_HEADERS and \
                 all(t.datatype != "BYTES" for t in request.inputs):
             served.checked[header] = (shape_key, rows or 1, priority, timeout or None)
-        return served, InferenceRequest(inputs=inputs, rows=rows or 1, shape_key=shape_key,
-                                        priority=priority, timeout_us=timeout or None)
+        return InferenceRequest(inputs=inputs, rows=rows or 1, shape_key=shape_key,
+                                priority=priority, timeout_us=timeout or None)
 
-    def check_target(self, name: str, version: str | None) -> None:
-        """The cheap checks of a tensor request before its body is read: the model (or
-        router) exists, serves, and takes tensors."""
+    def tensor_target(self, name: str, version: str | None) -> TensorTarget:
+        """What answers a tensor request for ``name`` (and ``version``): the model's serving
+        version, or a router that sends to tensor models. The cheap checks before a body
+        is read: the one lookup of the request, raising NotFound, Unavailable or
+        InvalidInput (a generative model)."""
         served = self.manager.get(name, version)
         if isinstance(served, RoutedModel):
             served.check_takes_tensors()
-            return
-        self.manager.tensor(name, version)
+            return served
+        return self.manager.as_tensor(served)
 
-    def submit(self, name: str, version: str | None, request: V2Request,
-               on_done: Callable[[tuple[Timings, Outputs] | BaseException], None]
-               ) -> tuple[ModelVersion, InferenceRequest] | None:
+    def submit(self, target: TensorTarget, request: V2Request, on_done: Answered
+               ) -> InferenceRequest | None:
         """Queue a request for a model that needs no router and no cache at once, without
-        a coroutine or a future: its version and the scheduler's request (to cancel it);
-        ``on_done`` gets the timings and raw outputs, or the error
-        (:meth:`Scheduler.submit_call`). None: the request needs :meth:`infer`."""
+        a coroutine or a future; returns the scheduler's request (to cancel it, with
+        ``target.scheduler.cancel``), and ``on_done`` gets what :meth:`infer` returns, or
+        the error. None: the request needs :meth:`infer_target`."""
         if self.shutting_down:
             raise Unavailable("the server is shutting down and takes no new requests")
-        if isinstance(self.manager.get(name, version), RoutedModel):
+        if isinstance(target, RoutedModel):
             return None
-        served, internal = self.prepare(name, version, request)
-        if self.cache is not None and served.config.response_cache and \
+        internal = self.validate(target, request)
+        if self.cache is not None and target.config.response_cache and \
                 request.parameters.get("cache") is not False:
             return None
-        served.scheduler.submit_call(internal, on_done)
-        return served, internal
+        config = target.config
+
+        def done(result: tuple[Timings, Outputs] | BaseException) -> None:
+            if isinstance(result, BaseException):
+                on_done(result)
+                return
+            try:
+                outputs = select_outputs(config, request, result[1])
+            except Exception as exc:
+                on_done(exc)
+                return
+            on_done((target, result[0], outputs))
+
+        target.scheduler.submit_call(internal, done)
+        return internal
 
     async def infer(self, name: str, version: str | None,
                     request: V2Request) -> tuple[ModelVersion, Timings, list[TensorOutput]]:
         """Run one request through the model's scheduler (a router's: its target's)."""
+        return await self.infer_target(self.tensor_target(name, version), request)
+
+    async def infer_target(self, target: TensorTarget, request: V2Request
+                           ) -> tuple[ModelVersion, Timings, list[TensorOutput]]:
+        """:meth:`infer` for the target :meth:`tensor_target` returned."""
         if self.shutting_down:
             raise Unavailable("the server is shutting down and takes no new requests")
-        routed = self.manager.get(name, version)
-        if isinstance(routed, RoutedModel):
-            return await self._route(routed, request)
-        return await self._infer_model(name, version, request)
+        if isinstance(target, RoutedModel):
+            return await self._route(target, request)
+        return await self._infer_served(target, request)
 
     async def _route(self, routed: RoutedModel, request: V2Request
                      ) -> tuple[ModelVersion, Timings, list[TensorOutput]]:
@@ -402,7 +433,11 @@ class DataPlane:
 
     async def _infer_model(self, name: str, version: str | None, request: V2Request
                            ) -> tuple[ModelVersion, Timings, list[TensorOutput]]:
-        served, internal = self.prepare(name, version, request)
+        return await self._infer_served(self.manager.tensor(name, version), request)
+
+    async def _infer_served(self, served: ModelVersion, request: V2Request
+                            ) -> tuple[ModelVersion, Timings, list[TensorOutput]]:
+        internal = self.validate(served, request)
         if self.cache is None or not served.config.response_cache or \
                 request.parameters.get("cache") is False:
             timings, outputs = await served.scheduler.infer(internal)
@@ -628,20 +663,34 @@ def _tokenize(tokenizer: Any, prompt: str | list[dict[str, str]]) -> list[int]:
     return list(tokenizer.encode(text))
 
 
-class _Admission:
-    """The context manager of :meth:`DataPlane.admitted` (a class: this is the hot path,
-    and a generator-based one costs more)."""
+class Admission:
+    """One request's slot under ``--max-inflight``, whichever transport carries it:
+    refused at once (503) when the server is full or stopping, before any body is read;
+    taken when the request is whole (:meth:`take`); given back once (:meth:`release`,
+    which may be called again, from whichever way the request ends)."""
 
-    __slots__ = ("dataplane",)
+    __slots__ = ("dataplane", "held")
 
     def __init__(self, dataplane: DataPlane) -> None:
+        dataplane.check_admission()
         self.dataplane = dataplane
+        self.held = False
 
-    def __enter__(self) -> None:
-        self.dataplane.admit()
+    def take(self) -> None:
+        if not self.held:
+            self.dataplane.admit()
+            self.held = True
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self.dataplane.in_flight -= 1
+
+    def __enter__(self) -> Admission:
+        return self
 
     def __exit__(self, *exc: object) -> None:
-        self.dataplane.release()
+        self.release()
 
 
 def _config_override(parameters: dict[str, Any]) -> dict[str, Any] | None:

@@ -190,11 +190,11 @@ class GrpcService:
         value."""
         with self.dataplane.admitted():
             # the cheap checks before the tensors are decoded
-            self.dataplane.check_target(request.model_name, request.model_version or None)
+            target = self.dataplane.tensor_target(request.model_name,
+                                                  request.model_version or None)
             v2 = decode_infer_request(request, self.dataplane.limits)
             v2.tenant = tenant
-            served, timings, outputs = await self.dataplane.infer(
-                request.model_name, request.model_version or None, v2)
+            served, timings, outputs = await self.dataplane.infer_target(target, v2)
         response = pb.ModelInferResponse(model_name=request.model_name,
                                          model_version=str(served.version), id=request.id)
         if timings.route:

@@ -17,27 +17,11 @@ from typing import Any
 
 import orjson
 
-from tradeoff.errors import (
-    InvalidInput,
-    NotFound,
-    PayloadTooLarge,
-    RequestError,
-    Unauthorized,
-    Unavailable,
-)
-from tradeoff.protocol.v2 import (
-    TensorOutput,
-    V2Request,
-    decode_request,
-    encode_response,
-    parse_json_object,
-)
-from tradeoff.scheduling.request import Timings
-from tradeoff.scheduling.scheduler import Outputs
+from tradeoff.errors import InvalidInput, NotFound, PayloadTooLarge, Unavailable
+from tradeoff.protocol.v2 import parse_json_object
 from tradeoff.server import metrics, openapi
 from tradeoff.server.access import TENANT, Access
 from tradeoff.server.asgi import (
-    JSON_HEADERS,
     OFF_LOOP_BYTES,
     DisconnectWatch,
     Headers,
@@ -48,16 +32,14 @@ from tradeoff.server.asgi import (
     send_body,
     send_json,
 )
-from tradeoff.server.dataplane import DataPlane, select_outputs
-from tradeoff.server.models import ModelVersion
+from tradeoff.server.dataplane import Admission, DataPlane
+from tradeoff.server.infer_call import InferCall, Respond, error_answer, request_error
 from tradeoff.server.openai_api import OpenAIApi, send_error
 from tradeoff.server.origins import OriginPolicy
-from tradeoff.server.routes import ADMIN, OPEN, ROUTES, MethodNotAllowed, Router
+from tradeoff.server.routes import ADMIN, OPEN, ROUTES, MethodNotAllowed, Route, Router
 from tradeoff.server.transport import TransportLimits
 
 log = logging.getLogger("tradeoff.server")
-# lines a client's request causes: rate limited (server/logs.py)
-request_log = logging.getLogger("tradeoff.server.requests")
 
 Params = dict[str, str]
 
@@ -72,26 +54,28 @@ FREE_BODY_BYTES = 64 * 1024
 JSON_EXPANSION = 40
 
 # per-request state the app keeps in the ASGI scope
-_ADMIT = "tradeoff.admit"        # the route takes an admission slot once its body is read
-_ADMITTED = "tradeoff.admitted"  # it took one: release it when the request ends
+_HEADERS = "tradeoff.headers"    # request_headers(scope)
+_ADMISSION = "tradeoff.admission"  # the route's Admission: taken once its body is read
 _CHARGED = "tradeoff.charged"    # body bytes charged to --max-body-memory
 _BODY_READ = "tradeoff.body_read"  # the whole body arrived
 
 
-_WANTED_HEADERS = frozenset((b"content-length", b"content-encoding", b"accept-encoding",
-                             b"inference-header-content-length", b"x-tradeoff-class"))
+# the request headers this app reads (the direct path keeps them as the head arrives)
+DIRECT_HEADERS = frozenset((b"content-length", b"content-encoding", b"accept-encoding",
+                            b"inference-header-content-length", b"x-tradeoff-class",
+                            b"transfer-encoding", b"host", b"origin", b"authorization"))
 
 
-# what the direct path reads: the connection keeps these as the head arrives
-DIRECT_HEADERS = _WANTED_HEADERS | frozenset((b"transfer-encoding", b"host", b"origin",
-                                              b"authorization"))
-
-
-def _headers(scope: Scope) -> dict[bytes, bytes]:
-    """The request headers this app reads, in one pass (names arrive lower-cased; values
-    without the optional whitespace HTTP allows around them: libcurl, and so
-    perf_analyzer, sends ``Content-Length: 1208 ``)."""
-    return {k: v.strip(b" \t") for k, v in scope["headers"] if k in _WANTED_HEADERS}
+def request_headers(scope: Scope) -> dict[bytes, bytes]:
+    """The request headers this app reads, in one pass, as the direct path keeps them:
+    names lower-cased, values without the optional whitespace HTTP allows around them
+    (libcurl, and so perf_analyzer, sends ``Content-Length: 1208 ``), the last value of a
+    repeated header but the first ``Authorization``."""
+    headers: dict[bytes, bytes] = {}
+    for name, value in scope["headers"]:
+        if name in DIRECT_HEADERS and (name != b"authorization" or name not in headers):
+            headers[name] = value.strip(b" \t")
+    return headers
 
 
 class HttpApp:
@@ -122,6 +106,7 @@ class HttpApp:
         self.registry = registry
         self.metrics_port = metrics_port
         self.max_request_bytes = max_request_bytes
+        self._direct_bytes = min(FREE_BODY_BYTES, max_request_bytes)  # direct_route's bound
         self.on_startup = on_startup
         self.on_shutdown = on_shutdown
 
@@ -131,13 +116,13 @@ class HttpApp:
             try:
                 await self._http(scope, receive, send)
             except Exception as exc:  # the server must answer and keep serving
-                exc = _request_error(exc, scope)
+                exc = request_error(exc, scope)
                 close = [] if await self._body_done(scope, receive) else \
                     [(b"connection", b"close")]
                 path = scope["path"]
                 if path == "/v1" or path.startswith("/v1/"):  # the OpenAI API's shape
                     return await send_error(send, exc, close)
-                status, body, headers = _error_answer(exc)
+                status, body, headers = error_answer(exc)
                 await send_body(send, status, body, headers + close)
         elif kind == "lifespan":
             await self._lifespan(receive, send)
@@ -148,7 +133,7 @@ class HttpApp:
         A large one is left unread: the answer closes the connection."""
         if scope.get(_BODY_READ) or not _has_body(scope):
             return True
-        declared = _headers(scope).get(b"content-length")
+        declared = self._headers(scope).get(b"content-length")
         if declared is None or not declared.isdigit() or int(declared) > FREE_BODY_BYTES:
             return False
         while True:
@@ -175,12 +160,18 @@ class HttpApp:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
-    async def _read_body(self, scope: Scope, receive: Receive,
-                         headers: dict[bytes, bytes] | None = None) -> bytes:
+    @staticmethod
+    def _headers(scope: Scope) -> dict[bytes, bytes]:
+        headers: dict[bytes, bytes] | None = scope.get(_HEADERS)
+        if headers is None:
+            headers = scope[_HEADERS] = request_headers(scope)
+        return headers
+
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
         """The whole request body (decompressed), then the admission slot if the route
         takes one: a slow or stalled body holds memory within ``--max-body-memory`` and
         for ``--body-timeout`` between chunks at most, never a slot."""
-        headers = headers if headers is not None else _headers(scope)
+        headers = self._headers(scope)
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_request_bytes:
             raise PayloadTooLarge(f"request body of {int(declared)} bytes is over the limit of "
@@ -210,9 +201,9 @@ class HttpApp:
             grown = len(body) - FREE_BODY_BYTES - scope.get(_CHARGED, 0)
             if grown > 0:
                 self._charge(scope, grown)
-        if scope.get(_ADMIT):
-            self.dataplane.admit()
-            scope[_ADMITTED] = True
+        admission = scope.get(_ADMISSION)
+        if admission is not None:
+            admission.take()
         return body
 
     def _charge(self, scope: Scope, extra: int) -> None:
@@ -283,8 +274,20 @@ class HttpApp:
                                   f"{self.max_request_bytes} bytes (--max-request-bytes)")
         return data
 
+    def check_route(self, route: Route, method: str, headers: dict[bytes, bytes]
+                    ) -> tuple[bytes, Admission | None]:
+        """The checks every request of ``route`` passes before its body is read, on
+        either path: the key its access class needs (the tenant: who asked), then the
+        admission slot when the route takes one (refused at once when the server is full)."""
+        tenant = self.access.check(headers.get(b"authorization"),
+                                   admin=route.access is ADMIN) \
+            if route.access is not OPEN and self.access.enabled else b""
+        return tenant, Admission(self.dataplane) if route.admit else None
+
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        self.origins.check(scope["method"], scope["headers"])  # before keys: no probing
+        headers = self._headers(scope)
+        # before keys: no probing
+        self.origins.check_values(scope["method"], headers.get(b"host"), headers.get(b"origin"))
         server = scope.get("server")
         if self.metrics_port is not None and server and server[1] == self.metrics_port:
             if scope["path"] == "/metrics":
@@ -298,19 +301,15 @@ class HttpApp:
         except (NotFound, MethodNotAllowed) as exc:
             # without a key, a client learns nothing of the API but its open routes
             if self.access.enabled and getattr(exc, "access", None) is not OPEN:
-                self.access.check_headers(scope["headers"], admin=False)
+                self.access.check(headers.get(b"authorization"), admin=False)
             raise
-        if route.access is not OPEN and self.access.enabled:
-            scope[TENANT] = self.access.check_headers(scope["headers"],
-                                                      admin=route.access is ADMIN)
-        if route.admit:
-            self.dataplane.check_admission()  # refused at once when full, body unread
-            scope[_ADMIT] = True
+        scope[TENANT], admission = self.check_route(route, scope["method"], headers)
+        scope[_ADMISSION] = admission
         try:
             await self._handlers[route.handler](scope, receive, send, params)
         finally:
-            if scope.get(_ADMITTED):
-                self.dataplane.release()
+            if admission is not None:
+                admission.release()
             self.body_bytes_held -= scope.get(_CHARGED, 0)
 
     # ------------------------------------------------------------------ handlers
@@ -372,36 +371,36 @@ class HttpApp:
         await send_body(send, 200, b"{}")
 
     async def infer(self, scope: Scope, receive: Receive, send: Send, params: Params) -> None:
-        await self._infer(scope, receive, send, params["model"], params.get("version"))
-
-    async def _infer(self, scope: Scope, receive: Receive, send: Send, name: str,
-                     version: str | None) -> None:
-        self.dataplane.check_target(name, version)  # the cheap checks before the body
-        headers = _headers(scope)
-        body = await self._read_body(scope, receive, headers)
-        length = _header_length(headers, len(body))
-        decoding = self._charge_json(scope, len(body) if length is None else length)
-        # off_loop_if_large, written out: the hot path skips its extra coroutine
-        request = decode_request(body, length, self.dataplane.limits) \
-            if len(body) <= OFF_LOOP_BYTES else \
-            await asyncio.to_thread(decode_request, body, length, self.dataplane.limits)
+        """The infer route through ASGI: any body (streamed, compressed, large); the
+        request itself is the :class:`InferCall` the direct path runs too."""
+        call = InferCall(self.dataplane, scope, params, self._headers(scope), scope[TENANT],
+                         scope[_ADMISSION])
+        body = await self._read_body(scope, receive)
+        decoding = self._charge_json(scope, call.json_size(len(body)))
+        request = call.decode(body) if len(body) <= OFF_LOOP_BYTES else \
+            await asyncio.to_thread(call.decode, body)
         self._charge(scope, -decoding)  # decoded: the arrays are what is left
-        _set_class(request, headers)
-        request.tenant = scope.get(TENANT, b"")
+        answer: asyncio.Future[tuple[int, bytes, Headers]] = \
+            asyncio.get_running_loop().create_future()
+
+        def respond(status: int, payload: bytes, headers: Headers) -> None:
+            if not answer.done():
+                answer.set_result((status, payload, headers))
+
+        cancel = call.start(request, respond)
         handler = asyncio.current_task()
         assert handler is not None
-        # a client that leaves cancels this handler: the scheduler drops the request if
-        # it is still queued
+        # a client that leaves cancels this handler, and the call: dropped if still queued
         watch = DisconnectWatch(receive, handler.cancel)
         try:
             with watch:
-                served, timings, outputs = await self.dataplane.infer(name, version, request)
+                status, payload, reply = await answer
         except asyncio.CancelledError:
+            cancel()
             if watch.gone:
                 return  # the client went away: nobody to answer
             raise
-        payload, reply = _infer_answer(name, served, request, timings, outputs, headers)
-        await send_body(send, 200, payload, reply)
+        await send_body(send, status, payload, reply)
 
     # ------------------------------------------------------------ the direct path
     # The infer route without ASGI, for the common request (see server/transport.py):
@@ -409,168 +408,49 @@ class HttpApp:
 
     direct_headers = DIRECT_HEADERS
 
-    def direct_route(self, scope: Scope, headers: dict[bytes, bytes]) -> Params | None:
-        """The infer route's parameters when ``scope`` can be answered by
+    def direct_route(self, scope: Scope, headers: dict[bytes, bytes]
+                     ) -> tuple[Route, Params] | None:
+        """The infer route and its parameters when ``scope`` can be answered by
         :meth:`infer_direct`: POST to an infer route on the HTTP port, with a declared
-        body of at most ``FREE_BODY_BYTES``, neither chunked nor compressed. ``headers``
-        holds the request's values of ``direct_headers``."""
+        body of at most ``FREE_BODY_BYTES`` (and within --max-request-bytes: a larger one
+        is the ASGI route's to refuse), neither chunked nor compressed. ``headers`` holds
+        the request's values of ``direct_headers``."""
         if scope["method"] != "POST" or not scope["path"].endswith("/infer"):
             return None
         server = scope.get("server")
         if self.metrics_port is not None and server and server[1] == self.metrics_port:
             return None
         declared = headers.get(b"content-length")
-        if declared is None or not declared.isdigit() or int(declared) > FREE_BODY_BYTES or \
-                b"transfer-encoding" in headers or b"content-encoding" in headers:
+        if declared is None or not declared.isdigit() or int(declared) > self._direct_bytes \
+                or b"transfer-encoding" in headers or b"content-encoding" in headers:
             return None
         try:
             route, params = self.router.match("POST", scope["path"])
         except (NotFound, MethodNotAllowed):
             return None
-        return params if route.handler == "infer" else None
+        return (route, params) if route.handler == "infer" else None
 
-    def infer_direct(self, scope: Scope, params: Params, headers: dict[bytes, bytes],
-                     body: bytes, respond: Callable[[int, bytes, Headers], None]
+    def infer_direct(self, scope: Scope, target: tuple[Route, Params],
+                     headers: dict[bytes, bytes], body: bytes, respond: Respond
                      ) -> Callable[[], None]:
         """Answer an infer request whose whole ``body`` has arrived, as the ASGI route
-        would: the same checks in the same order, the same answers and errors, through
+        does (the same checks in the same order, the same :class:`InferCall`), through
         ``respond(status, payload, headers)`` (called once, unless the client leaves).
         Returns what to call when the client leaves first."""
-        name, version = params["model"], params.get("version")
-        admitted = False
+        route, params = target
         try:
             self.origins.check_values("POST", headers.get(b"host"), headers.get(b"origin"))
-            tenant = self.access.check(headers.get(b"authorization"), admin=False) \
-                if self.access.enabled else b""
-            self.dataplane.check_admission()
-            self.dataplane.check_target(name, version)
-            if len(body) > self.max_request_bytes:
-                raise PayloadTooLarge(f"request body of {len(body)} bytes is over the limit "
-                                      f"of {self.max_request_bytes} (--max-request-bytes)")
-            self.dataplane.admit()
-            admitted = True
-            request = decode_request(body, _header_length(headers, len(body)),
-                                     self.dataplane.limits)
-            _set_class(request, headers)
-            request.tenant = tenant
-
-            def done(result: tuple[Timings, Outputs] | BaseException) -> None:
-                self.dataplane.release()
-                if isinstance(result, BaseException):
-                    respond(*_error_answer(_request_error(result, scope)))
-                else:
-                    self._direct_answer(scope, name, request, headers, served, result,
-                                        respond)
-
-            submitted = self.dataplane.submit(name, version, request, done)
+            tenant, admission = self.check_route(route, "POST", headers)
+            call = InferCall(self.dataplane, scope, params, headers, tenant, admission)
+            request = call.decode(body)
         except Exception as exc:
-            if admitted:
-                self.dataplane.release()
-            respond(*_error_answer(_request_error(exc, scope)))
+            respond(*error_answer(request_error(exc, scope)))
             return _nothing
-        if submitted is None:  # a router or the cache: the data plane's coroutine
-            task = asyncio.ensure_future(self.dataplane.infer(name, version, request))
-
-            def task_done(task: asyncio.Future[Any]) -> None:
-                self.dataplane.release()
-                if task.cancelled():
-                    return  # the client went away: nobody to answer
-                try:
-                    served, timings, outputs = task.result()
-                    payload, reply = _infer_answer(name, served, request, timings, outputs,
-                                                   headers)
-                except Exception as exc:
-                    respond(*_error_answer(_request_error(exc, scope)))
-                    return
-                respond(200, payload, reply)
-
-            task.add_done_callback(task_done)
-
-            def cancel_task() -> None:
-                task.cancel()
-
-            return cancel_task
-        served, internal = submitted  # done() runs in a later loop turn, never before this
-
-        def cancel() -> None:
-            served.scheduler.cancel(internal)  # done() is not called from here on
-            self.dataplane.release()
-
-        return cancel
-
-    def _direct_answer(self, scope: Scope, name: str, request: V2Request,
-                       headers: dict[bytes, bytes], served: ModelVersion,
-                       result: tuple[Timings, Outputs],
-                       respond: Callable[[int, bytes, Headers], None]) -> None:
-        """Answer a direct request from the scheduler's timings and raw outputs."""
-        try:
-            timings, raw = result
-            outputs = select_outputs(served.config, request, raw)
-            payload, reply = _infer_answer(name, served, request, timings, outputs, headers)
-        except Exception as exc:
-            respond(*_error_answer(_request_error(exc, scope)))
-            return
-        respond(200, payload, reply)
+        return call.start(request, respond)
 
 
 def _nothing() -> None:
     pass
-
-
-def _request_error(exc: BaseException, scope: Scope) -> RequestError:
-    """``exc`` as the client sees it: a request error as it is, anything else a logged 500."""
-    if isinstance(exc, RequestError):
-        return exc
-    request_log.exception("internal error on %s %s", scope["method"], scope["path"],
-                          exc_info=exc)
-    return RequestError(f"internal error: {type(exc).__name__}: {exc}")
-
-
-def _error_answer(exc: RequestError) -> tuple[int, bytes, Headers]:
-    """Status, JSON body and headers of a v2 error answer."""
-    headers = [(b"retry-after", b"1")] if isinstance(exc, Unavailable) else \
-        [(b"www-authenticate", b"Bearer")] if isinstance(exc, Unauthorized) else []
-    return exc.status, orjson.dumps({"error": str(exc)}), JSON_HEADERS + headers
-
-
-def _header_length(headers: dict[bytes, bytes], body_size: int) -> int | None:
-    """The binary extension's Inference-Header-Content-Length, checked against the body."""
-    header_length = headers.get(b"inference-header-content-length")
-    if header_length is None:
-        return None
-    if not header_length.isdigit() or len(header_length) > 19:
-        raise InvalidInput("Inference-Header-Content-Length must be a non-negative "
-                           "integer no longer than the body")
-    length = int(header_length)
-    if length > body_size:
-        raise InvalidInput(f"Inference-Header-Content-Length is {length} but the "
-                           f"body has {body_size} bytes")
-    return length
-
-
-def _set_class(request: V2Request, headers: dict[bytes, bytes]) -> None:
-    """X-Tradeoff-Class, unless the request's parameters name a class themselves."""
-    request_class = headers.get(b"x-tradeoff-class")
-    if request_class is not None and "class" not in request.parameters:
-        request.parameters["class"] = request_class.decode("latin-1")
-
-
-def _infer_answer(name: str, served: ModelVersion, request: V2Request, timings: Timings,
-                  outputs: list[TensorOutput], headers: dict[bytes, bytes]
-                  ) -> tuple[bytes, Headers]:
-    """An infer response's body and headers (compressed when the client accepts it)."""
-    payload, json_length = encode_response(
-        name, str(served.version), request.id, outputs,
-        {"routed_to": timings.route} if timings.route else None)
-    reply = [(b"content-type", b"application/json" if json_length is None
-              else b"application/octet-stream"),
-             (b"server-timing", timings.server_timing().encode())]
-    if json_length is not None:
-        reply.append((b"inference-header-content-length", str(json_length).encode()))
-    accept = headers.get(b"accept-encoding")
-    if accept:
-        payload = _compress(payload, accept, reply)
-    return payload, reply
 
 
 def _has_body(scope: Scope) -> bool:
@@ -580,18 +460,3 @@ def _has_body(scope: Scope) -> bool:
                 name == b"transfer-encoding":
             return True
     return False
-
-
-def _compress(payload: bytes, accept: bytes, headers: list[tuple[bytes, bytes]]) -> bytes:
-    """gzip/deflate the response when the client asked for it (tritonclient can)."""
-    offered = {token.split(b";")[0].strip() for token in accept.split(b",")}
-    if b"gzip" in offered:
-        compressor = zlib.compressobj(1, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
-        encoding = b"gzip"
-    elif b"deflate" in offered:
-        compressor = zlib.compressobj(1, zlib.DEFLATED, zlib.MAX_WBITS)
-        encoding = b"deflate"
-    else:
-        return payload
-    headers.append((b"content-encoding", encoding))
-    return compressor.compress(payload) + compressor.flush()

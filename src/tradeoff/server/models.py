@@ -538,9 +538,13 @@ class ModelManager:
     def tensor(self, name: str, version: str | None = None) -> ModelVersion:
         """A tensor model's serving version; a generative model is a 400 saying where
         to send it."""
-        served = self.get(name, version)
+        return self.as_tensor(self.get(name, version))
+
+    @staticmethod
+    def as_tensor(served: Served) -> ModelVersion:
+        """``served`` as a tensor model's version; a generative model is a 400."""
         if not isinstance(served, ModelVersion):
-            raise InvalidInput(f"model {name!r} is generative: send it text at "
+            raise InvalidInput(f"model {served.name!r} is generative: send it text at "
                                "/v1/completions or /v1/chat/completions")
         return served
 

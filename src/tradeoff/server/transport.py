@@ -156,14 +156,14 @@ class _DirectCycle:
     protocol and ours read of a cycle, without the task, the event and the parsed URL
     that uvicorn's ``RequestResponseCycle`` builds for every request."""
 
-    __slots__ = ("body", "disconnected", "headers", "keep_alive", "more_body", "params",
-                 "response_complete", "response_started", "scope")
+    __slots__ = ("body", "disconnected", "headers", "keep_alive", "more_body",
+                 "response_complete", "response_started", "scope", "target")
     message_event = _NoEvent
 
-    def __init__(self, scope: Any, params: dict[str, str], headers: dict[bytes, bytes],
+    def __init__(self, scope: Any, target: Any, headers: dict[bytes, bytes],
                  keep_alive: bool) -> None:
         self.scope = scope
-        self.params = params
+        self.target = target  # what the app's direct_route returned
         self.headers = headers  # its kept values of the app's direct headers
         self.keep_alive = keep_alive
         self.body = bytearray()
@@ -178,9 +178,10 @@ class DirectRoutes(Protocol):
 
     direct_headers: frozenset[bytes]
 
-    def direct_route(self, scope: Any, headers: dict[bytes, bytes]) -> dict[str, str] | None: ...
+    def direct_route(self, scope: Any, headers: dict[bytes, bytes]) -> Any | None:
+        """What to hand :meth:`infer_direct` for this request, or None: ASGI's."""
 
-    def infer_direct(self, scope: Any, params: dict[str, str], headers: dict[bytes, bytes],
+    def infer_direct(self, scope: Any, target: Any, headers: dict[bytes, bytes],
                      body: bytes, respond: Respond) -> Callable[[], None]: ...
 
 
@@ -308,10 +309,10 @@ def guarded_protocol(limits: TransportLimits,
             # on this connection still owes its answer (the 100 must come after it)
             if self.expect_100_continue and busy:
                 return False
-            params = direct.direct_route(scope, self._kept)
-            if params is None:
+            target = direct.direct_route(scope, self._kept)
+            if target is None:
                 return False
-            cycle = _DirectCycle(scope, params, self._kept,
+            cycle = _DirectCycle(scope, target, self._kept,
                                  version != "1.0" and parser.should_keep_alive())
             self.cycle = cast(RequestResponseCycle, cycle)
             if self.expect_100_continue:  # curl waits for it before sending the body
@@ -388,7 +389,7 @@ def guarded_protocol(limits: TransportLimits,
                 self._respond(cycle, status, payload, headers)
 
             self._direct_cancel = _nothing  # running: a disconnect from here on cancels
-            cancel = direct.infer_direct(cycle.scope, cycle.params, cycle.headers, body,
+            cancel = direct.infer_direct(cycle.scope, cycle.target, cycle.headers, body,
                                          respond)
             if self._direct is cycle:  # not answered at once
                 self._direct_cancel = cancel
