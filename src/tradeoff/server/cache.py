@@ -34,10 +34,10 @@ import re
 import struct
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
@@ -586,9 +586,19 @@ class RedisStore:
 # ----------------------------------------------------------------------- front
 
 
+class CacheCounts(Protocol):
+    """Where a model's cache outcomes are counted (its ModelStats)."""
+
+    def record_cache_hit(self, lookup_ns: int, total_ns: int) -> None: ...
+
+    def record_cache_miss(self, lookup_ns: int) -> None: ...
+
+    def record_cache_insert(self, insert_ns: int) -> None: ...
+
+
 class ResponseCache:
     """Lookups and insertions for every model, counted; identical misses in flight are
-    computed once (:attr:`flights`)."""
+    computed once (:meth:`get_or_compute`)."""
 
     def __init__(self, store: LocalStore | RedisStore, spec: CacheSpec,
                  secret: bytes | None = None) -> None:
@@ -661,6 +671,42 @@ class ResponseCache:
         except Exception:  # whatever a stored value holds, it is a miss, never a 500
             self.unreadable += 1
             return None
+
+    async def get_or_compute(self, key: CacheKey, group: bytes, expected: Expected,
+                             compute: Callable[[], Awaitable[list[TensorOutput]]],
+                             counts: CacheCounts) -> tuple[list[TensorOutput], str, int]:
+        """The answer for ``key``: the stored one, or that of an identical request of the
+        same ``group`` (a priority: a low-priority request in flight must not hold back a
+        high-priority one) already computing, waited for; else ``compute()``'s, kept.
+        Returns the outputs, how they came (hit, coalesced, miss) and the nanoseconds of
+        the lookup (of the wait, when coalesced)."""
+        started = time.perf_counter_ns()
+        flight_key = key.key + group
+        while (flight := self.flights.get(flight_key)) is not None:
+            # shielded: this request leaving must not cancel the one it waits for
+            answer = await asyncio.shield(flight)
+            if answer is not None:
+                waited = time.perf_counter_ns() - started
+                self.coalesced += 1
+                counts.record_cache_hit(waited, waited)
+                return answer, "coalesced", waited
+            # the request it waited for failed or was cancelled: try again, alone
+        flight = asyncio.get_running_loop().create_future()
+        self.flights[flight_key] = flight
+        answer = None
+        try:
+            answer = await self.lookup(key, expected)
+            lookup_ns = time.perf_counter_ns() - started
+            if answer is not None:
+                counts.record_cache_hit(lookup_ns, lookup_ns)
+                return answer, "hit", lookup_ns
+            counts.record_cache_miss(lookup_ns)
+            answer = await compute()
+            self.keep(key, answer, counts.record_cache_insert)
+            return answer, "miss", lookup_ns
+        finally:
+            del self.flights[flight_key]
+            flight.set_result(answer)
 
     async def lookup_generation(self, key: CacheKey, vocab_size: int,
                                 max_tokens: int) -> tuple[list[int], str] | None:

@@ -449,7 +449,6 @@ class DataPlane:
                             ) -> tuple[ModelVersion, Timings, list[TensorOutput]]:
         """Answer from the cache, or wait for an identical request already computing, or
         compute (joining a batch) and keep the answer."""
-        started = time.perf_counter_ns()
         inputs = [(t.name, t.datatype, t.array) for t in request.inputs]
         wanted = wanted_outputs(served.config, request)
         key_args = (request.tenant, served.name, served.version, inputs, wanted,
@@ -457,38 +456,18 @@ class DataPlane:
         size = sum(t.array.nbytes for t in request.inputs)
         key = cache.tensor_key(*key_args) if size <= OFF_LOOP_BYTES else \
             await asyncio.to_thread(cache.tensor_key, *key_args)
-        stats = served.stats
-        # only requests of one priority wait for each other: a low-priority request
-        # in flight must not hold back a high-priority one
-        flight_key = key.key + str(internal.priority).encode()
-        while (flight := cache.flights.get(flight_key)) is not None:
-            # shielded: this request leaving must not cancel the one it waits for
-            answer = await asyncio.shield(flight)
-            if answer is not None:
-                waited = time.perf_counter_ns() - started
-                cache.coalesced += 1
-                stats.record_cache_hit(waited, waited)
-                return served, Timings(cache="coalesced", cache_ns=waited), answer
-            # the request it waited for failed or was cancelled: try again, alone
-        flight = asyncio.get_running_loop().create_future()
-        cache.flights[flight_key] = flight
-        answer = None
-        try:
-            answer = await cache.lookup(key, expected_outputs(served.config, wanted,
-                                                              internal.rows))
-            lookup_ns = time.perf_counter_ns() - started
-            if answer is not None:
-                stats.record_cache_hit(lookup_ns, lookup_ns)
-                return served, Timings(cache="hit", cache_ns=lookup_ns), answer
-            stats.record_cache_miss(lookup_ns)
+        timings = Timings()
+
+        async def compute() -> list[TensorOutput]:
+            nonlocal timings
             timings, raw = await served.scheduler.infer(internal)
-            answer = select_outputs(served.config, request, raw)
-            cache.keep(key, answer, stats.record_cache_insert)
-            timings.cache, timings.cache_ns = "miss", lookup_ns
-            return served, timings, answer
-        finally:
-            del cache.flights[flight_key]
-            flight.set_result(answer)
+            return select_outputs(served.config, request, raw)
+
+        answer, how, lookup_ns = await cache.get_or_compute(
+            key, str(internal.priority).encode(),
+            expected_outputs(served.config, wanted, internal.rows), compute, served.stats)
+        timings.cache, timings.cache_ns = how, lookup_ns
+        return served, timings, answer
 
     # ------------------------------------------------------------ generation
 
