@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import dataclasses
 import logging
 import queue
 import threading
@@ -93,6 +94,17 @@ class GenerativeModel:
         self._thread.start()
 
     # ------------------------------------------------------------- event loop side
+
+    def metadata(self, versions: list[str]) -> dict[str, Any]:
+        """The v2 model metadata: a generative model takes text, not tensors."""
+        return {"name": self.name, "versions": versions,
+                "platform": f"generative_{self.config.format}", "inputs": [], "outputs": []}
+
+    def model_config(self) -> dict[str, Any]:
+        """generate.yaml as the model configuration extension's parameters."""
+        return {"name": self.name, "backend": "generate", "parameters": {
+            key: {"string_value": str(value)}
+            for key, value in dataclasses.asdict(self.config).items()}}
 
     def check_accepting(self) -> None:
         """Unavailable (503) when a request would be refused now: the queue is full, or

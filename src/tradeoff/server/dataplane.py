@@ -8,7 +8,6 @@ these methods.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -155,35 +154,10 @@ class DataPlane:
 
     def model_metadata(self, name: str, version: str | None) -> dict[str, Any]:
         served = self.manager.get(name, version)
-        if isinstance(served, RoutedModel):
-            return served.metadata()
-        entry = self.manager.models[name]
-        if isinstance(served, GenerativeModel):
-            return {"name": name, "versions": [str(v) for v in sorted(entry.versions)],
-                    "platform": f"generative_{served.config.format}", "inputs": [],
-                    "outputs": []}
-        config = served.config
-
-        def tensor(t: Any) -> dict[str, Any]:
-            return {"name": t.name, "datatype": t.datatype, "shape": config.full_shape(t)}
-
-        return {
-            "name": name,
-            "versions": [str(v) for v in sorted(entry.versions)],
-            "platform": config.platform,
-            "inputs": [tensor(t) for t in config.inputs],
-            "outputs": [tensor(t) for t in config.outputs],
-        }
+        return served.metadata([str(v) for v in sorted(self.manager.models[name].versions)])
 
     def model_config(self, name: str, version: str | None) -> dict[str, Any]:
-        served = self.manager.get(name, version)
-        if isinstance(served, RoutedModel):
-            return served.model_config()
-        if isinstance(served, GenerativeModel):  # generate.yaml as Triton's parameters
-            return {"name": name, "backend": "generate", "parameters": {
-                key: {"string_value": str(value)}
-                for key, value in dataclasses.asdict(served.config).items()}}
-        return served.config.to_dict()
+        return self.manager.get(name, version).model_config()
 
     def statistics(self, name: str | None, version: str | None) -> dict[str, Any]:
         if name is None:

@@ -77,6 +77,21 @@ class ModelVersion:
     # the data plane derived from it (see DataPlane.prepare)
     checked: dict[Any, tuple] = field(default_factory=dict)
 
+    def metadata(self, versions: list[str]) -> dict[str, Any]:
+        """The v2 model metadata: platform and tensors (shapes with the batch dimension)."""
+        config = self.config
+
+        def tensor(t: Any) -> dict[str, Any]:
+            return {"name": t.name, "datatype": t.datatype, "shape": config.full_shape(t)}
+
+        return {"name": self.name, "versions": versions, "platform": config.platform,
+                "inputs": [tensor(t) for t in config.inputs],
+                "outputs": [tensor(t) for t in config.outputs]}
+
+    def model_config(self) -> dict[str, Any]:
+        """The model configuration extension's document: the config as Triton's JSON."""
+        return self.config.to_dict()
+
     def begin_drain(self, timeout_s: float) -> None:
         """Shutdown begins: run what is queued now, without waiting for more."""
         self.scheduler.drain()
@@ -86,6 +101,7 @@ class ModelVersion:
         await self.scheduler.stop()
 
 
+# every served kind offers metadata(versions), model_config(), stats, begin_drain(), stop()
 Served = ModelVersion | GenerativeModel | RoutedModel
 
 

@@ -167,14 +167,14 @@ class RoutedModel:
             return None
         return shadow.target
 
-    def metadata(self) -> dict[str, Any]:
-        """The model metadata of the router: its targets' common signature."""
+    def metadata(self, versions: list[str]) -> dict[str, Any]:
+        """The model metadata of the router (one version): its targets' common signature."""
         signature = self.signature
 
         def tensors(items: Any) -> list[dict[str, Any]]:
             return [{"name": n, "datatype": d, "shape": list(s)} for n, d, s in items]
 
-        return {"name": self.name, "versions": ["1"], "platform": "router",
+        return {"name": self.name, "versions": versions, "platform": "router",
                 "inputs": tensors(signature.inputs) if signature else [],
                 "outputs": tensors(signature.outputs) if signature else []}
 
