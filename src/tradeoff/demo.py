@@ -61,6 +61,8 @@ from tradeoff.results import (
 from tradeoff.server.process import ServerProcess
 from tradeoff.stats.cost import Price
 
+__all__ = ["DEMO_MODELS", "QUESTION", "STREAMS", "DemoOptions", "run_demo"]
+
 DEMO_MODELS = ("mlp_nobatch", "mlp")
 QUESTION = "What is the capital of France?"
 STREAMS = 8  # generations at once, for continuous batching

@@ -10,6 +10,19 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto
 
+__all__ = [
+    "DATATYPES",
+    "datatype_of",
+    "element_size",
+    "from_config_type",
+    "from_onnx",
+    "from_ort",
+    "from_torch_name",
+    "numpy_dtype",
+    "to_config_type",
+    "to_onnx",
+]
+
 # protocol name -> numpy dtype (BF16 is carried as its bit pattern)
 _NUMPY = {
     "BOOL": np.dtype(np.bool_),

@@ -31,6 +31,32 @@ from __future__ import annotations
 
 import reprlib
 
+__all__ = [
+    "MESSAGE_LIMIT",
+    "BenchSetupError",
+    "ConfigError",
+    "DatasetError",
+    "Forbidden",
+    "InferenceFailed",
+    "InstanceDied",
+    "InvalidInput",
+    "MissingDependency",
+    "ModelLoadError",
+    "NotFound",
+    "OptimizeError",
+    "Overloaded",
+    "PayloadTooLarge",
+    "RequestError",
+    "RequestTimeout",
+    "ResultFormatError",
+    "TradeoffError",
+    "TuneError",
+    "Unauthorized",
+    "Unavailable",
+    "capped",
+    "shown",
+]
+
 MESSAGE_LIMIT = 2000  # characters
 
 _SHOWN = reprlib.Repr()

@@ -13,6 +13,8 @@ import contextlib
 import gc
 from collections.abc import Iterator
 
+__all__ = ["YOUNG_GC_THRESHOLD", "settle_heap", "settled_heap"]
+
 # the young generation's collection threshold under load (CPython's default is 700)
 YOUNG_GC_THRESHOLD = 10_000
 

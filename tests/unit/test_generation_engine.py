@@ -10,6 +10,7 @@ torch = pytest.importorskip("torch")
 from tradeoff.backends.llama import LlamaConfig, LlamaDecoder  # noqa: E402
 from tradeoff.errors import InvalidInput, Unavailable  # noqa: E402
 from tradeoff.generate.engine import GenerationEngine  # noqa: E402
+from tradeoff.generate.events import Done, Event, Failed, Token  # noqa: E402
 from tradeoff.generate.iteration import IterationScheduler, SeqState  # noqa: E402
 from tradeoff.generate.kv_blocks import BlockAllocator  # noqa: E402
 from tradeoff.generate.sampling import SamplingParams  # noqa: E402
@@ -192,7 +193,7 @@ def test_one_request_that_cannot_be_queued_fails_alone(decoder: LlamaDecoder) ->
         def decode(self, ids: list[int]) -> str:
             return " ".join(map(str, ids))
 
-    async def scenario() -> tuple[tuple, list[tuple]]:
+    async def scenario() -> tuple[Event, list[Event]]:
         model = GenerativeModel("m", 1, GenerativeConfig(), decoder, Tokens(),
                                 asyncio.get_running_loop())
         try:
@@ -206,8 +207,8 @@ def test_one_request_that_cannot_be_queued_fails_alone(decoder: LlamaDecoder) ->
             await model.stop()
 
     refused, events = asyncio.run(scenario())
-    assert refused[0] == "error"
-    assert [e[0] for e in events] == ["token", "token", "done"]
+    assert isinstance(refused, Failed)
+    assert [type(e) for e in events] == [Token, Token, Done]
 
 
 class PoisonedLogits:

@@ -49,6 +49,16 @@ from tradeoff.stats.bootstrap import STATISTICS, bootstrap_ratio
 from tradeoff.stats.cost import Price, rank
 from tradeoff.stats.distribution import distribution
 
+__all__ = [
+    "GENERATION_METRICS",
+    "METRICS",
+    "METRIC_STATISTIC",
+    "MIN_FILE_WINDOWS",
+    "compare_results",
+    "merge_rounds",
+    "run_compare",
+]
+
 METRICS = ("throughput", "p50", "p99")
 MIN_FILE_WINDOWS = 8  # fewer windows give too few distinct resamples for an interval
 

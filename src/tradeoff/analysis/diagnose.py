@@ -25,6 +25,42 @@ from tradeoff.results import (
 )
 from tradeoff.stats.knee import find_knee
 
+__all__ = [
+    "BATCHED_RATIO",
+    "BENCH_RULES",
+    "CACHE_HIT_RATIO",
+    "COLD_START_FACTOR",
+    "DECODE_SLOWDOWN",
+    "ERROR_PERCENT",
+    "FEW_IN_FLIGHT",
+    "FIRST_TOKEN_SHARE",
+    "GOODPUT_SHARE",
+    "LINEAR_LATENCY",
+    "LONG_TAIL_CRITICAL",
+    "LONG_TAIL_WARN",
+    "OVERHEAD_SHARE",
+    "SATURATION_DROP",
+    "SEVERITY_ORDER",
+    "SPIKE_FACTOR",
+    "Finding",
+    "cached_answers",
+    "client_bound",
+    "cold_start",
+    "decode_slowdown",
+    "diagnose",
+    "diagnose_bench",
+    "diagnose_sweep",
+    "errors",
+    "first_token",
+    "long_tail",
+    "no_batching",
+    "output_length",
+    "saturation",
+    "server_bound",
+    "slo_misses",
+    "unstable",
+]
+
 LONG_TAIL_WARN = 3.0          # p99 / p50
 LONG_TAIL_CRITICAL = 10.0
 SPIKE_FACTOR = 2.0            # a window whose p99 is this far above the median window p99

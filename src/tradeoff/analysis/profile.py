@@ -11,6 +11,8 @@ from typing import Any
 
 from tradeoff.bench.adapters import Adapter
 
+__all__ = ["CHECKLIST", "UNKNOWN", "build_profile", "parse_fact", "profile"]
+
 UNKNOWN = "unknown"
 CHECKLIST = ("format", "precision", "server", "batching", "instances", "hardware")
 

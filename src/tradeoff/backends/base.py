@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+__all__ = ["Backend", "TensorSpec"]
+
 
 @dataclass(frozen=True)
 class TensorSpec:

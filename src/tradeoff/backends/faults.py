@@ -25,6 +25,8 @@ import numpy as np
 from tradeoff.backends.base import Backend
 from tradeoff.errors import ConfigError, InstanceDied
 
+__all__ = ["PARAMETERS", "FaultInjectingBackend", "NaNLogitsDecoder", "fault_values"]
+
 PARAMETERS = ("fault_fail_on_value", "fault_die_on_value")
 
 
@@ -75,8 +77,8 @@ class NaNLogitsDecoder:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    def step(self, steps: Sequence[Any], cache: Any) -> Any:
-        logits = self.inner.step(steps, cache)
+    def step(self, steps: Sequence[Any], cache: Any, all_logits: bool = False) -> Any:
+        logits = self.inner.step(steps, cache, all_logits)
         for index, part in enumerate(steps):
             if bool((part.tokens == self.token).any()):
                 logits[index] = logits[index].new_full(logits[index].shape, float("nan"))

@@ -17,6 +17,8 @@ from tradeoff.backends.llama import LlamaConfig, LlamaDecoder
 from tradeoff.backends.text import Tokenizer
 from tradeoff.errors import ModelLoadError
 
+__all__ = ["load_gguf"]
+
 _LAYER_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
                 "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
                 "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",

@@ -42,7 +42,19 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from tradeoff.backends.decoding import SequenceStep
 from tradeoff.errors import ModelLoadError
+
+__all__ = [
+    "ONEDNN_ROWS",
+    "PRECISIONS",
+    "REDUCE_RANGE",
+    "LlamaConfig",
+    "LlamaDecoder",
+    "PagedKVCache",
+    "load_hf_directory",
+    "pack_int8",
+]
 
 
 @dataclass(frozen=True)
@@ -113,16 +125,6 @@ class PagedKVCache:
     @property
     def num_blocks(self) -> int:
         return self.keys.shape[1] // self.block_size
-
-
-@dataclass
-class SequenceStep:
-    """One sequence's part of a step: its new tokens, the position of the first one, and
-    the cache slot of every position up to the last new token."""
-
-    tokens: torch.Tensor   # [n] int64
-    start: int
-    slots: torch.Tensor    # [start + n] int64
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -4,15 +4,17 @@ a Hugging Face directory or a GGUF file, on the device ``generate.yaml`` asks fo
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import torch
 
+from tradeoff.backends.decoding import Decoder
 from tradeoff.backends.gguf_file import load_gguf
-from tradeoff.backends.llama import LlamaDecoder, load_hf_directory
+from tradeoff.backends.llama import load_hf_directory
 from tradeoff.backends.registry import GenerativeBackendType
 from tradeoff.backends.text import Tokenizer
 from tradeoff.errors import ModelLoadError
+
+__all__ = ["BACKEND", "load_model", "resolve_device"]
 
 
 def resolve_device(device: str) -> str:
@@ -27,7 +29,7 @@ def resolve_device(device: str) -> str:
 
 
 def load_model(path: Path, fmt: str, device: str,
-               precision: str = "fp32") -> tuple[LlamaDecoder, Any]:
+               precision: str = "fp32") -> tuple[Decoder, Tokenizer]:
     """Decoder and tokenizer of a Hugging Face directory (``hf``) or a GGUF file, its
     weights held in ``precision`` (fp32, bf16, int8)."""
     device = resolve_device(device)

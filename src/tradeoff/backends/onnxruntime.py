@@ -16,6 +16,16 @@ from tradeoff.backends.base import Backend, TensorSpec
 from tradeoff.backends.registry import InstanceSpec, TensorBackendType
 from tradeoff.errors import ConfigError, InvalidInput, ModelLoadError
 
+__all__ = [
+    "BACKEND",
+    "OnnxRuntimeBackend",
+    "check_utf8",
+    "describe",
+    "execution_providers",
+    "session_options",
+    "utf8_strings",
+]
+
 log = logging.getLogger(__name__)
 
 _GRAPH_LEVELS = {

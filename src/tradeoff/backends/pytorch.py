@@ -43,6 +43,24 @@ from tradeoff.errors import ConfigError, InferenceFailed, ModelLoadError, capped
 if TYPE_CHECKING:
     import torch
 
+__all__ = [
+    "BACKEND",
+    "COMPILE_MODES",
+    "EXPORTED_SUFFIX",
+    "PRECISIONS",
+    "PRECISION_MODES",
+    "TorchBackend",
+    "TorchSettings",
+    "batch_sizes_to_warm",
+    "describe",
+    "forward_names",
+    "input_positions",
+    "is_exported",
+    "load_exported",
+    "output_keys",
+    "torchscript_quietly",
+]
+
 log = logging.getLogger(__name__)
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")

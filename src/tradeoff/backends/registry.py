@@ -34,7 +34,18 @@ from typing import Any
 import numpy as np
 
 from tradeoff.backends.base import Backend, TensorSpec
+from tradeoff.backends.decoding import Decoder, Tokenizer
 from tradeoff.errors import ConfigError, ModelLoadError
+
+__all__ = [
+    "BUILTIN_MODULES",
+    "ENTRY_POINT_GROUPS",
+    "BackendRegistry",
+    "GenerativeBackendType",
+    "InstanceSpec",
+    "TensorBackendType",
+    "default_registry",
+]
 
 TENSOR, GENERATIVE = "tensor", "generative"
 BUILTIN_MODULES = {TENSOR: ("tradeoff.backends.onnxruntime", "tradeoff.backends.text_encoder",
@@ -91,7 +102,7 @@ class GenerativeBackendType:
 
     name: str
     formats: tuple[str, ...]
-    load: Callable[[Path, str, str, str], tuple[Any, Any]]
+    load: Callable[[Path, str, str, str], tuple[Decoder, Tokenizer]]
 
 
 class BackendRegistry:

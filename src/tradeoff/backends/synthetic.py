@@ -33,6 +33,8 @@ from tradeoff.backends.base import Backend, TensorSpec
 from tradeoff.backends.registry import InstanceSpec, TensorBackendType
 from tradeoff.errors import InvalidInput, ModelLoadError
 
+__all__ = ["BACKEND", "Cost", "SyntheticBackend", "describe", "read_cost"]
+
 
 @dataclass(frozen=True)
 class Cost:

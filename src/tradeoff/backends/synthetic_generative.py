@@ -39,10 +39,27 @@ from typing import Any
 
 import torch
 
-from tradeoff.backends.llama import PagedKVCache, SequenceStep
+from tradeoff.backends.decoding import SequenceStep
+from tradeoff.backends.llama import PagedKVCache
 from tradeoff.backends.registry import GenerativeBackendType
 from tradeoff.backends.text import Tokenizer
 from tradeoff.errors import ModelLoadError
+
+__all__ = [
+    "ANSWER_ALPHABET",
+    "BACKEND",
+    "CHAT_TEMPLATE",
+    "MAX_COST_MS",
+    "MIN_VOCAB",
+    "NO_TOKEN",
+    "SPECIAL_TOKENS",
+    "SyntheticDecoder",
+    "SyntheticLLMConfig",
+    "build_tokenizer",
+    "continuation",
+    "load_synthetic",
+    "write_model_file",
+]
 
 SPECIAL_TOKENS = ("<|pad|>", "<|bos|>", "<|eos|>", "<|im_start|>", "<|im_end|>")
 BOS_ID, EOS_ID = 257, 258

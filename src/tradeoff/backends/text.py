@@ -15,6 +15,8 @@ from typing import Any
 
 from tradeoff.errors import InvalidInput, ModelLoadError
 
+__all__ = ["Tokenizer"]
+
 
 def _token_text(value: Any) -> str | None:
     """A special token as tokenizer_config.json writes it: a string or {"content": ...}."""

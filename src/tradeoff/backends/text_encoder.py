@@ -27,6 +27,18 @@ from tradeoff.backends.base import Backend, TensorSpec
 from tradeoff.backends.registry import InstanceSpec, TensorBackendType
 from tradeoff.errors import ConfigError, InvalidInput, ModelLoadError
 
+__all__ = [
+    "BACKEND",
+    "MAX_TEXT_BYTES",
+    "OPTIONAL_INPUTS",
+    "TEXT_INPUT",
+    "TOKENIZER_FILE",
+    "TOKEN_INPUTS",
+    "TextEncoderBackend",
+    "check_text",
+    "describe",
+]
+
 TEXT_INPUT = "text"
 TOKENIZER_FILE = "tokenizer.json"
 TOKEN_INPUTS = ("input_ids", "attention_mask")

@@ -27,6 +27,15 @@ from tradeoff.bench.records import SERVER_PARTS
 from tradeoff.errors import BenchSetupError
 from tradeoff.protocol.v2 import encode_bytes_elements
 
+__all__ = [
+    "Adapter",
+    "Connection",
+    "HttpJsonAdapter",
+    "V2Adapter",
+    "parse_server_timing",
+    "split_url",
+]
+
 
 class Connection(Protocol):
     """One client connection: sends a prepared request, returns the response."""

@@ -21,6 +21,18 @@ from tradeoff.bench.load import LOAD_DEFAULTS
 from tradeoff.bench.mix import InputMix, RequestClass
 from tradeoff.errors import BenchSetupError, DatasetError
 
+__all__ = [
+    "PROTOCOLS",
+    "SLO_KEYS",
+    "EndpointSpec",
+    "GenerationOptions",
+    "make_adapter",
+    "parse_endpoint",
+    "parse_headers",
+    "parse_shapes",
+    "parse_slo",
+]
+
 PROTOCOLS = ("v2", "v2-grpc", "http", "openai")
 SLO_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")
 

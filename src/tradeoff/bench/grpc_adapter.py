@@ -22,6 +22,8 @@ from tradeoff.errors import BenchSetupError
 from tradeoff.protocol import grpc_service_pb2 as pb
 from tradeoff.protocol.v2 import encode_bytes_elements
 
+__all__ = ["METHOD", "GrpcConnection", "GrpcV2Adapter"]
+
 METHOD = "/inference.GRPCInferenceService/{}"
 # gRPC status -> the HTTP status the result files it under
 _HTTP_STATUS = {grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.NOT_FOUND: 404,

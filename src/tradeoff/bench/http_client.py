@@ -30,6 +30,15 @@ import httptools
 
 from tradeoff.bench.load import LOAD_DEFAULTS
 
+__all__ = [
+    "DEFAULT_MAX_RESPONSE_BYTES",
+    "Connection",
+    "Response",
+    "ResponseTooLarge",
+    "build_request",
+    "get",
+]
+
 DEFAULT_MAX_RESPONSE_BYTES = LOAD_DEFAULTS.max_response_bytes
 
 

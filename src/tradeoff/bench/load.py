@@ -19,6 +19,16 @@ from pathlib import Path
 
 import numpy as np
 
+__all__ = [
+    "DURATION_FORMS",
+    "LOAD_DEFAULTS",
+    "LoadDefaults",
+    "LoadSpec",
+    "arrival_offsets_ns",
+    "parse_duration",
+    "read_intervals",
+]
+
 _DURATION = re.compile(r"(?P<number>[-+]?(?:\d+\.?\d*|\.\d+))\s*(?P<unit>ms|s|m|h)?",
                        re.IGNORECASE)
 _SECONDS_PER_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}

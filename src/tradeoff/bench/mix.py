@@ -25,6 +25,15 @@ from typing import Any
 
 import numpy as np
 
+__all__ = [
+    "ORDER_LENGTH",
+    "InputMix",
+    "RequestClass",
+    "first_sight_ratio",
+    "lru_hit_ratio",
+    "zipf_probabilities",
+]
+
 ORDER_LENGTH = 1 << 20  # draws made up front, then reused in the same order
 
 

@@ -18,6 +18,8 @@ from tradeoff.bench.openai_stream import StreamReader, generation_body, generati
 from tradeoff.bench.prompts import PromptItem, fingerprint
 from tradeoff.errors import BenchSetupError
 
+__all__ = ["OpenAIAdapter"]
+
 
 class OpenAIAdapter(Adapter):
     """Streamed generations from ``{base_url}/completions`` or ``/chat/completions``."""

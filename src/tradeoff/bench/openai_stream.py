@@ -23,6 +23,16 @@ import orjson
 
 from tradeoff.bench.http_client import Connection, build_request
 
+__all__ = [
+    "MAX_ERROR_BODY",
+    "MAX_EVENT_BYTES",
+    "GenerationTiming",
+    "StreamReader",
+    "generation_body",
+    "generation_request",
+    "stream_once",
+]
+
 MAX_EVENT_BYTES = 1 << 20  # one server-sent event; a longer one fails the answer
 MAX_ERROR_BODY = 1 << 16  # of an error answer, the part kept to say why
 

@@ -21,6 +21,15 @@ import numpy as np
 
 from tradeoff.errors import DatasetError
 
+__all__ = [
+    "WORDS",
+    "PromptItem",
+    "fingerprint",
+    "parse_length",
+    "read_prompts",
+    "synthetic_prompts",
+]
+
 WORDS = tuple("""the of and to in is was for on that with as by at from it his an were are
 which this be or has had one first their its new after who they two her she been other
 when time all during into would there more over city some can only most also between

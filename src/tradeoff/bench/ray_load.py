@@ -21,6 +21,8 @@ from tradeoff.bench.runner import Runner, RunOutcome, run_coroutine
 from tradeoff.bench.workers import START_MARGIN_S, WorkerRuns, merge_runs, split_spec
 from tradeoff.errors import BenchSetupError, MissingDependency
 
+__all__ = ["CLOCK_READINGS", "NAMESPACE", "LoadWorker", "connect", "run_ray_workers"]
+
 CLOCK_READINGS = 5
 NAMESPACE = "tradeoff-bench"
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+__all__ = ["OUTCOME_NAMES", "SERVER_PARTS", "Generated", "RecordBuffer", "Records", "classify"]
+
 # Outcome classes. 0 is success; HTTP error statuses are kept in ``status``. STREAM: a
 # streamed answer that began (200) but failed or broke off before its end.
 OK, HTTP_ERROR, TIMEOUT, REFUSED, RESET, OTHER, STREAM = range(7)

@@ -32,6 +32,22 @@ from tradeoff.results import (
 )
 from tradeoff.stats.distribution import distribution, quantiles
 
+__all__ = [
+    "CLIENT_LAG_SHARE",
+    "CPU_LIMIT_PERCENT",
+    "LOOP_LAG_LIMIT_MS",
+    "MAX_TIMELINE_BINS",
+    "SEND_LAG_LIMIT_MS",
+    "build_result",
+    "client_check",
+    "client_lags_ms",
+    "endpoint_p50_ms",
+    "meets_slo",
+    "stats_extension_means",
+    "timeline",
+    "waited_for_connections",
+]
+
 SEND_LAG_LIMIT_MS = 1.0      # above the loop's lag at rest
 LOOP_LAG_LIMIT_MS = 5.0
 CPU_LIMIT_PERCENT = 90.0

@@ -42,6 +42,24 @@ from tradeoff.bench.records import (
 )
 from tradeoff.heap import settled_heap
 
+__all__ = [
+    "CONNECTION_WAIT",
+    "DEFAULT_WINDOW_S",
+    "TIMER_SLACK_S",
+    "RunOutcome",
+    "RunStopped",
+    "Runner",
+    "WindowReport",
+    "fixed_end",
+    "fixed_windows",
+    "instability",
+    "is_stable",
+    "resume_runs",
+    "run_coroutine",
+    "stop_runs",
+    "window_report",
+]
+
 DEFAULT_WINDOW_S = 5.0
 CONNECTION_WAIT = "waited for a free connection"  # the note that says so (see diagnose)
 TIMER_SLACK_S = 0.002  # past a start time even when the loop rounds a timer to its tick

@@ -32,6 +32,23 @@ from prometheus_client.parser import text_string_to_metric_families
 from tradeoff.bench.http_client import ResponseTooLarge, get
 from tradeoff.errors import BenchSetupError
 
+__all__ = [
+    "MAX_SCRAPE_BYTES",
+    "MAX_SERIES",
+    "SCRAPE_TIMEOUT_S",
+    "GenerationRow",
+    "Labels",
+    "ModelRow",
+    "ScrapeError",
+    "Snapshot",
+    "live_rows",
+    "metrics_url",
+    "parse",
+    "prometheus_rows",
+    "quantile",
+    "scrape",
+]
+
 SCRAPE_TIMEOUT_S = 5.0
 MAX_SCRAPE_BYTES = 32 << 20
 MAX_SERIES = 100_000  # samples of one reading; a server with 100 models has a few thousand

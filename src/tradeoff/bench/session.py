@@ -28,6 +28,8 @@ from tradeoff.errors import BenchSetupError
 from tradeoff.results import BenchResult
 from tradeoff.stats.progress import progress_text
 
+__all__ = ["PLAIN_EVERY_S", "run_benchmark"]
+
 PLAIN_EVERY_S = 10.0  # a progress line this often when the output is not a terminal
 
 

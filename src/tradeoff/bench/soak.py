@@ -34,6 +34,22 @@ from tradeoff.errors import BenchSetupError
 from tradeoff.results import Memory, SoakResult, Verdict, Window, environment
 from tradeoff.stats.trend import mann_kendall
 
+__all__ = [
+    "DRIFT_PERCENT",
+    "ERROR_BURST_PERCENT",
+    "MAX_TREND_SAMPLES",
+    "MEMORY_GROWTH_MIB",
+    "MEMORY_GROWTH_PERCENT",
+    "MIN_WINDOWS",
+    "WARMUP_S",
+    "MemoryWatch",
+    "SoakPlan",
+    "measure_max_rate",
+    "read_rss",
+    "run_soak",
+    "verdict",
+]
+
 WARMUP_S = 5.0  # before the first window, at most one window long
 MIN_WINDOWS = 6
 MAX_TREND_SAMPLES = 2000  # memory samples thinned to this for the trend test

@@ -39,6 +39,17 @@ from tradeoff.stats.cost import Price, rank
 from tradeoff.stats.knee import MIN_GAIN, find_knee
 from tradeoff.stats.progress import progress_text
 
+__all__ = [
+    "KNEE_RULE",
+    "SWEEP_WARMUP_S",
+    "Sweep",
+    "SweepPlan",
+    "knee_of",
+    "parse_levels",
+    "point_summary",
+    "profile_levels",
+]
+
 # a sweep's warmup at each level unless --warmup says otherwise: a level's first requests
 # meet cold caches, new connections and a batcher that has not settled
 SWEEP_WARMUP_S = 1.0

@@ -6,6 +6,8 @@ import json
 import urllib.request
 from typing import Any
 
+__all__ = ["model_stats", "stats_delta"]
+
 
 def model_stats(url: str, model: str) -> dict[str, Any]:
     """The model's entry of the statistics extension (``/v2/models/{m}/stats``)."""

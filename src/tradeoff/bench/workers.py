@@ -29,6 +29,8 @@ from tradeoff.bench.runner import (
 )
 from tradeoff.errors import BenchSetupError
 
+__all__ = ["START_MARGIN_S", "WorkerRuns", "merge_runs", "run_workers", "split_spec"]
+
 START_MARGIN_S = 0.2
 
 

@@ -13,6 +13,8 @@ from tradeoff.cli.options import json_option
 if TYPE_CHECKING:
     from tradeoff.results import ResultDocument
 
+__all__ = ["diagnose", "report"]
+
 
 def _read_results(paths: tuple[Path, ...]) -> list[ResultDocument]:
     """The result files, typed; one that is not a result this version reads is one line

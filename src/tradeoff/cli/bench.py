@@ -18,6 +18,8 @@ from tradeoff.cli.options import (
     user_errors,
 )
 
+__all__ = ["bench"]
+
 
 @click.command()
 @click.argument("url")

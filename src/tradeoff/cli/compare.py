@@ -22,6 +22,8 @@ from tradeoff.cli.options import (
     user_errors,
 )
 
+__all__ = ["compare"]
+
 
 def _facts(values: tuple[str, ...]) -> dict[str, dict[str, str]]:
     from tradeoff.analysis.profile import parse_fact

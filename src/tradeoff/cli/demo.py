@@ -9,6 +9,8 @@ import click
 from tradeoff.cli.options import Duration, setup_logging
 from tradeoff.errors import TradeoffError
 
+__all__ = ["demo"]
+
 
 @click.command()
 @click.option("--duration", default="4s", show_default=True, type=Duration(minimum_s=0.5),

@@ -8,6 +8,8 @@ import click
 
 from tradeoff.cli.options import Duration, json_option, save_result, step_progress
 
+__all__ = ["optimize"]
+
 
 @click.command()
 @click.argument("model_dir", metavar="REPOSITORY/MODEL",

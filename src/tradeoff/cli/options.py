@@ -33,6 +33,30 @@ if TYPE_CHECKING:
     from tradeoff.bench.endpoint import EndpointSpec
     from tradeoff.results import CompareResult, ResultDocument, SweepResult
 
+__all__ = [
+    "DURATION",
+    "DURATION_OR_ZERO",
+    "LOAD_OPTIONS",
+    "MAX_DISTINCT_INPUTS",
+    "NOT_V2_OPTIONS",
+    "ByteSize",
+    "Decorator",
+    "Duration",
+    "apply",
+    "hidden",
+    "json_option",
+    "load_options",
+    "save_result",
+    "save_summary",
+    "seconds_text",
+    "setup_logging",
+    "size_text",
+    "step_progress",
+    "take_endpoint",
+    "take_load",
+    "user_errors",
+]
+
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 

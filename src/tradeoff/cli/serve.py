@@ -13,6 +13,8 @@ from tradeoff.errors import TradeoffError
 if TYPE_CHECKING:
     from tradeoff.server.runner import ServeOptions
 
+__all__ = ["models", "models_build", "serve"]
+
 
 @click.command()
 @click.option("--model-repository", "repository", required=True,

@@ -20,6 +20,8 @@ from tradeoff.cli.options import (
     user_errors,
 )
 
+__all__ = ["soak"]
+
 
 @click.command()
 @click.argument("url")

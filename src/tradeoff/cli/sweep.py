@@ -23,6 +23,8 @@ from tradeoff.cli.options import (
     user_errors,
 )
 
+__all__ = ["sweep"]
+
 
 @click.command()
 @click.argument("url")

@@ -11,6 +11,8 @@ import click
 
 from tradeoff.cli.options import Duration, user_errors
 
+__all__ = ["top"]
+
 _PROMQL_RANGE = re.compile(r"^(?:\d+(?:ms|s|m|h|d|w|y))+$")
 
 

@@ -25,6 +25,8 @@ from tradeoff.cli.options import (
     user_errors,
 )
 
+__all__ = ["SignalStop", "Stopped", "batch_size", "serve", "tune"]
+
 
 @click.group()
 def tune() -> None:

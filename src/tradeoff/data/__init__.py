@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from importlib import resources
 
+__all__ = ["sentences"]
+
 
 def sentences() -> list[str]:
     """English sentences on everyday topics, one per line (``sentences.txt``): validation

@@ -18,10 +18,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tradeoff.backends.decoding import Decoder, Tokenizer
 from tradeoff.errors import InferenceFailed, TradeoffError, Unavailable
 from tradeoff.generate.config import GenerativeConfig
+from tradeoff.generate.events import Done, Event, Failed, Token
 from tradeoff.generate.loader import new_engine
 from tradeoff.generate.text_stream import full_text
+
+__all__ = ["TOKEN_BUCKETS_S", "GenerationStats", "GenerativeModel", "Handle"]
 
 log = logging.getLogger("tradeoff.server")
 # lines a client's request causes: rate limited (server/logs.py)
@@ -30,22 +34,20 @@ request_log = logging.getLogger("tradeoff.server.requests")
 
 @dataclass
 class Handle:
-    """One request's link to the engine: events arrive on ``events`` in order:
-    ("token", id, time, text), then ("done", finish_reason) or ("error", exception).
-    ``text`` is what the token adds to the answer (the engine detokenizes and applies
-    stop strings); joined, the texts are the answer."""
+    """One request's link to the engine: its events (generate/events.py) arrive on
+    ``events`` in order, a Token each, then Done or Failed."""
 
     prompt: list[int]
     params: Any
     priority: int = 0
-    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
     seq: Any = None
     aborted: bool = False
     ended: bool = False  # its last event was delivered, or the client left
     cache_key: Any = None  # set when the answer is to be kept in the response cache
     cache: str = ""  # the response cache's verdict (hit, miss); "" when not asked
     cache_ns: int = 0  # how long the lookup took
-    shadow: Any = None  # (router, target) when a router asked for a shadow copy
+    shadow: Any = None  # the router a generation came through (it may want a shadow copy)
     route: str = ""  # the model a router sent this request to
 
     @classmethod
@@ -57,9 +59,8 @@ class Handle:
         now = time.perf_counter()
         text, _ = full_text(decode, tokens, params.stop)
         for index, token in enumerate(tokens):
-            handle.events.put_nowait(("token", token, now,
-                                      text if index == len(tokens) - 1 else ""))
-        handle.events.put_nowait(("done", reason))
+            handle.events.put_nowait(Token(token, now, text if index == len(tokens) - 1 else ""))
+        handle.events.put_nowait(Done(reason))
         return handle
 
 
@@ -67,8 +68,8 @@ class GenerativeModel:
     """One version of a generative model: decoder, tokenizer, engine, and the thread that
     steps it. ``active`` counts the requests submitted and not yet ended (loop side)."""
 
-    def __init__(self, name: str, version: int, config: GenerativeConfig, decoder: Any,
-                 tokenizer: Any, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, name: str, version: int, config: GenerativeConfig, decoder: Decoder,
+                 tokenizer: Tokenizer, loop: asyncio.AbstractEventLoop) -> None:
         self.name = name
         self.version = version
         self.config = config
@@ -169,18 +170,18 @@ class GenerativeModel:
             if not self.active:
                 self._idle.set()
 
-    def _deliver(self, handle: Handle, event: tuple[Any, ...]) -> None:
-        if event[0] != "token":
+    def _deliver(self, handle: Handle, event: Event) -> None:
+        if event.__class__ is not Token:
             self._end(handle)
         handle.events.put_nowait(event)
 
-    def _deliver_all(self, events: list[tuple[Handle, tuple[Any, ...]]]) -> None:
+    def _deliver_all(self, events: list[tuple[Handle, Event]]) -> None:
         for handle, event in events:
             self._deliver(handle, event)
 
     # ---------------------------------------------------------------- engine thread
 
-    def _emit(self, handle: Handle, *event: Any) -> None:
+    def _emit(self, handle: Handle, event: Event) -> None:
         self.loop.call_soon_threadsafe(self._deliver, handle, event)
 
     def _take_inbox(self) -> None:
@@ -198,7 +199,7 @@ class GenerativeModel:
                 except Exception as exc:  # this request's own failure: it alone hears it
                     if not isinstance(exc, TradeoffError):
                         request_log.exception("model %s: a request could not be queued", self.name)
-                    self._emit(handle, "error", exc)
+                    self._emit(handle, Failed(exc))
                     continue
                 self.handles[handle.seq.seq_id] = handle
                 self.stats.arrived(handle.seq.seq_id, len(handle.prompt))
@@ -262,23 +263,23 @@ class GenerativeModel:
         self.engine.make_texts(report)
         now = time.perf_counter()
         self.stats.step(report, now, self.engine.blocks.usage)
-        events: list[tuple[Handle, tuple[Any, ...]]] = []
+        events: list[tuple[Handle, Event]] = []
         handles = self.handles
         for seq, token, text in zip(report.decoded, report.tokens, report.texts, strict=True):
             handle = handles.get(seq.seq_id)
             if handle is not None:
-                events.append((handle, ("token", token, now, text)))
+                events.append((handle, Token(token, now, text)))
         for seq in report.finished:
             handle = handles.pop(seq.seq_id, None)
             if handle is not None:
-                events.append((handle, ("done", seq.finish_reason)))
+                events.append((handle, Done(seq.finish_reason)))
         for seq, error in report.failed:  # this request alone hears it
             request_log.error("model %s: request %d failed: %s", self.name, seq.seq_id, error)
             self.stats.requests_failed += 1
             self.stats.forget(seq.seq_id)
             handle = handles.pop(seq.seq_id, None)
             if handle is not None:
-                events.append((handle, ("error", InferenceFailed(f"generation failed: {error}"))))
+                events.append((handle, Failed(InferenceFailed(f"generation failed: {error}"))))
         if events:
             self.loop.call_soon_threadsafe(self._deliver_all, events)
 
@@ -288,7 +289,7 @@ class GenerativeModel:
             if handle.seq is not None:
                 self.engine.abort(handle.seq)
                 self.stats.forget(handle.seq.seq_id)
-            self._emit(handle, "error", error)
+            self._emit(handle, Failed(error))
         self.handles.clear()
 
 

@@ -36,6 +36,8 @@ from tradeoff.errors import ConfigError, shown
 from tradeoff.repository.repository import GENERATIVE_FILE
 from tradeoff.repository.safe_yaml import read_yaml
 
+__all__ = ["SIZE_LIMITS", "GenerativeConfig"]
+
 _CHOICES = {"scheduling": ("fcfs", "priority"), "batching": ("continuous", "static"),
             "precision": ("fp32", "bf16", "int8")}
 # the sizes and their upper bounds (each is at least 1)

@@ -31,6 +31,8 @@ import torch
 
 from tradeoff.generate.sampling import SamplingBatch, sample_tokens
 
+__all__ = ["COLUMNS", "DecodeStep", "batch_buckets", "context_bucket"]
+
 log = logging.getLogger("tradeoff.server")
 
 # the staging row: token, position, seed, tokens produced, top_k, greedy, then

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tradeoff.backends.llama import SequenceStep
+from tradeoff.backends.decoding import Decoder, SequenceStep
 from tradeoff.errors import InvalidInput
 from tradeoff.generate.decode_step import DecodeStep
 from tradeoff.generate.iteration import (
@@ -41,6 +41,8 @@ from tradeoff.generate.sampling import (
     sampling_kind,
 )
 from tradeoff.generate.text_stream import TextStream
+
+__all__ = ["GenerationEngine", "Launch", "StepReport"]
 
 
 @dataclass
@@ -81,7 +83,7 @@ class GenerationEngine:
     ``detokenize`` (the tokenizer's decode): each answer's text is made here, token by
     token (:class:`TextStream`), and stop strings end a sequence here."""
 
-    def __init__(self, decoder: Any, *, num_blocks: int = 512, block_size: int = 16,
+    def __init__(self, decoder: Decoder, *, num_blocks: int = 512, block_size: int = 16,
                  max_num_seqs: int = 16, max_num_batched_tokens: int = 512,
                  max_num_queued: int = 256, policy: str = "fcfs", mode: str = "continuous",
                  prefix_caching: bool = False,

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from tradeoff.errors import Unavailable
 from tradeoff.generate.kv_blocks import BlockAllocator, BlockKey, block_key
 
+__all__ = ["GenSequence", "IterationScheduler", "PrefillPacer", "SeqState", "StepPlan"]
+
 
 class SeqState(enum.Enum):
     WAITING = "waiting"

@@ -22,6 +22,8 @@ from collections import OrderedDict, deque
 
 import numpy as np
 
+__all__ = ["BlockAllocator", "BlockKey", "BlockTable", "block_key"]
+
 # (digest of every token before the block, the block's tokens): a cache hit compares the
 # block's own tokens exactly and its whole prefix by a cryptographic digest, so no two
 # different prompts can share a block (Python's hash() can be made to collide)

@@ -6,12 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tradeoff.backends.decoding import Decoder, Tokenizer
 from tradeoff.backends.registry import BackendRegistry, default_registry
 from tradeoff.generate.config import GenerativeConfig
 
+__all__ = ["load_generative", "new_engine"]
+
 
 def load_generative(directory: Path, backends: BackendRegistry | None = None
-                    ) -> tuple[GenerativeConfig, Any, Any]:
+                    ) -> tuple[GenerativeConfig, Decoder, Tokenizer]:
     """Config, decoder and tokenizer of a generative model directory."""
     registry = backends or default_registry()
     config = GenerativeConfig.of_model(directory, registry.generative_formats())
@@ -21,7 +24,7 @@ def load_generative(directory: Path, backends: BackendRegistry | None = None
     return config, decoder, tokenizer
 
 
-def new_engine(config: GenerativeConfig, decoder: Any, tokenizer: Any) -> Any:
+def new_engine(config: GenerativeConfig, decoder: Decoder, tokenizer: Tokenizer) -> Any:
     """A :class:`GenerationEngine` with the settings of ``config``."""
     from tradeoff.generate.engine import GenerationEngine  # needs torch
 

@@ -22,6 +22,21 @@ import torch
 
 from tradeoff.errors import InvalidInput
 
+__all__ = [
+    "FAILED",
+    "GREEDY_BELOW",
+    "MAX_STOP_CHARS",
+    "MAX_STOP_STRINGS",
+    "SEED_BITS",
+    "SamplingBatch",
+    "SamplingParams",
+    "as_seed",
+    "sample",
+    "sample_tokens",
+    "sampling_kind",
+    "uniform",
+]
+
 GREEDY_BELOW = 1e-5  # a temperature this small samples the top token anyway
 MAX_STOP_STRINGS = 4  # as OpenAI's API
 MAX_STOP_CHARS = 256

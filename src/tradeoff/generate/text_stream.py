@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+__all__ = ["REPLACEMENT", "TextStream", "full_text"]
+
 REPLACEMENT = "\ufffd"  # what a tokenizer decodes a split UTF-8 character to
 
 

@@ -32,6 +32,16 @@ from tradeoff.models.packaged import (
 )
 from tradeoff.models.torch_models import TORCH_MODELS, write_torch_model
 
+__all__ = [
+    "EXAMPLE_MODELS",
+    "MLP_CONFIG",
+    "TINY_CONFIG",
+    "build_repository",
+    "default_models",
+    "mlp_model",
+    "tiny_model",
+]
+
 
 def tiny_model() -> onnx.ModelProto:
     """``OUTPUT0 = 2 * INPUT0 + 1`` on FP32 ``[-1, 16]``."""

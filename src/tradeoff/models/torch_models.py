@@ -23,6 +23,22 @@ from typing import Any
 
 from tradeoff.backends.pytorch import torchscript_quietly
 
+__all__ = [
+    "ENCODER_CONFIG",
+    "RESNET_CONFIG",
+    "TORCH_MODELS",
+    "EncoderShape",
+    "ResNetShape",
+    "encoder_module",
+    "resnet_module",
+    "torch_available",
+    "write_encoder",
+    "write_exported",
+    "write_resnet",
+    "write_torch_model",
+    "write_torchscript",
+]
+
 TORCH_MODELS = ("bert_base_torch", "bert_base_export", "resnet50_torch", "resnet50_export")
 
 

@@ -16,6 +16,8 @@ import numpy as np
 
 from tradeoff.results import OutputAccuracy
 
+__all__ = ["compare_output", "cosine_rows", "output_kind", "top1_agreement"]
+
 EMBEDDING, CLASSIFIER, TENSOR = "embedding", "classifier", "tensor"
 _TOLERANCE = 1e-3
 

@@ -33,6 +33,16 @@ from tradeoff.repository.safe_yaml import read_yaml
 from tradeoff.results import OutputAccuracy, VersionReport
 from tradeoff.stats.distribution import distribution
 
+__all__ = [
+    "GENERATIVE",
+    "PROMPT_TOKENS",
+    "TEXT_SENTENCES",
+    "optimize_generative",
+    "scored_text",
+    "sibling_name",
+    "write_sibling",
+]
+
 GENERATIVE = "generative"
 PROMPT_TOKENS = 16  # context of each sequence before the timed decode steps
 TEXT_SENTENCES = 40  # the scored text: this many of tradeoff's sentences
@@ -61,7 +71,7 @@ def scored_text() -> str:
 
 def _score(decoder: Any, tokenizer: Any) -> tuple[np.ndarray, float]:
     """The greedy next token at every position of the scored text, and its perplexity."""
-    from tradeoff.backends.llama import SequenceStep
+    from tradeoff.backends.decoding import SequenceStep
 
     ids = torch.tensor(tokenizer.encode(scored_text()), dtype=torch.long)
     ids = ids[:decoder.config.max_position]
@@ -76,7 +86,7 @@ def _decode_speed(decoder: Any, max_batch: int, seconds: float
                   ) -> tuple[dict[str, float], dict[int, float]]:
     """Step time (ms) of one sequence decoding, and tokens per second with 1, 2, 4 ...
     ``max_batch`` sequences decoding together, each for a share of ``seconds``."""
-    from tradeoff.backends.llama import SequenceStep
+    from tradeoff.backends.decoding import SequenceStep
 
     sizes = [1]
     while sizes[-1] * 2 <= max_batch:

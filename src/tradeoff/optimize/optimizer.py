@@ -51,6 +51,8 @@ from tradeoff.results import OptimizeResult, VersionReport, environment
 from tradeoff.stats.distribution import distribution
 from tradeoff.stats.progress import progress_text
 
+__all__ = ["DEFAULT_MAX_DROP", "OptimizePlan", "Progress", "optimize_model"]
+
 DEFAULT_MAX_DROP = 0.01
 # progress(description) is called before each step
 Progress = Callable[[str], None]

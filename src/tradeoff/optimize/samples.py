@@ -23,6 +23,17 @@ from tradeoff import data, dtypes
 from tradeoff.errors import OptimizeError
 from tradeoff.repository.config import ModelConfig
 
+__all__ = [
+    "GENERATED_DIM",
+    "SEEDS",
+    "SUFFIXES",
+    "Samples",
+    "builtin_samples",
+    "load_samples",
+    "sample_count",
+    "take",
+]
+
 SUFFIXES = (".npz", ".npy", ".txt")
 VALIDATION, CALIBRATION = "validation", "calibration"
 # variable dims of generated samples take this size

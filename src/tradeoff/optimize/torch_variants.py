@@ -26,6 +26,8 @@ from tradeoff.errors import OptimizeError
 from tradeoff.optimize.samples import Samples
 from tradeoff.optimize.variants import BF16, FP16, Variant
 
+__all__ = ["TORCH_KINDS", "describe_torch", "make_torch_variant"]
+
 TORCH_KINDS = (FP16, BF16)
 
 

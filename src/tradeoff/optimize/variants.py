@@ -29,6 +29,16 @@ import onnxruntime as ort
 
 from tradeoff.errors import OptimizeError
 
+__all__ = [
+    "BF16",
+    "KINDS",
+    "QUANTIZABLE_OPS",
+    "Feed",
+    "Variant",
+    "make_variant",
+    "quantizable_ops",
+]
+
 INT8_DYNAMIC, INT8_STATIC, FP16, GRAPH_OPT = "int8-dynamic", "int8-static", "fp16", "graph-opt"
 BF16 = "bf16"  # generative models only
 KINDS = (INT8_DYNAMIC, INT8_STATIC, FP16, GRAPH_OPT, BF16)

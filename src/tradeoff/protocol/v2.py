@@ -22,6 +22,23 @@ import orjson
 from tradeoff import dtypes
 from tradeoff.errors import InvalidInput
 
+__all__ = [
+    "CACHED_HEADER_BYTES",
+    "DEFAULT_LIMITS",
+    "RequestLimits",
+    "RequestedOutput",
+    "TensorInput",
+    "TensorOutput",
+    "V2Request",
+    "bf16_to_float32",
+    "decode_binary_tensor",
+    "decode_bytes_elements",
+    "decode_request",
+    "encode_bytes_elements",
+    "encode_response",
+    "parse_json_object",
+]
+
 _LITTLE_ENDIAN = sys.byteorder == "little"
 _U32 = struct.Struct("<I")
 

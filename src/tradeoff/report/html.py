@@ -32,6 +32,8 @@ from tradeoff.version import __version__
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+__all__ = ["CSS", "RENDER_CHECK", "Report", "build_report", "write_report"]
+
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;color:#111827;
 margin:0;background:#f9fafb}

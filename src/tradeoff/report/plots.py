@@ -26,6 +26,23 @@ from tradeoff.stats.distribution import PERCENTILES, QUANTILES
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+__all__ = [
+    "COLORS",
+    "batch_size_curve",
+    "comparison",
+    "frontier",
+    "generation_vs_load",
+    "latency_cdf",
+    "latency_vs_load",
+    "over_the_run",
+    "pareto",
+    "require",
+    "soak_timeline",
+    "throughput_vs_load",
+    "tidy",
+    "to_svg",
+]
+
 COLORS = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#4b5563")
 
 

@@ -13,6 +13,8 @@ from typing import Any
 
 from tradeoff.results import CompareResult, SweepResult
 
+__all__ = ["SUFFIXES", "render_summary", "summary_table", "write_summary"]
+
 SUFFIXES = (".csv", ".md")
 
 

@@ -24,6 +24,22 @@ if TYPE_CHECKING:  # for hints only: soak prints tables while it measures, and i
     # prometheus_client's parser then would cost a measured window its p99
     from tradeoff.bench.scrape import GenerationRow, ModelRow
 
+__all__ = [
+    "SEVERITY_STYLE",
+    "accuracy_cell",
+    "live_view",
+    "print_batch_size_tune",
+    "print_bench_result",
+    "print_compare",
+    "print_findings",
+    "print_optimize",
+    "print_ranking",
+    "print_serve_tune",
+    "print_soak",
+    "print_sweep",
+    "soak_memory_text",
+]
+
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 

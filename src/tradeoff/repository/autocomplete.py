@@ -14,6 +14,8 @@ from tradeoff.backends.base import TensorSpec
 from tradeoff.errors import ConfigError
 from tradeoff.repository.config import DynamicBatching, ModelConfig, TensorConfig
 
+__all__ = ["autocomplete"]
+
 
 def _can_batch(specs: list[TensorSpec]) -> bool:
     return bool(specs) and all(len(s.shape) >= 1 and s.shape[0] == -1 for s in specs)

@@ -30,6 +30,24 @@ from tradeoff.errors import ConfigError
 from tradeoff.protocol import model_config_pb2 as pb
 from tradeoff.repository.safe_yaml import parse_yaml
 
+__all__ = [
+    "IGNORED_FIELDS",
+    "TARGET_P99",
+    "UNSUPPORTED_FIELDS",
+    "DynamicBatching",
+    "InstanceGroup",
+    "ModelConfig",
+    "QueuePolicy",
+    "TensorConfig",
+    "VersionPolicy",
+    "Warmup",
+    "WarmupInput",
+    "load_config_file",
+    "parse_config_mapping",
+    "parse_config_text",
+    "validate_against_model",
+]
+
 
 @dataclass(frozen=True)
 class TensorConfig:

@@ -20,6 +20,8 @@ import yaml
 from tradeoff.errors import ConfigError
 from tradeoff.repository.safe_yaml import read_yaml
 
+__all__ = ["add_versions", "config_text", "version_parameter", "write_config"]
+
 PBTXT, YAML_FILES = "config.pbtxt", ("config.yaml", "config.yml")
 _POLICY = re.compile(r"\bversion_policy\s*:?\s*\{")
 

@@ -158,4 +158,4 @@ def confined(base: Path, relative: str, source: str, field: str, *,
     return path
 
 
-__all__ = ["ConfigError", "ModelLoadError", "ModelRepository", "ModelSource", "confined"]
+__all__ = ["ModelRepository", "ModelSource", "confined"]

@@ -28,6 +28,23 @@ from typing import Any
 from tradeoff.errors import ConfigError
 from tradeoff.repository.safe_yaml import read_yaml
 
+__all__ = [
+    "CONDITIONS",
+    "MAX_WEIGHT",
+    "ROUTE_FIELDS",
+    "TARGET_FIELDS",
+    "TOP_FIELDS",
+    "Condition",
+    "Decision",
+    "Route",
+    "RouterConfig",
+    "Shadow",
+    "Signature",
+    "Target",
+    "common_signature",
+    "sticky_point",
+]
+
 TOP_FIELDS = ("routes", "fallback", "shadow", "idempotent")
 ROUTE_FIELDS = ("when", "to", "sticky")
 CONDITIONS = ("class", "deadline_ms_below")

@@ -19,6 +19,8 @@ import yaml
 
 from tradeoff.errors import ConfigError
 
+__all__ = ["MAX_ALIAS_NODES", "MAX_DEPTH", "parse_yaml", "read_yaml"]
+
 MAX_DEPTH = 64
 MAX_ALIAS_NODES = 10_000
 

@@ -33,6 +33,8 @@ from collections import deque
 
 import numpy as np
 
+__all__ = ["BUSY", "CAP_SHARE", "HEADROOM", "MIN_LATENCIES", "TICK_S", "AdaptiveBatcher"]
+
 TICK_S = 0.1
 BUSY = 0.8  # utilisation of each instance the delay aims to keep under
 CAP_SHARE = 0.8  # share of the target one wait-and-compute of a full batch may take

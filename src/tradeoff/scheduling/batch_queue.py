@@ -33,6 +33,8 @@ from tradeoff.errors import InvalidInput, Unavailable
 from tradeoff.repository.config import DynamicBatching, QueuePolicy
 from tradeoff.scheduling.request import InferenceRequest
 
+__all__ = ["BatchQueue"]
+
 
 class BatchQueue:
     """Pending requests of one model, and the decision of what to run next."""

@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+__all__ = ["InferenceRequest", "Timings"]
+
 
 @dataclass(slots=True)
 class Timings:

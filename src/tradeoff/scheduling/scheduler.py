@@ -47,6 +47,15 @@ from tradeoff.scheduling.batch_queue import BatchQueue
 from tradeoff.scheduling.request import InferenceRequest, Timings
 from tradeoff.scheduling.stats import ModelStats
 
+__all__ = [
+    "INLINE_STREAK",
+    "INLINE_STREAK_MAX",
+    "Outputs",
+    "Scheduler",
+    "SchedulerState",
+    "run_batch",
+]
+
 log = logging.getLogger(__name__)
 
 Outputs = dict[str, np.ndarray]

@@ -14,6 +14,8 @@ from typing import Any
 
 from tradeoff.scheduling.request import InferenceRequest, Timings
 
+__all__ = ["LATENCY_BUCKETS_S", "ModelStats", "merge_model_stats"]
+
 # Upper bounds (seconds) of the latency histogram buckets in /metrics.
 LATENCY_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                      0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)

@@ -20,6 +20,8 @@ from pathlib import Path
 
 from tradeoff.errors import Forbidden, Unauthorized
 
+__all__ = ["ADMIN_KEY_ENV", "API_KEY_ENV", "METRICS_KEY_ENV", "TENANT", "Access", "read_keys"]
+
 API_KEY_ENV = "TRADEOFF_API_KEY"
 ADMIN_KEY_ENV = "TRADEOFF_ADMIN_KEY"
 METRICS_KEY_ENV = "TRADEOFF_METRICS_KEY"

@@ -10,6 +10,19 @@ from typing import Any
 
 import orjson
 
+__all__ = [
+    "JSON_HEADERS",
+    "OFF_LOOP_BYTES",
+    "DisconnectWatch",
+    "Headers",
+    "Receive",
+    "Scope",
+    "Send",
+    "off_loop_if_large",
+    "send_body",
+    "send_json",
+]
+
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]

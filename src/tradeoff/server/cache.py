@@ -46,6 +46,34 @@ import orjson
 from tradeoff import dtypes
 from tradeoff.protocol.v2 import TensorOutput, decode_bytes_elements, encode_bytes_elements
 
+__all__ = [
+    "CHECK_BYTES",
+    "ENTRY_OVERHEAD",
+    "FINISH_REASONS",
+    "KEY_BYTES",
+    "MAC_BYTES",
+    "MIN_SECRET_BYTES",
+    "NEUTRAL_PARAMETERS",
+    "REDIS_PREFIX",
+    "SCOPES",
+    "SECRET_ENV",
+    "CacheCounts",
+    "CacheKey",
+    "CacheSpec",
+    "Expected",
+    "Keys",
+    "LocalStore",
+    "RedisStore",
+    "ResponseCache",
+    "answer_parameters",
+    "decode_generation",
+    "decode_outputs",
+    "encode_generation",
+    "encode_outputs",
+    "parse_size",
+    "redacted",
+]
+
 log = logging.getLogger("tradeoff.server")
 
 KEY_BYTES = 16     # the lookup key: keyed BLAKE2b-128

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from tradeoff.errors import (
@@ -21,6 +21,7 @@ from tradeoff.errors import (
     Unavailable,
 )
 from tradeoff.generate.bridge import GenerativeModel, Handle
+from tradeoff.generate.events import Done, Token
 from tradeoff.protocol.v2 import (
     DEFAULT_LIMITS,
     RequestLimits,
@@ -35,9 +36,23 @@ from tradeoff.scheduling.scheduler import Outputs
 from tradeoff.scheduling.stats import merge_model_stats
 from tradeoff.server.asgi import OFF_LOOP_BYTES
 from tradeoff.server.cache import Expected, ResponseCache
+from tradeoff.server.generation import Generation
 from tradeoff.server.models import ModelManager, ModelVersion
-from tradeoff.server.router import SHADOW_IN_FLIGHT, RoutedModel
+from tradeoff.server.router import RoutedModel
 from tradeoff.version import __version__
+
+__all__ = [
+    "EXTENSIONS",
+    "KNOWN_HEADERS",
+    "Admission",
+    "Answered",
+    "DataPlane",
+    "Peers",
+    "TensorTarget",
+    "expected_outputs",
+    "select_outputs",
+    "wanted_outputs",
+]
 
 # request headers remembered as valid, per model version (see validate)
 KNOWN_HEADERS = 256
@@ -341,69 +356,35 @@ class DataPlane:
 
     async def _route(self, routed: RoutedModel, request: V2Request
                      ) -> tuple[ModelVersion, Timings, list[TensorOutput]]:
-        """Send a request where the router's rules say; on a refusal (503) or a target
-        not serving, and for an idempotent router on a failure, the fallbacks in turn.
-        A request is answered once: by the first target that answers."""
+        """Send a request through a router of tensor models (RoutedModel.send: its
+        choice, then its fallbacks); a shadow copy, if the router takes one, is compared
+        with the answer in the background."""
         routed.check_takes_tensors()
-        started = time.perf_counter_ns()
-        decision = routed.decide(request.parameters)
-        error: RequestError | None = None
-        for index, target in enumerate(routed.candidates(decision)):
-            try:
-                served, timings, outputs = await self._infer_model(
-                    target.model, _version(target.version), request)
-            except (Unavailable, NotFound) as exc:  # refused or not serving: never started
-                error = exc
-                continue
-            except InferenceFailed as exc:  # it ran and failed: again only if idempotent
-                if not routed.config.idempotent:
-                    routed.stats.failed(time.perf_counter_ns() - started)
-                    raise
-                error = exc
-                continue
-            except RequestError:  # the request's own mistake: the same everywhere
-                routed.stats.failed(time.perf_counter_ns() - started)
-                raise
-            routed.stats.served(decision, target if index else None,
-                                time.perf_counter_ns() - started)
-            timings.route = target.label
-            shadow = routed.wants_shadow()
-            if shadow is not None:
-                self._shadow(routed, shadow, request, outputs)
-            return served, timings, outputs
-        routed.stats.failed(time.perf_counter_ns() - started)
-        assert error is not None
-        raise error
 
-    def _shadow(self, routed: RoutedModel, target: Target, request: V2Request,
-                primary: list[TensorOutput]) -> None:
-        """Send a copy to the shadow target in the background unless it is busy, and
-        compare its answer with the primary's. The primary's answer never waits for it."""
-        stats = routed.stats.shadow
-        try:
-            served = self.manager.tensor(target.model, _version(target.version))
-        except RequestError:
-            stats.dropped += 1
-            return
-        if routed.shadows_in_flight >= SHADOW_IN_FLIGHT or served.scheduler.queue_depth > 0:
-            stats.dropped += 1
-            return
-        routed.shadows_in_flight += 1
-        stats.sent += 1
+        def attempt(target: Target) -> Awaitable[tuple[ModelVersion, Timings,
+                                                       list[TensorOutput]]]:
+            return self._infer_model(target.model, _version(target.version), request)
 
-        async def copy() -> None:
-            try:
-                _, _, outputs = await self._infer_model(target.model,
-                                                        _version(target.version), request)
-                stats.compare(primary, outputs)
-            except Exception:  # the shadow's failure is counted, never the caller's
-                stats.failed += 1
-            finally:
-                routed.shadows_in_flight -= 1
+        (served, timings, outputs), target = await routed.send(request.parameters, attempt)
+        timings.route = target.label
 
-        task = asyncio.ensure_future(copy())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        def busy(shadow: Target) -> bool:
+            return self.manager.tensor(shadow.model,
+                                       _version(shadow.version)).scheduler.queue_depth > 0
+
+        async def copy(shadow: Target) -> None:
+            _, _, answer = await self._infer_model(shadow.model, _version(shadow.version),
+                                                   request)
+            routed.stats.shadow.compare(outputs, answer)
+
+        self._in_background(routed.shadow(busy, copy))
+        return served, timings, outputs
+
+    def _in_background(self, task: asyncio.Task[None] | None) -> None:
+        """Hold a background task (a shadow copy) until it ends."""
+        if task is not None:
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
     async def _infer_model(self, name: str, version: str | None, request: V2Request
                            ) -> tuple[ModelVersion, Timings, list[TensorOutput]]:
@@ -450,33 +431,28 @@ class DataPlane:
         return [m for m in self.manager.generative_versions()
                 if self.manager.models[m.name].latest is m]
 
-    def route_generation(self, routed: RoutedModel, parameters: dict[str, Any]) -> str:
-        """The generative model a router sends this request to: its rules' choice, or
-        the first fallback that accepts requests now."""
+    async def route_generation(self, routed: RoutedModel, parameters: dict[str, Any]
+                               ) -> str:
+        """The generative model a router sends this request to (RoutedModel.send: its
+        rules' choice, or the first fallback that accepts requests now)."""
         if not routed.generative:
             raise InvalidInput(f"router {routed.name!r} sends to tensor models: POST "
                                f"/v2/models/{routed.name}/infer")
-        decision = routed.decide(parameters)
-        error: RequestError | None = None
-        for index, target in enumerate(routed.candidates(decision)):
-            try:
-                self.manager.generative(target.model).check_accepting()
-            except (Unavailable, NotFound) as exc:
-                error = exc
-                continue
-            routed.stats.served(decision, target if index else None, 0)
+
+        async def attempt(target: Target) -> str:
+            self.manager.generative(target.model).check_accepting()
             return target.model
-        routed.stats.failed(0)
-        assert error is not None
-        raise error
+
+        name, _ = await routed.send(parameters, attempt, timed=False)
+        return name
 
     async def generate(self, name: str, prompt: str | list[dict[str, str]], params: Any,
                        priority: int = 0, cache: bool = False,
                        route_parameters: dict[str, Any] | None = None,
-                       tenant: bytes = b"") -> tuple[GenerativeModel, Handle, int]:
+                       tenant: bytes = b"") -> Generation:
         """Tokenize a prompt (or apply the chat template to messages), check it fits the
-        model, and queue it; returns the model, the handle its events arrive on, and the
-        prompt's length in tokens. With ``cache`` (a whole, deterministic answer is
+        model, and queue it; returns the :class:`Generation` whose outputs the transport
+        formats. With ``cache`` (a whole, deterministic answer is
         wanted) and the model's ``response_cache``, a cached answer replays instead. A
         router of generative models sends it on by ``route_parameters`` (class, user).
         ``tenant`` is the API key that asked (its cache entries are its own)."""
@@ -486,9 +462,8 @@ class DataPlane:
         shadow = None
         route = ""
         if isinstance(routed, RoutedModel):  # an alias: the answer names its target
-            name = route = self.route_generation(routed, route_parameters or {})
-            target = routed.wants_shadow()
-            shadow = (routed, target) if target is not None else None
+            name = route = await self.route_generation(routed, route_parameters or {})
+            shadow = routed
         model = self.manager.generative(name)
         for _ in range(3):  # a reload may replace the version while the prompt is tokenized
             model.check_accepting()  # the cheap refusals before the tokenizer's work
@@ -507,7 +482,7 @@ class DataPlane:
         if not (cache and self.cache is not None and model.config.response_cache):
             handle = model.submit(tokens, params, priority)
             handle.shadow, handle.route = shadow, route
-            return model, handle, len(tokens)
+            return Generation(model, handle, len(tokens), self._generated)
         model.check_accepting()  # a stopping model answers 503, cached or not
         started = time.perf_counter_ns()
         key = self.cache.generation_key(tenant, model.name, model.version, tokens, params)
@@ -524,55 +499,39 @@ class DataPlane:
             handle.cache_key, handle.cache = key, "miss"
         handle.cache_ns = lookup_ns
         handle.shadow, handle.route = shadow, route
-        return model, handle, len(tokens)
+        return Generation(model, handle, len(tokens), self._generated)
 
-    def generated(self, handle: Handle, tokens: list[int], reason: str) -> None:
-        """A whole answer was sent: keep it when it was asked to be cached and ended
-        normally (never an error or an abort)."""
+    def _generated(self, handle: Handle, tokens: list[int], reason: str) -> None:
+        """A whole answer ended: keep it when it was asked to be cached and ended
+        normally (never an error or an abort), and send a shadow copy if its router
+        takes one."""
         if handle.cache_key is not None and self.cache is not None and \
                 reason in ("stop", "length"):
             self.cache.keep_generation(handle.cache_key, tokens, reason)
         if handle.shadow is not None and reason in ("stop", "length"):
-            routed, target = handle.shadow
-            self._shadow_generation(routed, target, handle, tokens)
+            self._shadow_generation(handle.shadow, handle, tokens)
 
-    def _shadow_generation(self, routed: RoutedModel, target: Target, handle: Handle,
+    def _shadow_generation(self, routed: RoutedModel, handle: Handle,
                            tokens: list[int]) -> None:
-        """Generate the same prompt on the shadow model in the background (unless it is
-        busy) and record how many of the answer's tokens it chose alike."""
-        stats = routed.stats.shadow
-        try:
-            model = self.manager.generative(target.model)
+        """A shadow copy of a whole generation, if the router takes one: the same prompt
+        on the shadow model in the background, and how many of the answer's tokens it
+        chose alike."""
+        def busy(shadow: Target) -> bool:
+            model = self.manager.generative(shadow.model)
             model.check_accepting()
-        except RequestError:
-            stats.dropped += 1
-            return
-        if routed.shadows_in_flight >= SHADOW_IN_FLIGHT or model.engine.scheduler.waiting:
-            stats.dropped += 1
-            return
-        routed.shadows_in_flight += 1
-        stats.sent += 1
-        copy = model.submit(handle.prompt, handle.params, handle.priority)
+            return bool(model.engine.scheduler.waiting)
 
-        async def follow() -> None:
+        async def copy(shadow: Target) -> None:
+            model = self.manager.generative(shadow.model)
+            events = model.submit(handle.prompt, handle.params, handle.priority).events
             shadow_tokens: list[int] = []
-            try:
-                while True:
-                    event = await copy.events.get()
-                    if event[0] == "token":
-                        shadow_tokens.append(event[1])
-                    elif event[0] == "done":
-                        stats.compare_tokens(tokens, shadow_tokens)
-                        return
-                    else:
-                        stats.failed += 1
-                        return
-            finally:
-                routed.shadows_in_flight -= 1
+            while isinstance(event := await events.get(), Token):
+                shadow_tokens.append(event.token)
+            if not isinstance(event, Done):
+                raise InferenceFailed(f"the shadow generation failed: {event}")
+            routed.stats.shadow.compare_tokens(tokens, shadow_tokens)
 
-        task = asyncio.ensure_future(follow())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._in_background(routed.shadow(busy, copy))
 
 
 def _version(version: int | None) -> str | None:

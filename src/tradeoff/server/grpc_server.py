@@ -35,6 +35,15 @@ from tradeoff.protocol.v2 import (
 from tradeoff.server.access import Access
 from tradeoff.server.dataplane import DataPlane
 
+__all__ = [
+    "ADMIN_METHODS",
+    "OPEN_METHODS",
+    "SERVICE",
+    "GrpcService",
+    "decode_infer_request",
+    "start_grpc_server",
+]
+
 log = logging.getLogger("tradeoff.server")
 # lines a client's request causes: rate limited (server/logs.py)
 request_log = logging.getLogger("tradeoff.server.requests")

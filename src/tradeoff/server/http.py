@@ -39,6 +39,16 @@ from tradeoff.server.origins import OriginPolicy
 from tradeoff.server.routes import ADMIN, OPEN, ROUTES, MethodNotAllowed, Route, Router
 from tradeoff.server.transport import TransportLimits
 
+__all__ = [
+    "DEFAULT_MAX_REQUEST_BYTES",
+    "DIRECT_HEADERS",
+    "FREE_BODY_BYTES",
+    "JSON_EXPANSION",
+    "HttpApp",
+    "Params",
+    "request_headers",
+]
+
 log = logging.getLogger("tradeoff.server")
 
 Params = dict[str, str]

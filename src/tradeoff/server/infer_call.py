@@ -33,6 +33,15 @@ from tradeoff.server.asgi import JSON_HEADERS, Headers, Scope
 from tradeoff.server.dataplane import Admission, DataPlane, TensorTarget
 from tradeoff.server.models import ModelVersion
 
+__all__ = [
+    "InferCall",
+    "Respond",
+    "error_answer",
+    "header_length",
+    "infer_answer",
+    "request_error",
+]
+
 # lines a client's request causes: rate limited (server/logs.py)
 request_log = logging.getLogger("tradeoff.server.requests")
 

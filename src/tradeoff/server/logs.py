@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 import time
 
+__all__ = ["CLIENT_DRIVEN", "RateLimit", "install_rate_limit"]
+
 # loggers whose lines a client's request can cause: the server logs what a request
 # caused on tradeoff.server.requests; model loads and other operator lines stay on
 # tradeoff.server, whole

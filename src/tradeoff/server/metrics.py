@@ -20,6 +20,16 @@ from tradeoff.server.dataplane import DataPlane
 from tradeoff.server.models import ModelManager, ModelVersion
 from tradeoff.server.router import RoutedModel
 
+__all__ = [
+    "CONTENT_TYPE",
+    "CacheCollector",
+    "GenerationCollector",
+    "RouterCollector",
+    "ServerCollector",
+    "make_registry",
+    "render",
+]
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 

@@ -48,6 +48,17 @@ from tradeoff.scheduling.scheduler import Scheduler, run_batch
 from tradeoff.scheduling.stats import ModelStats
 from tradeoff.server.router import RoutedModel
 
+__all__ = [
+    "NETWORK_WARMUP_BYTES",
+    "NETWORK_WARMUP_COUNT",
+    "NO_CACHE_WARNING",
+    "ModelEntry",
+    "ModelManager",
+    "ModelState",
+    "ModelVersion",
+    "Served",
+]
+
 log = logging.getLogger("tradeoff.server")
 
 # config parameters that mark a config `tradeoff tune serve` loaded for a trial: who

@@ -20,7 +20,6 @@ from typing import Any
 import orjson
 
 from tradeoff.errors import InvalidInput, RequestError
-from tradeoff.generate.bridge import GenerativeModel, Handle
 from tradeoff.server.access import TENANT
 from tradeoff.server.asgi import (
     DisconnectWatch,
@@ -30,7 +29,10 @@ from tradeoff.server.asgi import (
     send_json,
 )
 from tradeoff.server.dataplane import DataPlane
+from tradeoff.server.generation import Finished, Generation, TextDelta, Usage
 from tradeoff.server.router import RoutedModel
+
+__all__ = ["OpenAIApi", "error_document", "sampling_params", "send_error"]
 
 log = logging.getLogger("tradeoff.server")
 # lines a client's request causes: rate limited (server/logs.py)
@@ -147,32 +149,18 @@ class OpenAIApi:
         # only whole answers that the same request always gets again are cached
         cacheable = wants_cache and not stream and (params.temperature == 0
                                                     or params.seed is not None)
-        model, handle, prompt_tokens = await self.dataplane.generate(
+        generation = await self.dataplane.generate(
             name, prompt, params, cache=cacheable, route_parameters=_route_parameters(doc, scope),
             tenant=scope.get(TENANT, b""))
-        reply = _Reply(model, handle, chat, prompt_tokens)
-
-        def gone() -> None:  # stop generating for nobody
-            model.abort(handle)
-            handle.events.put_nowait(("done", "abort"))
-
-        with DisconnectWatch(receive, gone):
-            first = await handle.events.get()  # a refusal arrives before anything is sent
-            if first[0] == "error":
-                error = first[1]
-                raise error if isinstance(error, RequestError) else \
-                    RequestError(f"generation failed: {error}")
-            if first == ("done", "abort"):
-                return  # the client left while its request waited
-            try:
+        reply = _Reply(generation, chat)
+        async with generation:
+            with DisconnectWatch(receive, generation.abort):
+                if not await generation.begin():  # a refusal raises before anything is sent
+                    return  # the client left while its request waited
                 if stream:
-                    await reply.stream(first, send, include_usage)
+                    await reply.stream(send, include_usage)
                 else:
-                    reason = await reply.whole(first, send)
-                    self.dataplane.generated(handle, reply.tokens, reason)
-            except BaseException:
-                model.abort(handle)  # whatever ended the answer early: stop generating
-                raise
+                    await reply.whole(send)
 
 
 def _route_parameters(doc: dict[str, Any], scope: Scope) -> dict[str, Any]:
@@ -187,71 +175,51 @@ def _route_parameters(doc: dict[str, Any], scope: Scope) -> dict[str, Any]:
 
 
 class _Reply:
-    """Builds the answer of one generation from the engine's events."""
+    """Formats one generation's outputs as OpenAI's answer: one JSON document, or
+    server-sent events."""
 
-    def __init__(self, model: GenerativeModel, handle: Handle, chat: bool,
-                 prompt_tokens: int) -> None:
-        self.model = model
-        self.handle = handle
+    def __init__(self, generation: Generation, chat: bool) -> None:
+        self.generation = generation
         self.chat = chat
-        self.prompt_tokens = prompt_tokens
-        self.tokens: list[int] = []
-        self.pieces: list[str] = []  # text received and not yet sent
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
 
-    def usage(self) -> dict[str, Any]:
-        cached = self.handle.seq.cached_tokens if self.handle.seq is not None else 0
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": len(self.tokens),
-                "total_tokens": self.prompt_tokens + len(self.tokens),
-                "prompt_tokens_details": {"cached_tokens": cached}}
+    @staticmethod
+    def usage(usage: Usage) -> dict[str, Any]:
+        return {"prompt_tokens": usage.prompt_tokens,
+                "completion_tokens": usage.completion_tokens,
+                "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": usage.cached_tokens}}
 
-    def _apply(self, event: tuple[Any, ...]) -> str | None:
-        """Record one event; returns the finish reason once done. A token's event carries
-        the text it adds (the engine detokenizes and applies stop strings)."""
-        if event[0] == "token":
-            self.tokens.append(event[1])
-            self.pieces.append(event[3])
-            return None
-        if event[0] == "done":
-            return str(event[1])
-        error = event[1]
-        raise error if isinstance(error, RequestError) else \
-            RequestError(f"generation failed: {error}")
-
-    def _delta(self) -> str:
-        """The text that arrived since the last piece sent."""
-        if not self.pieces:
-            return ""
-        text = "".join(self.pieces)
-        self.pieces.clear()
-        return text
-
-    async def whole(self, first: tuple[Any, ...], send: Send) -> str:
-        """Send the answer in one JSON document; returns its finish reason."""
-        reason = self._apply(first)
-        while reason is None:
-            reason = self._apply(await self.handle.events.get())
-        text = self._delta()
-        if self.chat:
-            choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None,
-                                      "message": {"role": "assistant", "content": text}}
-        else:
-            choice = {"index": 0, "text": text, "finish_reason": reason, "logprobs": None}
-        await send_json(send, 200, {
-            "id": self.id, "object": "chat.completion" if self.chat else "text_completion",
-            "created": self.created, "model": self.model.name, "choices": [choice],
-            "usage": self.usage()}, self._timing_header())
-        return reason
+    async def whole(self, send: Send) -> None:
+        """Send the answer in one JSON document (nothing when the client left)."""
+        pieces = []
+        async for output in self.generation:
+            if isinstance(output, TextDelta):
+                pieces.append(output.text)
+                continue
+            text = "".join(pieces)
+            if self.chat:
+                choice: dict[str, Any] = {
+                    "index": 0, "finish_reason": output.reason, "logprobs": None,
+                    "message": {"role": "assistant", "content": text}}
+            else:
+                choice = {"index": 0, "text": text, "finish_reason": output.reason,
+                          "logprobs": None}
+            await send_json(send, 200, {
+                "id": self.id, "object": "chat.completion" if self.chat else "text_completion",
+                "created": self.created, "model": self.generation.name, "choices": [choice],
+                "usage": self.usage(output.usage)}, self._timing_header())
 
     def _timing_header(self) -> list[tuple[bytes, bytes]]:
         """``Server-Timing`` naming the router's target and the cache's verdict, when
         either applies."""
         parts = []
-        if self.handle.route:
-            parts.append(f'route;desc="{self.handle.route}"')
-        if self.handle.cache:
-            parts.append(f"cache;desc={self.handle.cache};dur={self.handle.cache_ns / 1e6:.3f}")
+        generation = self.generation
+        if generation.route:
+            parts.append(f'route;desc="{generation.route}"')
+        if generation.cache:
+            parts.append(f"cache;desc={generation.cache};dur={generation.cache_ns / 1e6:.3f}")
         return [(b"server-timing", ", ".join(parts).encode())] if parts else []
 
     def _chunk(self, delta: str | None, reason: str | None, role: bool = False) -> bytes:
@@ -265,11 +233,11 @@ class _Reply:
             choice = {"index": 0, "text": delta or "", "finish_reason": reason,
                       "logprobs": None}
         doc = {"id": self.id, "object": "chat.completion.chunk" if self.chat else
-               "text_completion", "created": self.created, "model": self.model.name,
+               "text_completion", "created": self.created, "model": self.generation.name,
                "choices": [choice]}
         return b"data: " + orjson.dumps(doc) + b"\n\n"
 
-    async def stream(self, first: tuple[Any, ...], send: Send, include_usage: bool) -> None:
+    async def stream(self, send: Send, include_usage: bool) -> None:
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream"),
                                 (b"cache-control", b"no-cache"), *self._timing_header()]})
@@ -279,33 +247,28 @@ class _Reply:
 
         if self.chat:
             await body(self._chunk("", None, role=True))
-        event: tuple[Any, ...] | None = first
-        while True:
-            if event is None:
-                event = await self.handle.events.get()
-            try:
-                reason = self._apply(event)
-                delta = self._delta()
-            except Exception as exc:  # headers are sent: the error is the last event
-                if not isinstance(exc, RequestError):
-                    request_log.exception("model %s: a streamed answer failed", self.model.name)
-                await body(b"data: " + orjson.dumps(error_document(exc)) + b"\n\n")
-                include_usage = False
-                break
-            event = None
-            if reason == "abort":
+        finished: Finished | None = None
+        try:
+            async for output in self.generation:
+                if isinstance(output, TextDelta):
+                    if output.text:
+                        await body(self._chunk(output.text, None))
+                else:
+                    finished = output
+                    await body(self._chunk(None if self.chat else "", output.reason))
+        except Exception as exc:  # headers are sent: the error is the last event
+            if not isinstance(exc, RequestError):
+                request_log.exception("model %s: a streamed answer failed",
+                                      self.generation.name)
+            await body(b"data: " + orjson.dumps(error_document(exc)) + b"\n\n")
+        else:
+            if finished is None:
                 return  # the client left
-            if delta:
-                await body(self._chunk(delta, None))
-            if reason is not None:
-                await body(self._chunk(None if self.chat else "", reason))
-                break
-        if include_usage:
-            doc: dict[str, Any] = {
-                   "id": self.id, "object": "chat.completion.chunk" if self.chat else
-                   "text_completion", "created": self.created, "model": self.model.name,
-                   "choices": [], "usage": self.usage()}
-            await body(b"data: " + orjson.dumps(doc) + b"\n\n")
+            if include_usage:
+                await body(b"data: " + orjson.dumps({
+                    "id": self.id, "object": "chat.completion.chunk" if self.chat else
+                    "text_completion", "created": self.created,
+                    "model": self.generation.name, "choices": [],
+                    "usage": self.usage(finished.usage)}) + b"\n\n")
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n",
                     "more_body": False})
-

@@ -15,6 +15,8 @@ from tradeoff.dtypes import DATATYPES
 from tradeoff.server.routes import Route, path_parameters
 from tradeoff.version import __version__
 
+__all__ = ["document"]
+
 _GENERATION: dict[str, Any] = {
     "model": {"type": "string"}, "max_tokens": {"type": "integer", "minimum": 1},
     "temperature": {"type": "number", "minimum": 0}, "top_p": {"type": "number"},

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 
 from tradeoff.errors import Forbidden
 
+__all__ = ["ANY", "OriginPolicy", "is_address", "is_loopback"]
+
 ANY = "*"
 _READS = frozenset(("GET", "HEAD", "OPTIONS"))
 

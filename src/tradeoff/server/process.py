@@ -24,6 +24,15 @@ import urllib.request
 from pathlib import Path
 from typing import NoReturn
 
+__all__ = [
+    "RAY_DEFAULT_PORTS",
+    "LocalRayCluster",
+    "ServerProcess",
+    "free_port",
+    "free_ports",
+    "source_tree",
+]
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     return free_ports(1, host)[0]

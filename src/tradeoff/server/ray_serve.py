@@ -33,6 +33,20 @@ from tradeoff.server.metrics import render
 from tradeoff.server.replicas import ReplicaCoordinator, ReplicaLink
 from tradeoff.server.runner import ServeOptions, make_app, make_dataplane
 
+__all__ = [
+    "NAMESPACE",
+    "RayOptions",
+    "Replica",
+    "connect",
+    "deploy",
+    "is_every_interface",
+    "is_loopback",
+    "local_ray_environment",
+    "parse_autoscale",
+    "serve_metrics",
+    "serve_on_ray",
+]
+
 log = logging.getLogger("tradeoff.server")
 
 NAMESPACE = "tradeoff"

@@ -26,6 +26,15 @@ from typing import Any
 from tradeoff.errors import InferenceFailed
 from tradeoff.server.dataplane import DataPlane
 
+__all__ = [
+    "APPLY_TIMEOUT_S",
+    "GATHER_TIMEOUT_S",
+    "LIVE_S",
+    "POLL_S",
+    "ReplicaCoordinator",
+    "ReplicaLink",
+]
+
 log = logging.getLogger("tradeoff.server")
 
 POLL_S = 2.0  # longest a poll waits for news

@@ -1,27 +1,34 @@
 """A router serving: the loaded form of ``router.yaml`` (repository/router.py) and what it
-counts. The data plane asks it where a request goes and tells it what happened; shadow
-copies are bounded here.
+counts. Its fallback walk and its shadow copies are written here once, for routers of
+tensor models and of generative models alike; the data plane says what one attempt on a
+target is.
 
     routed = RoutedModel("mlp_router", config, signature)
-    decision = routed.decide(parameters)           # route, arm, target
-    routed.stats.served(decision, fallback=None)
+    answer, target = await routed.send(parameters, attempt)   # attempt(target) -> answer
+    routed.shadow(busy, copy)                                 # a background copy, bounded
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from tradeoff import dtypes
-from tradeoff.errors import InvalidInput
+from tradeoff.errors import InferenceFailed, InvalidInput, NotFound, RequestError, Unavailable
 from tradeoff.protocol.v2 import TensorOutput
 from tradeoff.repository.router import Decision, RouterConfig, Signature, Target
 
+__all__ = ["SHADOW_IN_FLIGHT", "RoutedModel", "RouterStats", "ShadowStats", "T"]
+
 SHADOW_IN_FLIGHT = 8  # shadow copies a router holds at once; more are dropped
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -159,6 +166,71 @@ class RoutedModel:
         if self.generative:
             raise InvalidInput(f"router {self.name!r} sends to generative models: send it "
                                "text at /v1/completions or /v1/chat/completions")
+
+    async def send(self, parameters: dict[str, Any],
+                   attempt: Callable[[Target], Awaitable[T]], timed: bool = True
+                   ) -> tuple[T, Target]:
+        """One request's way through the router: the target its rules choose, then each
+        fallback in turn, past a refusal (503) or a target not serving (404), and for an
+        idempotent router past a failure of a target that ran it; the first answer is
+        the answer. The request's own mistake (any other 4xx) is the same everywhere:
+        raised at once. ``timed``: count the time to the answer (a generation's answer
+        streams after this returns: counted as 0)."""
+        started = time.perf_counter_ns()
+        decision = self.decide(parameters)
+        error: RequestError | None = None
+        for index, target in enumerate(self.candidates(decision)):
+            try:
+                answer = await attempt(target)
+            except (Unavailable, NotFound) as exc:  # refused or not serving: never started
+                error = exc
+                continue
+            except InferenceFailed as exc:  # it ran and failed: again only if idempotent
+                if not self.config.idempotent:
+                    self.stats.failed(time.perf_counter_ns() - started if timed else 0)
+                    raise
+                error = exc
+                continue
+            except RequestError:
+                self.stats.failed(time.perf_counter_ns() - started if timed else 0)
+                raise
+            self.stats.served(decision, target if index else None,
+                              time.perf_counter_ns() - started if timed else 0)
+            return answer, target
+        self.stats.failed(time.perf_counter_ns() - started if timed else 0)
+        assert error is not None
+        raise error
+
+    def shadow(self, busy: Callable[[Target], bool],
+               copy: Callable[[Target], Awaitable[None]]) -> asyncio.Task[None] | None:
+        """A shadow copy of the request just answered, when this one gets one: dropped
+        when ``busy(target)`` says the shadow target is (or raises a request error: it
+        does not serve), or ``SHADOW_IN_FLIGHT`` copies are out; else ``copy(target)``
+        runs in the background (returned), which compares the answers into
+        ``stats.shadow``. Its failure is counted, never the caller's."""
+        target = self.wants_shadow()
+        if target is None:
+            return None
+        stats = self.stats.shadow
+        try:
+            dropped = self.shadows_in_flight >= SHADOW_IN_FLIGHT or busy(target)
+        except RequestError:
+            dropped = True
+        if dropped:
+            stats.dropped += 1
+            return None
+        self.shadows_in_flight += 1
+        stats.sent += 1
+
+        async def run() -> None:
+            try:
+                await copy(target)
+            except Exception:
+                stats.failed += 1
+            finally:
+                self.shadows_in_flight -= 1
+
+        return asyncio.ensure_future(run())
 
     def wants_shadow(self) -> Target | None:
         """The shadow target for this request, if it gets a copy."""

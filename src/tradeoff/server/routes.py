@@ -17,6 +17,8 @@ from typing import Any
 
 from tradeoff.errors import NotFound, RequestError
 
+__all__ = ["FOUND_PATHS", "ROUTES", "MethodNotAllowed", "Route", "Router", "path_parameters"]
+
 OPEN, INFERENCE, ADMIN = "open", "inference", "admin"
 V2, OPENAI = "v2", "openai"  # which error shape the route answers with
 

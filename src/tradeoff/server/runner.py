@@ -30,6 +30,8 @@ from tradeoff.server.models import ModelManager
 from tradeoff.server.origins import OriginPolicy
 from tradeoff.server.transport import TransportLimits, guarded_protocol, raise_open_files_limit
 
+__all__ = ["ServeOptions", "make_app", "make_dataplane", "serve"]
+
 log = logging.getLogger("tradeoff.server")
 
 

@@ -50,6 +50,18 @@ from uvicorn.protocols.http.httptools_impl import (
     RequestResponseCycle,
 )
 
+__all__ = [
+    "LINGER_S",
+    "UVICORN_ATTRIBUTES",
+    "UVICORN_METHODS",
+    "DirectRoutes",
+    "Respond",
+    "TransportLimits",
+    "guarded_protocol",
+    "raise_open_files_limit",
+    "raw_response",
+]
+
 log = logging.getLogger("tradeoff.server")
 
 # What the protocol below takes from uvicorn's HttpToolsProtocol beyond its public API: the

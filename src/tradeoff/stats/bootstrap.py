@@ -12,6 +12,15 @@ from collections.abc import Callable
 
 import numpy as np
 
+__all__ = [
+    "BOOTSTRAP_ROUNDS",
+    "BOOTSTRAP_SAMPLES",
+    "STATISTICS",
+    "bootstrap_ratio",
+    "p50",
+    "p99",
+]
+
 BOOTSTRAP_ROUNDS = 500
 BOOTSTRAP_SAMPLES = 20_000
 

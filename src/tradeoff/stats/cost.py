@@ -20,6 +20,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+__all__ = ["Price", "parse_prices", "rank"]
+
 
 @dataclass(frozen=True)
 class Price:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
+__all__ = ["PERCENTILES", "QUANTILES", "distribution", "quantiles"]
+
 PERCENTILES = {"p50": 50, "p90": 90, "p95": 95, "p99": 99, "p999": 99.9}
 # where a CDF is sampled: 0 (min), every percent, the tail, 100 (max)
 QUANTILES = (0.0, *range(1, 100), 99.5, 99.9, 99.99, 100.0)

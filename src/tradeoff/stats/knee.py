@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+__all__ = ["MIN_GAIN", "find_knee", "gain_per_doubling"]
+
 MIN_GAIN = 0.05
 
 

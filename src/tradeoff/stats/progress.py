@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+__all__ = ["duration_text", "progress_text"]
+
 
 def duration_text(seconds: float) -> str:
     """``75`` -> ``1m15s``; under a minute in whole seconds."""

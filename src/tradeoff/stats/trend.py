@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+__all__ = ["Trend", "mann_kendall"]
+
 
 @dataclass(frozen=True)
 class Trend:

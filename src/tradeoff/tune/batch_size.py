@@ -43,6 +43,15 @@ from tradeoff.stats.distribution import distribution
 from tradeoff.stats.knee import MIN_GAIN, find_knee
 from tradeoff.tune.memory import MemoryMeter, memory_meter
 
+__all__ = [
+    "BatchSizePlan",
+    "Progress",
+    "back_off_from",
+    "estimated_max_batch",
+    "memory_per_sample",
+    "tune_batch_size",
+]
+
 Progress = Callable[[str], None]
 
 

@@ -22,6 +22,8 @@ from pathlib import Path
 
 from tradeoff.errors import TuneError
 
+__all__ = ["CudaMeter", "MemoryMeter", "RssMeter", "TorchCudaMeter", "memory_meter"]
+
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
 

@@ -62,6 +62,23 @@ from tradeoff.server.models import TUNE_MARKER, TUNE_ORIGINAL
 from tradeoff.stats.cost import Price
 from tradeoff.stats.progress import progress_text
 
+__all__ = [
+    "KNOBS",
+    "WRITTEN_BY",
+    "Knobs",
+    "ModelControl",
+    "Progress",
+    "ServeGoal",
+    "ServeSearch",
+    "Space",
+    "check_apply_target",
+    "pareto_front",
+    "probe_concurrency",
+    "restore_original",
+    "tune_marker",
+    "write_winner",
+]
+
 Progress = Callable[[str], None]
 KNOBS = ("max_batch_size", "max_queue_delay_us", "instances", "threads", "preferred")
 
