@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto
 
+from tradeoff.errors import InvalidValue
+
 __all__ = [
     "DATATYPES",
     "datatype_of",
@@ -83,7 +85,7 @@ def numpy_dtype(datatype: str) -> np.dtype:
     try:
         return _NUMPY[datatype]
     except KeyError:
-        raise ValueError(
+        raise InvalidValue(
             f"unknown datatype {datatype!r}; expected one of {', '.join(DATATYPES)}"
         ) from None
 
@@ -100,7 +102,7 @@ def datatype_of(array: np.ndarray) -> str:
     try:
         return _NUMPY_TO_NAME[array.dtype]
     except KeyError:
-        raise ValueError(f"numpy dtype {array.dtype} has no protocol datatype") from None
+        raise InvalidValue(f"numpy dtype {array.dtype} has no protocol datatype") from None
 
 
 def from_config_type(config_type: str) -> str:
@@ -119,7 +121,7 @@ def from_onnx(elem_type: int) -> str:
     try:
         return _ONNX[elem_type]
     except KeyError:
-        raise ValueError(f"ONNX element type {elem_type} is not supported") from None
+        raise InvalidValue(f"ONNX element type {elem_type} is not supported") from None
 
 
 def to_onnx(datatype: str) -> int:
@@ -132,7 +134,7 @@ def from_ort(type_string: str) -> str:
     try:
         return _ORT[type_string]
     except KeyError:
-        raise ValueError(f"ONNX Runtime type {type_string} is not supported") from None
+        raise InvalidValue(f"ONNX Runtime type {type_string} is not supported") from None
 
 
 def from_torch_name(name: str) -> str | None:

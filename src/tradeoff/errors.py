@@ -10,6 +10,8 @@
     ├── BenchSetupError          a measurement cannot be carried out (bad arguments, an
     │                            endpoint unreachable or refusing); has .status
     ├── DatasetError             a dataset option or file that cannot be used; a ValueError
+    ├── InvalidValue             a flag, spec or field tradeoff cannot use; a ValueError
+    ├── RunStopped               a load run stopped by a signal (bench.runner.stop_runs)
     └── RequestError             something a client caused or must be told; has .status
         ├── InvalidInput         400: malformed body, wrong dtype/shape, missing input
         ├── Unauthorized         401: a protected call without a valid API key
@@ -40,6 +42,7 @@ __all__ = [
     "InferenceFailed",
     "InstanceDied",
     "InvalidInput",
+    "InvalidValue",
     "MissingDependency",
     "ModelLoadError",
     "NotFound",
@@ -49,6 +52,7 @@ __all__ = [
     "RequestError",
     "RequestTimeout",
     "ResultFormatError",
+    "RunStopped",
     "TradeoffError",
     "TuneError",
     "Unauthorized",
@@ -146,6 +150,17 @@ class BenchSetupError(TradeoffError):
 
 class DatasetError(TradeoffError, ValueError):
     """A dataset option or file that cannot be used; the message says what to fix."""
+
+
+class InvalidValue(TradeoffError, ValueError):
+    """A value given to tradeoff (a flag, a spec, a field of a file) that it cannot use;
+    the message says what it takes instead. Also a ``ValueError``, so handlers of bad
+    values catch it too."""
+
+
+class RunStopped(TradeoffError):
+    """A load run ended early, or refused to start, after ``bench.runner.stop_runs``
+    (a signal, as a rule)."""
 
 class RequestError(TradeoffError):
     """An error answered to a client; ``status`` is the HTTP status code."""

@@ -15,12 +15,12 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("tokenizers")
 
-from tradeoff.errors import RequestError  # noqa: E402
-from tradeoff.generate.bridge import GenerativeModel, Handle  # noqa: E402
-from tradeoff.generate.loader import load_generative  # noqa: E402
-from tradeoff.generate.sampling import SamplingParams  # noqa: E402
-from tradeoff.models.generative import write_synthetic_llm  # noqa: E402
-from tradeoff.server.generation import Finished, Generation, TextDelta  # noqa: E402
+from tradeoff.errors import RequestError
+from tradeoff.generate.bridge import GenerativeModel, Handle
+from tradeoff.generate.loader import load_generative
+from tradeoff.generate.sampling import SamplingParams
+from tradeoff.models.generative import write_synthetic_llm
+from tradeoff.server.generation import Finished, Generation, TextDelta
 
 Whole = list[tuple[list[int], str]]
 

@@ -11,11 +11,13 @@ import textwrap
 
 import pytest
 
-from tradeoff.bench.runner import RunStopped, resume_runs, run_coroutine, stop_runs
+from tradeoff.bench.runner import resume_runs, run_coroutine, stop_runs
+from tradeoff.errors import RunStopped
 
 CHILD = textwrap.dedent("""
     import asyncio, signal, sys
-    from tradeoff.bench.runner import RunStopped, run_coroutine, stop_runs
+    from tradeoff.bench.runner import run_coroutine, stop_runs
+    from tradeoff.errors import RunStopped
 
     signal.signal(signal.SIGHUP, lambda _signum, _frame: stop_runs())
 

@@ -31,7 +31,7 @@ from tradeoff.bench.endpoint import EndpointSpec, make_adapter
 from tradeoff.bench.load import LoadSpec
 from tradeoff.bench.records import OK, Records
 from tradeoff.bench.session import run_benchmark
-from tradeoff.errors import BenchSetupError
+from tradeoff.errors import BenchSetupError, InvalidValue
 from tradeoff.results import (
     BenchResult,
     CompareEntry,
@@ -305,12 +305,12 @@ def run_compare(endpoints: list[EndpointSpec], spec: LoadSpec, rounds: int = 3,
                 console: Console | None = None) -> CompareResult:
     """Measure every endpoint ``rounds`` times, interleaved; the comparison."""
     if len(endpoints) < 2:
-        raise ValueError("compare needs at least two endpoints")
+        raise InvalidValue("compare needs at least two endpoints")
     names = [e.label for e in endpoints]
     if len(set(names)) != len(names):
-        raise ValueError(f"endpoint names must differ: {', '.join(names)}")
+        raise InvalidValue(f"endpoint names must differ: {', '.join(names)}")
     if spec.duration_s is None:
-        raise ValueError("compare needs --duration (each round measures that long)")
+        raise InvalidValue("compare needs --duration (each round measures that long)")
     adapters = [make_adapter(e) for e in endpoints]
     for name, adapter in zip(names, adapters, strict=True):
         try:  # every endpoint answers before the first round, not after a wasted one
@@ -347,7 +347,7 @@ def compare_results(named: list[tuple[str, BenchResult]],
     """A comparison of bench results already measured, each under its name (no new
     measurement): ``[("a", load_as(BenchResult, "a.json")), ...]``."""
     if len(named) < 2:
-        raise ValueError("compare needs at least two results")
+        raise InvalidValue("compare needs at least two results")
     entries = []
     for name, given in named:
         result = given.named(name)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from tradeoff.bench.adapters import Adapter
+from tradeoff.errors import InvalidValue
 
 __all__ = ["CHECKLIST", "UNKNOWN", "build_profile", "parse_fact", "profile"]
 
@@ -93,5 +94,5 @@ def parse_fact(text: str) -> tuple[str, str, str]:
     name, sep, rest = text.partition(":")
     key, sep2, value = rest.partition("=")
     if not sep or not sep2 or not name or not key:
-        raise ValueError(f"--fact {text!r}: use NAME:key=value (e.g. a:hardware=H100)")
+        raise InvalidValue(f"--fact {text!r}: use NAME:key=value (e.g. a:hardware=H100)")
     return name, key.strip(), value.strip()

@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from tradeoff.backends.decoding import SequenceStep
-from tradeoff.errors import ModelLoadError
+from tradeoff.errors import InvalidValue, ModelLoadError
 
 __all__ = [
     "ONEDNN_ROWS",
@@ -319,8 +319,8 @@ class LlamaDecoder:
         into ``transformers.LlamaForCausalLM``, say); not for ``int8``, whose weights
         are quantized."""
         if self.packed:
-            raise ValueError("int8 weights are packed for fbgemm; load the model in fp32 "
-                             "or bf16 to read them")
+            raise InvalidValue("int8 weights are packed for fbgemm; load the model in fp32 "
+                               "or bf16 to read them")
         out = {}
         for name, weight in (*self.w.items(), *self.onednn.items()):
             dense = weight.to_dense() if weight.is_mkldnn else weight

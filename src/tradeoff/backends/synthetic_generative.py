@@ -43,7 +43,7 @@ from tradeoff.backends.decoding import SequenceStep
 from tradeoff.backends.llama import PagedKVCache
 from tradeoff.backends.registry import GenerativeBackendType
 from tradeoff.backends.text import Tokenizer
-from tradeoff.errors import ModelLoadError
+from tradeoff.errors import InvalidValue, ModelLoadError
 
 __all__ = [
     "ANSWER_ALPHABET",
@@ -250,7 +250,7 @@ class SyntheticDecoder:
                     + torch.arange(new) - torch.repeat_interleave(torch.cumsum(counts, 0)
                                                                   - counts, counts))
         if bool((position < 0).any()) or bool((counts < 1).any()):
-            raise ValueError("a sequence step has no new tokens or more tokens than slots")
+            raise InvalidValue("a sequence step has no new tokens or more tokens than slots")
         first = torch.repeat_interleave(slots_from, counts).to(self.device)
         position = position.to(self.device)
         table = cache.keys.view(-1)

@@ -25,7 +25,7 @@ import numpy as np
 from tradeoff.backends import onnxruntime as ort_backend
 from tradeoff.backends.base import Backend, TensorSpec
 from tradeoff.backends.registry import InstanceSpec, TensorBackendType
-from tradeoff.errors import ConfigError, InvalidInput, ModelLoadError
+from tradeoff.errors import ConfigError, InvalidInput, InvalidValue, ModelLoadError
 
 __all__ = [
     "BACKEND",
@@ -91,7 +91,7 @@ class TextEncoderBackend(Backend):
         try:
             self.max_length = int(raw)
             if self.max_length < 2:
-                raise ValueError("must be at least 2")
+                raise InvalidValue("must be at least 2")
         except ValueError as exc:
             raise ConfigError(f"model {spec.name!r}", "parameters.max_sequence_length",
                               f"{raw!r}: {exc}") from None

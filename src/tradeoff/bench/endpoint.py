@@ -19,7 +19,7 @@ from typing import Any
 from tradeoff.bench.adapters import Adapter, HttpJsonAdapter, V2Adapter
 from tradeoff.bench.load import LOAD_DEFAULTS
 from tradeoff.bench.mix import InputMix, RequestClass
-from tradeoff.errors import BenchSetupError, DatasetError
+from tradeoff.errors import BenchSetupError, DatasetError, InvalidValue
 
 __all__ = [
     "PROTOCOLS",
@@ -80,8 +80,8 @@ def parse_shapes(values: Iterable[str]) -> dict[str, list[int]]:
                 raise ValueError
             shapes[name] = [int(d) for d in dims.split(",") if d.strip()]
         except ValueError:
-            raise ValueError(f"--shape {value!r}: use NAME:d1,d2 (for example "
-                             "INPUT0:3,224)") from None
+            raise InvalidValue(f"--shape {value!r}: use NAME:d1,d2 (for example "
+                               "INPUT0:3,224)") from None
     return shapes
 
 
@@ -91,7 +91,7 @@ def parse_headers(values: Iterable[str]) -> dict[str, str]:
     for value in values:
         key, sep, header_value = value.partition(":")
         if not sep or not key.strip():
-            raise ValueError(f"--header {value!r}: use KEY:VALUE")
+            raise InvalidValue(f"--header {value!r}: use KEY:VALUE")
         headers[key.strip()] = header_value.strip()
     return headers
 

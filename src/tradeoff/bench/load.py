@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tradeoff.errors import InvalidValue
+
 __all__ = [
     "DURATION_FORMS",
     "LOAD_DEFAULTS",
@@ -49,13 +51,13 @@ def parse_duration(text: str | float, *, allow_zero: bool = False) -> float:
     else:
         match = _DURATION.fullmatch(raw)
         if match is None:
-            raise ValueError(f"{raw!r} is not a duration; write {DURATION_FORMS}")
+            raise InvalidValue(f"{raw!r} is not a duration; write {DURATION_FORMS}")
         seconds = float(match["number"]) * _SECONDS_PER_UNIT[(match["unit"] or "s").lower()]
     if not math.isfinite(seconds):
-        raise ValueError(f"{raw!r} is not a finite duration; write {DURATION_FORMS}")
+        raise InvalidValue(f"{raw!r} is not a finite duration; write {DURATION_FORMS}")
     if seconds < 0 or (seconds == 0 and not allow_zero):
         bound = "0 or more" if allow_zero else "more than 0"
-        raise ValueError(f"{raw!r}: a duration must be {bound}, e.g. 90s or 5m")
+        raise InvalidValue(f"{raw!r}: a duration must be {bound}, e.g. 90s or 5m")
     return seconds
 
 
@@ -114,21 +116,21 @@ class LoadSpec:
         modes = [self.concurrency is not None, self.rate is not None,
                  self.intervals is not None]
         if sum(modes) != 1:
-            raise ValueError("give exactly one of --concurrency, --rate or --intervals")
+            raise InvalidValue("give exactly one of --concurrency, --rate or --intervals")
         if self.concurrency is not None and self.concurrency < 1:
-            raise ValueError(f"--concurrency must be >= 1, got {self.concurrency}")
+            raise InvalidValue(f"--concurrency must be >= 1, got {self.concurrency}")
         if self.rate is not None and not self.rate > 0:
-            raise ValueError(f"--rate must be > 0 requests/s, got {self.rate}")
+            raise InvalidValue(f"--rate must be > 0 requests/s, got {self.rate}")
         if self.arrival not in ("constant", "poisson"):
-            raise ValueError(f"--arrival must be constant or poisson, got {self.arrival!r}")
+            raise InvalidValue(f"--arrival must be constant or poisson, got {self.arrival!r}")
         if self.duration_s is not None and self.requests is not None:
-            raise ValueError("give --duration or --requests, not both")
+            raise InvalidValue("give --duration or --requests, not both")
         if self.window_s is not None and not self.window_s > 0:
-            raise ValueError(f"--window must be > 0 seconds, got {self.window_s}")
+            raise InvalidValue(f"--window must be > 0 seconds, got {self.window_s}")
         if not 0 < self.stability_percent < 100:
-            raise ValueError("--stability-percent must be between 0 and 100")
+            raise InvalidValue("--stability-percent must be between 0 and 100")
         if self.workers < 1:
-            raise ValueError(f"--workers must be >= 1, got {self.workers}")
+            raise InvalidValue(f"--workers must be >= 1, got {self.workers}")
 
     @property
     def mode(self) -> str:
@@ -204,21 +206,21 @@ def read_intervals(path: Path) -> tuple[float, ...]:
     try:
         text = path.read_text()
     except OSError as exc:
-        raise ValueError(f"--intervals {path}: {exc.strerror}") from None
+        raise InvalidValue(f"--intervals {path}: {exc.strerror}") from None
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     as_offsets = bool(lines) and lines[0].lower().startswith("# offsets")
     try:
         values = np.array([float(line) for line in lines if not line.startswith("#")])
     except ValueError as exc:
-        raise ValueError(f"--intervals {path}: {exc}") from None
+        raise InvalidValue(f"--intervals {path}: {exc}") from None
     if values.size == 0:
-        raise ValueError(f"--intervals {path}: no intervals in the file")
+        raise InvalidValue(f"--intervals {path}: no intervals in the file")
     if (values < 0).any():
-        raise ValueError(f"--intervals {path}: values must not be negative")
+        raise InvalidValue(f"--intervals {path}: values must not be negative")
     seconds = values / 1e6
     if as_offsets:
         if (np.diff(seconds) < 0).any():
-            raise ValueError(f"--intervals {path}: offsets must not decrease")
+            raise InvalidValue(f"--intervals {path}: offsets must not decrease")
         return tuple(seconds.tolist())
     return tuple((np.cumsum(seconds) - seconds[0]).tolist())
 

@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from tradeoff.errors import InvalidValue
+
 __all__ = [
     "ORDER_LENGTH",
     "InputMix",
@@ -63,13 +65,13 @@ class RequestClass:
         except ValueError:
             weight = -1.0
         if not sep or not name or not 0 < weight < float("inf"):
-            raise ValueError(f"--mix {text!r}: use NAME=WEIGHT[,param=value...], e.g. "
-                             "latency=20,class=latency")
+            raise InvalidValue(f"--mix {text!r}: use NAME=WEIGHT[,param=value...], e.g. "
+                               "latency=20,class=latency")
         parameters: dict[str, Any] = {}
         for item in rest:
             key, sep, value = item.partition("=")
             if not sep or not key:
-                raise ValueError(f"--mix {text!r}: {item!r} is not param=value")
+                raise InvalidValue(f"--mix {text!r}: {item!r} is not param=value")
             parameters[key.strip()] = _value(value.strip())
         return cls(name.strip(), weight, parameters)
 

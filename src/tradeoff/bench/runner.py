@@ -40,6 +40,7 @@ from tradeoff.bench.records import (
     Records,
     classify,
 )
+from tradeoff.errors import InvalidValue, RunStopped
 from tradeoff.heap import settled_heap
 
 __all__ = [
@@ -47,7 +48,6 @@ __all__ = [
     "DEFAULT_WINDOW_S",
     "TIMER_SLACK_S",
     "RunOutcome",
-    "RunStopped",
     "Runner",
     "WindowReport",
     "fixed_end",
@@ -75,10 +75,6 @@ def run_coroutine(coro: Any) -> Any:
     if threading.current_thread() is not threading.main_thread():
         return uvloop.run(coro)
     return uvloop.run(_STOP.stoppable(coro))
-
-
-class RunStopped(Exception):
-    """A load run ended early, or refused to start, after :func:`stop_runs`."""
 
 
 class _RunStop:
@@ -216,7 +212,7 @@ class Runner:
     def __init__(self, adapter: Adapter, requests: list[bytes], spec: LoadSpec,
                  on_window: Callable[[WindowReport], None] | None = None) -> None:
         if not requests:
-            raise ValueError("no requests to send")
+            raise InvalidValue("no requests to send")
         self.adapter = adapter
         self.requests = requests
         self.spec = spec

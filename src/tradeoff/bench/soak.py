@@ -30,7 +30,7 @@ from tradeoff.bench.adapters import Adapter
 from tradeoff.bench.load import LoadSpec
 from tradeoff.bench.session import run_benchmark
 from tradeoff.bench.sweep import Sweep, SweepPlan, parse_levels, point_summary
-from tradeoff.errors import BenchSetupError
+from tradeoff.errors import BenchSetupError, InvalidValue
 from tradeoff.results import Memory, SoakResult, Verdict, Window, environment
 from tradeoff.stats.trend import mann_kendall
 
@@ -76,10 +76,10 @@ class SoakPlan:
 
     def __post_init__(self) -> None:
         if not 0 < self.fraction <= 2:
-            raise ValueError(f"--fraction must be in (0, 2], got {self.fraction}")
+            raise InvalidValue(f"--fraction must be in (0, 2], got {self.fraction}")
         if self.window_s * MIN_WINDOWS > self.duration_s:
-            raise ValueError(f"--duration {self.duration_s:g}s holds fewer than {MIN_WINDOWS} "
-                             f"windows of {self.window_s:g}s; lengthen it or shorten --window")
+            raise InvalidValue(f"--duration {self.duration_s:g}s holds fewer than {MIN_WINDOWS} "
+                               f"windows of {self.window_s:g}s; lengthen it or shorten --window")
 
 
 def read_rss(pid: int | None, prometheus_url: str | None) -> float | None:

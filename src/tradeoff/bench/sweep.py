@@ -26,6 +26,7 @@ from rich.console import Console
 from tradeoff.bench.adapters import Adapter
 from tradeoff.bench.load import LoadSpec
 from tradeoff.bench.session import run_benchmark
+from tradeoff.errors import InvalidValue
 from tradeoff.results import (
     BenchResult,
     Knee,
@@ -84,8 +85,8 @@ def parse_levels(text: str, integer: bool = False) -> list[float]:
         return levels
     except ValueError:
         kind = "integers" if integer else "numbers"
-        raise ValueError(f"{text!r}: use START:END (doubling), START:END:STEP or an "
-                         f"increasing list A,B,C of positive {kind}") from None
+        raise InvalidValue(f"{text!r}: use START:END (doubling), START:END:STEP or an "
+                           f"increasing list A,B,C of positive {kind}") from None
 
 
 @dataclass(frozen=True)
@@ -106,9 +107,9 @@ class SweepPlan:
 
     def __post_init__(self) -> None:
         if self.mode not in ("concurrency", "rate"):
-            raise ValueError(f"sweep mode must be concurrency or rate, got {self.mode!r}")
+            raise InvalidValue(f"sweep mode must be concurrency or rate, got {self.mode!r}")
         if not self.levels:
-            raise ValueError("no load levels to sweep")
+            raise InvalidValue("no load levels to sweep")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -120,7 +121,7 @@ def profile_levels(adapter: Adapter, base: LoadSpec, count: int, max_concurrency
     and ``max_concurrency`` at once (the saturation rate), then ``count`` constant rates
     spread evenly between them, both ends included. Returns the rates and the anchors."""
     if count < 2:
-        raise ValueError("--profile needs at least 2 rates")
+        raise InvalidValue("--profile needs at least 2 rates")
     anchors = {}
     for name, concurrency in (("synchronous", 1), ("throughput", max_concurrency)):
         if console:
@@ -131,7 +132,7 @@ def profile_levels(adapter: Adapter, base: LoadSpec, count: int, max_concurrency
         anchors[f"{name}_rps"] = result.summary.throughput_rps
     low, high = anchors["synchronous_rps"], anchors["throughput_rps"]
     if not low > 0:
-        raise ValueError("profile: no request succeeded one at a time; check the endpoint")
+        raise InvalidValue("profile: no request succeeded one at a time; check the endpoint")
     high = max(high, low * 1.01)  # saturated at one: still spread a little
     step = (high - low) / (count - 1)
     return [round(low + i * step, 3) for i in range(count)], anchors

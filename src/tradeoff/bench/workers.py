@@ -27,7 +27,7 @@ from tradeoff.bench.runner import (
     is_stable,
     run_coroutine,
 )
-from tradeoff.errors import BenchSetupError
+from tradeoff.errors import BenchSetupError, InvalidValue
 
 __all__ = ["START_MARGIN_S", "WorkerRuns", "merge_runs", "run_workers", "split_spec"]
 
@@ -37,22 +37,22 @@ START_MARGIN_S = 0.2
 def split_spec(spec: LoadSpec, workers: int) -> list[LoadSpec]:
     """Each worker's share of the load."""
     if workers < 1:
-        raise ValueError(f"--workers must be >= 1, got {workers}")
+        raise InvalidValue(f"--workers must be >= 1, got {workers}")
     if not spec.fixed_length:
-        raise ValueError("--workers needs --duration, --requests or --intervals "
-                         "(stability windows are judged in one process)")
+        raise InvalidValue("--workers needs --duration, --requests or --intervals "
+                           "(stability windows are judged in one process)")
     shares = []
     for k in range(workers):
         share = replace(spec, seed=spec.seed + k, workers=1, ray_address=None)
         if spec.requests is not None:
             count = spec.requests // workers + (1 if k < spec.requests % workers else 0)
             if count == 0:
-                raise ValueError(f"--requests {spec.requests} is fewer than --workers")
+                raise InvalidValue(f"--requests {spec.requests} is fewer than --workers")
             share = replace(share, requests=count)
         if spec.concurrency is not None:
             if spec.concurrency < workers:
-                raise ValueError(f"--workers {workers} is more than --concurrency "
-                                 f"{spec.concurrency}")
+                raise InvalidValue(f"--workers {workers} is more than --concurrency "
+                                   f"{spec.concurrency}")
             count = spec.concurrency // workers + (1 if k < spec.concurrency % workers else 0)
             share = replace(share, concurrency=count)
         elif spec.rate is not None:
@@ -65,7 +65,7 @@ def split_spec(spec: LoadSpec, workers: int) -> list[LoadSpec]:
             assert spec.intervals is not None
             mine = spec.intervals[k::workers]
             if not mine:
-                raise ValueError("--workers is more than the requests in the trace")
+                raise InvalidValue("--workers is more than the requests in the trace")
             share = replace(share, intervals=mine)
         shares.append(share)
     return shares

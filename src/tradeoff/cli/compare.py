@@ -21,6 +21,7 @@ from tradeoff.cli.options import (
     take_load,
     user_errors,
 )
+from tradeoff.errors import InvalidValue
 
 __all__ = ["compare"]
 
@@ -90,7 +91,7 @@ def compare(results: tuple[Path, ...], endpoints: tuple[str, ...], rounds: int,
     console = Console()
     try:
         if results and endpoints:
-            raise ValueError("give result files or --endpoint, not both")
+            raise InvalidValue("give result files or --endpoint, not both")
         if results:
             named = [(p.stem, load_as(BenchResult, p)) for p in results]
             document = compare_results(named, _facts(facts),

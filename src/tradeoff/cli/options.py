@@ -444,9 +444,11 @@ def step_progress(console: Console, first: str = "starting") -> Iterator[Callabl
 
 
 def user_errors() -> tuple[type[Exception], ...]:
-    """What a user's mistake raises below the command line: shown as one line (the
-    project's own tree, and the ValueError and OSError that parsing and files raise)."""
-    return (TradeoffError, ValueError, OSError)
+    """What a user's mistake raises below the command line: shown as one line. The
+    project's own tree, and OSError: a file the user named that is missing or unreadable,
+    a full disk, a refused connection (the environment, never a bug); anything else is
+    a bug, and its traceback says where."""
+    return (TradeoffError, OSError)
 
 
 def setup_logging(level: str) -> None:

@@ -22,6 +22,7 @@ from tradeoff.cli.options import (
     take_load,
     user_errors,
 )
+from tradeoff.errors import InvalidValue
 
 __all__ = ["sweep"]
 
@@ -98,7 +99,7 @@ def sweep(url: str, concurrency_range: str | None, rate_range: str | None,
     try:
         given = [o for o in (concurrency_range, rate_range, profile_count) if o is not None]
         if len(given) != 1:
-            raise ValueError("give one of --concurrency-range, --rate-range or --profile")
+            raise InvalidValue("give one of --concurrency-range, --rate-range or --profile")
         mode = "concurrency" if concurrency_range else "rate"
         source = click.get_current_context().get_parameter_source("warmup")
         if source is ParameterSource.DEFAULT:  # a level's first requests are cold

@@ -233,7 +233,7 @@ def serve(url: str, sla_p99_ms: float | None, rate: float | None, max_throughput
     """
     from rich.console import Console
 
-    from tradeoff.bench.runner import RunStopped
+    from tradeoff.errors import RunStopped
     from tradeoff.report.terminal import print_serve_tune
     from tradeoff.stats.cost import Price
     from tradeoff.tune.serve_search import (

@@ -29,7 +29,7 @@ import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
-from tradeoff.errors import Unavailable
+from tradeoff.errors import InvalidValue, Unavailable
 from tradeoff.generate.kv_blocks import BlockAllocator, BlockKey, block_key
 
 __all__ = ["GenSequence", "IterationScheduler", "PrefillPacer", "SeqState", "StepPlan"]
@@ -99,9 +99,9 @@ class IterationScheduler:
                  max_num_batched_tokens: int = 512, max_num_queued: int = 256,
                  policy: str = "fcfs", mode: str = "continuous") -> None:
         if policy not in ("fcfs", "priority"):
-            raise ValueError(f"scheduling policy must be fcfs or priority, got {policy!r}")
+            raise InvalidValue(f"scheduling policy must be fcfs or priority, got {policy!r}")
         if mode not in ("continuous", "static"):
-            raise ValueError(f"batching mode must be continuous or static, got {mode!r}")
+            raise InvalidValue(f"batching mode must be continuous or static, got {mode!r}")
         self.blocks = blocks
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens

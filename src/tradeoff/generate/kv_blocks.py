@@ -22,6 +22,8 @@ from collections import OrderedDict, deque
 
 import numpy as np
 
+from tradeoff.errors import InvalidValue
+
 __all__ = ["BlockAllocator", "BlockKey", "BlockTable", "block_key"]
 
 # (digest of every token before the block, the block's tokens): a cache hit compares the
@@ -44,7 +46,7 @@ class BlockAllocator:
 
     def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = False) -> None:
         if num_blocks < 1 or block_size < 1:
-            raise ValueError("the KV cache needs at least one block of at least one token")
+            raise InvalidValue("the KV cache needs at least one block of at least one token")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.prefix_caching = prefix_caching
@@ -150,8 +152,8 @@ class BlockTable:
             self._filled[row] = 0
         have = self._filled[row]
         if len(blocks) > self.width:
-            raise ValueError(f"a sequence holds {len(blocks)} blocks; the table has "
-                             f"{self.width} places")
+            raise InvalidValue(f"a sequence holds {len(blocks)} blocks; the table has "
+                               f"{self.width} places")
         if len(blocks) > have:
             self.table[row, have:len(blocks)] = blocks[have:]
             self._filled[row] = len(blocks)

@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from tradeoff.errors import InvalidValue
 from tradeoff.models.generative import (
     BUILDABLE_GENERATIVE,
     available_generative_models,
@@ -126,8 +127,8 @@ def build_repository(root: Path, names: tuple[str, ...] = EXAMPLE_MODELS) -> lis
     known = EXAMPLE_MODELS + PACKAGED_MODELS + BUILDABLE_GENERATIVE + TORCH_MODELS
     unknown = set(names) - set(known)
     if unknown:
-        raise ValueError(f"unknown example models {sorted(unknown)}; "
-                         f"choose from {', '.join(known)}")
+        raise InvalidValue(f"unknown example models {sorted(unknown)}; "
+                           f"choose from {', '.join(known)}")
     builders = {"tiny": (tiny_model, TINY_CONFIG), "mlp": (mlp_model, MLP_CONFIG)}
     for base, (make, template) in builders.items():
         wanted = [n for n in (base, f"{base}_nobatch") if n in names]

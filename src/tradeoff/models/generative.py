@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from tradeoff.errors import InvalidValue
+
 __all__ = [
     "BUILDABLE_GENERATIVE",
     "GENERATIVE_MODELS",
@@ -81,12 +83,12 @@ def write_generative(root: Path, name: str, directory: str | None = None,
     """Write generative model ``name`` into ``root/(directory or name)``; ``settings``
     override its ``generate.yaml`` (e.g. ``batching="static"``)."""
     if name not in BUILDABLE_GENERATIVE:
-        raise ValueError(f"unknown generative model {name!r}; "
-                         f"choose from {', '.join(BUILDABLE_GENERATIVE)}")
+        raise InvalidValue(f"unknown generative model {name!r}; "
+                           f"choose from {', '.join(BUILDABLE_GENERATIVE)}")
     if name == SYNTHETIC_LLM:
         return write_synthetic_llm(root, directory, **settings)
     if name not in available_generative_models():
-        raise ValueError(missing_reason(name))
+        raise InvalidValue(missing_reason(name))
     target = Path(root) / (directory or name)
     target.mkdir(parents=True, exist_ok=True)
     doc = {**_SETTINGS[name], **settings}
@@ -109,7 +111,7 @@ def write_synthetic_llm(root: Path, directory: str | None = None, *,
         write_synthetic_llm(repo, model={"step_ms": 2.0}, max_num_seqs=32)
     """
     if not _installed("torch", "tokenizers"):
-        raise ValueError(missing_reason(SYNTHETIC_LLM))
+        raise InvalidValue(missing_reason(SYNTHETIC_LLM))
     from tradeoff.backends.synthetic_generative import SyntheticLLMConfig, write_model_file
 
     target = Path(root) / (directory or SYNTHETIC_LLM)

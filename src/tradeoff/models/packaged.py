@@ -25,6 +25,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from tradeoff import data
+from tradeoff.errors import InvalidValue
 from tradeoff.models.graph import GraphBuilder, make_model
 
 __all__ = [
@@ -85,7 +86,7 @@ def packaged_missing_reason(name: str) -> str:
 def write_packaged(root: Path, name: str) -> Path:
     """Write packaged model ``name`` into ``root/name`` (version 1 and its config)."""
     if name not in available_packaged_models():
-        raise ValueError(packaged_missing_reason(name))
+        raise InvalidValue(packaged_missing_reason(name))
     package = _package_dir(name)
     assert package is not None
     target = Path(root) / name

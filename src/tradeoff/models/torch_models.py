@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tradeoff.backends.pytorch import torchscript_quietly
+from tradeoff.errors import InvalidValue
 
 __all__ = [
     "ENCODER_CONFIG",
@@ -263,7 +264,7 @@ def write_resnet(root: Path, name: str, shape: ResNetShape = ResNetShape(), *,
 def write_torch_model(root: Path, name: str) -> Path:
     """Write example model ``name`` (one of TORCH_MODELS) into ``root``."""
     if not torch_available():
-        raise ValueError(f"{name} needs torch: pip install 'tradeoff[llm]'")
+        raise InvalidValue(f"{name} needs torch: pip install 'tradeoff[llm]'")
     exported = name.endswith("_export")
     if name.startswith("bert"):
         return write_encoder(root, name, exported=exported)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tradeoff.errors import InvalidValue
 from tradeoff.results import OutputAccuracy
 
 __all__ = ["compare_output", "cosine_rows", "output_kind", "top1_agreement"]
@@ -49,8 +50,8 @@ def top1_agreement(reference: np.ndarray, candidate: np.ndarray) -> float:
 def compare_output(name: str, reference: np.ndarray, candidate: np.ndarray) -> OutputAccuracy:
     """Grade ``candidate`` against ``reference`` (same inputs, same shape)."""
     if reference.shape != candidate.shape:
-        raise ValueError(f"output {name!r}: shape {list(candidate.shape)} differs from the "
-                         f"original's {list(reference.shape)}")
+        raise InvalidValue(f"output {name!r}: shape {list(candidate.shape)} differs from the "
+                           f"original's {list(reference.shape)}")
     kind = output_kind(reference)
     samples = len(reference) if reference.ndim else 1
     ref, cand = reference.astype(np.float64), candidate.astype(np.float64)

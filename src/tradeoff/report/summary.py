@@ -11,6 +11,7 @@ import io
 from pathlib import Path
 from typing import Any
 
+from tradeoff.errors import InvalidValue
 from tradeoff.results import CompareResult, SweepResult
 
 __all__ = ["SUFFIXES", "render_summary", "summary_table", "write_summary"]
@@ -80,5 +81,5 @@ def render_summary(result: SweepResult | CompareResult, markdown: bool) -> str:
 def write_summary(result: SweepResult | CompareResult, path: Path) -> None:
     """Write the table to ``path``: Markdown for ``.md``, CSV for ``.csv``."""
     if path.suffix not in SUFFIXES:
-        raise ValueError(f"--summary {path}: name a .csv or a .md file")
+        raise InvalidValue(f"--summary {path}: name a .csv or a .md file")
     path.write_text(render_summary(result, markdown=path.suffix == ".md"))

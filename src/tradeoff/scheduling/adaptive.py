@@ -33,6 +33,8 @@ from collections import deque
 
 import numpy as np
 
+from tradeoff.errors import InvalidValue
+
 __all__ = ["BUSY", "CAP_SHARE", "HEADROOM", "MIN_LATENCIES", "TICK_S", "AdaptiveBatcher"]
 
 TICK_S = 0.1
@@ -53,7 +55,7 @@ class AdaptiveBatcher:
     def __init__(self, target_ms: float, max_batch_size: int, instances: int = 1,
                  initial_delay_us: int = 0, now_ns: int = 0) -> None:
         if not target_ms > 0:
-            raise ValueError(f"target_p99_ms must be positive, got {target_ms}")
+            raise InvalidValue(f"target_p99_ms must be positive, got {target_ms}")
         self.target_s = target_ms / 1e3
         self.max_batch_size = max(max_batch_size, 1)
         self.instances = max(instances, 1)

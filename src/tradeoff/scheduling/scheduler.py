@@ -37,6 +37,7 @@ from tradeoff.backends.base import Backend
 from tradeoff.errors import (
     InferenceFailed,
     InstanceDied,
+    InvalidValue,
     RequestTimeout,
     TradeoffError,
     Unavailable,
@@ -135,7 +136,7 @@ class Scheduler:
                  *, clock: Callable[[], int] = time.perf_counter_ns,
                  inline_limit_ns: int = 0) -> None:
         if not instances:
-            raise ValueError("a scheduler needs at least one backend instance")
+            raise InvalidValue("a scheduler needs at least one backend instance")
         self.config = config
         self.stats = stats
         self.queue = BatchQueue(config.name, config.max_batch_size, config.dynamic_batching)

@@ -18,7 +18,7 @@ import hmac
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from tradeoff.errors import Forbidden, Unauthorized
+from tradeoff.errors import Forbidden, InvalidValue, Unauthorized
 
 __all__ = ["ADMIN_KEY_ENV", "API_KEY_ENV", "METRICS_KEY_ENV", "TENANT", "Access", "read_keys"]
 
@@ -37,14 +37,14 @@ def read_keys(values: Iterable[str], files: Iterable[Path], env_value: str | Non
         try:
             text = path.read_text()
         except OSError as exc:
-            raise ValueError(f"cannot read key file {path}: {exc.strerror}") from None
+            raise InvalidValue(f"cannot read key file {path}: {exc.strerror}") from None
         keys += [line.strip() for line in text.splitlines()
                  if line.strip() and not line.lstrip().startswith("#")]
     if env_value:
         keys += [v.strip() for v in env_value.split(",")]
     keys = [k for k in keys if k]
     if any(len(k) < 8 for k in keys):
-        raise ValueError("API keys must be at least 8 characters long")
+        raise InvalidValue("API keys must be at least 8 characters long")
     return keys
 
 

@@ -44,6 +44,7 @@ import numpy as np
 import orjson
 
 from tradeoff import dtypes
+from tradeoff.errors import InvalidValue
 from tradeoff.protocol.v2 import TensorOutput, decode_bytes_elements, encode_bytes_elements
 
 __all__ = [
@@ -103,7 +104,7 @@ def parse_size(text: str, what: str) -> int:
     """``256MB``, ``1GiB``, ``4096`` as bytes; ValueError naming ``what`` otherwise."""
     match = _SIZE.match(text)
     if not match or (match.group(2) or "").lower() not in _UNITS:
-        raise ValueError(f"{what}={text!r}: give bytes such as 256MB, 1GiB or 65536")
+        raise InvalidValue(f"{what}={text!r}: give bytes such as 256MB, 1GiB or 65536")
     return int(float(match.group(1)) * _UNITS[(match.group(2) or "").lower()])
 
 
@@ -121,7 +122,7 @@ def _tenant_size(values: dict[str, str], default: str) -> int:
     """``tenant_size`` of a --cache spec in bytes (at least 1)."""
     share = parse_size(values.get("tenant_size", default), "tenant_size")
     if share < 1:
-        raise ValueError("--cache tenant_size must be at least 1 byte")
+        raise InvalidValue("--cache tenant_size must be at least 1 byte")
     return share
 
 
@@ -129,7 +130,7 @@ def _read_secret_file(path: str, what: str) -> bytes:
     try:
         return Path(path).expanduser().read_bytes().strip()
     except OSError as exc:
-        raise ValueError(f"--cache {what}={path}: cannot read it ({exc.strerror})") from None
+        raise InvalidValue(f"--cache {what}={path}: cannot read it ({exc.strerror})") from None
 
 
 @dataclass(frozen=True)
@@ -159,8 +160,8 @@ class CacheSpec:
         for option in options:
             name, sep, value = option.partition("=")
             if not sep or not value:
-                raise ValueError(f"--cache option {option!r}: write NAME=VALUE, e.g. "
-                                 "size=256MB")
+                raise InvalidValue(f"--cache option {option!r}: write NAME=VALUE, e.g. "
+                                   "size=256MB")
             values[name.strip()] = value.strip()
         common = {"max_item", "scope", "tenant_size", "secret_file"}
         if head == "local":
@@ -168,39 +169,39 @@ class CacheSpec:
         elif head.startswith(("redis://", "rediss://", "unix://")):
             allowed = common | {"ttl", "password_file"}
         else:
-            raise ValueError(f"--cache {text!r}: use local[,size=256MB] or "
-                             "redis://HOST:PORT/DB[,ttl=3600]")
+            raise InvalidValue(f"--cache {text!r}: use local[,size=256MB] or "
+                               "redis://HOST:PORT/DB[,ttl=3600]")
         unknown = sorted(set(values) - allowed)
         if unknown:
-            raise ValueError(f"--cache {head}: unknown option {unknown[0]!r}; it takes "
-                             f"{', '.join(sorted(allowed))}")
+            raise InvalidValue(f"--cache {head}: unknown option {unknown[0]!r}; it takes "
+                               f"{', '.join(sorted(allowed))}")
         max_item = parse_size(values.get("max_item", "1MiB"), "max_item")
         scope = values.get("scope", "key")
         if scope not in SCOPES:
-            raise ValueError(f"--cache scope={scope!r}: use scope=key (each API key sees "
-                             "only its own answers) or scope=global (shared by everyone)")
+            raise InvalidValue(f"--cache scope={scope!r}: use scope=key (each API key sees "
+                               "only its own answers) or scope=global (shared by everyone)")
         secret = _read_secret_file(values["secret_file"], "secret_file") \
             if "secret_file" in values else env.get(SECRET_ENV, "").strip().encode()
         if secret and len(secret) < MIN_SECRET_BYTES:
-            raise ValueError(f"the cache secret must be at least {MIN_SECRET_BYTES} bytes "
-                             "(e.g. the output of: openssl rand -hex 32)")
+            raise InvalidValue(f"the cache secret must be at least {MIN_SECRET_BYTES} bytes "
+                               "(e.g. the output of: openssl rand -hex 32)")
         if head == "local":
             size = parse_size(values.get("size", "256MB"), "size")
             if size < 1:
-                raise ValueError("--cache local: size must be at least 1 byte")
+                raise InvalidValue("--cache local: size must be at least 1 byte")
             return cls("local", size_bytes=size, max_item_bytes=max_item, scope=scope,
                        tenant_bytes=_tenant_size(values, str(max(size // 4, 1))),
                        secret=secret)
         if importlib.util.find_spec("redis") is None:
-            raise ValueError("--cache redis:// needs the redis package: pip install "
-                             "'tradeoff[cache]'")
+            raise InvalidValue("--cache redis:// needs the redis package: pip install "
+                               "'tradeoff[cache]'")
         if not secret:
-            raise ValueError(f"--cache {redacted(head)}: the servers that share it need one "
-                             f"secret: secret_file=PATH or ${SECRET_ENV} (at least "
-                             f"{MIN_SECRET_BYTES} bytes, e.g. openssl rand -hex 32)")
+            raise InvalidValue(f"--cache {redacted(head)}: the servers that share it need one "
+                               f"secret: secret_file=PATH or ${SECRET_ENV} (at least "
+                               f"{MIN_SECRET_BYTES} bytes, e.g. openssl rand -hex 32)")
         ttl_text = values.get("ttl", "3600")
         if not (ttl_text.isascii() and ttl_text.isdigit()):
-            raise ValueError(f"--cache ttl={ttl_text!r}: give whole seconds (0: no expiry)")
+            raise InvalidValue(f"--cache ttl={ttl_text!r}: give whole seconds (0: no expiry)")
         ttl = int(ttl_text)
         password = _read_secret_file(values["password_file"], "password_file").decode() \
             if "password_file" in values else None
@@ -363,17 +364,17 @@ def decode_outputs(value: bytes | memoryview, expected: Expected) -> list[Tensor
     outputs = []
     header = orjson.loads(view[4:offset])
     if not isinstance(header, list) or len(header) != len(expected):
-        raise ValueError("stored answer has other outputs than the request asks for")
+        raise InvalidValue("stored answer has other outputs than the request asks for")
     for (name, datatype, shape, binary, size), want in zip(header, expected, strict=True):
         want_name, want_datatype, want_binary, want_shape = want
         if (name, datatype, binary) != (want_name, want_datatype, want_binary) or \
                 not isinstance(shape, list) or len(shape) != len(want_shape) or \
                 any(not isinstance(d, int) or d < 0 or (w >= 0 and d != w)
                     for d, w in zip(shape, want_shape, strict=True)):
-            raise ValueError(f"stored output {name!r} is not what the model declares")
+            raise InvalidValue(f"stored output {name!r} is not what the model declares")
         raw = view[offset:offset + size]
         if len(raw) != size:
-            raise ValueError("stored answer is truncated")
+            raise InvalidValue("stored answer is truncated")
         offset += size
         if datatype == "BYTES":
             count = int(np.prod(shape)) if shape else 1
@@ -397,7 +398,7 @@ def decode_generation(value: bytes | memoryview, vocab_size: int,
     if reason not in FINISH_REASONS or not isinstance(tokens, list) or \
             len(tokens) > max_tokens or \
             not all(type(t) is int and 0 <= t < vocab_size for t in tokens):
-        raise ValueError("stored generation is not one this model could have made")
+        raise InvalidValue("stored generation is not one this model could have made")
     return tokens, reason
 
 

@@ -33,6 +33,7 @@ from tradeoff.backends.registry import GENERATIVE
 from tradeoff.errors import (
     ConfigError,
     InvalidInput,
+    InvalidValue,
     ModelLoadError,
     NotFound,
     TradeoffError,
@@ -150,8 +151,8 @@ def _warmup_inputs(config: ModelConfig, warmup: Warmup, model_dir: Path, *,
         dtype = dtypes.numpy_dtype(datatype)
         total += int(np.prod(shape, dtype=np.float64)) * max(dtype.itemsize, 1)
         if from_network and total > NETWORK_WARMUP_BYTES:
-            raise ValueError(f"its inputs would take over {NETWORK_WARMUP_BYTES >> 20} MiB; "
-                             "a config sent with a load may ask at most that")
+            raise InvalidValue(f"its inputs would take over {NETWORK_WARMUP_BYTES >> 20} MiB; "
+                               "a config sent with a load may ask at most that")
         source = spec.source if spec is not None else "zero"
         if source == "file" and spec is not None:
             raw = confined(model_dir / "warmup", spec.file, f"model {config.name!r}",

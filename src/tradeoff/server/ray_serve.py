@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from tradeoff.errors import MissingDependency, TradeoffError, Unauthorized
+from tradeoff.errors import InvalidValue, MissingDependency, TradeoffError, Unauthorized
 from tradeoff.heap import settle_heap
 from tradeoff.server.access import Access
 from tradeoff.server.metrics import render
@@ -100,8 +100,8 @@ def parse_autoscale(text: str) -> tuple[int, int]:
     except ValueError:
         bounds = (-1, -1)
     if not sep or bounds[0] < 0 or bounds[1] < max(bounds[0], 1):
-        raise ValueError(f"--autoscale takes MIN:MAX replicas (0 <= MIN <= MAX, MAX >= 1), "
-                         f"got {text!r}")
+        raise InvalidValue(f"--autoscale takes MIN:MAX replicas (0 <= MIN <= MAX, MAX >= 1), "
+                           f"got {text!r}")
     return bounds
 
 

@@ -20,6 +20,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from tradeoff.errors import InvalidValue
+
 __all__ = ["Price", "parse_prices", "rank"]
 
 
@@ -33,7 +35,7 @@ class Price:
     def __post_init__(self) -> None:
         given = [v for v in (self.per_hour, self.per_1k_requests) if v is not None]
         if len(given) != 1 or given[0] < 0:
-            raise ValueError("give one non-negative price: per hour or per 1k requests")
+            raise InvalidValue("give one non-negative price: per hour or per 1k requests")
 
     def per_million(self, throughput_rps: float) -> float | None:
         """Cost of one million requests at this throughput (None when nothing was served)."""
@@ -56,7 +58,7 @@ def _named_values(values: Iterable[str], option: str) -> dict[str, float]:
         try:
             out[name if sep else "*"] = float(number)
         except ValueError:
-            raise ValueError(f"{option} {value!r}: use NAME=NUMBER or NUMBER") from None
+            raise InvalidValue(f"{option} {value!r}: use NAME=NUMBER or NUMBER") from None
     return out
 
 
@@ -69,7 +71,7 @@ def parse_prices(per_hour: Iterable[str], per_1k_requests: Iterable[str],
     per_request = _named_values(per_1k_requests, "--price-per-1k-requests")
     unknown = (set(hourly) | set(per_request)) - set(names) - {"*"}
     if unknown:
-        raise ValueError(f"prices name unknown endpoints: {', '.join(sorted(unknown))}")
+        raise InvalidValue(f"prices name unknown endpoints: {', '.join(sorted(unknown))}")
     prices = {}
     for name in names:
         hour = hourly.get(name, hourly.get("*"))
@@ -87,7 +89,7 @@ def rank(candidates: list[dict[str, Any]], alpha: float = 0.5,
     price: Price | None}``. Returns them with ``cost_per_million``, ``meets_sla``, ``score``
     and ``rank`` (1 = best; None when not ranked), best first."""
     if not 0 <= alpha <= 1:
-        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+        raise InvalidValue(f"alpha must be in [0, 1], got {alpha}")
     out = []
     for c in candidates:
         price = c.get("price")

@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from tradeoff.errors import InvalidValue
+
 __all__ = ["MIN_GAIN", "find_knee", "gain_per_doubling"]
 
 MIN_GAIN = 0.05
@@ -29,7 +31,7 @@ def gain_per_doubling(load_a: float, throughput_a: float, load_b: float,
     if throughput_a <= 0:
         return math.inf if throughput_b > 0 else 0.0
     if load_b <= load_a:
-        raise ValueError("loads must increase")
+        raise InvalidValue("loads must increase")
     doublings = math.log2(load_b / load_a)
     return (max(throughput_b, 0.0) / throughput_a) ** (1 / doublings) - 1
 
