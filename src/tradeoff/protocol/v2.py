@@ -372,6 +372,40 @@ class _Header:
                          self if kept else None)
 
 
+# The infer request's JSON fields as this module reads them, with their JSON schemas:
+# server/openapi.py describes the request from these, and tests/unit/test_request_fields.py
+# checks that every key the decoder (and the data plane's checks) read is one of them.
+REQUEST_PARAMETERS: dict[str, Any] = {
+    "binary_data_output": {"type": "boolean", "description": "outputs as binary data"},
+    "priority": {"type": "integer", "minimum": 0,
+                 "description": "queue priority (the model's priority_levels)"},
+    "timeout": {"type": "integer", "minimum": 0, "description": "queue timeout, µs"},
+    "cache": {"type": "boolean", "description": "false: skip the response cache"},
+    "class": {"type": "string", "description": "a router's request class"},
+}
+INPUT_FIELDS: dict[str, Any] = {
+    "name": {"type": "string"},
+    "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+    "datatype": {"type": "string", "enum": list(dtypes.DATATYPES)},
+    "parameters": {"type": "object", "properties": {
+        "binary_data_size": {"type": "integer", "minimum": 0}}},
+    "data": {"type": "array", "items": {}},
+}
+OUTPUT_FIELDS: dict[str, Any] = {
+    "name": {"type": "string"},
+    "parameters": {"type": "object", "properties": {"binary_data": {"type": "boolean"}}},
+}
+REQUEST_FIELDS: dict[str, Any] = {
+    "id": {"type": "string"},
+    "parameters": {"type": "object", "properties": REQUEST_PARAMETERS},
+    "inputs": {"type": "array", "minItems": 1, "items": {
+        "type": "object", "required": ["name", "shape", "datatype"],
+        "properties": INPUT_FIELDS}},
+    "outputs": {"type": "array", "items": {
+        "type": "object", "required": ["name"], "properties": OUTPUT_FIELDS}},
+}
+REFUSED_PARAMETERS = ("classification",)  # read only to refuse them: not in the schema
+
 def _parse_header(header: bytes | memoryview, binary_size: int, has_binary_header: bool,
                   limits: RequestLimits) -> _Header:
     doc = parse_json_object(header, "request body", "with 'inputs'")

@@ -58,6 +58,42 @@ async def send_error(send: Send, exc: RequestError,
     await send_json(send, status, error_document(exc), headers)
 
 
+# The request fields the /v1 handlers read, with their JSON schemas: server/openapi.py
+# describes the requests from these, and tests/unit/test_request_fields.py checks that
+# every key the handlers read is one of them (or refused).
+GENERATION_FIELDS: dict[str, Any] = {
+    "model": {"type": "string"},
+    "max_tokens": {"type": "integer", "minimum": 1},
+    "max_completion_tokens": {"type": "integer", "minimum": 1,
+                              "description": "OpenAI's newer name of max_tokens"},
+    "temperature": {"type": "number", "minimum": 0},
+    "top_p": {"type": "number"},
+    "top_k": {"type": "integer", "minimum": 0},
+    "seed": {"type": "integer"},
+    "stop": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+    "stream": {"type": "boolean"},
+    "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
+    "ignore_eos": {"type": "boolean"},
+    "cache": {"type": "boolean", "description": "false: skip the response cache"},
+    "user": {"type": "string", "description": "the end user (a router's sticky key)"},
+    "class": {"type": "string", "description": "a router's request class"},
+    "n": {"type": "integer", "enum": [1]},
+    "best_of": {"type": "integer", "enum": [1]},
+}
+COMPLETION_FIELDS: dict[str, Any] = {
+    **GENERATION_FIELDS,
+    "prompt": {"oneOf": [{"type": "string"},
+                         {"type": "array", "items": {"type": "string"}, "maxItems": 1}]},
+}
+MESSAGE_FIELDS: dict[str, Any] = {"role": {"type": "string"}, "content": {"type": "string"}}
+CHAT_FIELDS: dict[str, Any] = {
+    **GENERATION_FIELDS,
+    "messages": {"type": "array", "minItems": 1, "items": {
+        "type": "object", "required": ["role", "content"], "properties": MESSAGE_FIELDS}},
+}
+# read only to refuse them when set: not in the schema
+REFUSED_FIELDS = ("logprobs", "top_logprobs", "echo", "logit_bias", "suffix")
+
 def _number(doc: dict[str, Any], key: str, default: float, kind: type = float) -> Any:
     value = doc.get(key, default)
     if value is None:
@@ -78,7 +114,7 @@ def sampling_params(doc: dict[str, Any], max_default: int) -> Any:
         raise InvalidInput("'stop' must be a string or a list of strings")
     if doc.get("n", 1) not in (1, None):
         raise InvalidInput("only n=1 is supported")
-    for unsupported in ("logprobs", "top_logprobs", "echo", "logit_bias", "suffix"):
+    for unsupported in REFUSED_FIELDS:
         if doc.get(unsupported):  # refused rather than silently ignored
             raise InvalidInput(f"'{unsupported}' is not supported by this server")
     if doc.get("best_of", 1) not in (1, None):

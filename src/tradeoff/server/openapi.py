@@ -12,17 +12,18 @@ from collections.abc import Sequence
 from typing import Any
 
 from tradeoff.dtypes import DATATYPES
+from tradeoff.protocol.v2 import REQUEST_FIELDS
+from tradeoff.server.openai_api import CHAT_FIELDS, COMPLETION_FIELDS
 from tradeoff.server.routes import Route, path_parameters
 from tradeoff.version import __version__
 
 __all__ = ["document"]
 
-_GENERATION: dict[str, Any] = {
-    "model": {"type": "string"}, "max_tokens": {"type": "integer", "minimum": 1},
-    "temperature": {"type": "number", "minimum": 0}, "top_p": {"type": "number"},
-    "top_k": {"type": "integer"}, "seed": {"type": "integer"},
-    "stop": {"type": "array", "items": {"type": "string"}}, "stream": {"type": "boolean"},
-    "ignore_eos": {"type": "boolean"}}
+# what the repository routes read of their bodies (tests/unit/test_request_fields.py
+# checks server/http.py's handlers against them)
+LOAD_FIELDS: dict[str, Any] = {"parameters": {"type": "object", "properties": {
+    "config": {"type": "string", "description": "the model config as JSON"}}}}
+INDEX_FIELDS: dict[str, Any] = {"ready": {"type": "boolean"}}
 
 
 def _response(status: str, schema: str) -> dict[str, Any]:
@@ -87,11 +88,8 @@ def document(routes: Sequence[Route]) -> dict[str, Any]:
                     "platform": {"type": "string"},
                     "inputs": {"type": "array", "items": {"type": "object"}},
                     "outputs": {"type": "array", "items": {"type": "object"}}}},
-                "InferRequest": {"type": "object", "required": ["inputs"], "properties": {
-                    "id": {"type": "string"}, "parameters": {"type": "object"},
-                    "inputs": {"type": "array", "items": {"$ref": "#/components/schemas/Tensor"}},
-                    "outputs": {"type": "array", "items": {"type": "object", "properties": {
-                        "name": {"type": "string"}, "parameters": {"type": "object"}}}}}},
+                "InferRequest": {"type": "object", "required": ["inputs"],
+                                 "properties": REQUEST_FIELDS},
                 "InferResponse": {"type": "object", "properties": {
                     "model_name": {"type": "string"}, "model_version": {"type": "string"},
                     "id": {"type": "string"},
@@ -99,24 +97,16 @@ def document(routes: Sequence[Route]) -> dict[str, Any]:
                                 "items": {"$ref": "#/components/schemas/Tensor"}}}},
                 "Statistics": {"type": "object", "properties": {
                     "model_stats": {"type": "array", "items": {"type": "object"}}}},
-                "LoadRequest": {"type": "object", "properties": {
-                    "parameters": {"type": "object", "properties": {
-                        "config": {"type": "string"}}}}},
-                "IndexRequest": {"type": "object",
-                                 "properties": {"ready": {"type": "boolean"}}},
+                "LoadRequest": {"type": "object", "properties": LOAD_FIELDS},
+                "IndexRequest": {"type": "object", "properties": INDEX_FIELDS},
                 "OpenAIError": {"type": "object", "required": ["error"], "properties": {
                     "error": {"type": "object", "required": ["message", "type"],
                               "properties": {"message": {"type": "string"},
                                              "type": {"type": "string"}}}}},
                 "CompletionRequest": {"type": "object", "required": ["model", "prompt"],
-                                      "properties": {**_GENERATION,
-                                                     "prompt": {"type": "string"}}},
+                                      "properties": COMPLETION_FIELDS},
                 "ChatRequest": {"type": "object", "required": ["model", "messages"],
-                                "properties": {**_GENERATION, "messages": {
-                                    "type": "array", "items": {
-                                        "type": "object", "required": ["role", "content"],
-                                        "properties": {"role": {"type": "string"},
-                                                       "content": {"type": "string"}}}}}},
+                                "properties": CHAT_FIELDS},
             },
         },
     }
