@@ -38,8 +38,8 @@ from tradeoff.errors import (
     InferenceFailed,
     InstanceDied,
     InvalidValue,
+    RequestError,
     RequestTimeout,
-    TradeoffError,
     Unavailable,
 )
 from tradeoff.repository.config import ModelConfig
@@ -89,7 +89,7 @@ def run_batch(backend: Backend, config: ModelConfig, batch: Sequence[InferenceRe
     t1 = clock()
     try:
         outputs = backend.run(inputs, output_names)
-    except TradeoffError:
+    except RequestError:  # already says what the client is told
         raise
     except Exception as exc:  # the runtime's own error types vary; name the cause
         raise InferenceFailed(f"model {config.name!r} failed on a batch of {rows}: "
@@ -358,9 +358,9 @@ class Scheduler:
             self._free.append(backend)
         end = self._clock()
         if exc is not None or result is None:
-            error = exc if isinstance(exc, TradeoffError) else InferenceFailed(
+            error = exc if isinstance(exc, RequestError) else InferenceFailed(
                 f"model {self.config.name!r}: {type(exc).__name__}: {exc}")
-            if not isinstance(exc, TradeoffError):
+            if not isinstance(exc, RequestError):
                 log.error("model %s: batch failed", self.config.name, exc_info=exc)
             for request in batch:
                 self._fail(request, error, end, "BACKEND")

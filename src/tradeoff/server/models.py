@@ -338,8 +338,12 @@ class ModelManager:
                     versions = await self._load_tensor(name, config_override, entry)
             except Exception as exc:  # whatever a runtime raises: this model alone fails
                 _clear_finished_frames(exc)  # releases the failed build's sessions now
-                error = exc if isinstance(exc, TradeoffError) else \
-                    ModelLoadError(f"model {name!r}: {type(exc).__name__}: {exc}")
+                if isinstance(exc, InvalidValue):  # a bad value met deep down: name the model
+                    error: Exception = ModelLoadError(f"model {name!r}: {exc}")
+                elif isinstance(exc, TradeoffError):  # the project's errors name their source
+                    error = exc
+                else:
+                    error = ModelLoadError(f"model {name!r}: {type(exc).__name__}: {exc}")
                 entry.reason = str(error)
                 if previous_state is not ModelState.READY:
                     entry.state = ModelState.UNAVAILABLE
