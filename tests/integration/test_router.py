@@ -243,6 +243,20 @@ def test_a_router_of_generative_models_is_an_alias_that_streams(alias_server: Se
         shadow = request(alias_server.url, "GET", "/v2/models/chat/stats").json()[
             "model_stats"][0]["shadow"]
         assert shadow["token_agreement"] >= 0.5 and shadow["failed"] == 0
+        # the first answer, streamed, was sampled (temperature 1): no copy of it; the two
+        # greedy ones each got one
+        assert shadow["sent"] + shadow["dropped"] == 2
+        with client.completions.with_streaming_response.create(  # streamed and greedy
+                model="chat", prompt="again", max_tokens=3, stream=True,
+                temperature=0) as response:
+            list(response.parse())
+
+        def copies() -> int:
+            now = request(alias_server.url, "GET", "/v2/models/chat/stats").json()[
+                "model_stats"][0]["shadow"]
+            return int(now["sent"] + now["dropped"])
+
+        wait_for(lambda: copies() == 3, "the streamed greedy answer's copy")
     assert post_json(alias_server.url, "/v2/repository/models/tinyllama/unload",
                      {}).status == 200
     with openai.OpenAI(base_url=f"{alias_server.url}/v1", api_key="unused",

@@ -56,6 +56,11 @@ class SamplingParams:
     stop: tuple[str, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
 
+    @property
+    def deterministic(self) -> bool:
+        """Whether the same prompt always gets the same answer: greedy, or seeded."""
+        return self.temperature == 0 or self.seed is not None
+
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise InvalidInput(f"max_tokens must be at least 1, got {self.max_tokens}")

@@ -503,12 +503,15 @@ class DataPlane:
 
     def _generated(self, handle: Handle, tokens: list[int], reason: str) -> None:
         """A whole answer ended: keep it when it was asked to be cached and ended
-        normally (never an error or an abort), and send a shadow copy if its router
-        takes one."""
+        normally (never an error or an abort), and send a shadow copy of a deterministic
+        one if its router takes one."""
         if handle.cache_key is not None and self.cache is not None and \
                 reason in ("stop", "length"):
             self.cache.keep_generation(handle.cache_key, tokens, reason)
-        if handle.shadow is not None and reason in ("stop", "length"):
+        # a sampled answer differs from any other by design: only deterministic ones,
+        # streamed or whole, are compared
+        if handle.shadow is not None and reason in ("stop", "length") and \
+                handle.params.deterministic:
             self._shadow_generation(handle.shadow, handle, tokens)
 
     def _shadow_generation(self, routed: RoutedModel, handle: Handle,

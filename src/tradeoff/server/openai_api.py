@@ -183,8 +183,7 @@ class OpenAIApi:
         if not isinstance(wants_cache, bool):
             raise InvalidInput("'cache' must be true or false")
         # only whole answers that the same request always gets again are cached
-        cacheable = wants_cache and not stream and (params.temperature == 0
-                                                    or params.seed is not None)
+        cacheable = wants_cache and not stream and params.deterministic
         generation = await self.dataplane.generate(
             name, prompt, params, cache=cacheable, route_parameters=_route_parameters(doc, scope),
             tenant=scope.get(TENANT, b""))
