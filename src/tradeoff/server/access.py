@@ -106,11 +106,6 @@ class Access:
         return (f"{len(self.api_keys)} inference key(s), {len(self.admin_keys)} admin key(s)"
                 if self.enabled else "open (no API keys)")
 
-    def check_headers(self, headers: Iterable[tuple[bytes, bytes]], admin: bool) -> bytes:
-        """:meth:`check` with the ``authorization`` header of an ASGI header list."""
-        return self.check(next((v for k, v in headers if k == b"authorization"), None),
-                          admin)
-
     def check(self, authorization: bytes | str | None, admin: bool) -> bytes:
         """Allow the call, and say who made it: the digest of the key it presented (b""
         when the call is open); or raise Unauthorized (401) / Forbidden (403)."""

@@ -358,9 +358,8 @@ class DataPlane:
                      ) -> tuple[ModelVersion, Timings, list[TensorOutput]]:
         """Send a request through a router of tensor models (RoutedModel.send: its
         choice, then its fallbacks); a shadow copy, if the router takes one, is compared
-        with the answer in the background."""
-        routed.check_takes_tensors()
-
+        with the answer in the background (``routed`` takes tensors: tensor_target made
+        sure)."""
         def attempt(target: Target) -> Awaitable[tuple[ModelVersion, Timings,
                                                        list[TensorOutput]]]:
             return self._infer_model(target.model, _version(target.version), request)
@@ -599,7 +598,7 @@ class Admission:
     def release(self) -> None:
         if self.held:
             self.held = False
-            self.dataplane.in_flight -= 1
+            self.dataplane.release()
 
     def __enter__(self) -> Admission:
         return self

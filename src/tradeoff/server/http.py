@@ -284,7 +284,7 @@ class HttpApp:
                                   f"{self.max_request_bytes} bytes (--max-request-bytes)")
         return data
 
-    def check_route(self, route: Route, method: str, headers: dict[bytes, bytes]
+    def check_route(self, route: Route, headers: dict[bytes, bytes]
                     ) -> tuple[bytes, Admission | None]:
         """The checks every request of ``route`` passes before its body is read, on
         either path: the key its access class needs (the tenant: who asked), then the
@@ -313,7 +313,7 @@ class HttpApp:
             if self.access.enabled and getattr(exc, "access", None) is not OPEN:
                 self.access.check(headers.get(b"authorization"), admin=False)
             raise
-        scope[TENANT], admission = self.check_route(route, scope["method"], headers)
+        scope[TENANT], admission = self.check_route(route, headers)
         scope[_ADMISSION] = admission
         try:
             await self._handlers[route.handler](scope, receive, send, params)
@@ -450,7 +450,7 @@ class HttpApp:
         route, params = target
         try:
             self.origins.check_values("POST", headers.get(b"host"), headers.get(b"origin"))
-            tenant, admission = self.check_route(route, "POST", headers)
+            tenant, admission = self.check_route(route, headers)
             call = InferCall(self.dataplane, scope, params, headers, tenant, admission)
             request = call.decode(body)
         except Exception as exc:

@@ -177,6 +177,10 @@ class RoutedModel:
         raised at once. ``timed``: count the time to the answer (a generation's answer
         streams after this returns: counted as 0)."""
         started = time.perf_counter_ns()
+
+        def elapsed() -> int:
+            return time.perf_counter_ns() - started if timed else 0
+
         decision = self.decide(parameters)
         error: RequestError | None = None
         for index, target in enumerate(self.candidates(decision)):
@@ -187,17 +191,16 @@ class RoutedModel:
                 continue
             except InferenceFailed as exc:  # it ran and failed: again only if idempotent
                 if not self.config.idempotent:
-                    self.stats.failed(time.perf_counter_ns() - started if timed else 0)
+                    self.stats.failed(elapsed())
                     raise
                 error = exc
                 continue
             except RequestError:
-                self.stats.failed(time.perf_counter_ns() - started if timed else 0)
+                self.stats.failed(elapsed())
                 raise
-            self.stats.served(decision, target if index else None,
-                              time.perf_counter_ns() - started if timed else 0)
+            self.stats.served(decision, target if index else None, elapsed())
             return answer, target
-        self.stats.failed(time.perf_counter_ns() - started if timed else 0)
+        self.stats.failed(elapsed())
         assert error is not None
         raise error
 
