@@ -11,7 +11,9 @@ Each document is versioned by its ``schema`` field (``tradeoff.bench/1``,
 :func:`load_result` is the one reader: it dispatches on the schema and names the file
 and the field when one is missing or the schema is unknown. ``to_dict()`` and
 :func:`write_json` are the one writer: a document read from a file writes back the same
-JSON. Distributions (``latency_ms`` and the like) stay ``{"min", "mean", "stddev", "p50",
+JSON. Every type here is a :class:`~tradeoff.records.Record`, whose ``to_dict()`` and
+``read()`` come from its fields in that one generic place; a field written otherwise than
+plainly says how in its ``written(...)`` metadata. Distributions (``latency_ms`` and the like) stay ``{"min", "mean", "stddev", "p50",
 ..., "max"}`` dicts, and open-ended descriptions (the endpoint, the load spec, the
 environment) stay dicts; every figure the tools read is an attribute. This module sits at
 the bottom of the package: the builders in ``tradeoff.bench``, ``tradeoff.analysis`` and
@@ -34,6 +36,7 @@ from typing import Any, TypeVar, Union
 import numpy as np
 
 from tradeoff.errors import ResultFormatError
+from tradeoff.records import Fields, Record, written
 
 __all__ = [
     "BENCH_SCHEMA",
@@ -95,37 +98,6 @@ Distribution = dict[str, float]
 """min, mean, stddev, p50, p90, p95, p99, p999, max of raw samples (some only ``mean``)."""
 
 
-class _Fields:
-    """Reads the fields of one JSON object, naming where a missing one was expected."""
-
-    def __init__(self, data: Any, where: str) -> None:
-        if not isinstance(data, Mapping):
-            raise ResultFormatError(f"{where}: expected an object, got {type(data).__name__}")
-        self.data = data
-        self.where = where
-
-    def __call__(self, key: str) -> Any:
-        try:
-            return self.data[key]
-        except KeyError:
-            raise ResultFormatError(f"{self.where}: field {key!r} is missing") from None
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.data.get(key, default)
-
-    def has(self, key: str) -> bool:
-        return key in self.data
-
-    def sub(self, key: str) -> _Fields:
-        return _Fields(self(key), f"{self.where}.{key}")
-
-    def items(self, key: str) -> list[_Fields]:
-        values = self(key)
-        if not isinstance(values, list):
-            raise ResultFormatError(f"{self.where}.{key}: expected a list")
-        return [_Fields(v, f"{self.where}.{key}[{i}]") for i, v in enumerate(values)]
-
-
 def environment() -> dict[str, Any]:
     """The machine a result was measured on (every document records it)."""
     from tradeoff.version import __version__
@@ -144,15 +116,11 @@ def environment() -> dict[str, Any]:
             "numpy": np.__version__}
 
 
-def _optional(value: Any, reader: Any, where: str) -> Any:
-    return None if value is None else reader(_Fields(value, where))
-
-
 # ------------------------------------------------------------------------ bench
 
 
 @dataclass(frozen=True)
-class Window:
+class Window(Record):
     """One measurement window: the requests that ended in it."""
 
     index: int
@@ -162,44 +130,22 @@ class Window:
     throughput_rps: float
     p50_ms: float
     p99_ms: float
-    server_ms: dict[str, float] | None = None  # mean ms per part, when snapshots bracket it
-    server_executions: int | None = None
-    round: int | None = None  # merged compare rounds: which round it came from
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "index": self.index, "duration_s": self.duration_s, "completed": self.completed,
-            "errors": self.errors, "throughput_rps": self.throughput_rps,
-            "p50_ms": self.p50_ms, "p99_ms": self.p99_ms}
-        if self.server_ms is not None:
-            out["server_ms"] = self.server_ms
-            out["server_executions"] = self.server_executions
-        if self.round is not None:
-            out["round"] = self.round
-        return out
-
-    @classmethod
-    def read(cls, f: _Fields) -> Window:
-        return cls(f("index"), f("duration_s"), f("completed"), f("errors"),
-                   f("throughput_rps"), f("p50_ms"), f("p99_ms"), f.get("server_ms"),
-                   f.get("server_executions"), f.get("round"))
+    # mean ms per part, when snapshots bracket the window
+    server_ms: dict[str, float] | None = field(default=None, metadata=written(omit_none=True))
+    server_executions: int | None = field(
+        default=None, metadata=written(when=lambda w: w.server_ms is not None))
+    # merged compare rounds: which round it came from
+    round: int | None = field(default=None, metadata=written(omit_none=True))
 
 
 @dataclass(frozen=True)
-class Warmup:
+class Warmup(Record):
     requests: int
     latency_ms: Distribution | None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"requests": self.requests, "latency_ms": self.latency_ms}
-
-    @classmethod
-    def read(cls, f: _Fields) -> Warmup:
-        return cls(f("requests"), f("latency_ms"))
-
 
 @dataclass(frozen=True)
-class ClientReport:
+class ClientReport(Record):
     """How the load generator itself fared; ``client_bound`` when it could not keep up."""
 
     workers: int
@@ -211,76 +157,47 @@ class ClientReport:
     notes: list[str]
     # Ray workers: per worker its node, requests and clock offset from this host's
     # clock; and how far apart their starts may have been (the offsets' uncertainty)
-    hosts: list[dict[str, Any]] = field(default_factory=list)
-    start_skew_ms: float | None = None
+    hosts: list[dict[str, Any]] = field(default_factory=list,
+                                        metadata=written(when=lambda c: bool(c.hosts)))
+    start_skew_ms: float | None = field(default=None,
+                                        metadata=written(when=lambda c: bool(c.hosts)))
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "workers": self.workers, "cpu_percent": self.cpu_percent,
-            "send_lag_ms": self.send_lag_ms, "loop_lag_ms": self.loop_lag_ms,
-            "client_bound": self.client_bound, "reasons": list(self.reasons),
-            "notes": list(self.notes)}
-        if self.hosts:  # only when the load came from Ray workers
-            out.update(hosts=[dict(h) for h in self.hosts], start_skew_ms=self.start_skew_ms)
-        return out
 
-    @classmethod
-    def read(cls, f: _Fields) -> ClientReport:
-        return cls(f("workers"), f("cpu_percent"), f("send_lag_ms"), f("loop_lag_ms"),
-                   f("client_bound"), list(f("reasons")), list(f("notes")),
-                   list(f.get("hosts") or []), f.get("start_skew_ms"))
+_WITH_CACHE = written(when=lambda counts: counts.cache_hits is not None)
 
 
 @dataclass(frozen=True)
-class ServerCounts:
+class ServerCounts(Record):
     """Requests and model executions the server counted over the measurement, and its
     response cache's hits and misses when it has one in use."""
 
     requests: int
     executions: int
-    cache_hits: int | None = None
-    cache_misses: int | None = None
+    cache_hits: int | None = field(default=None, metadata=written(omit_none=True))
+    cache_misses: int | None = field(default=None, metadata=_WITH_CACHE)
+    # hits over lookups; None when the server looked nothing up
+    cache_hit_ratio: float | None = field(init=False, metadata=_WITH_CACHE)
 
-    @property
-    def cache_hit_ratio(self) -> float | None:
-        """Hits over lookups; None when the server looked nothing up."""
-        if self.cache_hits is None or self.cache_misses is None:
-            return None
-        lookups = self.cache_hits + self.cache_misses
-        return self.cache_hits / lookups if lookups else None
+    def __post_init__(self) -> None:
+        lookups = (self.cache_hits or 0) + (self.cache_misses or 0)
+        ratio = self.cache_hits / lookups if self.cache_hits is not None and \
+            self.cache_misses is not None and lookups else None
+        object.__setattr__(self, "cache_hit_ratio", ratio)
 
     @property
     def computed(self) -> int:
         """Requests the model ran for (not answered from the cache)."""
         return self.requests - (self.cache_hits or 0)
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"requests": self.requests, "executions": self.executions}
-        if self.cache_hits is not None:
-            out.update(cache_hits=self.cache_hits, cache_misses=self.cache_misses,
-                       cache_hit_ratio=self.cache_hit_ratio)
-        return out
-
-    @classmethod
-    def read(cls, f: _Fields) -> ServerCounts:
-        return cls(f("requests"), f("executions"), f.get("cache_hits"), f.get("cache_misses"))
-
 
 @dataclass(frozen=True)
-class InputTokens:
+class InputTokens(Record):
     total: int
     per_request: Distribution | None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"total": self.total, "per_request": self.per_request}
-
-    @classmethod
-    def read(cls, f: _Fields) -> InputTokens:
-        return cls(f("total"), f("per_request"))
-
 
 @dataclass(frozen=True)
-class OutputTokens:
+class OutputTokens(Record):
     """Generated tokens: from the server's usage, or counted as text events without it."""
 
     total: int
@@ -288,17 +205,9 @@ class OutputTokens:
     from_usage: int
     counted_events: int
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"total": self.total, "per_request": self.per_request,
-                "from_usage": self.from_usage, "counted_events": self.counted_events}
-
-    @classmethod
-    def read(cls, f: _Fields) -> OutputTokens:
-        return cls(f("total"), f("per_request"), f("from_usage"), f("counted_events"))
-
 
 @dataclass(frozen=True)
-class OutputLength:
+class OutputLength(Record):
     """Answers as long as the max_tokens asked, shorter or longer."""
 
     asked: int
@@ -308,17 +217,9 @@ class OutputLength:
     ignore_eos: bool
     honoured: bool
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def read(cls, f: _Fields) -> OutputLength:
-        return cls(f("asked"), f("exact"), f("shorter"), f("longer"), f("ignore_eos"),
-                   f("honoured"))
-
 
 @dataclass(frozen=True)
-class Generation:
+class Generation(Record):
     """The figures of streamed generations (OpenAI-compatible endpoints)."""
 
     ttft_ms: Distribution | None
@@ -331,24 +232,9 @@ class Generation:
     slo: dict[str, float] | None
     goodput_rps: float | None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"ttft_ms": self.ttft_ms, "itl_ms": self.itl_ms, "tpot_ms": self.tpot_ms,
-                "output_tokens_per_s": self.output_tokens_per_s,
-                "input_tokens": self.input_tokens.to_dict() if self.input_tokens else None,
-                "output_tokens": self.output_tokens.to_dict(),
-                "output_length": self.output_length.to_dict(),
-                "slo": self.slo, "goodput_rps": self.goodput_rps}
-
-    @classmethod
-    def read(cls, f: _Fields) -> Generation:
-        return cls(f("ttft_ms"), f("itl_ms"), f("tpot_ms"), f("output_tokens_per_s"),
-                   _optional(f("input_tokens"), InputTokens.read, f"{f.where}.input_tokens"),
-                   OutputTokens.read(f.sub("output_tokens")),
-                   OutputLength.read(f.sub("output_length")), f("slo"), f("goodput_rps"))
-
 
 @dataclass(frozen=True)
-class Summary:
+class Summary(Record):
     """The figures of the measurement (see docs/bench.md for every definition)."""
 
     requests: int
@@ -365,12 +251,13 @@ class Summary:
     asked_rate_rps: float | None
     achieved_rate_rps: float | None
     duration_s: float
-    generation: Generation | None = None  # written flat into the summary
+    generation: Generation | None = field(default=None, metadata=written(flat="ttft_ms"))
     # the successful latencies at QUANTILES, from the records: the report's CDF
-    latency_quantiles_ms: list[float] | None = None
+    latency_quantiles_ms: list[float] | None = field(default=None,
+                                                     metadata=written(omit_none=True))
     # the measurement over time (bench/result.py timeline): bin_s, throughput_rps, p50_ms,
     # p99_ms per bin
-    timeline: dict[str, Any] | None = None
+    timeline: dict[str, Any] | None = field(default=None, metadata=written(omit_none=True))
 
     @property
     def error_percent(self) -> float:
@@ -380,37 +267,9 @@ class Summary:
         """One figure of the latency distribution (``p50``, ``p99``, ``mean`` ...)."""
         return (self.latency_ms or {}).get(key)
 
-    def to_dict(self) -> dict[str, Any]:
-        out = {"requests": self.requests, "successes": self.successes, "errors": self.errors,
-               "errors_by_class": dict(self.errors_by_class),
-               "throughput_rps": self.throughput_rps,
-               "inferences_per_s": self.inferences_per_s, "latency_ms": self.latency_ms,
-               "server_ms": self.server_ms,
-               "server_counts": self.server_counts.to_dict() if self.server_counts else None,
-               "bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received,
-               "asked_rate_rps": self.asked_rate_rps,
-               "achieved_rate_rps": self.achieved_rate_rps, "duration_s": self.duration_s}
-        if self.generation is not None:
-            out.update(self.generation.to_dict())
-        if self.latency_quantiles_ms is not None:
-            out["latency_quantiles_ms"] = self.latency_quantiles_ms
-        if self.timeline is not None:
-            out["timeline"] = self.timeline
-        return out
-
-    @classmethod
-    def read(cls, f: _Fields) -> Summary:
-        return cls(f("requests"), f("successes"), f("errors"), dict(f("errors_by_class")),
-                   f("throughput_rps"), f("inferences_per_s"), f("latency_ms"), f("server_ms"),
-                   _optional(f("server_counts"), ServerCounts.read, f"{f.where}.server_counts"),
-                   f("bytes_sent"), f("bytes_received"), f("asked_rate_rps"),
-                   f("achieved_rate_rps"), f("duration_s"),
-                   Generation.read(f) if f.has("ttft_ms") else None,
-                   f.get("latency_quantiles_ms"), f.get("timeline"))
-
 
 @dataclass(frozen=True)
-class ClassSummary:
+class ClassSummary(Record):
     """One request class of a ``--mix``: what it sent and how it fared, apart."""
 
     name: str
@@ -424,23 +283,13 @@ class ClassSummary:
     def latency(self, key: str) -> float | None:
         return (self.latency_ms or {}).get(key)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "weight": self.weight, "parameters": self.parameters,
-                "requests": self.requests, "errors": self.errors,
-                "throughput_rps": self.throughput_rps, "latency_ms": self.latency_ms}
-
-    @classmethod
-    def read(cls, f: _Fields) -> ClassSummary:
-        return cls(f("name"), f("weight"), dict(f("parameters")), f("requests"), f("errors"),
-                   f("throughput_rps"), f("latency_ms"))
-
 
 def _label(endpoint: Mapping[str, Any]) -> str:
     return str(endpoint.get("name") or endpoint.get("model") or endpoint.get("url") or "")
 
 
 @dataclass(frozen=True)
-class BenchResult:
+class BenchResult(Record):
     """One benchmark run (``tradeoff.bench/1``)."""
 
     endpoint: dict[str, Any]  # what the adapter describes: protocol, url, model, metadata
@@ -455,8 +304,10 @@ class BenchResult:
     stop_reason: str
     client: ClientReport
     summary: Summary
-    merged_rounds: int | None = None  # compare: how many rounds were pooled into this one
-    classes: list[ClassSummary] | None = None  # --mix: every class apart
+    # compare: how many rounds were pooled into this one
+    merged_rounds: int | None = field(default=None, metadata=written(omit_none=True))
+    # --mix: every class apart
+    classes: list[ClassSummary] | None = field(default=None, metadata=written(omit_none=True))
 
     schema = BENCH_SCHEMA
 
@@ -475,36 +326,12 @@ class BenchResult:
         """The same result with the endpoint called ``name``."""
         return dataclasses.replace(self, endpoint={**self.endpoint, "name": name})
 
-    def to_dict(self) -> dict[str, Any]:
-        out = {"schema": self.schema, "endpoint": self.endpoint, "load": self.load,
-               "environment": self.environment, "cold_start_ms": self.cold_start_ms,
-               "cold_start_ok": self.cold_start_ok, "warmup": self.warmup.to_dict(),
-               "total_requests_sent": self.total_requests_sent,
-               "windows": [w.to_dict() for w in self.windows], "stable": self.stable,
-               "stop_reason": self.stop_reason, "client": self.client.to_dict(),
-               "summary": self.summary.to_dict()}
-        if self.merged_rounds is not None:
-            out["merged_rounds"] = self.merged_rounds
-        if self.classes is not None:
-            out["classes"] = [c.to_dict() for c in self.classes]
-        return out
-
-    @classmethod
-    def read(cls, f: _Fields) -> BenchResult:
-        return cls(dict(f("endpoint")), dict(f("load")), dict(f("environment")),
-                   f("cold_start_ms"), f("cold_start_ok"), Warmup.read(f.sub("warmup")),
-                   f("total_requests_sent"), [Window.read(w) for w in f.items("windows")],
-                   f("stable"), f("stop_reason"), ClientReport.read(f.sub("client")),
-                   Summary.read(f.sub("summary")), f.get("merged_rounds"),
-                   [ClassSummary.read(c) for c in f.items("classes")]
-                   if f.get("classes") is not None else None)
-
 
 # ------------------------------------------------------------------------ sweep
 
 
 @dataclass(frozen=True)
-class RowTokens:
+class RowTokens(Record):
     """A sweep point's generation figures."""
 
     output_tokens_per_s: float
@@ -514,17 +341,9 @@ class RowTokens:
     tpot_p99_ms: float | None
     goodput_rps: float | None
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def read(cls, f: _Fields) -> RowTokens:
-        return cls(f("output_tokens_per_s"), f("ttft_p50_ms"), f("ttft_p99_ms"),
-                   f("tpot_p50_ms"), f("tpot_p99_ms"), f("goodput_rps"))
-
 
 @dataclass(frozen=True)
-class SweepRow:
+class SweepRow(Record):
     """Load, throughput, latency and error rate of one sweep point."""
 
     load: float
@@ -534,58 +353,29 @@ class SweepRow:
     p99_ms: float | None
     error_percent: float
     requests: int
-    tokens: RowTokens | None = None  # written flat into the row
-    priced: bool = False  # cost_per_million is written only for a priced sweep
-    cost_per_million: float | None = None
+    tokens: RowTokens | None = field(default=None,
+                                     metadata=written(flat="output_tokens_per_s"))
+    # cost_per_million is written only for a priced sweep
+    priced: bool = field(default=False, metadata=written(
+        never=True, reader=lambda f: f.has("cost_per_million")))
+    cost_per_million: float | None = field(default=None,
+                                           metadata=written(when=lambda row: row.priced))
 
     @property
     def work_rate(self) -> float:
         """What the knee is found on: output tokens/s for generations, else requests/s."""
         return float(self.tokens.output_tokens_per_s if self.tokens else self.throughput_rps)
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "load": self.load, "throughput_rps": self.throughput_rps,
-            "inferences_per_s": self.inferences_per_s, "p50_ms": self.p50_ms,
-            "p99_ms": self.p99_ms, "error_percent": self.error_percent,
-            "requests": self.requests}
-        if self.tokens is not None:
-            out.update(self.tokens.to_dict())
-        if self.priced:
-            out["cost_per_million"] = self.cost_per_million
-        return out
-
-    @classmethod
-    def read(cls, f: _Fields) -> SweepRow:
-        return cls(**cls._fields(f))
-
-    @staticmethod
-    def _fields(f: _Fields) -> dict[str, Any]:
-        return {"load": f("load"), "throughput_rps": f("throughput_rps"),
-                "inferences_per_s": f("inferences_per_s"), "p50_ms": f("p50_ms"),
-                "p99_ms": f("p99_ms"), "error_percent": f("error_percent"),
-                "requests": f("requests"),
-                "tokens": RowTokens.read(f) if f.has("output_tokens_per_s") else None,
-                "priced": f.has("cost_per_million"),
-                "cost_per_million": f.get("cost_per_million")}
-
 
 @dataclass(frozen=True)
 class Knee(SweepRow):
     """The sweep point where more load stopped paying, and the rule that found it."""
 
-    rule: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**super().to_dict(), "rule": self.rule}
-
-    @classmethod
-    def read(cls, f: _Fields) -> Knee:
-        return cls(**cls._fields(f), rule=f("rule"))
+    rule: str = field(default="", metadata=written(required=True))
 
 
 @dataclass(frozen=True)
-class SlaAnswer:
+class SlaAnswer(Record):
     """The highest load whose p99 and error rate met the SLA (``best`` None: none did)."""
 
     p99_ms: float
@@ -593,18 +383,9 @@ class SlaAnswer:
     best_load: float | None
     best: SweepRow | None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"p99_ms": self.p99_ms, "max_error_percent": self.max_error_percent,
-                "best_load": self.best_load, "best": self.best.to_dict() if self.best else None}
-
-    @classmethod
-    def read(cls, f: _Fields) -> SlaAnswer:
-        return cls(f("p99_ms"), f("max_error_percent"), f("best_load"),
-                   _optional(f("best"), SweepRow.read, f"{f.where}.best"))
-
 
 @dataclass(frozen=True)
-class SweepResult:
+class SweepResult(Record):
     """One full benchmark per load level (``tradeoff.sweep/1``); ``ranking`` holds the
     candidates of :func:`tradeoff.stats.cost.rank` when the sweep was priced."""
 
@@ -634,31 +415,12 @@ class SweepResult:
     def named(self, name: str) -> SweepResult:
         return dataclasses.replace(self, endpoint={**self.endpoint, "name": name})
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": self.schema, "endpoint": self.endpoint, "mode": self.mode,
-                "plan": self.plan, "environment": self.environment,
-                "points": [p.to_dict() for p in self.points],
-                "rows": [r.to_dict() for r in self.rows],
-                "knee": self.knee.to_dict() if self.knee else None,
-                "stop_reason": self.stop_reason,
-                "sla": self.sla.to_dict() if self.sla else None, "price": self.price,
-                "ranking": self.ranking, "score": self.score}
-
-    @classmethod
-    def read(cls, f: _Fields) -> SweepResult:
-        return cls(dict(f("endpoint")), f("mode"), dict(f("plan")), dict(f("environment")),
-                   [BenchResult.read(p) for p in f.items("points")],
-                   [SweepRow.read(r) for r in f.items("rows")],
-                   _optional(f("knee"), Knee.read, f"{f.where}.knee"), f("stop_reason"),
-                   _optional(f("sla"), SlaAnswer.read, f"{f.where}.sla"), f("price"),
-                   f("ranking"), dict(f("score")))
-
 
 # ------------------------------------------------------------------------- soak
 
 
 @dataclass(frozen=True)
-class Verdict:
+class Verdict(Record):
     """Whether a soak run was stable, why not, and the trends behind it."""
 
     stable: bool
@@ -666,32 +428,17 @@ class Verdict:
     notes: list[str]
     trends: dict[str, Any]  # p99, throughput, memory: Mann-Kendall figures
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"stable": self.stable, "reasons": self.reasons, "notes": self.notes,
-                "trends": self.trends}
-
-    @classmethod
-    def read(cls, f: _Fields) -> Verdict:
-        return cls(f("stable"), list(f("reasons")), list(f("notes")), dict(f("trends")))
-
 
 @dataclass(frozen=True)
-class Memory:
+class Memory(Record):
     """The server's resident memory over the run: (seconds, bytes) samples."""
 
     source: str | None
     samples: list[tuple[float, float]] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "samples": [list(s) for s in self.samples]}
-
-    @classmethod
-    def read(cls, f: _Fields) -> Memory:
-        return cls(f("source"), [(t, rss) for t, rss in f("samples")])
-
 
 @dataclass(frozen=True)
-class SoakResult:
+class SoakResult(Record):
     """Sustained load watched for drift, error bursts and memory growth
     (``tradeoff.soak/1``)."""
 
@@ -711,41 +458,20 @@ class SoakResult:
     def label(self) -> str:
         return _label(self.endpoint)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": self.schema, "endpoint": self.endpoint, "plan": self.plan,
-                "environment": self.environment, "max_rate": self.max_rate,
-                "rate_rps": self.rate_rps, "result": self.result.to_dict(),
-                "summary": self.summary.to_dict(), "memory": self.memory.to_dict(),
-                "verdict": self.verdict.to_dict()}
-
-    @classmethod
-    def read(cls, f: _Fields) -> SoakResult:
-        return cls(dict(f("endpoint")), dict(f("plan")), dict(f("environment")),
-                   dict(f("max_rate")), f("rate_rps"), BenchResult.read(f.sub("result")),
-                   SweepRow.read(f.sub("summary")), Memory.read(f.sub("memory")),
-                   Verdict.read(f.sub("verdict")))
-
 
 # ---------------------------------------------------------------------- compare
 
 
 @dataclass(frozen=True)
-class Ratio:
+class Ratio(Record):
     """A ratio to the baseline and its 95% bootstrap interval (None: not known)."""
 
     ratio: float | None
     ci95: list[float] | None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"ratio": self.ratio, "ci95": self.ci95}
-
-    @classmethod
-    def read(cls, f: _Fields) -> Ratio:
-        return cls(f("ratio"), f("ci95"))
-
 
 @dataclass(frozen=True)
-class Ratios:
+class Ratios(Record):
     """One endpoint's ratios to the baseline: throughput, p50, p99 and, for generations,
     output_tokens_per_s, ttft_p50, ttft_p99, tpot_p50."""
 
@@ -756,27 +482,20 @@ class Ratios:
         return {"name": self.name, **{k: v.to_dict() for k, v in self.metrics.items()}}
 
     @classmethod
-    def read(cls, f: _Fields) -> Ratios:
-        return cls(f("name"), {k: Ratio.read(_Fields(v, f"{f.where}.{k}"))
+    def read(cls, f: Fields) -> Ratios:
+        return cls(f("name"), {k: Ratio.read(Fields(v, f"{f.where}.{k}"))
                                for k, v in f.data.items() if k != "name"})
 
 
 @dataclass(frozen=True)
-class FairnessCheck:
+class FairnessCheck(Record):
     check: str
     ok: bool | None  # None: not known
     detail: str
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"check": self.check, "ok": self.ok, "detail": self.detail}
-
-    @classmethod
-    def read(cls, f: _Fields) -> FairnessCheck:
-        return cls(f("check"), f("ok"), f("detail"))
-
 
 @dataclass(frozen=True)
-class Fairness:
+class Fairness(Record):
     """Whether the endpoints were measured alike: inputs, load, client, interleaving."""
 
     ok: bool
@@ -786,16 +505,9 @@ class Fairness:
     def interleaved(self) -> bool:
         return any(c.check == "interleaved" and c.ok for c in self.checks)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "checks": [c.to_dict() for c in self.checks]}
-
-    @classmethod
-    def read(cls, f: _Fields) -> Fairness:
-        return cls(f("ok"), [FairnessCheck.read(c) for c in f.items("checks")])
-
 
 @dataclass(frozen=True)
-class CompareEntry:
+class CompareEntry(Record):
     """One endpoint of a comparison: its pooled result and each round's summary."""
 
     name: str
@@ -804,20 +516,9 @@ class CompareEntry:
     rounds: list[Summary]
     result: BenchResult
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "input_fingerprint": self.input_fingerprint,
-                "profile": self.profile, "rounds": [r.to_dict() for r in self.rounds],
-                "result": self.result.to_dict()}
-
-    @classmethod
-    def read(cls, f: _Fields) -> CompareEntry:
-        return cls(f("name"), f("input_fingerprint"), dict(f("profile")),
-                   [Summary.read(r) for r in f.items("rounds")],
-                   BenchResult.read(f.sub("result")))
-
 
 @dataclass(frozen=True)
-class CompareResult:
+class CompareResult(Record):
     """The same load against several endpoints (``tradeoff.compare/1``); ``ranking`` holds
     the candidates of :func:`tradeoff.stats.cost.rank`."""
 
@@ -839,27 +540,12 @@ class CompareResult:
     def ratios_of(self, name: str) -> Ratios:
         return next(r for r in self.ratios if r.name == name)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": self.schema, "baseline": self.baseline, "rounds": self.rounds,
-                "environment": self.environment,
-                "endpoints": [e.to_dict() for e in self.endpoints],
-                "ratios": [r.to_dict() for r in self.ratios],
-                "fairness": self.fairness.to_dict(), "ranking": self.ranking,
-                "score": self.score}
-
-    @classmethod
-    def read(cls, f: _Fields) -> CompareResult:
-        return cls(f("baseline"), f("rounds"), dict(f("environment")),
-                   [CompareEntry.read(e) for e in f.items("endpoints")],
-                   [Ratios.read(r) for r in f.items("ratios")],
-                   Fairness.read(f.sub("fairness")), list(f("ranking")), dict(f("score")))
-
 
 # ------------------------------------------------------------------------ optimize
 
 
 @dataclass(frozen=True)
-class OutputAccuracy:
+class OutputAccuracy(Record):
     """One output of an optimised version against the original, on the same inputs."""
 
     output: str
@@ -868,17 +554,9 @@ class OutputAccuracy:
     metrics: dict[str, float]
     drop: float  # what was lost, 0 = nothing; compared with --max-drop
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"output": self.output, "kind": self.kind, "samples": self.samples,
-                "metrics": dict(self.metrics), "drop": self.drop}
-
-    @classmethod
-    def read(cls, f: _Fields) -> OutputAccuracy:
-        return cls(f("output"), f("kind"), f("samples"), dict(f("metrics")), f("drop"))
-
 
 @dataclass(frozen=True)
-class VersionReport:
+class VersionReport(Record):
     """One version of the model: how it was made, its speed in process, what it lost."""
 
     version: int
@@ -887,40 +565,22 @@ class VersionReport:
     size_bytes: int
     latency_ms: Distribution  # batch 1, in process
     throughput_by_batch: dict[int, float]  # samples per second at each batch size
+    best_batch: int = field(init=False)
+    best_throughput: float = field(init=False)
     accuracy: list[OutputAccuracy]  # empty for the original
+    drop: float = field(init=False)  # the most any output lost
     created: bool  # made by this run (not a version that was already there)
     model: str | None = None  # served under another name (an LLM's precision: a sibling)
 
-    @property
-    def best_batch(self) -> int:
-        return max(self.throughput_by_batch, key=lambda b: self.throughput_by_batch[b])
-
-    @property
-    def best_throughput(self) -> float:
-        return self.throughput_by_batch[self.best_batch]
-
-    @property
-    def drop(self) -> float:
-        return max((a.drop for a in self.accuracy), default=0.0)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"version": self.version, "precision": self.precision, "method": self.method,
-                "size_bytes": self.size_bytes, "latency_ms": self.latency_ms,
-                "throughput_by_batch": {str(b): v for b, v in self.throughput_by_batch.items()},
-                "best_batch": self.best_batch, "best_throughput": self.best_throughput,
-                "accuracy": [a.to_dict() for a in self.accuracy], "drop": self.drop,
-                "created": self.created, "model": self.model}
-
-    @classmethod
-    def read(cls, f: _Fields) -> VersionReport:
-        return cls(f("version"), f("precision"), f("method"), f("size_bytes"),
-                   f("latency_ms"), {int(b): v for b, v in f("throughput_by_batch").items()},
-                   [OutputAccuracy.read(a) for a in f.items("accuracy")], f("created"),
-                   f.get("model"))
+    def __post_init__(self) -> None:
+        best = max(self.throughput_by_batch, key=lambda b: self.throughput_by_batch[b])
+        object.__setattr__(self, "best_batch", best)
+        object.__setattr__(self, "best_throughput", self.throughput_by_batch[best])
+        object.__setattr__(self, "drop", max((a.drop for a in self.accuracy), default=0.0))
 
 
 @dataclass(frozen=True)
-class OptimizeResult:
+class OptimizeResult(Record):
     """``tradeoff optimize``: the original and each optimised version, side by side."""
 
     model: str
@@ -948,27 +608,22 @@ class OptimizeResult:
                 version.best_throughput / base.best_throughput)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": self.schema, "model": self.model, "repository": self.repository,
-                "source_version": self.source_version, "validation": self.validation,
-                "calibration": self.calibration, "max_drop": self.max_drop,
-                "environment": self.environment,
-                "versions": [{**v.to_dict(), "over_max_drop": self.over_max_drop(v),
-                              "speedup_batch1": self.speedup(v)[0],
-                              "speedup_throughput": self.speedup(v)[1]}
-                             for v in self.versions]}
-
-    @classmethod
-    def read(cls, f: _Fields) -> OptimizeResult:
-        return cls(f("model"), f("repository"), f("source_version"), dict(f("validation")),
-                   f("calibration"), f("max_drop"), dict(f("environment")),
-                   [VersionReport.read(v) for v in f.items("versions")])
+        """Each version also says, against this run's original and --max-drop, whether it
+        lost too much and how much faster it is (read back from the versions)."""
+        out = super().to_dict()
+        out["versions"] = [{**written_version, "over_max_drop": self.over_max_drop(v),
+                            "speedup_batch1": self.speedup(v)[0],
+                            "speedup_throughput": self.speedup(v)[1]}
+                           for v, written_version in zip(self.versions, out["versions"],
+                                                             strict=True)]
+        return out
 
 
 # ------------------------------------------------------------------------ tune
 
 
 @dataclass(frozen=True)
-class BatchPoint:
+class BatchPoint(Record):
     """One batch size of ``tradeoff tune batch-size``, measured in process."""
 
     batch_size: int
@@ -981,17 +636,9 @@ class BatchPoint:
     fits: bool  # within --max-memory (True without one)
     error: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def read(cls, f: _Fields) -> BatchPoint:
-        return cls(f("batch_size"), f("role"), f("samples_per_s"), f("latency_ms"),
-                   f("memory_bytes"), f("fits"), f.get("error"))
-
 
 @dataclass(frozen=True)
-class MemoryEstimate:
+class MemoryEstimate(Record):
     """What memory says about the largest batch: the formula next to the measurement."""
 
     source: str  # how memory was measured
@@ -1001,16 +648,9 @@ class MemoryEstimate:
     estimated_max_batch: int | None  # (max_memory - weights) / per_sample
     largest_fit: int | None  # the largest batch measured that stayed within max_memory
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def read(cls, f: _Fields) -> MemoryEstimate:
-        return cls(**{field.name: f(field.name) for field in dataclasses.fields(cls)})
-
 
 @dataclass(frozen=True)
-class BatchSizeTune:
+class BatchSizeTune(Record):
     """``tradeoff tune batch-size``: the doubling search and the batch size it recommends."""
 
     model: str
@@ -1034,23 +674,9 @@ class BatchSizeTune:
     def point(self, batch_size: int) -> BatchPoint | None:
         return next((p for p in self.points if p.batch_size == batch_size), None)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": self.schema, "search": self.search, "model": self.model,
-                "repository": self.repository, "device": self.device, "plan": self.plan,
-                "environment": self.environment, "points": [p.to_dict() for p in self.points],
-                "knee": self.knee, "recommended": self.recommended, "why": self.why,
-                "stop_reason": self.stop_reason, "memory": self.memory.to_dict()}
-
-    @classmethod
-    def read(cls, f: _Fields) -> BatchSizeTune:
-        return cls(f("model"), f("repository"), f("device"), dict(f("plan")),
-                   dict(f("environment")), [BatchPoint.read(p) for p in f.items("points")],
-                   f("knee"), f("recommended"), f("why"), f("stop_reason"),
-                   MemoryEstimate.read(f.sub("memory")))
-
 
 @dataclass(frozen=True)
-class Trial:
+class Trial(Record):
     """One serving configuration ``tradeoff tune serve`` tried on the live server."""
 
     name: str
@@ -1069,16 +695,9 @@ class Trial:
     # are their medians (a configuration in the final round was measured more than once)
     measurements: list[dict[str, Any]] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def read(cls, f: _Fields) -> Trial:
-        return cls(**{field.name: f(field.name) for field in dataclasses.fields(cls)})
-
 
 @dataclass(frozen=True)
-class ServeTune:
+class ServeTune(Record):
     """``tradeoff tune serve``: every configuration tried, the Pareto front, the winner."""
 
     endpoint: dict[str, Any]
@@ -1098,26 +717,12 @@ class ServeTune:
     def trial(self, name: str | None) -> Trial | None:
         return next((t for t in self.trials if t.name == name), None)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": self.schema, "search": self.search, "endpoint": self.endpoint,
-                "model": self.model, "goal": self.goal, "environment": self.environment,
-                "trials": [t.to_dict() for t in self.trials], "baseline": self.baseline,
-                "winner": self.winner, "stop_reason": self.stop_reason,
-                "elapsed_s": self.elapsed_s, "grid_size": self.grid_size,
-                "written": self.written}
-
-    @classmethod
-    def read(cls, f: _Fields) -> ServeTune:
-        return cls(dict(f("endpoint")), f("model"), dict(f("goal")), dict(f("environment")),
-                   [Trial.read(t) for t in f.items("trials")], f("baseline"), f("winner"),
-                   f("stop_reason"), f("elapsed_s"), f("grid_size"), f("written"))
-
 
 class _TuneDocuments:
     """Reads a ``tradeoff.tune/1`` document as the search it records."""
 
     @staticmethod
-    def read(f: _Fields) -> BatchSizeTune | ServeTune:
+    def read(f: Fields) -> BatchSizeTune | ServeTune:
         search = f("search")
         kinds: dict[str, Any] = {"batch-size": BatchSizeTune, "serve": ServeTune}
         if search not in kinds:
@@ -1156,7 +761,7 @@ def load_result(source: str | Path | Mapping[str, Any] | ResultDocument,
             raise ResultFormatError(f"{where}: not a readable JSON result ({exc})") from None
     else:
         data, where = source, name or "result"
-    f = _Fields(data, where)
+    f = Fields(data, where)
     schema = f.get("schema")
     reader = READERS.get(str(schema))
     if reader is None:

@@ -13,10 +13,21 @@ import tradeoff
 from tradeoff.analysis.compare import compare_results
 from tradeoff.analysis.diagnose import diagnose
 from tradeoff.errors import ResultFormatError, TradeoffError
-from tradeoff.report.terminal import print_bench_result, print_compare, print_soak, print_sweep
+from tradeoff.report.terminal import (
+    print_batch_size_tune,
+    print_bench_result,
+    print_compare,
+    print_optimize,
+    print_serve_tune,
+    print_soak,
+    print_sweep,
+)
 from tradeoff.results import (
+    BatchSizeTune,
     BenchResult,
     CompareResult,
+    OptimizeResult,
+    ServeTune,
     SoakResult,
     SweepResult,
     load_as,
@@ -26,8 +37,10 @@ from tradeoff.results import (
 
 DATA = Path(__file__).parent.parent / "data" / "results"
 FIXTURES = sorted(DATA.glob("*.json"))
-KINDS = {"bench-tensor": BenchResult, "bench-openai": BenchResult, "sweep": SweepResult,
-         "soak": SoakResult, "compare": CompareResult}
+KINDS = {"bench-tensor": BenchResult, "bench-openai": BenchResult, "bench-mix": BenchResult,
+         "sweep": SweepResult, "sweep-sla": SweepResult, "soak": SoakResult,
+         "compare": CompareResult, "optimize": OptimizeResult,
+         "tune-batch-size": BatchSizeTune, "tune-serve": ServeTune}
 
 
 def _text(document: object) -> str:
@@ -74,7 +87,9 @@ def test_consumers_accept_every_fixture(path: Path) -> None:
     assert isinstance(diagnose(document), list)
     console = Console(record=True, width=160)
     printer = {BenchResult: print_bench_result, SweepResult: print_sweep,
-               SoakResult: print_soak, CompareResult: print_compare}[type(document)]
+               SoakResult: print_soak, CompareResult: print_compare,
+               OptimizeResult: print_optimize, BatchSizeTune: print_batch_size_tune,
+               ServeTune: print_serve_tune}[type(document)]
     printer(document, console)  # type: ignore[operator]
     assert console.export_text()
 

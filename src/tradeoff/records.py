@@ -1,0 +1,197 @@
+"""Record: a frozen dataclass that writes itself as a JSON object and reads itself back.
+
+    @dataclass(frozen=True)
+    class Window(Record):
+        index: int
+        server_ms: dict[str, float] | None = field(default=None, metadata=written(omit_none=True))
+
+    Window(0, None).to_dict()                    # {"index": 0}
+    Window.read(Fields({"index": 0}, "w.json"))  # Window(index=0, server_ms=None)
+
+This is the one writer and reader of the result documents (:mod:`tradeoff.results`). Every
+field is written under its own name, in order: records nested, lists and dicts copied, tuples
+as lists, integer dict keys as strings (as JSON has them). A ``schema`` and a ``search``
+class attribute, where a document has them, come first. Reading follows each field's
+annotation back: a nested record, a list or dict of records, a tuple, an integer key; a
+field without a default must be there, else :class:`ResultFormatError` names the file and the
+field. A figure derived from the others that the document also records is a field with
+``init=False`` set in ``__post_init__``: written, never read. :func:`written` says how the
+rest differ.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from tradeoff.errors import ResultFormatError
+
+__all__ = ["Fields", "Record", "written"]
+
+_OPTIONS = "tradeoff.record"
+_R = TypeVar("_R", bound="Record")
+
+
+class Fields:
+    """Reads the fields of one JSON object, naming where a missing one was expected."""
+
+    def __init__(self, data: Any, where: str) -> None:
+        if not isinstance(data, Mapping):
+            raise ResultFormatError(f"{where}: expected an object, got {type(data).__name__}")
+        self.data = data
+        self.where = where
+
+    def __call__(self, key: str) -> Any:
+        try:
+            return self.data[key]
+        except KeyError:
+            raise ResultFormatError(f"{self.where}: field {key!r} is missing") from None
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.data.get(key, default)
+
+    def has(self, key: str) -> bool:
+        return key in self.data
+
+    def sub(self, key: str) -> Fields:
+        return Fields(self(key), f"{self.where}.{key}")
+
+
+@dataclass(frozen=True)
+class _Options:
+    omit_none: bool = False
+    when: Callable[[Any], bool] | None = None
+    flat: str | None = None
+    reader: Callable[[Fields], Any] | None = None
+    never: bool = False
+    required: bool = False
+
+
+def written(*, omit_none: bool = False, when: Callable[[Any], bool] | None = None,
+            flat: str | None = None, reader: Callable[[Fields], Any] | None = None,
+            never: bool = False, required: bool = False) -> dict[str, Any]:
+    """Field metadata (``dataclasses.field(metadata=written(...))``) for a field written
+    otherwise than plainly.
+
+    - ``omit_none``: left out while None.
+    - ``when``: written only when ``when(record)`` is true (a field that goes with another).
+    - ``flat``: a nested record written into this object's own keys; read back when the
+      key ``flat`` is there, else None.
+    - ``reader``: reads the field from this object's :class:`Fields` instead.
+    - ``never``: not written (``reader`` gives it back from what was).
+    - ``required``: must be in the file although the field has a default.
+    """
+    return {_OPTIONS: _Options(omit_none, when, flat, reader, never, required)}
+
+
+class Record:
+    """A frozen dataclass of a result document: ``to_dict()`` and ``read()`` come from its
+    fields (see the module docstring)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {key: getattr(self, key) for key in ("schema", "search")
+                               if hasattr(type(self), key)}
+        for item in _layout(type(self)):
+            value = getattr(self, item.name)
+            options = item.options
+            if options.never or (options.omit_none and value is None) or \
+                    (options.when is not None and not options.when(self)):
+                continue
+            if options.flat is not None:
+                if value is not None:
+                    out.update(value.to_dict())
+                continue
+            out[item.name] = _plain(value)
+        return out
+
+    @classmethod
+    def read(cls: type[_R], f: Fields) -> _R:
+        values: dict[str, Any] = {}
+        for item in _layout(cls):
+            if not item.init:
+                continue
+            options = item.options
+            if options.reader is not None:
+                values[item.name] = options.reader(f)
+            elif options.flat is not None:
+                values[item.name] = _record_type(item.hint).read(f) if f.has(options.flat) \
+                    else None
+            elif f.has(item.name) or item.required:
+                values[item.name] = _read(item.hint, f(item.name), f"{f.where}.{item.name}")
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class _Item:
+    name: str
+    hint: Any
+    init: bool
+    required: bool
+    options: _Options
+
+
+_LAYOUTS: dict[type, tuple[_Item, ...]] = {}
+
+
+def _layout(cls: type) -> tuple[_Item, ...]:
+    """The fields of ``cls`` with their resolved annotations and options (kept per class)."""
+    if cls in _LAYOUTS:
+        return _LAYOUTS[cls]
+    hints = typing.get_type_hints(cls)
+    items = []
+    for f in dataclasses.fields(cls):
+        options = f.metadata.get(_OPTIONS, _Options())
+        has_default = f.default is not dataclasses.MISSING or \
+            f.default_factory is not dataclasses.MISSING
+        items.append(_Item(f.name, hints[f.name], f.init, options.required or not has_default,
+                           options))
+    _LAYOUTS[cls] = tuple(items)
+    return _LAYOUTS[cls]
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Record):
+        return value.to_dict()
+    if isinstance(value, dict):
+        return {k if isinstance(k, str) else str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _read(hint: Any, value: Any, where: str) -> Any:
+    """``value`` as the annotation ``hint`` has it (JSON's lists, dicts and strings back to
+    records, tuples and integer keys)."""
+    if value is None:
+        return None
+    hint = _without_none(hint)
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if isinstance(hint, type) and issubclass(hint, Record):
+        return hint.read(Fields(value, where))
+    if origin is list:
+        if not isinstance(value, list):
+            raise ResultFormatError(f"{where}: expected a list")
+        return [_read(args[0], v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is tuple:
+        return tuple(value)
+    if origin is dict:
+        key = int if args[0] is int else None
+        return {key(k) if key else k: _read(args[1], v, f"{where}.{k}")
+                for k, v in Fields(value, where).data.items()}
+    return value
+
+
+def _without_none(hint: Any) -> Any:
+    if typing.get_origin(hint) in (types.UnionType, typing.Union):
+        (hint,) = [a for a in typing.get_args(hint) if a is not type(None)]
+    return hint
+
+
+def _record_type(hint: Any) -> type[Record]:
+    kind = _without_none(hint)
+    assert isinstance(kind, type) and issubclass(kind, Record), hint
+    return kind
