@@ -170,7 +170,8 @@ def connection_cpu_us(repo: Path, model: str, body: bytes, header_length: int,
     from uvicorn.server import ServerState
 
     from tradeoff.server import transport
-    from tradeoff.server.runner import ServeOptions, make_app, make_dataplane
+    from tradeoff.server.options import ServeOptions
+    from tradeoff.server.runner import make_app, make_dataplane
 
     request = (f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: 127.0.0.1:8000\r\n"
                f"Accept: */*\r\nContent-Type: application/octet-stream\r\n"

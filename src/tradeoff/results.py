@@ -13,11 +13,12 @@ and the field when one is missing or the schema is unknown. ``to_dict()`` and
 :func:`write_json` are the one writer: a document read from a file writes back the same
 JSON. Every type here is a :class:`~tradeoff.records.Record`, whose ``to_dict()`` and
 ``read()`` come from its fields in that one generic place; a field written otherwise than
-plainly says how in its ``written(...)`` metadata. Distributions (``latency_ms`` and the like) stay ``{"min", "mean", "stddev", "p50",
-..., "max"}`` dicts, and open-ended descriptions (the endpoint, the load spec, the
-environment) stay dicts; every figure the tools read is an attribute. This module sits at
-the bottom of the package: the builders in ``tradeoff.bench``, ``tradeoff.analysis`` and
-``tradeoff.optimize`` fill it in, the readers in ``analysis`` and ``report`` read it.
+plainly says how in its ``written(...)`` metadata. Distributions (``latency_ms`` and the
+like) stay ``{"min", "mean", "stddev", "p50", ..., "max"}`` dicts, and open-ended
+descriptions (the endpoint, the load spec, the environment) stay dicts; every figure the
+tools read is an attribute. This module sits at the bottom of the package: the builders in
+``tradeoff.bench``, ``tradeoff.analysis`` and ``tradeoff.optimize`` fill it in, the readers
+in ``analysis`` and ``report`` read it.
 """
 
 from __future__ import annotations

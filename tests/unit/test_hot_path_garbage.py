@@ -71,7 +71,8 @@ def test_served_infer_requests_leave_no_cyclic_garbage(tmp_path: Path, binary: b
     from uvicorn.server import ServerState
 
     from tradeoff.server import transport
-    from tradeoff.server.runner import ServeOptions, make_app, make_dataplane
+    from tradeoff.server.options import ServeOptions
+    from tradeoff.server.runner import make_app, make_dataplane
 
     build_repository(tmp_path, ("tiny",))
     x = np.arange(16, dtype=np.float32).reshape(1, 16)

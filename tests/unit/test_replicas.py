@@ -10,7 +10,8 @@ import pytest
 
 from tradeoff.scheduling.stats import ModelStats, merge_model_stats
 from tradeoff.server import replicas
-from tradeoff.server.ray_serve import RayOptions, parse_autoscale
+from tradeoff.server.options import RayOptions
+from tradeoff.server.ray_serve import parse_autoscale
 from tradeoff.server.replicas import ReplicaCoordinator
 
 

@@ -1,6 +1,7 @@
-"""`tradeoff serve`'s flags spell out defaults that live in the option dataclasses
-(ServeOptions, TransportLimits, RequestLimits, RayOptions): with no flag given, what the
-command builds must equal what the dataclasses say. The server start is replaced by a
+"""`tradeoff serve`'s flags take their defaults from the option dataclasses
+(server/options.py ServeOptions, TransportLimits, RayOptions; protocol/limits.py
+RequestLimits), written as a user would type them: with no flag given, what the command
+builds must equal what the dataclasses say. The server start is replaced by a
 function that keeps the options it was handed: the wiring, not a server, is under test."""
 
 from __future__ import annotations
@@ -30,9 +31,8 @@ def built(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *extra: str) -> dict[
 
 def test_serve_builds_the_dataclasses_defaults_when_no_flag_is_given(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from tradeoff.protocol.v2 import DEFAULT_LIMITS
-    from tradeoff.server.runner import ServeOptions
-    from tradeoff.server.transport import TransportLimits
+    from tradeoff.protocol.limits import DEFAULT_LIMITS
+    from tradeoff.server.options import ServeOptions, TransportLimits
 
     options = built(monkeypatch, tmp_path)["options"]
     want = ServeOptions(model_repository=tmp_path)
@@ -46,6 +46,16 @@ def test_serve_builds_the_dataclasses_defaults_when_no_flag_is_given(
 
 def test_serve_on_ray_builds_ray_options_defaults(monkeypatch: pytest.MonkeyPatch,
                                                   tmp_path: Path) -> None:
-    from tradeoff.server.ray_serve import RayOptions
+    from tradeoff.server.options import RayOptions
 
     assert built(monkeypatch, tmp_path, "--ray", "local")["ray"] == RayOptions()
+
+
+def test_help_shows_each_default_as_a_user_would_write_it() -> None:
+    from tradeoff.server.options import DEFAULT_MAX_REQUEST_BYTES
+
+    text = CliRunner().invoke(main, ["serve", "--help"], terminal_width=200).output
+    assert DEFAULT_MAX_REQUEST_BYTES == 64 << 20 and "[default: 64MiB]" in text
+    for shown in ("[default: 5m]", "[default: 10m]", "[default: 30s]", "[default: 1GiB]",
+                  "[default: 127.0.0.1]", "[default: 8000; 0<=x<=65535]"):
+        assert shown in text, shown

@@ -12,7 +12,8 @@ import pytest
 import uvicorn
 from uvicorn.server import ServerState
 
-from tradeoff.server.transport import TransportLimits, guarded_protocol
+from tradeoff.server.options import TransportLimits
+from tradeoff.server.transport import guarded_protocol
 
 BODY = b'{"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}'
 N = len(BODY)

@@ -2,18 +2,34 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import click
 
-from tradeoff.cli.options import DURATION, DURATION_OR_ZERO, ByteSize, setup_logging
+from tradeoff.cli.options import (
+    DURATION,
+    DURATION_OR_ZERO,
+    ByteSize,
+    seconds_text,
+    setup_logging,
+    size_text,
+)
 from tradeoff.errors import TradeoffError
-
-if TYPE_CHECKING:
-    from tradeoff.server.runner import ServeOptions
+from tradeoff.protocol.limits import RequestLimits
+from tradeoff.server.options import RayOptions, ServeOptions, TransportLimits
 
 __all__ = ["models", "models_build", "serve"]
+
+
+def _default(options: type, name: str, text: Callable[[Any], str] | None = None
+             ) -> dict[str, Any]:
+    """A flag's default: the default of the option dataclass field it fills, as a user
+    would write it (``text``: 64MiB, 30s)."""
+    value = getattr(options, name)
+    return {"default": text(value) if text else value, "show_default": True}
+
 
 
 @click.command()
@@ -21,49 +37,59 @@ __all__ = ["models", "models_build", "serve"]
               type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="Triton-style model repository: <repo>/<model>/config.pbtxt and "
                    "<repo>/<model>/<version>/model.onnx.")
-@click.option("--host", default="127.0.0.1", show_default=True,
+@click.option("--host", **_default(ServeOptions, "host"),
               help="Address to bind. Use 0.0.0.0 only when others must reach the server.")
-@click.option("--http-port", default=8000, show_default=True, type=click.IntRange(0, 65535),
+@click.option("--http-port", **_default(ServeOptions, "http_port"), type=click.IntRange(0, 65535),
               help="Open Inference Protocol v2 over HTTP (0 picks a free port).")
-@click.option("--metrics-port", default=8002, show_default=True, type=click.IntRange(0, 65535),
+@click.option("--metrics-port", **_default(ServeOptions, "metrics_port"),
+              type=click.IntRange(0, 65535),
               help="Prometheus /metrics (0 picks a free port).")
 @click.option("--no-metrics", is_flag=True, help="Do not serve /metrics.")
-@click.option("--grpc-port", default=8001, show_default=True, type=click.IntRange(0, 65535),
+@click.option("--grpc-port", **_default(ServeOptions, "grpc_port"), type=click.IntRange(0, 65535),
               help="Open Inference Protocol v2 over gRPC (0 picks a free port).")
 @click.option("--no-grpc", is_flag=True, help="Do not serve gRPC.")
-@click.option("--max-request-bytes", default="64MiB", show_default=True, type=ByteSize(),
+@click.option("--max-request-bytes", **_default(ServeOptions, "max_request_bytes", size_text),
+              type=ByteSize(),
               help="Larger request bodies get 413 (64MiB, 1GB or bytes).")
-@click.option("--max-inputs", default=64, show_default=True, type=click.IntRange(1),
+@click.option("--max-inputs", **_default(RequestLimits, "max_inputs"), type=click.IntRange(1),
               help="Input tensors one request may carry.")
-@click.option("--max-tensor-elements", default=1 << 26, show_default=True,
+@click.option("--max-tensor-elements", **_default(RequestLimits, "max_elements"),
               type=click.IntRange(1), help="Elements one input tensor may hold.")
-@click.option("--max-json-depth", default=32, show_default=True, type=click.IntRange(1),
+@click.option("--max-json-depth", **_default(RequestLimits, "max_json_depth"),
+              type=click.IntRange(1),
               help="Nesting of a tensor's JSON data (and its number of dimensions).")
-@click.option("--max-bytes-element", default="16MiB", show_default=True, type=ByteSize(),
+@click.option("--max-bytes-element", **_default(RequestLimits, "max_bytes_element", size_text),
+              type=ByteSize(),
               help="Bytes of one BYTES element.")
-@click.option("--max-inflight", default=1024, show_default=True, type=click.IntRange(0),
+@click.option("--max-inflight", **_default(ServeOptions, "max_inflight"), type=click.IntRange(0),
               help="Inference requests the whole server holds at once (queued or running; "
                    "a request takes its place once its body is read); more are refused at "
                    "once with 503 / UNAVAILABLE. 0: no limit.")
-@click.option("--max-header-bytes", default="64KiB", show_default=True,
+@click.option("--max-header-bytes", **_default(TransportLimits, "max_header_bytes", size_text),
               type=ByteSize(1024),
               help="Request line and headers of one HTTP request; more get 431 (414 for a "
                    "long URL).")
-@click.option("--header-timeout", default="10s", show_default=True, type=DURATION,
+@click.option("--header-timeout", **_default(TransportLimits, "header_timeout_s", seconds_text),
+              type=DURATION,
               help="A connection whose request head has not arrived this long after it "
                    "opened (or after the head's first byte) is closed (408).")
-@click.option("--body-timeout", default="30s", show_default=True, type=DURATION,
+@click.option("--body-timeout", **_default(TransportLimits, "body_timeout_s", seconds_text),
+              type=DURATION,
               help="A request body that sends no bytes for this long gets 408.")
-@click.option("--max-body-memory", default="1GiB", show_default=True, type=ByteSize(),
+@click.option("--max-body-memory", **_default(TransportLimits, "max_body_memory", size_text),
+              type=ByteSize(),
               help="Bytes of request bodies (beyond the first 64 KiB of each) the server "
                    "holds at once; a body that does not fit gets 503.")
-@click.option("--max-json-bytes", default="16MiB", show_default=True, type=ByteSize(1024),
+@click.option("--max-json-bytes", **_default(TransportLimits, "max_json_bytes", size_text),
+              type=ByteSize(1024),
               help="JSON text of one request body (inference, /v1, repository); more gets "
                    "413 (send tensors as binary data, as tritonclient's binary_data=True "
                    "does).")
-@click.option("--max-connections", default=8192, show_default=True, type=click.IntRange(1),
+@click.option("--max-connections", **_default(TransportLimits, "max_connections"),
+              type=click.IntRange(1),
               help="Open HTTP connections; more are answered 503 and closed.")
-@click.option("--max-connections-per-client", default=2048, show_default=True,
+@click.option("--max-connections-per-client",
+              **_default(TransportLimits, "max_connections_per_client"),
               type=click.IntRange(1),
               help="Open HTTP connections from one client address; more are answered 503 "
                    "and closed.")
@@ -83,21 +109,25 @@ __all__ = ["models", "models_build", "serve"]
                    "max_item=1MB, scope=key|global (with API keys, each key sees only its "
                    "own answers unless global) and tenant_size (one key's share). "
                    "docs/cache.md.")
-@click.option("--shutdown-timeout", default="30s", show_default=True, type=DURATION_OR_ZERO,
+@click.option("--shutdown-timeout", **_default(ServeOptions, "shutdown_timeout", seconds_text),
+              type=DURATION_OR_ZERO,
               help="Time to finish accepted requests after SIGTERM/SIGINT (90, 90s, 5m).")
-@click.option("--default-max-batch-size", default=4, show_default=True,
+@click.option("--default-max-batch-size", **_default(ServeOptions, "default_max_batch_size"),
               type=click.IntRange(0),
               help="max_batch_size given to batchable models whose config leaves it out.")
-@click.option("--intra-op-threads", default=1, show_default=True, type=click.IntRange(0),
+@click.option("--intra-op-threads", **_default(ServeOptions, "intra_op_threads"),
+              type=click.IntRange(0),
               help="ONNX Runtime threads per instance unless the model's parameters "
                    "set intra_op_thread_count (0: runtime default).")
-@click.option("--max-instances", default=16, show_default=True, type=click.IntRange(1),
+@click.option("--max-instances", **_default(ServeOptions, "max_instances"), type=click.IntRange(1),
               help="Most instances one model version may have: a config or load request "
                    "asking more is refused.")
-@click.option("--warmup-timeout", default="5m", show_default=True, type=DURATION,
+@click.option("--warmup-timeout", **_default(ServeOptions, "warmup_timeout", seconds_text),
+              type=DURATION,
               help="Longest a model's warmups may take at one load (all instances); "
                    "past it the load fails. Unload and shutdown cancel a warmup.")
-@click.option("--inline-batch-us", default=500, show_default=True, type=click.IntRange(0),
+@click.option("--inline-batch-us", **_default(ServeOptions, "inline_batch_us"),
+              type=click.IntRange(0),
               help="Run a batch on the event loop, not a worker thread, once the model's "
                    "last 16 batches each took less than this (a thread hand-off costs "
                    "more than a small model's batch). 0: always a thread.")
@@ -132,23 +162,25 @@ __all__ = ["models", "models_build", "serve"]
                    "on loopback when --host is). HTTP v2 and /v1 through Ray's proxy on "
                    "--host/--http-port, each replica's /metrics on --host; no gRPC. "
                    "docs/scale-out.md.")
-@click.option("--replicas", default=1, show_default=True, type=click.IntRange(1),
+@click.option("--replicas", **_default(RayOptions, "replicas"), type=click.IntRange(1),
               help="With --ray: replicas of the whole data plane.")
 @click.option("--autoscale", metavar="MIN:MAX",
               help="With --ray: let Ray Serve scale between MIN and MAX replicas.")
-@click.option("--target-ongoing-requests", default=32.0, show_default=True,
+@click.option("--target-ongoing-requests", **_default(RayOptions, "target_ongoing_requests"),
               type=click.FloatRange(0, min_open=True),
               help="With --autoscale: requests in flight per replica Ray Serve scales to "
                    "hold (queued in the batcher or running).")
-@click.option("--upscale-delay", default="30s", show_default=True, type=DURATION_OR_ZERO,
+@click.option("--upscale-delay", **_default(RayOptions, "upscale_delay_s", seconds_text),
+              type=DURATION_OR_ZERO,
               help="With --autoscale: how long the load must stay above the target before "
                    "a replica is added.")
-@click.option("--downscale-delay", default="10m", show_default=True, type=DURATION_OR_ZERO,
+@click.option("--downscale-delay", **_default(RayOptions, "downscale_delay_s", seconds_text),
+              type=DURATION_OR_ZERO,
               help="With --autoscale: how long it must stay below before one is removed.")
-@click.option("--max-ongoing-requests", default=256, show_default=True,
+@click.option("--max-ongoing-requests", **_default(RayOptions, "max_ongoing_requests"),
               type=click.IntRange(1),
               help="With --ray: requests one replica is sent at once; more wait in the proxy.")
-@click.option("--replica-cpus", default=1.0, show_default=True,
+@click.option("--replica-cpus", **_default(RayOptions, "replica_cpus"),
               type=click.FloatRange(0, min_open=True),
               help="With --ray: Ray CPUs each replica reserves.")
 @click.option("--proxy-every-node", is_flag=True,
@@ -193,11 +225,8 @@ def serve(repository: Path, host: str, http_port: int, metrics_port: int, no_met
     """
     import os
 
-    from tradeoff.protocol.v2 import RequestLimits
     from tradeoff.server.access import Access
-    from tradeoff.server.runner import ServeOptions
     from tradeoff.server.runner import serve as run_server
-    from tradeoff.server.transport import TransportLimits
 
     setup_logging(log_level)
     try:
@@ -246,7 +275,7 @@ def serve(repository: Path, host: str, http_port: int, metrics_port: int, no_met
 def _serve_on_ray(options: ServeOptions, address: str, replicas: int,
                   autoscale: str | None, scaling: tuple[float, float, float],
                   max_ongoing_requests: int, replica_cpus: float, every_node: bool) -> None:
-    from tradeoff.server.ray_serve import RayOptions, parse_autoscale, serve_on_ray
+    from tradeoff.server.ray_serve import parse_autoscale, serve_on_ray
 
     try:
         bounds = parse_autoscale(autoscale) if autoscale is not None else None

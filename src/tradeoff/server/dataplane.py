@@ -22,9 +22,8 @@ from tradeoff.errors import (
 )
 from tradeoff.generate.bridge import GenerativeModel, Handle
 from tradeoff.generate.events import Done, Token
+from tradeoff.protocol.limits import DEFAULT_LIMITS, RequestLimits
 from tradeoff.protocol.v2 import (
-    DEFAULT_LIMITS,
-    RequestLimits,
     TensorOutput,
     V2Request,
     parse_json_object,

@@ -23,10 +23,9 @@ from tradeoff import dtypes
 from tradeoff.errors import InvalidInput, NotFound, RequestError
 from tradeoff.protocol import grpc_service_pb2 as pb
 from tradeoff.protocol import model_config_pb2
+from tradeoff.protocol.limits import DEFAULT_LIMITS, RequestLimits
 from tradeoff.protocol.v2 import (
-    DEFAULT_LIMITS,
     RequestedOutput,
-    RequestLimits,
     TensorInput,
     V2Request,
     decode_binary_tensor,

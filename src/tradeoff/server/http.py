@@ -35,12 +35,11 @@ from tradeoff.server.asgi import (
 from tradeoff.server.dataplane import Admission, DataPlane
 from tradeoff.server.infer_call import InferCall, Respond, error_answer, request_error
 from tradeoff.server.openai_api import OpenAIApi, send_error
+from tradeoff.server.options import DEFAULT_MAX_REQUEST_BYTES, TransportLimits
 from tradeoff.server.origins import OriginPolicy
 from tradeoff.server.routes import ADMIN, OPEN, ROUTES, MethodNotAllowed, Route, Router
-from tradeoff.server.transport import TransportLimits
 
 __all__ = [
-    "DEFAULT_MAX_REQUEST_BYTES",
     "DIRECT_HEADERS",
     "FREE_BODY_BYTES",
     "JSON_EXPANSION",
@@ -53,7 +52,6 @@ log = logging.getLogger("tradeoff.server")
 
 Params = dict[str, str]
 
-DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
 
 # Bodies up to this size are not charged to --max-body-memory: with the connection limits
 # they cannot add up to much, and a full budget must not refuse every small request.

@@ -22,7 +22,7 @@ import secrets
 import signal
 import socket
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -30,12 +30,12 @@ from tradeoff.errors import InvalidValue, MissingDependency, TradeoffError, Unau
 from tradeoff.heap import settle_heap
 from tradeoff.server.access import Access
 from tradeoff.server.metrics import render
+from tradeoff.server.options import RayOptions, ServeOptions
 from tradeoff.server.replicas import ReplicaCoordinator, ReplicaLink
-from tradeoff.server.runner import ServeOptions, make_app, make_dataplane
+from tradeoff.server.runner import make_app, make_dataplane
 
 __all__ = [
     "NAMESPACE",
-    "RayOptions",
     "Replica",
     "connect",
     "deploy",
@@ -50,46 +50,6 @@ __all__ = [
 log = logging.getLogger("tradeoff.server")
 
 NAMESPACE = "tradeoff"
-
-
-@dataclass(frozen=True)
-class RayOptions:
-    """Where and how many: ``address`` None starts Ray in this process."""
-
-    address: str | None = None
-    replicas: int = 1
-    autoscale: tuple[int, int] | None = None  # (min, max) replicas
-    target_ongoing_requests: float = 32.0
-    upscale_delay_s: float = 30.0  # Ray Serve's defaults
-    downscale_delay_s: float = 600.0
-    max_ongoing_requests: int = 256
-    replica_cpus: float = 1.0
-    every_node: bool = False  # a proxy on every node, not only the head
-    app_name: str = "tradeoff"
-
-    @property
-    def coordinator_name(self) -> str:
-        return f"{self.app_name}-replicas"
-
-    def deployment_options(self) -> dict[str, Any]:
-        """Ray Serve's ``@serve.deployment`` arguments."""
-        scale: dict[str, Any]
-        if self.autoscale is not None:
-            low, high = self.autoscale
-            scale = {"autoscaling_config": {
-                "min_replicas": low, "max_replicas": high, "initial_replicas": low,
-                "target_ongoing_requests": self.target_ongoing_requests,
-                "upscale_delay_s": self.upscale_delay_s,
-                "downscale_delay_s": self.downscale_delay_s,
-                # decide on the last few seconds, not Ray's default 30 s (Ray needs an
-                # interval > 0, so an upscale delay of 0 still reports every 0.5 s)
-                "metrics_interval_s": min(2.0, max(self.upscale_delay_s, 0.5)),
-                "look_back_period_s": max(2.0, min(30.0, self.upscale_delay_s * 2))}}
-        else:
-            scale = {"num_replicas": self.replicas}
-        return {**scale, "max_ongoing_requests": self.max_ongoing_requests,
-                "ray_actor_options": {"num_cpus": self.replica_cpus},
-                "health_check_period_s": 2.0, "health_check_timeout_s": 10.0}
 
 
 def parse_autoscale(text: str) -> tuple[int, int]:

@@ -12,56 +12,25 @@ import logging
 import signal
 import socket
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import replace
 
 import uvicorn
 
 from tradeoff.heap import settle_heap
-from tradeoff.protocol.v2 import DEFAULT_LIMITS, RequestLimits
 from tradeoff.repository.repository import ModelRepository
-from tradeoff.server.access import Access
-from tradeoff.server.cache import CacheSpec, ResponseCache
+from tradeoff.server.cache import ResponseCache
 from tradeoff.server.dataplane import DataPlane
-from tradeoff.server.http import DEFAULT_MAX_REQUEST_BYTES, HttpApp
+from tradeoff.server.http import HttpApp
 from tradeoff.server.logs import install_rate_limit
 from tradeoff.server.metrics import make_registry
 from tradeoff.server.models import ModelManager
+from tradeoff.server.options import ServeOptions, TransportLimits
 from tradeoff.server.origins import OriginPolicy
-from tradeoff.server.transport import TransportLimits, guarded_protocol, raise_open_files_limit
+from tradeoff.server.transport import guarded_protocol, raise_open_files_limit
 
-__all__ = ["ServeOptions", "make_app", "make_dataplane", "serve"]
+__all__ = ["make_app", "make_dataplane", "serve"]
 
 log = logging.getLogger("tradeoff.server")
-
-
-@dataclass
-class ServeOptions:
-    """Everything ``tradeoff serve`` takes; ports of 0 pick free ones."""
-
-    model_repository: Path
-    host: str = "127.0.0.1"
-    http_port: int = 8000
-    metrics_port: int | None = 8002
-    grpc_port: int | None = 8001
-    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
-    shutdown_timeout: float = 30.0
-    default_max_batch_size: int = 4
-    intra_op_threads: int = 1
-    max_instances: int = 16
-    warmup_timeout: float = 300.0
-    inline_batch_us: int = 500  # batches measured shorter run on the event loop
-    strict_readiness: bool = False
-    max_inflight: int | None = 1024
-    allow_fault_injection: bool = False
-    access: Access = field(default_factory=Access)
-    limits: RequestLimits = DEFAULT_LIMITS
-    transport: TransportLimits = field(default_factory=TransportLimits)
-    allowed_hosts: tuple[str, ...] = ()
-    allowed_origins: tuple[str, ...] = ()
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    cache: CacheSpec | None = None
 
 
 class _GracefulServer(uvicorn.Server):

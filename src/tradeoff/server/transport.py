@@ -40,7 +40,6 @@ import logging
 import resource
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 import orjson
@@ -50,13 +49,14 @@ from uvicorn.protocols.http.httptools_impl import (
     RequestResponseCycle,
 )
 
+from tradeoff.server.options import TransportLimits
+
 __all__ = [
     "LINGER_S",
     "UVICORN_ATTRIBUTES",
     "UVICORN_METHODS",
     "DirectRoutes",
     "Respond",
-    "TransportLimits",
     "guarded_protocol",
     "raise_open_files_limit",
     "raw_response",
@@ -81,20 +81,6 @@ LINGER_S = 2.0  # longest a refused upload is read and dropped before the close
 
 _REASONS = {408: b"Request Timeout", 414: b"URI Too Long",
             431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
-
-
-@dataclass(frozen=True)
-class TransportLimits:
-    """The per-connection and per-request-body limits of the HTTP port (all flags of
-    ``tradeoff serve``; docs/reliability.md says which attack each one stops)."""
-
-    max_header_bytes: int = 64 * 1024
-    header_timeout_s: float = 10.0
-    body_timeout_s: float = 30.0
-    max_connections: int = 8192
-    max_connections_per_client: int = 2048
-    max_body_memory: int = 1 << 30
-    max_json_bytes: int = 16 << 20  # JSON text of one infer request (tensors as numbers)
 
 
 def raw_response(status: int, message: str) -> bytes:
