@@ -38,6 +38,7 @@ from tradeoff.bench.openai_stream import (
 )
 from tradeoff.bench.session import run_benchmark
 from tradeoff.bench.sweep import Sweep, SweepPlan, parse_levels
+from tradeoff.errors import BenchSetupError, local_resource
 from tradeoff.models import GENERATIVE_MODELS, available_generative_models, build_repository
 from tradeoff.models.generative import missing_reason
 from tradeoff.models.packaged import available_packaged_models, packaged_missing_reason
@@ -110,7 +111,8 @@ def run_demo(options: DemoOptions) -> dict[str, Any]:
         "on its own, [cyan]mlp[/] lets the server batch requests that wait together.",
         border_style="blue"))
     output = options.output
-    output.mkdir(parents=True, exist_ok=True)
+    with local_resource(f"cannot write into {output}"):
+        output.mkdir(parents=True, exist_ok=True)
     repository = output / "models"
     generative = available_generative_models()
     llm_results: list[BenchResult] = []
@@ -129,7 +131,7 @@ def run_demo(options: DemoOptions) -> dict[str, Any]:
             baseline, _, _ = run_benchmark(V2Adapter(server.url, "mlp"), spec)
         lat = baseline.summary.latency_ms
         if lat is None:
-            raise RuntimeError("the baseline measurement got no successful answer; see "
+            raise BenchSetupError("the baseline measurement got no successful answer; see "
                                f"the server log {server.log.name}")
         console.print(f"2. latency baseline at concurrency 1 (mlp): p50 {lat['p50']:.2f} ms, "
                       f"p99 {lat['p99']:.2f} ms, {baseline.summary.throughput_rps:,.0f} "
@@ -146,7 +148,8 @@ def run_demo(options: DemoOptions) -> dict[str, Any]:
         if generative:
             answers, llm_results = _generative_demo(server.url, generative, console)
             answers_file = output / "generative-answers.json"
-            answers_file.write_text(json.dumps(answers, indent=2))
+            with local_resource(f"cannot write {answers_file}"):
+                answers_file.write_text(json.dumps(answers, indent=2))
             files.append(answers_file)
             for result in llm_results:
                 streams = result.load["concurrency"]

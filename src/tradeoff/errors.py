@@ -12,6 +12,10 @@
     ├── DatasetError             a dataset option or file that cannot be used; a ValueError
     ├── InvalidValue             a flag, spec or field tradeoff cannot use; a ValueError
     ├── RunStopped               a load run stopped by a signal (bench.runner.stop_runs)
+    ├── LocalResourceError       a file, folder, port or certificate the user named that
+    │                            this machine will not let tradeoff use (local_resource)
+    ├── ServerStartError         a server started as a child process did not come up
+    │                            (with its log's tail); also a RuntimeError
     └── RequestError             something a client caused or must be told; has .status
         ├── InvalidInput         400: malformed body, wrong dtype/shape, missing input
         ├── Unauthorized         401: a protected call without a valid API key
@@ -32,6 +36,8 @@ client gave stays one readable line (a model's load-failure reason, a log line, 
 from __future__ import annotations
 
 import reprlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 __all__ = [
     "MESSAGE_LIMIT",
@@ -43,6 +49,7 @@ __all__ = [
     "InstanceDied",
     "InvalidInput",
     "InvalidValue",
+    "LocalResourceError",
     "MissingDependency",
     "ModelLoadError",
     "NotFound",
@@ -53,11 +60,13 @@ __all__ = [
     "RequestTimeout",
     "ResultFormatError",
     "RunStopped",
+    "ServerStartError",
     "TradeoffError",
     "TuneError",
     "Unauthorized",
     "Unavailable",
     "capped",
+    "local_resource",
     "shown",
 ]
 
@@ -161,6 +170,34 @@ class InvalidValue(TradeoffError, ValueError):
 class RunStopped(TradeoffError):
     """A load run ended early, or refused to start, after ``bench.runner.stop_runs``
     (a signal, as a rule)."""
+
+class LocalResourceError(TradeoffError):
+    """A file, folder, port or certificate the user named that this machine will not let
+    tradeoff use: missing, unreadable, a folder where a file was meant, a full disk, a
+    port already taken. The message names it and the system's reason."""
+
+
+class ServerStartError(TradeoffError, RuntimeError):
+    """A server tradeoff started as a child process (``tradeoff serve``, a Ray node) did
+    not come up; the message ends with the tail of its log."""
+
+
+@contextmanager
+def local_resource(what: str) -> Iterator[None]:
+    """Raise an ``OSError`` met inside the block as a :class:`LocalResourceError` that
+    starts with ``what`` (``"cannot write out/sweep.json"``); use it only where a user's
+    path or address is touched, so that any other ``OSError`` stays a bug with its
+    traceback.
+
+        with local_resource(f"cannot read --input-data {path}"):
+            text = path.read_text()
+    """
+    try:
+        yield
+    except OSError as exc:
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        raise LocalResourceError(f"{what}: {reason}") from exc
+
 
 class RequestError(TradeoffError):
     """An error answered to a client; ``status`` is the HTTP status code."""

@@ -36,7 +36,7 @@ from typing import Any, TypeVar, Union
 
 import numpy as np
 
-from tradeoff.errors import ResultFormatError
+from tradeoff.errors import ResultFormatError, local_resource
 from tradeoff.records import Fields, Record, written
 
 __all__ = [
@@ -786,5 +786,7 @@ def load_as(kind: type[_Document], source: str | Path | Mapping[str, Any] | Resu
 def write_json(document: ResultDocument, path: str | Path) -> None:
     """Write ``document`` as JSON (parent folders made as needed)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(document.to_dict(), indent=2))
+    text = json.dumps(document.to_dict(), indent=2)
+    with local_resource(f"cannot write {path}"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tradeoff.errors import MissingDependency, local_resource
+
 __all__ = ["OUTCOME_NAMES", "SERVER_PARTS", "Generated", "RecordBuffer", "Records", "classify"]
 
 # Outcome classes. 0 is success; HTTP error statuses are kept in ``status``. STREAM: a
@@ -253,12 +255,14 @@ class Records:
                 import pyarrow as pa
                 import pyarrow.parquet as pq
             except ImportError:
-                raise RuntimeError("writing Parquet needs pyarrow: pip install pyarrow, "
-                                   "or name the file .csv") from None
-            pq.write_table(pa.table({k: list(v) if isinstance(v, list) else v
-                                     for k, v in columns.items()}), path)
+                raise MissingDependency("--records as Parquet (or name the file .csv)",
+                                        "pyarrow", "parquet") from None
+            with local_resource(f"--records: cannot write {path}"):
+                pq.write_table(pa.table({k: list(v) if isinstance(v, list) else v
+                                         for k, v in columns.items()}), path)
             return
-        with path.open("w", newline="") as handle:
+        with local_resource(f"--records: cannot write {path}"), \
+                path.open("w", newline="") as handle:
             writer = csv.writer(handle)
             writer.writerow(columns)
             writer.writerows(zip(*(list(np.asarray(v).tolist()) if not isinstance(v, list)

@@ -30,7 +30,9 @@ __all__ = ["main"]
 
 
 class _Commands(click.Group):
-    """Every error of the project's tree that reaches the command line is one line."""
+    """Every error of the project's tree that reaches the command line is one line (the
+    one place the commands' errors are mapped); anything else is a bug, and its
+    traceback says where."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 from tradeoff.cli.options import json_option
+from tradeoff.errors import local_resource
 
 if TYPE_CHECKING:
     from tradeoff.results import ResultDocument
@@ -18,13 +19,10 @@ __all__ = ["diagnose", "report"]
 
 def _read_results(paths: tuple[Path, ...]) -> list[ResultDocument]:
     """The result files, typed; one that is not a result this version reads is one line
-    naming the file and the field."""
-    from tradeoff.results import ResultFormatError, load_result
+    naming the file and the field (ResultFormatError)."""
+    from tradeoff.results import load_result
 
-    try:
-        return [load_result(path) for path in paths]
-    except ResultFormatError as exc:
-        raise click.ClickException(str(exc)) from None
+    return [load_result(path) for path in paths]
 
 
 @click.command()
@@ -50,17 +48,15 @@ def diagnose(results: tuple[Path, ...], json_path: Path | None) -> None:
     console = Console()
     findings = []
     for document in _read_results(results):
-        try:
-            findings += run_rules(document)
-        except (KeyError, ValueError) as exc:
-            raise click.ClickException(f"cannot read this result: {exc}") from None
+        findings += run_rules(document)
     findings.sort(key=lambda f: SEVERITY_ORDER.get(f.severity, 3))
     print_findings(findings, console)
     if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps({"schema": "tradeoff.diagnosis/1",
-                                         "findings": [f.to_dict() for f in findings]},
-                                        indent=2))
+        text = json.dumps({"schema": "tradeoff.diagnosis/1",
+                           "findings": [f.to_dict() for f in findings]}, indent=2)
+        with local_resource(f"cannot write {json_path}"):
+            json_path.parent.mkdir(parents=True, exist_ok=True)
+            json_path.write_text(text)
         console.print(f"findings: {json_path}")
 
 
@@ -85,10 +81,7 @@ def report(results: tuple[Path, ...], output: Path, png_dir: Path | None, title:
     from tradeoff.report.html import write_report
 
     documents = _read_results(results)
-    try:
-        written = write_report(documents, output, png_dir, title)
-    except (KeyError, ValueError) as exc:
-        raise click.ClickException(f"cannot read this result: {exc}") from None
+    written = write_report(documents, output, png_dir, title)
     click.echo(f"report: {output}")
     if written.pngs:
         click.echo(f"plots: {len(written.pngs)} PNG files in {png_dir}")

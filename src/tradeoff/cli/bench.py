@@ -15,7 +15,6 @@ from tradeoff.cli.options import (
     save_result,
     take_endpoint,
     take_load,
-    user_errors,
 )
 
 __all__ = ["bench"]
@@ -60,17 +59,11 @@ def bench(url: str, json_path: Path | None, records_path: Path | None,
     from tradeoff.report.terminal import print_bench_result
 
     console = Console()
-    try:
-        target = take_endpoint(url, shared)
-        spec = take_load(shared)
-        result, records, start_ns = run_benchmark(make_adapter(target), spec, console)
-    except user_errors() as exc:
-        raise click.ClickException(str(exc)) from None
+    target = take_endpoint(url, shared)
+    spec = take_load(shared)
+    result, records, start_ns = run_benchmark(make_adapter(target), spec, console)
     print_bench_result(result, console)
     save_result(result, json_path, console)
     if records_path:
-        try:
-            records.write(records_path, start_ns)
-        except (OSError, RuntimeError) as exc:
-            raise click.ClickException(f"--records {records_path}: {exc}") from None
+        records.write(records_path, start_ns)
         console.print(f"records: {records_path}")

@@ -19,7 +19,6 @@ from tradeoff.cli.options import (
     summary_option,
     take_endpoint,
     take_load,
-    user_errors,
 )
 from tradeoff.errors import InvalidValue
 
@@ -89,23 +88,20 @@ def compare(results: tuple[Path, ...], endpoints: tuple[str, ...], rounds: int,
     from tradeoff.stats.cost import parse_prices
 
     console = Console()
-    try:
-        if results and endpoints:
-            raise InvalidValue("give result files or --endpoint, not both")
-        if results:
-            named = [(p.stem, load_as(BenchResult, p)) for p in results]
-            document = compare_results(named, _facts(facts),
-                                       parse_prices(per_hour, per_1k, [n for n, _ in named]),
-                                       alpha, sla_p99_ms, max_error_percent)
-        else:
-            defaults = take_endpoint("", shared)
-            targets = [parse_endpoint(e, defaults) for e in endpoints]
-            spec = take_load(shared, default_duration_s=LOAD_DEFAULTS.point_duration_s)
-            document = run_compare(targets, spec, rounds, _facts(facts),
-                                   parse_prices(per_hour, per_1k, [t.label for t in targets]),
-                                   alpha, sla_p99_ms, max_error_percent, console)
-    except user_errors() as exc:
-        raise click.ClickException(str(exc)) from None
+    if results and endpoints:
+        raise InvalidValue("give result files or --endpoint, not both")
+    if results:
+        named = [(p.stem, load_as(BenchResult, p)) for p in results]
+        document = compare_results(named, _facts(facts),
+                                   parse_prices(per_hour, per_1k, [n for n, _ in named]),
+                                   alpha, sla_p99_ms, max_error_percent)
+    else:
+        defaults = take_endpoint("", shared)
+        targets = [parse_endpoint(e, defaults) for e in endpoints]
+        spec = take_load(shared, default_duration_s=LOAD_DEFAULTS.point_duration_s)
+        document = run_compare(targets, spec, rounds, _facts(facts),
+                               parse_prices(per_hour, per_1k, [t.label for t in targets]),
+                               alpha, sla_p99_ms, max_error_percent, console)
     print_compare(document, console)
     save_result(document, json_path, console, "comparison")
     save_summary(document, summary_path, console)

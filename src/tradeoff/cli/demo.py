@@ -7,7 +7,6 @@ from pathlib import Path
 import click
 
 from tradeoff.cli.options import Duration, setup_logging
-from tradeoff.errors import TradeoffError
 
 __all__ = ["demo"]
 
@@ -49,9 +48,6 @@ def demo(duration: float, max_concurrency: int, price_per_hour: float, sla_p99_m
     from tradeoff.demo import DemoOptions, run_demo
 
     setup_logging("warning")
-    try:
-        run_demo(DemoOptions(output=output, report=report, duration_s=duration,
-                             max_concurrency=max_concurrency, price_per_hour=price_per_hour,
-                             sla_p99_ms=sla_p99_ms))
-    except (OSError, TradeoffError, RuntimeError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from None
+    run_demo(DemoOptions(output=output, report=report, duration_s=duration,
+                         max_concurrency=max_concurrency, price_per_hour=price_per_hour,
+                         sla_p99_ms=sla_p99_ms))

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from tradeoff.bench.load import DURATION_FORMS, LOAD_DEFAULTS, LoadSpec, parse_duration
-from tradeoff.errors import TradeoffError
+from tradeoff.errors import InvalidValue
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -54,7 +54,6 @@ __all__ = [
     "step_progress",
     "take_endpoint",
     "take_load",
-    "user_errors",
 ]
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
@@ -74,7 +73,7 @@ class Duration(click.ParamType):
                 ctx: click.Context | None) -> float:
         try:
             seconds = parse_duration(value, allow_zero=self.allow_zero)
-        except ValueError as exc:
+        except InvalidValue as exc:
             self.fail(str(exc), param, ctx)
         if seconds < self.minimum_s:
             self.fail(f"{value!r}: at least {seconds_text(self.minimum_s)}", param, ctx)
@@ -104,7 +103,7 @@ class ByteSize(click.ParamType):
 
         try:
             size = parse_size(str(value), "size")
-        except ValueError:
+        except InvalidValue:
             self.fail(f"{value!r} is not a size; write 64MiB, 1GB or 65536 (bytes)", param, ctx)
         if size < self.minimum:
             self.fail(f"{value!r}: this size must be at least {size_text(self.minimum)}",
@@ -441,14 +440,6 @@ def step_progress(console: Console, first: str = "starting") -> Iterator[Callabl
                   console=console, transient=True) as progress:
         task = progress.add_task(first, total=None)
         yield lambda step: progress.update(task, description=step)
-
-
-def user_errors() -> tuple[type[Exception], ...]:
-    """What a user's mistake raises below the command line: shown as one line. The
-    project's own tree, and OSError: a file the user named that is missing or unreadable,
-    a full disk, a refused connection (the environment, never a bug); anything else is
-    a bug, and its traceback says where."""
-    return (TradeoffError, OSError)
 
 
 def setup_logging(level: str) -> None:

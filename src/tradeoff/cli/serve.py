@@ -16,7 +16,7 @@ from tradeoff.cli.options import (
     setup_logging,
     size_text,
 )
-from tradeoff.errors import TradeoffError
+from tradeoff.errors import InvalidValue
 from tradeoff.protocol.limits import RequestLimits
 from tradeoff.server.options import RayOptions, ServeOptions, TransportLimits
 
@@ -229,18 +229,15 @@ def serve(repository: Path, host: str, http_port: int, metrics_port: int, no_met
     from tradeoff.server.runner import serve as run_server
 
     setup_logging(log_level)
-    try:
-        access = Access.from_sources(api_keys, api_key_files, admin_keys, admin_key_files,
-                                     os.environ, metrics_keys)
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
+    access = Access.from_sources(api_keys, api_key_files, admin_keys, admin_key_files,
+                                 os.environ, metrics_keys)
     if (tls_cert is None) != (tls_key is None):
         raise click.UsageError("TLS needs both --tls-cert and --tls-key")
     from tradeoff.server.cache import CacheSpec
 
     try:
         cache_spec = CacheSpec.parse(cache) if cache is not None else None
-    except ValueError as exc:
+    except InvalidValue as exc:
         raise click.UsageError(str(exc)) from None
     options = ServeOptions(
         model_repository=repository, host=host, http_port=http_port,
@@ -261,15 +258,12 @@ def serve(repository: Path, host: str, http_port: int, metrics_port: int, no_met
             body_timeout_s=body_timeout, max_connections=max_connections,
             max_connections_per_client=max_connections_per_client,
             max_body_memory=max_body_memory, max_json_bytes=max_json_bytes))
-    try:
-        if ray_address is None:
-            run_server(options)
-        else:
-            _serve_on_ray(options, ray_address, replicas, autoscale,
-                          (target_ongoing_requests, upscale_delay, downscale_delay),
-                          max_ongoing_requests, replica_cpus, proxy_every_node)
-    except (OSError, TradeoffError) as exc:
-        raise click.ClickException(str(exc)) from None
+    if ray_address is None:
+        run_server(options)
+    else:
+        _serve_on_ray(options, ray_address, replicas, autoscale,
+                      (target_ongoing_requests, upscale_delay, downscale_delay),
+                      max_ongoing_requests, replica_cpus, proxy_every_node)
 
 
 def _serve_on_ray(options: ServeOptions, address: str, replicas: int,
@@ -279,7 +273,7 @@ def _serve_on_ray(options: ServeOptions, address: str, replicas: int,
 
     try:
         bounds = parse_autoscale(autoscale) if autoscale is not None else None
-    except ValueError as exc:
+    except InvalidValue as exc:
         raise click.UsageError(str(exc)) from None
     serve_on_ray(options, RayOptions(
         address=None if address == "local" else address, replicas=replicas,
@@ -323,10 +317,7 @@ def models_build(directory: Path, names: tuple[str, ...]) -> None:
     """
     from tradeoff.models import build_repository, default_models
 
-    try:
-        written = build_repository(directory, names or default_models())
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
+    written = build_repository(directory, names or default_models())
     for path in written:
         click.echo(f"wrote {path}")
 

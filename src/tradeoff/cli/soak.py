@@ -17,7 +17,6 @@ from tradeoff.cli.options import (
     save_result,
     take_endpoint,
     take_load,
-    user_errors,
 )
 
 __all__ = ["soak"]
@@ -65,15 +64,12 @@ def soak(url: str, fraction: float, max_rate: float | None, probe_duration: floa
     console = Console()
     duration = shared.pop("duration") or LOAD_DEFAULTS.soak_duration_s
     window = shared.pop("window") or LOAD_DEFAULTS.soak_window_s
-    try:
-        target = take_endpoint(url, shared)
-        base = take_load(shared)  # the rate, length and windows are the plan's
-        plan = SoakPlan(duration_s=duration, fraction=fraction, max_rate=max_rate,
-                        window_s=window, arrival=base.arrival, probe_s=probe_duration,
-                        server_pid=server_pid, prometheus_url=prometheus_url)
-        result = run_soak(make_adapter(target), plan, base, console)
-    except user_errors() as exc:
-        raise click.ClickException(str(exc)) from None
+    target = take_endpoint(url, shared)
+    base = take_load(shared)  # the rate, length and windows are the plan's
+    plan = SoakPlan(duration_s=duration, fraction=fraction, max_rate=max_rate,
+                    window_s=window, arrival=base.arrival, probe_s=probe_duration,
+                    server_pid=server_pid, prometheus_url=prometheus_url)
+    result = run_soak(make_adapter(target), plan, base, console)
     print_soak(result, console)
     save_result(result, json_path, console, "soak")
     if not result.verdict.stable:

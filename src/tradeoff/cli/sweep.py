@@ -20,7 +20,6 @@ from tradeoff.cli.options import (
     summary_option,
     take_endpoint,
     take_load,
-    user_errors,
 )
 from tradeoff.errors import InvalidValue
 
@@ -96,39 +95,36 @@ def sweep(url: str, concurrency_range: str | None, rate_range: str | None,
     from tradeoff.stats.cost import Price
 
     console = Console()
-    try:
-        given = [o for o in (concurrency_range, rate_range, profile_count) if o is not None]
-        if len(given) != 1:
-            raise InvalidValue("give one of --concurrency-range, --rate-range or --profile")
-        mode = "concurrency" if concurrency_range else "rate"
-        source = click.get_current_context().get_parameter_source("warmup")
-        if source is ParameterSource.DEFAULT:  # a level's first requests are cold
-            shared["warmup"] = SWEEP_WARMUP_S
-            console.print(f"warmup: {SWEEP_WARMUP_S:g}s at each level before measuring (a "
-                          "sweep's default; --warmup 0 measures cold starts too)")
-        target = take_endpoint(url, shared)
-        base = take_load(shared, default_duration_s=LOAD_DEFAULTS.point_duration_s)
-        adapter = make_adapter(target)
-        anchors = None
-        if profile_count is not None:
-            levels, anchors = profile_levels(adapter, base, profile_count,
-                                             profile_concurrency, console)
-            console.print(f"profile: {profile_count} rates from "
-                          f"{anchors['synchronous_rps']:,.2f} to "
-                          f"{anchors['throughput_rps']:,.2f} req/s")
-        else:
-            levels = parse_levels(concurrency_range or rate_range or "",
-                                  integer=mode == "concurrency")
-        plan = SweepPlan(mode, levels, max_p99_ms=max_p99_ms,
-                         max_error_percent=max_error_percent, sla_p99_ms=sla_p99_ms,
-                         patience=patience, bisect_steps=bisect_steps, profile=anchors)
-        price = None
-        if price_per_hour is not None or per_1k is not None:
-            price = Price(per_hour=price_per_hour,
-                          per_1k_requests=None if price_per_hour is not None else per_1k)
-        result = Sweep(adapter, base, plan, console, price=price, alpha=alpha).run()
-    except user_errors() as exc:
-        raise click.ClickException(str(exc)) from None
+    given = [o for o in (concurrency_range, rate_range, profile_count) if o is not None]
+    if len(given) != 1:
+        raise InvalidValue("give one of --concurrency-range, --rate-range or --profile")
+    mode = "concurrency" if concurrency_range else "rate"
+    source = click.get_current_context().get_parameter_source("warmup")
+    if source is ParameterSource.DEFAULT:  # a level's first requests are cold
+        shared["warmup"] = SWEEP_WARMUP_S
+        console.print(f"warmup: {SWEEP_WARMUP_S:g}s at each level before measuring (a "
+                      "sweep's default; --warmup 0 measures cold starts too)")
+    target = take_endpoint(url, shared)
+    base = take_load(shared, default_duration_s=LOAD_DEFAULTS.point_duration_s)
+    adapter = make_adapter(target)
+    anchors = None
+    if profile_count is not None:
+        levels, anchors = profile_levels(adapter, base, profile_count,
+                                         profile_concurrency, console)
+        console.print(f"profile: {profile_count} rates from "
+                      f"{anchors['synchronous_rps']:,.2f} to "
+                      f"{anchors['throughput_rps']:,.2f} req/s")
+    else:
+        levels = parse_levels(concurrency_range or rate_range or "",
+                              integer=mode == "concurrency")
+    plan = SweepPlan(mode, levels, max_p99_ms=max_p99_ms,
+                     max_error_percent=max_error_percent, sla_p99_ms=sla_p99_ms,
+                     patience=patience, bisect_steps=bisect_steps, profile=anchors)
+    price = None
+    if price_per_hour is not None or per_1k is not None:
+        price = Price(per_hour=price_per_hour,
+                      per_1k_requests=None if price_per_hour is not None else per_1k)
+    result = Sweep(adapter, base, plan, console, price=price, alpha=alpha).run()
     print_sweep(result, console)
     if result.ranking:
         print_ranking(result.ranking, result.score, console)

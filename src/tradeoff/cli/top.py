@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from tradeoff.cli.options import Duration, user_errors
+from tradeoff.cli.options import Duration
 
 __all__ = ["top"]
 
@@ -121,5 +121,3 @@ def top(url: str | None, prometheus_url: str | None, window: str, interval: floa
                     time.sleep(interval)
     except KeyboardInterrupt:
         pass
-    except user_errors() as exc:
-        raise click.ClickException(str(exc)) from None

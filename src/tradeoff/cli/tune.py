@@ -22,7 +22,6 @@ from tradeoff.cli.options import (
     step_progress,
     take_endpoint,
     take_load,
-    user_errors,
 )
 
 __all__ = ["SignalStop", "Stopped", "batch_size", "serve", "tune"]
@@ -84,15 +83,12 @@ def batch_size(model_dir: Path, device: str, max_memory: str | None,
     from tradeoff.tune.batch_size import BatchSizePlan, tune_batch_size
 
     console = Console()
-    try:
-        plan = BatchSizePlan(device=device, max_memory_bytes=(
-            parse_size(max_memory, "--max-memory") if max_memory else None),
-            max_latency_ms=max_latency_ms, max_batch=max_batch, seconds_per_batch=seconds,
-            back_off=back_off, threads=threads)
-        with step_progress(console) as say:
-            result = tune_batch_size(model_dir, plan, say)
-    except user_errors() as exc:
-        raise click.ClickException(str(exc)) from None
+    plan = BatchSizePlan(device=device, max_memory_bytes=(
+        parse_size(max_memory, "--max-memory") if max_memory else None),
+        max_latency_ms=max_latency_ms, max_batch=max_batch, seconds_per_batch=seconds,
+        back_off=back_off, threads=threads)
+    with step_progress(console) as say:
+        result = tune_batch_size(model_dir, plan, say)
     print_batch_size_tune(result, console)
     save_result(result, json_path, console, "tune result")
 
@@ -279,8 +275,6 @@ def serve(url: str, sla_p99_ms: float | None, rate: float | None, max_throughput
         click.echo(f"tune serve: stopped by {stop}; {target.model} has its original config "
                    "back", err=True)
         sys.exit(128 + stop.signum)
-    except user_errors() as exc:
-        raise click.ClickException(str(exc)) from None
     print_serve_tune(result, console)
     save_result(result, json_path, console, "tune result")
 
@@ -288,10 +282,7 @@ def serve(url: str, sla_p99_ms: float | None, rate: float | None, max_throughput
 def _restore(url: str, shared: dict[str, Any]) -> None:
     from tradeoff.tune.serve_search import ModelControl, restore_original
 
-    try:
-        target = take_endpoint(url, shared)
-        if not target.model:
-            raise click.UsageError("give --model: the model whose config to restore")
-        click.echo(restore_original(ModelControl.of(target)))
-    except user_errors() as exc:
-        raise click.ClickException(str(exc)) from None
+    target = take_endpoint(url, shared)
+    if not target.model:
+        raise click.UsageError("give --model: the model whose config to restore")
+    click.echo(restore_original(ModelControl.of(target)))

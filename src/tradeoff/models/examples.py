@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from tradeoff.errors import InvalidValue
+from tradeoff.errors import InvalidValue, local_resource
 from tradeoff.models.generative import (
     BUILDABLE_GENERATIVE,
     available_generative_models,
@@ -122,13 +122,18 @@ def default_models() -> tuple[str, ...]:
 def build_repository(root: Path, names: tuple[str, ...] = EXAMPLE_MODELS) -> list[Path]:
     """Write the example models (tensor and generative) into a repository at ``root``."""
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    written = []
     known = EXAMPLE_MODELS + PACKAGED_MODELS + BUILDABLE_GENERATIVE + TORCH_MODELS
     unknown = set(names) - set(known)
     if unknown:
         raise InvalidValue(f"unknown example models {sorted(unknown)}; "
                            f"choose from {', '.join(known)}")
+    with local_resource(f"cannot write models into {root}"):
+        return _build(root, names)
+
+
+def _build(root: Path, names: tuple[str, ...]) -> list[Path]:
+    root.mkdir(parents=True, exist_ok=True)
+    written = []
     builders = {"tiny": (tiny_model, TINY_CONFIG), "mlp": (mlp_model, MLP_CONFIG)}
     for base, (make, template) in builders.items():
         wanted = [n for n in (base, f"{base}_nobatch") if n in names]

@@ -25,7 +25,7 @@ import torch
 import yaml
 
 from tradeoff import data
-from tradeoff.errors import OptimizeError
+from tradeoff.errors import OptimizeError, local_resource
 from tradeoff.generate.config import GenerativeConfig
 from tradeoff.generate.loader import load_generative
 from tradeoff.repository.repository import GENERATIVE_FILE
@@ -59,8 +59,9 @@ def write_sibling(model_dir: Path, precision: str) -> Path:
     doc["path"] = str(path if path.is_absolute() else (model_dir / path).resolve())
     doc["precision"] = precision
     target = model_dir.parent / sibling_name(model_dir.name, precision)
-    target.mkdir(exist_ok=True)
-    (target / GENERATIVE_FILE).write_text(yaml.safe_dump(doc, sort_keys=False))
+    with local_resource(f"cannot write the sibling model {target}"):
+        target.mkdir(exist_ok=True)
+        (target / GENERATIVE_FILE).write_text(yaml.safe_dump(doc, sort_keys=False))
     return target
 
 

@@ -25,7 +25,7 @@ import onnxruntime as ort
 from tradeoff.backends.base import Backend
 from tradeoff.backends.registry import GENERATIVE, InstanceSpec
 from tradeoff.backends.text_encoder import TextEncoderBackend
-from tradeoff.errors import OptimizeError
+from tradeoff.errors import OptimizeError, local_resource
 from tradeoff.optimize.accuracy import compare_output
 from tradeoff.optimize.samples import (
     CALIBRATION,
@@ -116,18 +116,19 @@ def optimize_model(model_dir: Path, plan: OptimizePlan,
             feeds = _onnx_feeds(config, backend_type.create(_spec(name, model_file, config)),
                                 calibration)
         try:
-            if config.backend == "pytorch":
-                from tradeoff.optimize.torch_variants import make_torch_variant
+            with local_resource(f"cannot write version {next_version} into {model_dir}"):
+                if config.backend == "pytorch":
+                    from tradeoff.optimize.torch_variants import make_torch_variant
 
-                make_torch_variant(model_file, version_dir / config.default_model_filename,
-                                   variant, [t.name for t in config.inputs], validation)
-            else:
-                make_variant(model_file, version_dir / config.default_model_filename,
-                             variant, feeds)
-            for extra in model_file.parent.iterdir():
-                if extra.name != config.default_model_filename:
-                    copy = shutil.copytree if extra.is_dir() else shutil.copy2
-                    copy(extra, version_dir / extra.name)
+                    make_torch_variant(model_file, version_dir / config.default_model_filename,
+                                       variant, [t.name for t in config.inputs], validation)
+                else:
+                    make_variant(model_file, version_dir / config.default_model_filename,
+                                 variant, feeds)
+                for extra in model_file.parent.iterdir():
+                    if extra.name != config.default_model_filename:
+                        copy = shutil.copytree if extra.is_dir() else shutil.copy2
+                        copy(extra, version_dir / extra.name)
         except BaseException:
             shutil.rmtree(version_dir, ignore_errors=True)
             raise
@@ -137,10 +138,11 @@ def optimize_model(model_dir: Path, plan: OptimizePlan,
         from tradeoff.optimize.torch_variants import describe_torch
 
         describe = describe_torch if config.backend == "pytorch" else Variant.describe
-        add_versions(model_dir, {v: {"precision": variant.precision,
-                                     "method": f"{describe(variant)}; from version "
-                                               f"{source_version}"}
-                                 for v, variant in made.items()})
+        with local_resource(f"cannot write {model_dir}'s config"):
+            add_versions(model_dir, {v: {"precision": variant.precision,
+                                         "method": f"{describe(variant)}; from version "
+                                                   f"{source_version}"}
+                                     for v, variant in made.items()})
     source = repository.read(name)  # the config as the server will read it now
     versions = [source_version, *made]
     reports = []

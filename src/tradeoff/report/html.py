@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from tradeoff.analysis.diagnose import diagnose
 from tradeoff.bench.sweep import KNEE_RULE, point_summary
+from tradeoff.errors import local_resource
 from tradeoff.report import plots
 from tradeoff.report.terminal import accuracy_cell, soak_memory_text
 from tradeoff.results import (
@@ -103,9 +104,10 @@ class Report:
         self._figures += 1
         plots.tidy(figure)
         if self.png_dir is not None:
-            self.png_dir.mkdir(parents=True, exist_ok=True)
             path = self.png_dir / f"{self._figures:02d}-{name}.png"
-            figure.savefig(path, dpi=150)
+            with local_resource(f"--png: cannot write {path}"):
+                self.png_dir.mkdir(parents=True, exist_ok=True)
+                figure.savefig(path, dpi=150)
             self.pngs.append(path)
         return (f'<figure class="plot" data-plot="{_e(name)}">{plots.to_svg(figure)}'
                 f"<figcaption>{_e(caption)}</figcaption></figure>")
@@ -431,6 +433,7 @@ def write_report(documents: Sequence[ResultDocument], path: Path,
                  png_dir: Path | None = None, title: str = "tradeoff report") -> Report:
     """Write the report to ``path``; returns the Report (its ``pngs`` were written too)."""
     page, report = build_report(documents, png_dir, title)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(page)
+    with local_resource(f"cannot write {path}"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(page)
     return report

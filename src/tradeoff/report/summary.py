@@ -11,7 +11,7 @@ import io
 from pathlib import Path
 from typing import Any
 
-from tradeoff.errors import InvalidValue
+from tradeoff.errors import InvalidValue, local_resource
 from tradeoff.results import CompareResult, SweepResult
 
 __all__ = ["SUFFIXES", "render_summary", "summary_table", "write_summary"]
@@ -82,4 +82,6 @@ def write_summary(result: SweepResult | CompareResult, path: Path) -> None:
     """Write the table to ``path``: Markdown for ``.md``, CSV for ``.csv``."""
     if path.suffix not in SUFFIXES:
         raise InvalidValue(f"--summary {path}: name a .csv or a .md file")
-    path.write_text(render_summary(result, markdown=path.suffix == ".md"))
+    text = render_summary(result, markdown=path.suffix == ".md")
+    with local_resource(f"--summary: cannot write {path}"):
+        path.write_text(text)

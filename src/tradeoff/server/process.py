@@ -24,6 +24,8 @@ import urllib.request
 from pathlib import Path
 from typing import NoReturn
 
+from tradeoff.errors import ServerStartError
+
 __all__ = [
     "RAY_DEFAULT_PORTS",
     "LocalRayCluster",
@@ -138,7 +140,7 @@ class ServerProcess:
 
     def _fail(self, why: str) -> NoReturn:
         self.stop()
-        raise RuntimeError(f"{why}:\n{self.close_log()[-3000:]}")
+        raise ServerStartError(f"{why}:\n{self.close_log()[-3000:]}")
 
     def log_text(self) -> str:
         return Path(self.log.name).read_text(errors="replace")

@@ -11,11 +11,14 @@ import asyncio
 import logging
 import signal
 import socket
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
+from pathlib import Path
 
 import uvicorn
 
+from tradeoff.errors import InvalidValue, LocalResourceError, local_resource
 from tradeoff.heap import settle_heap
 from tradeoff.repository.repository import ModelRepository
 from tradeoff.server.cache import ResponseCache
@@ -58,10 +61,19 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror}; is another server "
-                      "running there? Pick another port.") from exc
+        raise LocalResourceError(f"cannot listen on {host}:{port}: {exc.strerror}; is "
+                                 "another server running there? Pick another port."
+                                 ) from exc
     sock.set_inheritable(True)
     return sock
+
+
+def _read_tls(cert: Path, key: Path) -> tuple[bytes, bytes]:
+    """The certificate chain and key, PEM, checked to load together (as uvicorn and gRPC
+    will load them) before any port is bound."""
+    with local_resource(f"--tls-cert {cert} / --tls-key {key}"):
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+        return cert.read_bytes(), key.read_bytes()
 
 
 def _generation_drain_s(shutdown_timeout: float) -> float:
@@ -125,8 +137,8 @@ def serve(options: ServeOptions) -> None:
     tls = None
     if options.tls_cert is not None or options.tls_key is not None:
         if options.tls_cert is None or options.tls_key is None:
-            raise OSError("TLS needs both --tls-cert and --tls-key")
-        tls = (options.tls_cert.read_bytes(), options.tls_key.read_bytes())
+            raise InvalidValue("TLS needs both --tls-cert and --tls-key")
+        tls = _read_tls(options.tls_cert, options.tls_key)
     dataplane = make_dataplane(options)
     sockets = [_bind(options.host, options.http_port)]
     http_port = sockets[0].getsockname()[1]

@@ -55,7 +55,7 @@ from tradeoff.bench.endpoint import EndpointSpec, make_adapter
 from tradeoff.bench.load import LoadSpec
 from tradeoff.bench.session import run_benchmark
 from tradeoff.bench.sweep import Sweep, SweepPlan, point_summary
-from tradeoff.errors import TradeoffError, TuneError
+from tradeoff.errors import TradeoffError, TuneError, local_resource
 from tradeoff.repository.edit import PBTXT, YAML_FILES, config_text
 from tradeoff.results import ServeTune, SweepRow, Trial, environment
 from tradeoff.server.models import TUNE_MARKER, TUNE_ORIGINAL
@@ -618,16 +618,18 @@ def write_winner(result: ServeTune, original: dict[str, Any], directory: Path,
                             "tune serve; give another directory")
     if model_dir is not None:
         check_apply_target(model_dir, result.model)
-    directory.mkdir(parents=True, exist_ok=True)
-    for path, text in outputs.items():
-        path.write_text(text)
+    with local_resource(f"cannot write the winner's config into {directory}"):
+        directory.mkdir(parents=True, exist_ok=True)
+        for path, text in outputs.items():
+            path.write_text(text)
     written = directory / "config.pbtxt"
     if model_dir is not None:
-        model_dir.mkdir(parents=True, exist_ok=True)
-        for name in (PBTXT, *YAML_FILES):
-            current = model_dir / name
-            if current.is_file():
-                current.rename(_free_name(current))
-        written = model_dir / PBTXT
-        written.write_text(outputs[directory / "config.pbtxt"])
+        with local_resource(f"--apply-to {model_dir}: cannot write the winner's config"):
+            model_dir.mkdir(parents=True, exist_ok=True)
+            for name in (PBTXT, *YAML_FILES):
+                current = model_dir / name
+                if current.is_file():
+                    current.rename(_free_name(current))
+            written = model_dir / PBTXT
+            written.write_text(outputs[directory / "config.pbtxt"])
     return dataclasses.replace(result, written=str(written))
