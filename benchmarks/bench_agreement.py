@@ -1,7 +1,8 @@
 """Does `tradeoff bench` agree with perf_analyzer? Same server, same load, interleaved.
 
-`tradeoff serve` (pinned to one core) serves `mlp`; perf_analyzer and `tradeoff bench`
-(pinned to the other core) take turns at each concurrency, closed loop, binary tensors
+`tradeoff serve` (pinned to one core) serves `mlp`; perf_analyzer (in its default
+synchronous mode, one thread per request in flight, and with --async) and `tradeoff bench`
+(all pinned to the other core) take turns at each concurrency, closed loop, binary tensors
 over HTTP, several times; medians of throughput and p50 are compared.
 perf_analyzer comes from scripts/get_perf_analyzer.sh.
 
@@ -27,10 +28,11 @@ PERF_ANALYZER = Path(".tools/bin/perf_analyzer")
 
 
 def perf_analyzer(url: str, model: str, concurrency: int, cpu: int, window_ms: int,
-                  protocol: str = "http") -> dict[str, float]:
+                  protocol: str = "http", asynchronous: bool = False) -> dict[str, float]:
     out = subprocess.run(["taskset", "-c", str(cpu), str(PERF_ANALYZER), "-m", model, "-u", url,
                           "-i", protocol, "--concurrency-range", str(concurrency),
-                          "--measurement-interval", str(window_ms), "--max-trials", "20"],
+                          "--measurement-interval", str(window_ms), "--max-trials", "20",
+                          *(["--async"] if asynchronous else [])],
                          capture_output=True, text=True, timeout=600, check=False)
     if out.returncode != 0:
         raise RuntimeError(f"perf_analyzer failed:\n{out.stdout}\n{out.stderr}")
@@ -69,8 +71,9 @@ def main() -> None:
     cores = sorted(os.sched_getaffinity(0))
     server_cpu, client_cpu = cores[0], cores[-1]
     levels = [int(c) for c in args.concurrency.split(",")]
-    runs: dict[int, dict[str, list[dict[str, float]]]] = {
-        c: {"perf_analyzer": [], "tradeoff bench": []} for c in levels}
+    tools = ("perf_analyzer", "perf_analyzer --async", "tradeoff bench")
+    runs: dict[int, dict[str, list[dict[str, float] | None]]] = {
+        c: {tool: [] for tool in tools} for c in levels}
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "models"
         build_repository(repo, (args.model,))
@@ -78,54 +81,56 @@ def main() -> None:
             host = f"{server.host}:{server.http_port}"
             for round_no in range(args.repeats):
                 for c in levels:
-                    # Alternate which tool goes first so slow drift of the machine cancels.
-                    def run_pa(c: int = c) -> dict[str, float]:
-                        return perf_analyzer(host, args.model, c, client_cpu,
-                                             int(args.seconds * 1000))
-
-                    def run_tb(c: int = c) -> dict[str, float]:
-                        return tradeoff_bench(server.url, args.model, c, client_cpu,
-                                              args.seconds)
-
-                    try:
-                        if round_no % 2:
-                            tb = run_tb()
-                            pa = run_pa()
-                        else:
-                            pa = run_pa()
-                            tb = run_tb()
-                    except RuntimeError as exc:  # perf_analyzer found no stable window
-                        print(f"c={c}: pair dropped: {str(exc).splitlines()[-1]}", flush=True)
-                        continue
-                    runs[c]["perf_analyzer"].append(pa)
-                    runs[c]["tradeoff bench"].append(tb)
-                    print(f"c={c}: perf_analyzer {pa}, tradeoff bench {tb}", flush=True)
+                    measure = {
+                        "perf_analyzer": lambda c=c: perf_analyzer(
+                            host, args.model, c, client_cpu, int(args.seconds * 1000)),
+                        "perf_analyzer --async": lambda c=c: perf_analyzer(
+                            host, args.model, c, client_cpu, int(args.seconds * 1000),
+                            asynchronous=True),
+                        "tradeoff bench": lambda c=c: tradeoff_bench(
+                            server.url, args.model, c, client_cpu, args.seconds)}
+                    # Rotate which tool goes first so slow drift of the machine cancels.
+                    order = tools[round_no % 3:] + tools[:round_no % 3]
+                    got: dict[str, dict[str, float] | None] = {}
+                    for tool in order:
+                        try:
+                            got[tool] = measure[tool]()
+                        except RuntimeError as exc:  # no stable window, or a client error
+                            print(f"c={c}: {tool} failed: {str(exc).splitlines()[-1]}",
+                                  flush=True)
+                            got[tool] = None
+                    for tool, figures in got.items():
+                        runs[c][tool].append(figures)
+                    print(f"c={c}: {got}", flush=True)
     print()
-    print("Median of paired ratios (each pair measured back to back), bench / perf_analyzer:")
-    paired = {}
+    print("Median of the ratios within each round (measured back to back), "
+          "bench / perf_analyzer:")
+    paired: dict[int, dict[str, float]] = {}
     for c in levels:
-        pairs = list(zip(runs[c]["perf_analyzer"], runs[c]["tradeoff bench"], strict=True))
-        paired[c] = {k: statistics.median(tb[k] / pa[k] for pa, tb in pairs)
-                     for k in ("throughput", "p50_ms")}
-        truth = statistics.median(tb["throughput"] / tb["server_throughput"]
-                                  for tb in runs[c]["tradeoff bench"])
-        paired[c]["bench_vs_server_count"] = truth
-        print(f"  c={c}: throughput {paired[c]['throughput']:.3f}, "
-              f"p50 {paired[c]['p50_ms']:.3f} ({len(pairs)} pairs); bench throughput / "
-              f"server's own count {truth:.3f}")
+        bench = runs[c]["tradeoff bench"]
+        paired[c] = {}
+        for tool in tools[:2]:
+            pairs = [(pa, tb) for pa, tb in zip(runs[c][tool], bench, strict=True)
+                     if pa is not None and tb is not None]
+            paired[c][f"{tool} rounds"] = len(pairs)
+            for k in ("throughput", "p50_ms"):
+                paired[c][f"{k} vs {tool}"] = statistics.median(
+                    tb[k] / pa[k] for pa, tb in pairs) if pairs else float("nan")
+        paired[c]["bench_vs_server_count"] = statistics.median(
+            tb["throughput"] / tb["server_throughput"] for tb in bench if tb is not None)
+        print(f"  c={c}: " + ", ".join(f"{k} {v:.3f}" for k, v in paired[c].items()))
     print()
-    print("| concurrency | perf_analyzer infer/s | tradeoff bench infer/s | ratio | "
-          "perf_analyzer p50 ms | tradeoff bench p50 ms | ratio |")
+    print("| concurrency | perf_analyzer infer/s | --async infer/s | tradeoff bench infer/s | "
+          "perf_analyzer p50 ms | --async p50 ms | tradeoff bench p50 ms |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     rows = []
     for c in levels:
-        med = {tool: {k: statistics.median(r[k] for r in runs[c][tool])
+        med = {tool: {k: statistics.median(r[k] for r in runs[c][tool] if r is not None)
+                      if any(runs[c][tool]) else float("nan")
                       for k in ("throughput", "p50_ms")} for tool in runs[c]}
-        pa, tb = med["perf_analyzer"], med["tradeoff bench"]
         rows.append({"concurrency": c, **{f"{t}_{k}": v for t in med for k, v in med[t].items()}})
-        print(f"| {c} | {pa['throughput']:,.0f} | {tb['throughput']:,.0f} | "
-              f"{tb['throughput'] / pa['throughput']:.3f} | {pa['p50_ms']:.2f} | "
-              f"{tb['p50_ms']:.2f} | {tb['p50_ms'] / pa['p50_ms']:.3f} |")
+        print(f"| {c} | " + " | ".join(f"{med[t]['throughput']:,.0f}" for t in tools)
+              + " | " + " | ".join(f"{med[t]['p50_ms']:.2f}" for t in tools) + " |")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"schema": "tradeoff.bench.agreement/1",
                                      "command": " ".join(sys.argv), "rows": rows,

@@ -1,4 +1,4 @@
-"""The result documents, typed: bench, sweep, soak, compare, optimize and tune.
+"""The result documents, typed: bench, sweep, soak, compare, optimize, tune and plan.
 
     doc = load_result("sweep.json")        # BenchResult | SweepResult | SoakResult | ...
     doc.knee.load if doc.knee else None
@@ -7,7 +7,7 @@
 Each document is versioned by its ``schema`` field (``tradeoff.bench/1``,
 ``tradeoff.sweep/1``, ``tradeoff.soak/1``, ``tradeoff.compare/1``, ``tradeoff.optimize/1``,
 ``tradeoff.tune/1``: a batch-size search or a serving-config search, told apart by
-``search``).
+``search``; ``tradeoff.plan/1``).
 :func:`load_result` is the one reader: it dispatches on the schema and names the file
 and the field when one is missing or the schema is unknown. ``to_dict()`` and
 :func:`write_json` are the one writer: a document read from a file writes back the same
@@ -43,6 +43,7 @@ __all__ = [
     "BENCH_SCHEMA",
     "COMPARE_SCHEMA",
     "OPTIMIZE_SCHEMA",
+    "PLAN_SCHEMA",
     "READERS",
     "SOAK_SCHEMA",
     "SWEEP_SCHEMA",
@@ -66,8 +67,14 @@ __all__ = [
     "OutputAccuracy",
     "OutputLength",
     "OutputTokens",
+    "PlanCandidate",
+    "PlanLever",
+    "PlanResult",
+    "PlanVersion",
+    "Prediction",
     "Ratio",
     "Ratios",
+    "Replayed",
     "ResultDocument",
     "RowTokens",
     "ServeTune",
@@ -94,6 +101,7 @@ SOAK_SCHEMA = "tradeoff.soak/1"
 COMPARE_SCHEMA = "tradeoff.compare/1"
 OPTIMIZE_SCHEMA = "tradeoff.optimize/1"
 TUNE_SCHEMA = "tradeoff.tune/1"
+PLAN_SCHEMA = "tradeoff.plan/1"
 
 Distribution = dict[str, float]
 """min, mean, stddev, p50, p90, p95, p99, p999, max of raw samples (some only ``mean``)."""
@@ -733,15 +741,116 @@ class _TuneDocuments:
         return document
 
 
+# ------------------------------------------------------------------------ plan
+
+
+@dataclass(frozen=True)
+class PlanVersion(Record):
+    """One version of the model a plan weighed: what it lost, whether it was kept, and
+    the measured time of one batch at each size (what the predictions run on)."""
+
+    version: int
+    precision: str
+    method: str
+    drop: float
+    kept: bool
+    why: str
+    batch_ms: dict[int, float]
+
+
+@dataclass(frozen=True)
+class Prediction(Record):
+    """What the batcher simulation says a deployment does to the traffic."""
+
+    p50_ms: float
+    p99_ms: float
+    mean_batch: float
+    hit_ratio: float  # of the response cache (0 without one)
+    utilisation: float  # the rate the model sees over the most it can serve
+
+
+@dataclass(frozen=True)
+class PlanCandidate(Record):
+    """One deployment the plan predicted: a version, its serving knobs, a cache."""
+
+    name: str
+    version: int
+    precision: str
+    drop: float
+    knobs: dict[str, Any]  # max_batch_size, max_queue_delay_us, instances, threads
+    cache_bytes: int  # 0: no response cache
+    cores: int
+    predicted: Prediction
+    cost_per_million: float | None
+    meets_sla: bool
+    changes: int  # levers moved from the starting deployment (version, knobs, cache)
+    pareto: bool = False
+
+
+@dataclass(frozen=True)
+class Replayed(Record):
+    """A deployment served and the traffic replayed against it: measured next to
+    predicted."""
+
+    name: str
+    role: str  # baseline | plan
+    p50_ms: float | None
+    p99_ms: float | None
+    throughput_rps: float
+    error_percent: float
+    hit_ratio: float | None  # the server's cache counts
+    mean_batch: float | None  # requests the model ran over its executions
+    predicted: Prediction
+    meets_sla: bool
+    cost_per_million: float | None
+
+
+@dataclass(frozen=True)
+class PlanLever(Record):
+    """A lever the plan weighed (precision, batching, instances, cache, classes, engine):
+    taken or left, and why."""
+
+    lever: str
+    taken: bool
+    why: str
+
+
+@dataclass(frozen=True)
+class PlanResult(Record):
+    """``tradeoff plan``: from a model, its traffic and an SLA to a deployment, replayed."""
+
+    model: str
+    repository: str
+    output: str | None  # where the deployment was written
+    goal: dict[str, Any]  # sla_p99_ms, max_drop, prices, cores, budget_s
+    traffic: dict[str, Any]  # Traffic.describe()
+    environment: dict[str, Any]
+    calibration: dict[str, Any]  # the server's own cost per request, measured
+    versions: list[PlanVersion]
+    baseline: PlanCandidate  # the starting configuration, predicted alike
+    candidates: list[PlanCandidate]  # the best ranked, the Pareto front and the chosen
+    chosen: str | None
+    levers: list[PlanLever]
+    proof: list[Replayed]
+    verdict: str
+    stop_reason: str
+    elapsed_s: float
+    schema = PLAN_SCHEMA
+
+    def candidate(self, name: str | None) -> PlanCandidate | None:
+        return next((c for c in self.candidates if c.name == name), None)
+
+
 # ------------------------------------------------------------ reader and writer
 
 ResultDocument = Union[BenchResult, SweepResult, SoakResult, CompareResult, OptimizeResult,
-                       BatchSizeTune, ServeTune]
+                       BatchSizeTune, ServeTune, PlanResult]
 READERS: dict[str, Any] = {BENCH_SCHEMA: BenchResult, SWEEP_SCHEMA: SweepResult,
                            SOAK_SCHEMA: SoakResult, COMPARE_SCHEMA: CompareResult,
-                           OPTIMIZE_SCHEMA: OptimizeResult, TUNE_SCHEMA: _TuneDocuments}
+                           OPTIMIZE_SCHEMA: OptimizeResult, TUNE_SCHEMA: _TuneDocuments,
+                           PLAN_SCHEMA: PlanResult}
 _Document = TypeVar("_Document", BenchResult, SweepResult, SoakResult, CompareResult,
-                    OptimizeResult, BatchSizeTune, ServeTune)
+                    OptimizeResult, BatchSizeTune, ServeTune, PlanResult)
 
 
 def load_result(source: str | Path | Mapping[str, Any] | ResultDocument,
@@ -752,7 +861,7 @@ def load_result(source: str | Path | Mapping[str, Any] | ResultDocument,
     field raises :class:`ResultFormatError` naming the file (or ``name``) and the field.
     """
     if isinstance(source, (BenchResult, SweepResult, SoakResult, CompareResult,
-                           OptimizeResult, BatchSizeTune, ServeTune)):
+                           OptimizeResult, BatchSizeTune, ServeTune, PlanResult)):
         return source
     if isinstance(source, (str, Path)):
         where = name or str(source)

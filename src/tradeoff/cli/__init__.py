@@ -18,6 +18,7 @@ from tradeoff.cli.bench import bench
 from tradeoff.cli.compare import compare
 from tradeoff.cli.demo import demo
 from tradeoff.cli.optimize import optimize
+from tradeoff.cli.plan import plan
 from tradeoff.cli.serve import models, serve
 from tradeoff.cli.soak import soak
 from tradeoff.cli.sweep import sweep
@@ -62,6 +63,7 @@ def main() -> None:
       tradeoff tune batch-size ./models/mlp --max-memory 4GB
       tradeoff tune serve http://127.0.0.1:8000 --model mlp --sla-p99-ms 20 --max-throughput
       tradeoff top http://127.0.0.1:8002     # live: req/s, p99, queue, batch per model
+      tradeoff plan ./models/mlp --sla-p99-ms 5 --rate 2000   # deployment, written, replayed
       tradeoff bench http://127.0.0.1:8000/v1 --protocol openai --model smollm2-135m \\
           --concurrency 4 --duration 1m --output-tokens 16:256 --ignore-eos
     """
@@ -78,4 +80,5 @@ main.add_command(diagnose)
 main.add_command(report)
 main.add_command(optimize)
 main.add_command(tune)
+main.add_command(plan)
 main.add_command(top)

@@ -14,6 +14,8 @@ from tradeoff.results import (
     CompareResult,
     Generation,
     OptimizeResult,
+    PlanCandidate,
+    PlanResult,
     Ratio,
     ServeTune,
     SoakResult,
@@ -33,6 +35,7 @@ __all__ = [
     "print_compare",
     "print_findings",
     "print_optimize",
+    "print_plan",
     "print_ranking",
     "print_serve_tune",
     "print_soak",
@@ -507,6 +510,84 @@ def print_serve_tune(result: ServeTune, console: Console) -> None:
                   "can differ: max_batch_size here only caps the batches the queue forms")
     if result.written:
         console.print(f"config.pbtxt of the winner: {result.written}")
+
+
+def _money(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.3f}"
+
+
+def _candidate_row(c: PlanCandidate) -> list[str]:
+    p = c.predicted
+    return [c.name, str(c.cores), _ms(p.p50_ms), _ms(p.p99_ms), f"{p.mean_batch:.1f}",
+            f"{p.hit_ratio:.0%}" if c.cache_bytes else "-", f"{p.utilisation:.0%}",
+            _money(c.cost_per_million)]
+
+
+def print_plan(result: PlanResult, console: Console) -> None:
+    """The traffic, the versions weighed, the best predicted deployments, the levers
+    taken or left, and the replay: measured next to predicted."""
+    goal, t = result.goal, result.traffic
+    repeats = (f"{t['distinct_inputs']:,} distinct inputs (Zipf {t['zipf']:.2f})"
+               if t.get("zipf") is not None else "no repeated inputs")
+    console.print(f"[bold]{result.model}[/bold]: p99 <= {goal['sla_p99_ms']:g} ms, traffic "
+                  f"{t['source']}: {t['rate_rps']:,.1f} req/s (peak {t['peak_rps']:,.0f}/s, "
+                  f"burstiness {t['burstiness']:.2f}), {repeats}; {goal['cores']} core(s) "
+                  f"for the server")
+    c = result.calibration
+    console.print(f"measured on the starting deployment: the server's CPU per request "
+                  f"{c['server_cpu_ms_per_request']:.3f} ms beside the model; latency the "
+                  f"simulation leaves out (client, wire) {c['wire_p50_ms']:.2f} ms at p50, "
+                  f"{c['wire_p99_ms']:.2f} ms at p99, at {c['rate_rps']:,.0f} req/s")
+    versions = Table(title="versions weighed (tradeoff optimize)", box=box.SIMPLE_HEAD)
+    for column in ("version", "precision", "lost", "batch 1 ms", "largest batch ms", ""):
+        versions.add_column(column, justify="left" if column in ("precision", "") else "right")
+    for v in result.versions:
+        largest = max(v.batch_ms)
+        versions.add_row(str(v.version), v.precision, f"{v.drop:.2%}",
+                         _ms(v.batch_ms[min(v.batch_ms)]),
+                         f"{_ms(v.batch_ms[largest])} @{largest}",
+                         v.why if v.kept else f"[yellow]left out: {v.why}[/yellow]")
+    console.print(versions)
+    table = Table(title="deployments predicted (batcher simulated on the traffic's arrivals)",
+                  box=box.SIMPLE_HEAD)
+    for column in ("deployment", "cores", "p50 ms", "p99 ms", "batch", "cache hits",
+                   "busy", "$/1M", ""):
+        table.add_column(column, justify="left" if column in ("deployment", "")
+                         else "right", no_wrap=column == "deployment")
+    for candidate in result.candidates[:8]:
+        marks = ["[green bold]chosen[/green bold]"] if candidate.name == result.chosen else []
+        marks += ["pareto"] if candidate.pareto else []
+        marks += [] if candidate.meets_sla else ["[yellow]misses SLA[/yellow]"]
+        table.add_row(*_candidate_row(candidate), ", ".join(marks))
+    table.add_row(*_candidate_row(result.baseline), "starting deployment")
+    console.print(table)
+    console.print(f"{len(result.candidates)} kept of the deployments predicted; stopped: "
+                  f"{result.stop_reason}")
+    for lever in result.levers:
+        mark = "[green]taken[/green]" if lever.taken else "left"
+        console.print(f"  {lever.lever}: {mark}: {lever.why}")
+    if result.proof:
+        proof = Table(title="replayed side by side (measured, predicted in brackets)",
+                      box=box.SIMPLE_HEAD)
+        for column in ("", "p50 ms", "p99 ms", "batch", "cache hits", "req/s", "errors",
+                       "$/1M", "SLA"):
+            proof.add_column(column, justify="left" if column == "" else "right",
+                             no_wrap=column == "")
+        for r in result.proof:
+            hits = "-" if r.hit_ratio is None else f"{r.hit_ratio:.0%}"
+            batch = "-" if r.mean_batch is None else f"{r.mean_batch:.1f}"
+            proof.add_row(
+                f"{r.role}: {r.name}", f"{_ms(r.p50_ms)} ({_ms(r.predicted.p50_ms)})",
+                f"{_ms(r.p99_ms)} ({_ms(r.predicted.p99_ms)})",
+                f"{batch} ({r.predicted.mean_batch:.1f})",
+                f"{hits} ({r.predicted.hit_ratio:.0%})", f"{r.throughput_rps:,.1f}",
+                f"{r.error_percent:.1f}%", _money(r.cost_per_million),
+                "[green]met[/green]" if r.meets_sla else "[red]missed[/red]")
+        console.print(proof)
+    console.print(result.verdict)
+    if result.output and result.chosen:
+        console.print(f"deployment: {result.output}/repository; start it with "
+                      f"{result.output}/serve.sh")
 
 
 def live_view(models: list[ModelRow], generations: list[GenerationRow], source: str,

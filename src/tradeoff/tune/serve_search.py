@@ -130,11 +130,13 @@ class Knobs:
 
     @classmethod
     def of(cls, config: dict[str, Any]) -> Knobs:
-        """The knobs of a Triton JSON config as the server reports it."""
-        batching = config.get("dynamic_batching") or {}
+        """The knobs of a Triton JSON config as the server reports it (without
+        ``dynamic_batching`` a model runs each request alone: batch 1)."""
+        batching = config.get("dynamic_batching")
         groups = config.get("instance_group") or [{}]
         threads = (config.get("parameters") or {}).get("intra_op_thread_count", {})
-        max_batch = int(config.get("max_batch_size", 0))
+        max_batch = int(config.get("max_batch_size", 0)) if batching is not None else 1
+        batching = batching or {}
         return cls(max(max_batch, 1), int(batching.get("max_queue_delay_microseconds", 0)),
                    sum(int(g.get("count", 1)) for g in groups),
                    int(threads.get("string_value", 1) or 1),

@@ -1,0 +1,120 @@
+"""``tradeoff plan``: a deployment for a model, its traffic and an SLA, replayed."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from tradeoff.cli.options import DURATION, Duration, json_option, save_result, step_progress
+
+__all__ = ["plan"]
+
+PRECISIONS = {"int8": ("int8-dynamic", True), "int8-static": ("int8-static", True),
+              "fp16": ("fp16", False), "graph-opt": ("graph-opt", False)}
+
+
+@click.command()
+@click.argument("model_dir", metavar="REPOSITORY/MODEL",
+                type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--sla-p99-ms", type=click.FloatRange(0, min_open=True), required=True,
+              help="The p99 latency every request must meet, in ms.")
+@click.option("--rate", type=click.FloatRange(0, min_open=True),
+              help="The traffic: requests per second (with --arrival), or give --trace.")
+@click.option("--arrival", type=click.Choice(["poisson", "constant"]), default="poisson",
+              show_default=True, help="How --rate's requests arrive.")
+@click.option("--distinct-inputs", type=click.IntRange(1),
+              help="With --rate: the traffic repeats inputs drawn from this many (by "
+                   "--zipf); without it every input differs.")
+@click.option("--zipf", type=click.FloatRange(0), metavar="S",
+              help="With --distinct-inputs: the Zipf exponent of the draws (default 1.0).")
+@click.option("--trace", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="The traffic recorded: a `tradeoff bench --records` CSV or JSON lines "
+                   "({\"timestamp\": s, \"input\": ..., \"class\": ...}); its rate, peak, "
+                   "burstiness and repetition are measured, and it is replayed.")
+@click.option("--precision", "precisions", multiple=True, default=("int8",),
+              show_default=True, type=click.Choice([*PRECISIONS, "none"]),
+              help="Versions to make and weigh (repeat it): int8 (dynamic, per channel), "
+                   "int8-static, fp16 (GPU), graph-opt; none: the original only.")
+@click.option("--max-drop", type=click.FloatRange(0), default=0.01, show_default=True,
+              help="The accuracy a version may lose: 1 - cosine (embeddings), 1 - top-1 "
+                   "agreement (classifiers), relative max error (other outputs).")
+@click.option("--price-per-hour", type=click.FloatRange(0, min_open=True),
+              help="What the deployment costs per hour: cost per 1M requests.")
+@click.option("--price-per-core-hour", type=click.FloatRange(0, min_open=True),
+              help="Or per core it occupies (instances x threads); fewer cores cost less.")
+@click.option("--cores", type=click.IntRange(1),
+              help="Cores the server may use (default: all but one, which the load "
+                   "generator takes).")
+@click.option("--budget", type=DURATION, default="10m", show_default=True,
+              help="Time the whole plan may take; it stops replaying candidates past it.")
+@click.option("--replay", "replay_s", type=Duration(minimum_s=1), default="15s",
+              show_default=True, help="How long each replay round measures a deployment.")
+@click.option("--seconds", type=Duration(minimum_s=0.1), default="2s", show_default=True,
+              help="Time to measure the speed of each version.")
+@click.option("-o", "--output", type=click.Path(file_okay=False, path_type=Path),
+              help="Where to write the deployment (default: REPOSITORY-plan-MODEL beside "
+                   "the repository); must be new or empty.")
+@json_option("tradeoff.plan/1")
+def plan(model_dir: Path, sla_p99_ms: float, rate: float | None, arrival: str,
+         distinct_inputs: int | None, zipf: float | None, trace: Path | None,
+         precisions: tuple[str, ...], max_drop: float, price_per_hour: float | None,
+         price_per_core_hour: float | None, cores: int | None, budget: float, replay_s: float,
+         seconds: float, output: Path | None, json_path: Path | None) -> None:
+    """Plan a deployment of a tensor model for its traffic and a p99 SLA, write it beside
+    the repository, and prove it: served and replayed against the starting deployment.
+
+    It weighs the precision versions `tradeoff optimize` makes (within --max-drop), the
+    batch size, queue delay and instances `tradeoff tune serve` moves, and a response
+    cache sized from the traffic's repetition; predicts each deployment by simulating
+    the batcher on the measured batch costs and the traffic's arrivals; writes the best
+    (REPOSITORY, config.pbtxt, serve.sh); and replays the traffic against it and the
+    starting deployment side by side. docs/plan.md says what it measures and its limits.
+
+    \b
+    Examples:
+      tradeoff plan ./models/mlp --sla-p99-ms 5 --rate 2000
+      tradeoff plan ./models/minilm --sla-p99-ms 50 --rate 100 --distinct-inputs 500 \\
+          --zipf 1.0 --price-per-core-hour 0.05 --json plan.json
+      tradeoff plan ./models/mlp --sla-p99-ms 5 --trace records.csv --precision none
+      tradeoff plan ./models/resnet50 --sla-p99-ms 200 --rate 20 --precision int8 \\
+          --max-drop 0.02 --budget 20m -o ./deploy/resnet50
+    """
+    from rich.console import Console
+
+    from tradeoff.optimize import Variant
+    from tradeoff.plan.planner import PlanRequest, make_plan
+    from tradeoff.plan.search import PlanGoal
+    from tradeoff.plan.traffic import Traffic
+    from tradeoff.report.terminal import print_plan
+    from tradeoff.stats.cost import Price
+
+    if (rate is None) == (trace is None):
+        raise click.UsageError("give the traffic: --rate (with --arrival) or --trace")
+    if trace is not None and (distinct_inputs is not None or zipf is not None):
+        raise click.UsageError("--distinct-inputs and --zipf describe --rate's inputs; a "
+                               "trace's repetition is measured from it")
+    if price_per_hour is not None and price_per_core_hour is not None:
+        raise click.UsageError("give one of --price-per-hour and --price-per-core-hour")
+    if "none" in precisions and len(precisions) > 1:
+        raise click.UsageError("--precision none weighs the original only: give it alone")
+    traffic = Traffic.read(trace) if trace is not None else \
+        Traffic.law(rate or 0.0, arrival, distinct_inputs, zipf)
+    available = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
+    server_cores = cores or max(1, len(available) - 1)
+    server_cpus = None
+    if len(available) > server_cores:
+        server_cpus = ",".join(str(c) for c in available[:server_cores])
+        os.sched_setaffinity(0, set(available[server_cores:]))  # the load generator
+    variants = tuple(Variant(*PRECISIONS[p]) for p in precisions if p != "none")
+    goal = PlanGoal(sla_p99_ms=sla_p99_ms, max_drop=max_drop, cores=server_cores,
+                    price=Price(per_hour=price_per_hour) if price_per_hour else None,
+                    price_per_core_hour=price_per_core_hour, budget_s=budget,
+                    replay_s=replay_s)
+    console = Console()
+    with step_progress(console) as say:
+        result = make_plan(PlanRequest(model_dir, traffic, goal, variants, output, seconds,
+                                       server_cpus), say)
+    print_plan(result, console)
+    save_result(result, json_path, console, "plan")

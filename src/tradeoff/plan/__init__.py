@@ -1,0 +1,1 @@
+"""``tradeoff plan``: the levers searched jointly for a model, its traffic and an SLA."""

@@ -1,0 +1,233 @@
+"""The plan's search: every deployment the levers allow, predicted, ranked.
+
+A deployment is a version of the model (a precision within the accuracy budget), serving
+knobs (``tune serve``'s :class:`~tradeoff.tune.serve_search.Knobs`: batch size, queue
+delay, instances x threads) and a response cache sized from the traffic's repetition.
+Each is predicted by :func:`tradeoff.plan.predict.simulate` over the traffic's own
+arrivals; the ones that cannot keep up (the rate they see above what they can serve) are
+predicted as failing without a simulation. The rank: those meeting the SLA first, then
+the cheapest (cost per 1M requests, or the cores used without a price), then p99, then
+the least accuracy lost.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tradeoff import dtypes
+from tradeoff.plan.predict import BatchCost, Simulated, simulate
+from tradeoff.plan.traffic import Traffic
+from tradeoff.repository.config import ModelConfig
+from tradeoff.results import PlanCandidate, PlanVersion, Prediction
+from tradeoff.stats.cost import Price
+from tradeoff.tune.serve_search import Knobs
+
+__all__ = ["DELAYS_US", "CacheChoice", "Calibration", "PlanGoal", "Searcher", "answer_bytes",
+           "cache_choice", "label", "rank_key", "version_cost"]
+
+DELAYS_US = (0, 100, 500, 1000, 2000, 5000, 10000)
+MIN_HIT_RATIO = 0.02  # a cache predicted to answer less costs more than it saves
+ENTRY_OVERHEAD_BYTES = 256  # key, header and check of one stored answer
+
+
+@dataclass(frozen=True)
+class PlanGoal:
+    """What the plan must meet and what it may spend."""
+
+    sla_p99_ms: float
+    max_drop: float
+    cores: int = 1  # cores the server may use
+    price: Price | None = None  # the deployment per hour
+    price_per_core_hour: float | None = None
+    budget_s: float = 600.0
+    replay_s: float = 20.0
+    simulated_requests: int = 10_000
+
+    def cost_per_million(self, cores: int, rate_rps: float) -> float | None:
+        if self.price_per_core_hour is not None:
+            return Price(per_hour=self.price_per_core_hour * cores).per_million(rate_rps)
+        return self.price.per_million(rate_rps) if self.price else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sla_p99_ms": self.sla_p99_ms, "max_drop": self.max_drop, "cores": self.cores,
+                "price": self.price.to_dict() if self.price else None,
+                "price_per_core_hour": self.price_per_core_hour, "budget_s": self.budget_s,
+                "replay_s": self.replay_s, "simulated_requests": self.simulated_requests}
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What the batch cost alone does not hold, measured on the starting deployment: the
+    server's CPU per request beside the model (it shares the core), and the latency the
+    simulation leaves out at p50 and p99 (the client, the wire, the OS), measured at
+    ``rate_rps`` as the measured latency less the simulated one."""
+
+    cpu_ms: float
+    wire_p50_ms: float
+    wire_p99_ms: float
+    rate_rps: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"server_cpu_ms_per_request": self.cpu_ms, "wire_p50_ms": self.wire_p50_ms,
+                "wire_p99_ms": self.wire_p99_ms, "rate_rps": self.rate_rps}
+
+
+@dataclass(frozen=True)
+class CacheChoice:
+    """The cache the traffic's repetition asks for (capacity 0: none) and why."""
+
+    capacity: int
+    size_bytes: int
+    hit_ratio: float
+    why: str
+
+
+def answer_bytes(config: ModelConfig) -> int:
+    """Bytes of one answer's outputs (variable dimensions and strings counted as 1 and 64
+    bytes): what a cached answer holds."""
+    total = 0
+    for t in config.outputs:
+        elements = math.prod(max(d, 1) for d in t.dims)
+        total += elements * (dtypes.element_size(t.datatype) or 64)
+    return total
+
+
+def cache_choice(traffic: Traffic, config: ModelConfig) -> CacheChoice:
+    """The smallest LRU that gets 95% of the hit ratio a cache of every input would, by
+    Che's approximation over the traffic's input shares; none when the traffic does not
+    repeat or the best hit ratio is under 2%."""
+    if not traffic.repeats or traffic.distinct_inputs is None:
+        return CacheChoice(0, 0, 0.0, "every request's input differs: nothing to reuse")
+    distinct = traffic.distinct_inputs
+    best = traffic.hit_ratio(distinct)
+    if best < MIN_HIT_RATIO:
+        return CacheChoice(0, 0, best, f"a cache of every input would answer {best:.1%} of "
+                           "requests: less than the lookups cost")
+    capacity = distinct
+    for size in (2 ** k for k in range(4, max(5, distinct.bit_length()))):
+        if size < distinct and traffic.hit_ratio(size) >= 0.95 * best:
+            capacity = size
+            break
+    hit = traffic.hit_ratio(capacity)
+    size_bytes = max(capacity * (answer_bytes(config) + ENTRY_OVERHEAD_BYTES) * 5 // 4,
+                     1 << 20)
+    return CacheChoice(capacity, size_bytes, hit,
+                       f"{traffic.distinct_inputs:,} distinct inputs (Zipf "
+                       f"{traffic.zipf or 0:.2f}): {capacity:,} answers predicted to "
+                       f"answer {hit:.1%} of requests ({best:.1%} with all of them)")
+
+
+def label(version: PlanVersion, knobs: Knobs, cache: CacheChoice) -> str:
+    """A deployment in a few words: ``v4 int8 b16 d500us 2x1 cache4096``."""
+    return (f"v{version.version} {version.precision} b{knobs.max_batch_size} "
+            f"d{knobs.max_queue_delay_us}us {knobs.instances}x{knobs.threads}"
+            + (f" cache{cache.capacity}" if cache.capacity else ""))
+
+
+def version_cost(version: PlanVersion) -> BatchCost:
+    """The measured batch times of a version, as the predictor reads them."""
+    sizes = sorted(version.batch_ms)
+    return BatchCost(tuple(sizes), tuple(version.batch_ms[b] for b in sizes))
+
+
+def rank_key(candidate: PlanCandidate, sla_p99_ms: float) -> tuple[float, ...]:
+    """Meets the SLA, then cost (cores without a price), then p99 to 5% of the SLA (a
+    closer difference is within what the prediction can tell), then the fewest changes
+    from the starting deployment, then accuracy."""
+    cost = candidate.cost_per_million if candidate.cost_per_million is not None \
+        else float(candidate.cores)
+    p99 = candidate.predicted.p99_ms
+    return (0.0 if candidate.meets_sla else 1.0, cost if candidate.meets_sla else 0.0,
+            math.floor(p99 / (0.05 * sla_p99_ms)) if math.isfinite(p99) else math.inf,
+            float(candidate.changes), candidate.drop, p99)
+
+
+class Searcher:
+    """Predicts deployments of one model under one traffic and goal."""
+
+    def __init__(self, config: ModelConfig, traffic: Traffic, goal: PlanGoal,
+                 calibration: Calibration, start: tuple[int, Knobs], seed: int = 0) -> None:
+        self.config = config
+        self.start = start  # the starting deployment's version and knobs
+        self.traffic = traffic
+        self.goal = goal
+        self.calibration = calibration
+        self.arrivals = traffic.arrivals(goal.simulated_requests, seed)
+        self.rng = np.random.default_rng([seed, 0xCAC4E])
+        self.threads = int(config.parameters.get("intra_op_thread_count", 1))
+
+    def knobs(self, cost: BatchCost) -> list[Knobs]:
+        """Batch sizes measured (up to the config's), delays up to half the SLA,
+        instances that fit the cores at the config's threads each."""
+        sizes = [b for b in cost.sizes if b <= max(self.config.max_batch_size, 1)] or [1]
+        delays = [d for d in DELAYS_US if d <= self.goal.sla_p99_ms * 500]
+        most = max(1, self.goal.cores // self.threads)
+        seen: dict[Knobs, None] = {}
+        for size in sizes:
+            for delay in delays:
+                for instances in range(1, most + 1):
+                    seen.setdefault(Knobs(size, delay, instances, self.threads,
+                                          False).normal())
+        return list(seen)
+
+    def simulate(self, version: PlanVersion, knobs: Knobs, hit: float = 0.0,
+                 arrivals: np.ndarray | None = None) -> Simulated:
+        """The batcher over the traffic's arrivals (or ``arrivals``), without the
+        calibration's latency."""
+        arrivals = self.arrivals if arrivals is None else arrivals
+        hits = self.rng.random(arrivals.size) < hit if hit else None
+        return simulate(arrivals, version_cost(version), knobs.max_batch_size,
+                        knobs.max_queue_delay_us / 1e6, knobs.instances,
+                        self.calibration.cpu_ms, hits)
+
+    def predict(self, version: PlanVersion, knobs: Knobs, cache: CacheChoice
+                ) -> PlanCandidate:
+        cost = version_cost(version)
+        hit = cache.hit_ratio if cache.capacity else 0.0
+        seen_rate = self.traffic.rate_rps * (1 - hit)
+        capacity = cost.capacity_rps(knobs.max_batch_size, knobs.instances,
+                                     self.calibration.cpu_ms)
+        utilisation = seen_rate / capacity
+        name = label(version, knobs, cache)
+        if utilisation >= 1:
+            prediction = Prediction(math.inf, math.inf, float(knobs.max_batch_size), hit,
+                                    utilisation)
+        else:
+            run = self.simulate(version, knobs, hit)
+            prediction = Prediction(run.p50_ms + self.calibration.wire_p50_ms,
+                                    run.p99_ms + self.calibration.wire_p99_ms,
+                                    run.mean_batch, hit, utilisation)
+        return PlanCandidate(
+            name, version.version, version.precision, version.drop,
+            {k: getattr(knobs, k) for k in ("max_batch_size", "max_queue_delay_us",
+                                            "instances", "threads")},
+            cache.size_bytes if cache.capacity else 0, knobs.cores, prediction,
+            self.goal.cost_per_million(knobs.cores, self.traffic.rate_rps),
+            prediction.p99_ms <= self.goal.sla_p99_ms, self.changes(version, knobs, cache))
+
+    def changes(self, version: PlanVersion, knobs: Knobs, cache: CacheChoice) -> int:
+        """How many levers differ from the starting deployment."""
+        version_start, start = self.start
+        moved = [version.version != version_start, bool(cache.capacity)]
+        moved += [getattr(knobs, k) != getattr(start, k)
+                  for k in ("max_batch_size", "max_queue_delay_us", "instances", "threads")]
+        return sum(moved)
+
+    def search(self, versions: list[PlanVersion], cache: CacheChoice,
+               say: Callable[[str], None] = lambda _: None) -> list[PlanCandidate]:
+        """Every kept version x knobs x (no cache, the chosen cache), ranked."""
+        caches = [CacheChoice(0, 0, 0.0, "off")] + ([cache] if cache.capacity else [])
+        out = []
+        for version in versions:
+            if not version.kept:
+                continue
+            grid = self.knobs(version_cost(version))
+            say(f"predicting version {version.version} ({version.precision}): "
+                f"{len(grid) * len(caches)} deployments")
+            out += [self.predict(version, knobs, c) for knobs in grid for c in caches]
+        return sorted(out, key=lambda c: rank_key(c, self.goal.sla_p99_ms))
