@@ -1,0 +1,142 @@
+"""`tradeoff plan` end to end: real `tradeoff serve` processes on 127.0.0.1, a synthetic
+model whose batch cost is known (so the right plan is known by hand), and the example MLP
+for the accuracy budget. Replays are short; they check behaviour, not speed."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from tradeoff.cli import main
+from tradeoff.models import build_repository
+from tradeoff.plan.planner import PlanRequest, make_plan
+from tradeoff.plan.search import PlanGoal
+from tradeoff.plan.traffic import Traffic
+from tradeoff.repository.repository import ModelRepository
+from tradeoff.results import PlanResult, load_as
+from tradeoff.server.process import ServerProcess
+
+from ..synthetic_model import write_synthetic_model
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _cores() -> str | None:
+    cores = sorted(os.sched_getaffinity(0))
+    return str(cores[0]) if len(cores) > 1 else None
+
+
+def _plan(model_dir: Path, traffic: Traffic, sla_ms: float, **goal: float) -> PlanResult:
+    return make_plan(PlanRequest(model_dir, traffic,
+                                 PlanGoal(sla_p99_ms=sla_ms, max_drop=0.01, replay_s=2.0,
+                                          **goal),
+                                 variants=(), seconds_per_version=0.5,
+                                 server_cpus=_cores()))
+
+
+def test_the_plan_batches_a_model_that_cannot_keep_up_alone(tmp_path: Path) -> None:
+    # 2 ms per request alone: at 400/s it runs at 82% load and its p99 is far over
+    # 15 ms; batches of 8 cost 2.4 ms for 8 requests
+    model = write_synthetic_model(tmp_path / "repo", fixed_ms=2.0, per_row_ms=0.05,
+                                  max_batch_size=16)
+    result = _plan(model, Traffic.law(400), 15.0, budget_s=120)
+    assert result.baseline.knobs["max_batch_size"] == 1
+    assert not result.baseline.meets_sla
+    chosen = result.candidate(result.chosen)
+    assert chosen is not None and chosen.knobs["max_batch_size"] > 1
+    baseline, plan = result.proof[-2:]
+    assert plan.meets_sla and plan.mean_batch is not None and plan.mean_batch > 1
+    assert baseline.p99_ms is not None and plan.p99_ms is not None
+    assert plan.p99_ms < baseline.p99_ms
+    assert "meets the SLA" in result.verdict
+    assert {lever.lever: lever.taken for lever in result.levers}["batching"]
+
+    # written beside the repository, never in it; the original is unchanged
+    output = Path(result.output or "")
+    assert output.parent == tmp_path and not (model / "2").exists()
+    assert "dynamic_batching" not in (model / "config.pbtxt").read_text()
+    config = ModelRepository(output / "repository").read("synthetic").config
+    assert config.dynamic_batching is not None and config.max_batch_size > 1
+    assert "--model-repository" in (output / "serve.sh").read_text()
+    assert not (output / ".work").exists()
+    with ServerProcess(output / "repository") as server:  # the written repository serves
+        from tradeoff.bench.adapters import V2Adapter
+
+        adapter = V2Adapter(server.url, "synthetic")
+        assert adapter.prepare()
+    document = json.loads(json.dumps(result.to_dict()))
+    assert load_as(PlanResult, document) == result
+
+
+def test_an_impossible_sla_is_reported_with_the_best_p99(tmp_path: Path) -> None:
+    model = write_synthetic_model(tmp_path / "repo", fixed_ms=2.0, per_row_ms=0.05,
+                                  max_batch_size=16)
+    result = _plan(model, Traffic.law(100), 1.0, budget_s=120)
+    assert not any(c.meets_sla for c in result.candidates)
+    assert "no deployment is predicted to meet p99 <= 1 ms" in result.stop_reason
+    assert result.proof and not result.proof[-1].meets_sla
+    assert "misses the SLA" in result.verdict
+
+
+def test_the_budget_stops_the_search(tmp_path: Path) -> None:
+    model = write_synthetic_model(tmp_path / "repo", fixed_ms=1.0, max_batch_size=8)
+    result = _plan(model, Traffic.law(100), 50.0, budget_s=1)
+    assert "budget" in result.stop_reason and not result.proof
+    assert result.chosen is None and not (Path(result.output or "") / "repository").exists()
+
+
+def test_a_repeating_trace_turns_the_cache_on_and_the_replay_hits(tmp_path: Path) -> None:
+    model = write_synthetic_model(tmp_path / "repo", fixed_ms=3.0, per_row_ms=0.5,
+                                  max_batch_size=4)
+    rng = np.random.default_rng(7)
+    times = np.cumsum(rng.exponential(1 / 250, 2000))
+    inputs = np.minimum(rng.zipf(1.8, times.size), 40)
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("\n".join(json.dumps({"timestamp": float(t), "input": int(i)})
+                               for t, i in zip(times, inputs, strict=True)))
+    result = _plan(model, Traffic.read(trace), 20.0, budget_s=150)
+    chosen = result.candidate(result.chosen)
+    assert chosen is not None and chosen.cache_bytes > 0
+    assert {lever.lever: lever.taken for lever in result.levers}["cache"]
+    plan = result.proof[-1]
+    assert plan.hit_ratio is not None and plan.hit_ratio > 0.3
+    assert "--cache local" in (Path(result.output or "") / "serve.sh").read_text()
+
+
+def test_a_trace_without_repetition_leaves_the_cache_off(tmp_path: Path) -> None:
+    model = write_synthetic_model(tmp_path / "repo", fixed_ms=1.0, max_batch_size=8)
+    rows = ["scheduled_ms,request"] + [f"{i * 10.0},{i}" for i in range(300)]
+    trace = tmp_path / "records.csv"
+    trace.write_text("\n".join(rows))
+    result = _plan(model, Traffic.read(trace), 20.0, budget_s=120)
+    assert all(c.cache_bytes == 0 for c in result.candidates)
+    assert not {lever.lever: lever.taken for lever in result.levers}["cache"]
+
+
+def test_the_accuracy_budget_leaves_a_version_out(tmp_path: Path) -> None:
+    build_repository(tmp_path / "models", ("mlp",))
+    run = CliRunner().invoke(main, [
+        "plan", str(tmp_path / "models" / "mlp"), "--sla-p99-ms", "50", "--rate", "200",
+        "--precision", "int8", "--max-drop", "0.000001", "--replay", "2s", "--seconds",
+        "0.5s", "--budget", "3m", "--json", str(tmp_path / "plan.json")])
+    assert run.exit_code == 0, run.output
+    result = load_as(PlanResult, tmp_path / "plan.json")
+    int8 = next(v for v in result.versions if v.precision == "int8")
+    assert not int8.kept and "over the budget" in int8.why
+    assert {c.version for c in result.candidates} == {1}
+    assert "left out" in run.output and "deployment:" in run.output
+
+
+def test_the_command_refuses_an_output_inside_the_repository(tmp_path: Path) -> None:
+    model = write_synthetic_model(tmp_path / "repo")
+    run = CliRunner().invoke(main, ["plan", str(model), "--sla-p99-ms", "5", "--rate", "10",
+                                    "-o", str(tmp_path / "repo" / "plan")])
+    assert run.exit_code == 1
+    assert "inside the model's repository" in run.output
+    run = CliRunner().invoke(main, ["plan", str(model), "--sla-p99-ms", "5"])
+    assert run.exit_code == 2 and "--rate (with --arrival) or --trace" in run.output
