@@ -18,6 +18,7 @@ from tradeoff.report.terminal import (
     print_bench_result,
     print_compare,
     print_optimize,
+    print_plan,
     print_serve_tune,
     print_soak,
     print_sweep,
@@ -27,6 +28,7 @@ from tradeoff.results import (
     BenchResult,
     CompareResult,
     OptimizeResult,
+    PlanResult,
     ServeTune,
     SoakResult,
     SweepResult,
@@ -40,7 +42,7 @@ FIXTURES = sorted(DATA.glob("*.json"))
 KINDS = {"bench-tensor": BenchResult, "bench-openai": BenchResult, "bench-mix": BenchResult,
          "sweep": SweepResult, "sweep-sla": SweepResult, "soak": SoakResult,
          "compare": CompareResult, "optimize": OptimizeResult,
-         "tune-batch-size": BatchSizeTune, "tune-serve": ServeTune}
+         "tune-batch-size": BatchSizeTune, "tune-serve": ServeTune, "plan": PlanResult}
 
 
 def _text(document: object) -> str:
@@ -89,7 +91,7 @@ def test_consumers_accept_every_fixture(path: Path) -> None:
     printer = {BenchResult: print_bench_result, SweepResult: print_sweep,
                SoakResult: print_soak, CompareResult: print_compare,
                OptimizeResult: print_optimize, BatchSizeTune: print_batch_size_tune,
-               ServeTune: print_serve_tune}[type(document)]
+               ServeTune: print_serve_tune, PlanResult: print_plan}[type(document)]
     printer(document, console)  # type: ignore[operator]
     assert console.export_text()
 
@@ -100,6 +102,7 @@ def test_html_report_of_every_fixture() -> None:
 
     page, _ = build_report([load_result(p) for p in FIXTURES])
     assert "Sweep over concurrency" in page and "Soak" in page and "Comparison" in page
+    assert "Plan for mlp" in page and "Levers" in page
 
 
 def test_compare_of_two_bench_fixtures() -> None:

@@ -484,7 +484,7 @@ def diagnose(result: ResultDocument) -> list[Finding]:
         out = _diagnose_optimize(result)
     elif isinstance(result, CompareResult):
         out = _diagnose_compare(result)
-    else:  # a tune result states its own recommendation and why
+    else:  # a tune or plan result states its own recommendation and why
         out = []
     return sorted(out, key=lambda f: SEVERITY_ORDER.get(f.severity, 3))
 

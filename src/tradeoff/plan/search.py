@@ -123,10 +123,11 @@ def cache_choice(traffic: Traffic, config: ModelConfig) -> CacheChoice:
 
 
 def label(version: PlanVersion, knobs: Knobs, cache: CacheChoice) -> str:
-    """A deployment in a few words: ``v4 int8 b16 d500us 2x1 cache4096``."""
+    """A deployment in a few words: ``v4 int8 b16 d500 2x1 c4096``: version and
+    precision, max batch size, queue delay (us), instances x threads, cached answers."""
     return (f"v{version.version} {version.precision} b{knobs.max_batch_size} "
-            f"d{knobs.max_queue_delay_us}us {knobs.instances}x{knobs.threads}"
-            + (f" cache{cache.capacity}" if cache.capacity else ""))
+            f"d{knobs.max_queue_delay_us} {knobs.instances}x{knobs.threads}"
+            + (f" c{cache.capacity}" if cache.capacity else ""))
 
 
 def version_cost(version: PlanVersion) -> BatchCost:

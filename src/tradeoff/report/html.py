@@ -22,6 +22,7 @@ from tradeoff.results import (
     BenchResult,
     CompareResult,
     OptimizeResult,
+    PlanResult,
     Ratio,
     ResultDocument,
     ServeTune,
@@ -342,6 +343,49 @@ def _serve_tune_section(report: Report, result: ServeTune) -> None:
                f"{result.elapsed_s:,.0f} s; {_e(result.stop_reason)}.</p>")
 
 
+def _plan_section(report: Report, result: PlanResult) -> None:
+    """``tradeoff plan``: the front of cost, p99 and accuracy, the chosen deployment, the
+    levers, and the replay measured next to predicted."""
+    goal = result.goal
+    rows, classes = [], []
+    for c in [*result.candidates[:12], result.baseline]:
+        starting = c is result.baseline
+        marks = [m for m, on in (("chosen", c.name == result.chosen), ("pareto", c.pareto),
+                                 ("starting deployment", starting),
+                                 ("misses the SLA", not c.meets_sla)) if on]
+        p = c.predicted
+        rows.append([_e(c.name), _e(c.cores), _num(p.p50_ms), _num(p.p99_ms),
+                     _num(p.mean_batch, 1), f"{p.hit_ratio:.0%}" if c.cache_bytes else "-",
+                     f"{c.drop:.2%}", _num(c.cost_per_million, 3), _e(", ".join(marks))])
+        classes.append("ok" if c.name == result.chosen and not starting else
+                       "bad" if not c.meets_sla else "")
+    levers = [[_e(lever.lever), "taken" if lever.taken else "left", _e(lever.why)]
+              for lever in result.levers]
+    proof = [[_e(f"{r.role}: {r.name}"), f"{_num(r.p99_ms)} ({_num(r.predicted.p99_ms)})",
+              f"{_num(r.mean_batch, 1)} ({_num(r.predicted.mean_batch, 1)})",
+              "-" if r.hit_ratio is None else
+              f"{r.hit_ratio:.0%} ({r.predicted.hit_ratio:.0%})",
+              _num(r.throughput_rps, 1), _num(r.error_percent, 1),
+              _num(r.cost_per_million, 3), "met" if r.meets_sla else "missed"]
+             for r in result.proof]
+    traffic = result.traffic
+    report.add(f"Plan for {result.model}",
+               report.figure(plots.plan_front(result), f"plan-{result.model}",
+                             "Predicted p99 against cost of each deployment kept, by the "
+                             "accuracy its version lost; crosses: measured on replay.")
+               + f"<p><b>{_e(result.verdict)}</b></p>"
+               + f"<p class='muted'>SLA p99 &le; {goal['sla_p99_ms']:g} ms; traffic "
+               f"{_e(traffic['source'])}: {traffic['rate_rps']:,.1f} req/s, peak "
+               f"{traffic['peak_rps']:,.0f}/s, burstiness {traffic['burstiness']:.2f}; "
+               f"{_e(result.stop_reason)}; deployment written to {_e(result.output)}.</p>"
+               + _table(["deployment", "cores", "p50 ms", "p99 ms", "batch", "cache hits",
+                         "accuracy lost", "$/1M", ""], rows, classes, left=1)
+               + "<h3>Levers</h3>" + _table(["lever", "", "why"], levers, left=3)
+               + ("<h3>Replayed (measured, predicted in brackets)</h3>"
+                  + _table(["deployment", "p99 ms", "batch", "cache hits", "req/s",
+                            "errors %", "$/1M", "SLA"], proof, left=1) if proof else ""))
+
+
 def _findings_section(report: Report, documents: Sequence[ResultDocument]) -> None:
     """Every result's findings, each saying which result (its kind and number in the
     report's list) it came from: two results of one model find alike things."""
@@ -417,6 +461,8 @@ def build_report(documents: Sequence[ResultDocument], png_dir: Path | None = Non
             _batch_size_section(report, tuned)
         elif isinstance(tuned, ServeTune):
             _serve_tune_section(report, tuned)
+        elif isinstance(tuned, PlanResult):
+            _plan_section(report, tuned)
     _findings_section(report, documents)
     _environment_section(report, documents)
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

@@ -7,6 +7,7 @@ saves the same figure as a file.
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Callable
 from functools import cache
 from itertools import cycle, islice
@@ -16,6 +17,8 @@ from tradeoff.errors import MissingDependency
 from tradeoff.results import (
     BatchSizeTune,
     CompareResult,
+    PlanCandidate,
+    PlanResult,
     ServeTune,
     SoakResult,
     Summary,
@@ -36,6 +39,7 @@ __all__ = [
     "latency_vs_load",
     "over_the_run",
     "pareto",
+    "plan_front",
     "require",
     "soak_timeline",
     "throughput_vs_load",
@@ -215,6 +219,50 @@ def pareto(result: ServeTune) -> Figure:
     axes.set_ylabel("p99 latency (ms)")
     axes.set_title(f"{result.model}: configurations tried")
     axes.legend()
+    return figure
+
+
+def plan_front(result: PlanResult) -> Figure:
+    """Predicted p99 against cost (cores without a price) of the candidates kept, marked
+    by the accuracy their version lost; the Pareto front joined, the chosen starred, the
+    starting deployment and each replay's measured p99 drawn beside their predictions."""
+    figure, axes = _figure()
+
+    def cost(c: PlanCandidate) -> float:
+        return c.cost_per_million if c.cost_per_million is not None else float(c.cores)
+
+    finite = [c for c in result.candidates if math.isfinite(c.predicted.p99_ms)]
+    for color, drop in zip(cycle(COLORS), sorted({c.drop for c in finite})):
+        chosen = [c for c in finite if c.drop == drop]
+        axes.plot([cost(c) for c in chosen], [c.predicted.p99_ms for c in chosen], "o",
+                  color=color, alpha=0.6, label=f"predicted, {drop:.2%} accuracy lost")
+    front = sorted((c for c in finite if c.pareto), key=cost)
+    axes.plot([cost(c) for c in front], [c.predicted.p99_ms for c in front], "-",
+              color=COLORS[2], label="Pareto front")
+    best = result.candidate(result.chosen)
+    if best is not None and math.isfinite(best.predicted.p99_ms):
+        axes.plot([cost(best)], [best.predicted.p99_ms], marker="*", markersize=16,
+                  color=COLORS[2], linestyle="none", label="chosen (predicted)")
+    if math.isfinite(result.baseline.predicted.p99_ms):
+        axes.plot([cost(result.baseline)], [result.baseline.predicted.p99_ms], marker="s",
+                  color=COLORS[6], linestyle="none", label="starting deployment (predicted)")
+    for replayed in result.proof:
+        source = result.baseline if replayed.role == "baseline" else \
+            result.candidate(replayed.name)
+        if source is not None and replayed.p99_ms is not None:
+            axes.plot([cost(source)], [replayed.p99_ms], marker="x", markersize=10,
+                      color=COLORS[1] if replayed.role == "baseline" else COLORS[3],
+                      linestyle="none", label=f"{replayed.role}, replayed")
+    axes.axhline(result.goal["sla_p99_ms"], color=COLORS[1], linestyle=":",
+                 label=f"SLA p99 {result.goal['sla_p99_ms']:g} ms")
+    priced = any(c.cost_per_million is not None for c in result.candidates)
+    axes.set_yscale("log")
+    axes.set_xlabel("cost per 1M requests" if priced else "cores")
+    axes.set_ylabel("p99 latency (ms)")
+    axes.set_title(f"{result.model}: deployments for {result.traffic['rate_rps']:,.0f} req/s")
+    handles, labels = axes.get_legend_handles_labels()
+    unique = dict(zip(labels, handles, strict=True))
+    axes.legend(unique.values(), unique.keys())
     return figure
 
 

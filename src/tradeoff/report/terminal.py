@@ -518,7 +518,7 @@ def _money(value: float | None) -> str:
 
 def _candidate_row(c: PlanCandidate) -> list[str]:
     p = c.predicted
-    return [c.name, str(c.cores), _ms(p.p50_ms), _ms(p.p99_ms), f"{p.mean_batch:.1f}",
+    return [c.name, _ms(p.p99_ms), f"{p.mean_batch:.1f}",
             f"{p.hit_ratio:.0%}" if c.cache_bytes else "-", f"{p.utilisation:.0%}",
             _money(c.cost_per_million)]
 
@@ -539,7 +539,7 @@ def print_plan(result: PlanResult, console: Console) -> None:
                   f"simulation leaves out (client, wire) {c['wire_p50_ms']:.2f} ms at p50, "
                   f"{c['wire_p99_ms']:.2f} ms at p99, at {c['rate_rps']:,.0f} req/s")
     versions = Table(title="versions weighed (tradeoff optimize)", box=box.SIMPLE_HEAD)
-    for column in ("version", "precision", "lost", "batch 1 ms", "largest batch ms", ""):
+    for column in ("v", "precision", "lost", "batch 1 ms", "largest ms", ""):
         versions.add_column(column, justify="left" if column in ("precision", "") else "right")
     for v in result.versions:
         largest = max(v.batch_ms)
@@ -548,10 +548,9 @@ def print_plan(result: PlanResult, console: Console) -> None:
                          f"{_ms(v.batch_ms[largest])} @{largest}",
                          v.why if v.kept else f"[yellow]left out: {v.why}[/yellow]")
     console.print(versions)
-    table = Table(title="deployments predicted (batcher simulated on the traffic's arrivals)",
-                  box=box.SIMPLE_HEAD)
-    for column in ("deployment", "cores", "p50 ms", "p99 ms", "batch", "cache hits",
-                   "busy", "$/1M", ""):
+    table = Table(title="deployments predicted: version, b max batch, d queue delay (us), "
+                        "instances x threads, c cached answers", box=box.SIMPLE_HEAD)
+    for column in ("deployment", "p99 ms", "batch", "hits", "busy", "$/1M", ""):
         table.add_column(column, justify="left" if column in ("deployment", "")
                          else "right", no_wrap=column == "deployment")
     for candidate in result.candidates[:8]:
@@ -559,7 +558,7 @@ def print_plan(result: PlanResult, console: Console) -> None:
         marks += ["pareto"] if candidate.pareto else []
         marks += [] if candidate.meets_sla else ["[yellow]misses SLA[/yellow]"]
         table.add_row(*_candidate_row(candidate), ", ".join(marks))
-    table.add_row(*_candidate_row(result.baseline), "starting deployment")
+    table.add_row(*_candidate_row(result.baseline), "starting")
     console.print(table)
     console.print(f"{len(result.candidates)} kept of the deployments predicted; stopped: "
                   f"{result.stop_reason}")
@@ -569,21 +568,22 @@ def print_plan(result: PlanResult, console: Console) -> None:
     if result.proof:
         proof = Table(title="replayed side by side (measured, predicted in brackets)",
                       box=box.SIMPLE_HEAD)
-        for column in ("", "p50 ms", "p99 ms", "batch", "cache hits", "req/s", "errors",
-                       "$/1M", "SLA"):
+        for column in ("", "p99 ms", "batch", "hits", "errors", "SLA"):
             proof.add_column(column, justify="left" if column == "" else "right",
                              no_wrap=column == "")
         for r in result.proof:
             hits = "-" if r.hit_ratio is None else f"{r.hit_ratio:.0%}"
             batch = "-" if r.mean_batch is None else f"{r.mean_batch:.1f}"
             proof.add_row(
-                f"{r.role}: {r.name}", f"{_ms(r.p50_ms)} ({_ms(r.predicted.p50_ms)})",
-                f"{_ms(r.p99_ms)} ({_ms(r.predicted.p99_ms)})",
+                f"{r.role}: {r.name}", f"{_ms(r.p99_ms)} ({_ms(r.predicted.p99_ms)})",
                 f"{batch} ({r.predicted.mean_batch:.1f})",
-                f"{hits} ({r.predicted.hit_ratio:.0%})", f"{r.throughput_rps:,.1f}",
-                f"{r.error_percent:.1f}%", _money(r.cost_per_million),
+                f"{hits} ({r.predicted.hit_ratio:.0%})", f"{r.error_percent:.1f}%",
                 "[green]met[/green]" if r.meets_sla else "[red]missed[/red]")
         console.print(proof)
+        plan = result.proof[-1]
+        console.print(f"replayed at {plan.throughput_rps:,.1f} req/s; cost per 1M requests: "
+                      f"plan {_money(plan.cost_per_million)}, starting "
+                      f"{_money(result.proof[-2].cost_per_million)}")
     console.print(result.verdict)
     if result.output and result.chosen:
         console.print(f"deployment: {result.output}/repository; start it with "
