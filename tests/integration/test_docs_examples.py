@@ -349,6 +349,8 @@ PAGES_RUN_ELSEWHERE = {
     "generative.md": "a server in the foreground; tests/integration/test_generative*.py",
     "scale-out.md": "other hosts (HEAD:6379); tests/integration/test_ray*.py on loopback",
     "pytorch.md": "540 MB of example models; test_pytorch_serving.py serves them small",
+    "plan.md": "a plan serves and replays for minutes; tests/integration/test_plan.py runs "
+               "plans end to end on short replays",
 }
 
 

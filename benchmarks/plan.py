@@ -1,0 +1,113 @@
+"""`tradeoff plan` on the example models: predicted against replayed, plan against start.
+
+For each model, two plans: a traffic that repeats inputs (Zipf 1.0 over 1,000 distinct
+ones) under a tight SLA, and one that does not under a looser SLA. Each plan runs the real
+command (its own pinning: the servers on the first core, the load on the rest), which
+serves the chosen deployment and the starting one side by side and replays the traffic.
+The table: what was chosen, p99 predicted and replayed for both, whether each met the SLA,
+the cost per 1M requests at 0.05 per core-hour, and the cache and batch predicted against
+measured.
+
+    .venv/bin/python benchmarks/plan.py --models mlp,minilm,resnet50 --replay 10s
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tradeoff.models import build_repository
+
+# model: (rate req/s, tight SLA ms, loose SLA ms), sized for one core of this machine
+SCENARIOS = {"mlp": (1000.0, 3.0, 20.0), "minilm": (40.0, 60.0, 200.0),
+             "resnet50": (4.0, 600.0, 2000.0)}
+
+
+def plan(repo: Path, model: str, rate: float, sla: float, repeats: bool, replay: str,
+         out: Path) -> dict:
+    args = [sys.executable, "-m", "tradeoff", "plan", str(repo / model), "--sla-p99-ms",
+            f"{sla:g}", "--rate", f"{rate:g}", "--precision", "int8", "--max-drop", "0.02",
+            "--price-per-core-hour", "0.05", "--replay", replay, "--seconds", "2s",
+            "--budget", "15m", "-o", str(out / "deploy"), "--json", str(out / "plan.json")]
+    if repeats:
+        args += ["--distinct-inputs", "1000", "--zipf", "1.0"]
+    started = time.monotonic()
+    run = subprocess.run(args, capture_output=True, text=True, timeout=1800, check=False)
+    if run.returncode != 0:
+        raise RuntimeError(f"plan failed:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}")
+    document = json.loads((out / "plan.json").read_text())
+    document["wall_s"] = time.monotonic() - started
+    return document
+
+
+def row(model: str, scenario: str, doc: dict) -> dict:
+    proof = doc["proof"]
+    baseline, chosen = (proof[-2], proof[-1]) if proof else (None, None)
+    return {"model": model, "scenario": scenario, "sla_p99_ms": doc["goal"]["sla_p99_ms"],
+            "rate_rps": doc["traffic"]["rate_rps"], "chosen": doc["chosen"],
+            "plan_p99_predicted": chosen and chosen["predicted"]["p99_ms"],
+            "plan_p99_replayed": chosen and chosen["p99_ms"],
+            "plan_met": chosen and chosen["meets_sla"],
+            "start_p99_predicted": baseline and baseline["predicted"]["p99_ms"],
+            "start_p99_replayed": baseline and baseline["p99_ms"],
+            "start_met": baseline and baseline["meets_sla"],
+            "plan_cost": chosen and chosen["cost_per_million"],
+            "start_cost": baseline and baseline["cost_per_million"],
+            "hit_predicted": chosen and chosen["predicted"]["hit_ratio"],
+            "hit_replayed": chosen and chosen["hit_ratio"],
+            "batch_predicted": chosen and chosen["predicted"]["mean_batch"],
+            "batch_replayed": chosen and chosen["mean_batch"],
+            "stop_reason": doc["stop_reason"], "wall_s": doc["wall_s"]}
+
+
+def _f(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default=",".join(SCENARIOS))
+    parser.add_argument("--replay", default="10s")
+    parser.add_argument("--json", type=Path, default=Path("benchmarks/results/plan.json"))
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        repo = Path(tmp) / "models"
+        models = args.models.split(",")
+        build_repository(repo, tuple(models))
+        for model in models:
+            rate, tight, loose = SCENARIOS[model]
+            for scenario, sla, repeats in (("Zipf 1.0 over 1,000 inputs", tight, True),
+                                           ("no repetition", loose, False)):
+                out = Path(tmp) / f"{model}-{len(rows)}"
+                print(f"{model}: {scenario}, p99 <= {sla:g} ms at {rate:g}/s", flush=True)
+                rows.append(row(model, scenario, plan(repo, model, rate, sla, repeats,
+                                                      args.replay, out)))
+                print(f"  {rows[-1]}", flush=True)
+    print()
+    print("| model | traffic | SLA p99 ms | chosen | p99 plan: predicted / replayed | "
+          "p99 start: predicted / replayed | SLA met plan / start | $/1M plan / start | "
+          "cache hits predicted / replayed | batch predicted / replayed |")
+    print("|---|---|---:|---|---:|---:|---|---:|---:|---:|")
+    for r in rows:
+        met = f"{'yes' if r['plan_met'] else 'no'} / {'yes' if r['start_met'] else 'no'}"
+        print(f"| {r['model']} | {r['scenario']} at {r['rate_rps']:g}/s | "
+              f"{r['sla_p99_ms']:g} | {r['chosen']} | {_f(r['plan_p99_predicted'])} / "
+              f"{_f(r['plan_p99_replayed'])} | {_f(r['start_p99_predicted'])} / "
+              f"{_f(r['start_p99_replayed'])} | {met} | {_f(r['plan_cost'], 4)} / "
+              f"{_f(r['start_cost'], 4)} | {_f(r['hit_predicted'])} / "
+              f"{_f(r['hit_replayed'])} | {_f(r['batch_predicted'], 1)} / "
+              f"{_f(r['batch_replayed'], 1)} |")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"schema": "tradeoff.bench.plan/1",
+                                     "command": " ".join(sys.argv), "rows": rows}, indent=2))
+    print(f"results in {args.json}")
+
+
+if __name__ == "__main__":
+    main()
