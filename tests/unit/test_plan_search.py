@@ -121,6 +121,9 @@ def test_repetition_turns_the_cache_on_and_its_absence_leaves_it_off() -> None:
     repeated = cache_choice(Traffic.law(100, distinct_inputs=10_000, zipf=1.5), CONFIG)
     assert repeated.capacity and repeated.hit_ratio > 0.5 and repeated.size_bytes >= 1 << 20
     assert repeated.capacity < 10_000  # the smallest that gets 95% of the best
+    # a cache that starts empty and sees 500 requests misses each input's first sight
+    cold = cache_choice(Traffic.law(100, distinct_inputs=10_000, zipf=1.5), CONFIG, 500)
+    assert 0 < cold.hit_ratio < repeated.hit_ratio
     unique = cache_choice(Traffic.law(100), CONFIG)
     assert unique.capacity == 0 and "differs" in unique.why
 

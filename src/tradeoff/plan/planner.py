@@ -119,82 +119,102 @@ def make_plan(request: PlanRequest, say: Progress = lambda _: None) -> PlanResul
                         "engine flags, docs/plan.md)")
     output = request.output or default_output(model_dir)
     _check_output(output, model_dir)
+    created = not output.exists()
     work = output / ".work"
-    with local_resource(f"cannot write into {output}"):
-        output.mkdir(parents=True, exist_ok=True)
-        shutil.copytree(model_dir, work / "candidates" / name)
-        shutil.copytree(model_dir, work / "baseline" / name)
-    source = repository.read(name)
-    config = source.config
-    goal = request.goal
+    try:
+        with local_resource(f"cannot write into {output}"):
+            output.mkdir(parents=True, exist_ok=True)
+            shutil.copytree(model_dir, work / "candidates" / name)
+            shutil.copytree(model_dir, work / "baseline" / name)
+        return _plan(request, repository.read(name).config, output, started, say)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        if created and output.is_dir() and not any(output.iterdir()):
+            output.rmdir()  # nothing was written: leave no empty folder behind
 
+
+def _plan(request: PlanRequest, config: ModelConfig, output: Path, started: float,
+          say: Progress) -> PlanResult:
+    goal, name, work = request.goal, config.name, output / ".work"
     say("measuring every version (tradeoff optimize)")
     optimized = optimize_model(work / "candidates" / name, OptimizePlan(
         variants=request.variants, max_drop=goal.max_drop,
         seconds_per_version=request.seconds_per_version), say)
     versions = _weigh(optimized, goal.max_drop)
     original = next(v for v in versions if v.version == optimized.source_version)
-
     with ServerProcess(work / "baseline", cpus=request.server_cpus) as baseline_server:
         say("calibrating on the starting deployment")
         start_knobs = Knobs.of(config.to_dict())
         calibration = _calibrate(baseline_server, name, original, start_knobs,
                                  request.traffic)
-        cache = cache_choice(request.traffic, config)
+        # predicted for the replay: a cache that starts empty, over the requests it sends
+        cache = cache_choice(request.traffic, config,
+                             goal.replay_requests(request.traffic.rate_rps))
         searcher = Searcher(config, request.traffic, goal, calibration,
                             (original.version, start_knobs))
         baseline = searcher.predict(original, start_knobs, CacheChoice(0, 0, 0.0, "off"))
         ranked = searcher.search(versions, cache, say)
         if not ranked:
             raise TuneError("no version was kept: every one lost more than --max-drop")
-        front = pareto(ranked)
-        proof: list[Replayed] = []
-        chosen: PlanCandidate | None = None
-        stop = "met the SLA on replay"
-        for attempt, candidate in enumerate(ranked[:ATTEMPTS]):
-            if not candidate.meets_sla and attempt:
-                stop += "; no further candidate is predicted to meet the SLA"
-                break
-            left = goal.budget_s - (time.monotonic() - started)
-            if left < _replay_seconds(goal):
-                stop = (f"the budget ({goal.budget_s:.0f} s) ran out before replaying "
-                        f"{candidate.name}")
-                break
-            say(f"writing and replaying {candidate.name}")
-            target = work / f"attempt-{attempt + 1}"
-            write_deployment(target, work / "candidates" / name, candidate, config)
-            replayed = _replay(baseline_server, target, name, candidate, baseline,
-                               request)
-            proof += replayed
-            chosen = candidate
-            if not candidate.meets_sla:  # the best is predicted to miss: none can meet it
-                stop = (f"no deployment is predicted to meet p99 <= {goal.sla_p99_ms:g} ms: "
-                        f"the best, {candidate.name}, is predicted at "
-                        f"{candidate.predicted.p99_ms:.2f} ms and measured at "
-                        f"{_shown_p99(replayed[-1])} on replay")
-                break
-            if replayed[-1].meets_sla:
-                stop = "met the SLA on replay" + (f" (attempt {attempt + 1})" if attempt
-                                                  else "")
-                break
-            stop = f"{candidate.name} missed the SLA on replay"
-        if chosen is not None:
-            deployment = output / "repository"
-            with local_resource(f"cannot write the plan into {output}"):
-                shutil.move(str(work / f"attempt-{len(proof) // 2}"), deployment)
-                (output / "serve.sh").write_text(serve_script(deployment, chosen))
-    shutil.rmtree(work, ignore_errors=True)
+        attempts, stop = _prove(ranked, baseline, baseline_server, request, config,
+                                started, say)
+    proof = [r for _, replayed, _ in attempts for r in replayed]
+    chosen: PlanCandidate | None = None
+    shown: list[Replayed] = []
+    if attempts:
+        # the first that met the SLA on replay, else the one replayed fastest at p99
+        chosen, shown, target = min(attempts, key=lambda a: (not a[1][-1].meets_sla,
+                                                             a[1][-1].p99_ms or math.inf))
+        deployment = output / "repository"
+        with local_resource(f"cannot write the plan into {output}"):
+            shutil.move(str(target), deployment)
+            (output / "serve.sh").write_text(serve_script(deployment, chosen))
+    front = pareto(ranked)
     kept = ranked[:KEPT_CANDIDATES] + [c for c in ranked[KEPT_CANDIDATES:]
                                        if c.name in front or c == chosen]
     return PlanResult(
-        model=name, repository=str(model_dir.parent), output=str(output), goal=goal.to_dict(),
-        traffic=request.traffic.describe(), environment=environment(),
+        model=name, repository=str(Path(request.model_dir).parent), output=str(output),
+        goal=goal.to_dict(), traffic=request.traffic.describe(), environment=environment(),
         calibration=calibration.to_dict(), versions=versions, baseline=baseline,
         candidates=[replace(c, pareto=c.name in front) for c in kept],
         chosen=chosen.name if chosen else None,
         levers=levers(versions, original, baseline, chosen, cache, request.traffic),
-        proof=proof, verdict=verdict(proof, goal), stop_reason=stop,
+        proof=proof, verdict=verdict(shown, goal), stop_reason=stop,
         elapsed_s=time.monotonic() - started)
+
+
+Attempt = tuple[PlanCandidate, list[Replayed], Path]
+
+
+def _prove(ranked: list[PlanCandidate], baseline: PlanCandidate,
+           baseline_server: ServerProcess, request: PlanRequest, config: ModelConfig,
+           started: float, say: Progress) -> tuple[list[Attempt], str]:
+    """Write and replay the best ranked, then the next while each misses the SLA on
+    replay (at most ATTEMPTS, within the budget); the attempts and why it stopped."""
+    goal, work = request.goal, Path(baseline_server.repository).parent
+    attempts: list[Attempt] = []
+    stop = "met the SLA on replay"
+    for number, candidate in enumerate(ranked[:ATTEMPTS], 1):
+        if not candidate.meets_sla and attempts:
+            return attempts, stop + "; no further candidate is predicted to meet the SLA"
+        if goal.budget_s - (time.monotonic() - started) < _replay_seconds(goal):
+            return attempts, (f"the budget ({goal.budget_s:.0f} s) ran out before "
+                              f"replaying {candidate.name}")
+        say(f"writing and replaying {candidate.name}")
+        target = write_deployment(work / f"attempt-{number}", work / "candidates" / config.name,
+                                  candidate, config)
+        replayed = _replay(baseline_server, target, config.name, candidate, baseline, request)
+        attempts.append((candidate, replayed, target))
+        if not candidate.meets_sla:  # the best is predicted to miss: none can meet it
+            return attempts, (f"no deployment is predicted to meet p99 <= "
+                              f"{goal.sla_p99_ms:g} ms: the best, {candidate.name}, is "
+                              f"predicted at {candidate.predicted.p99_ms:.2f} ms and "
+                              f"measured at {_shown_p99(replayed[-1])} on replay")
+        if replayed[-1].meets_sla:
+            return attempts, "met the SLA on replay" + (f" (attempt {number})"
+                                                        if number > 1 else "")
+        stop = f"{candidate.name} missed the SLA on replay"
+    return attempts, stop + (f" ({ATTEMPTS} attempts)" if len(attempts) == ATTEMPTS else "")
 
 
 def _weigh(optimized: OptimizeResult, max_drop: float) -> list[PlanVersion]:
@@ -379,7 +399,8 @@ def _shown_p99(replayed: Replayed) -> str:
 
 
 def verdict(proof: list[Replayed], goal: PlanGoal) -> str:
-    """One line: did the written deployment meet the SLA on replay, against the start."""
+    """One line: did the written deployment meet the SLA on replay (``proof``: the start's
+    replay and its own), against the start."""
     if not proof:
         return "not replayed"
     baseline, plan = proof[-2], proof[-1]

@@ -48,6 +48,10 @@ class PlanGoal:
     replay_s: float = 20.0
     simulated_requests: int = 10_000
 
+    def replay_requests(self, rate_rps: float) -> int:
+        """Requests the replay sends each deployment: two rounds, each with its warmup."""
+        return max(1, int(rate_rps * 2 * (self.replay_s + 1)))
+
     def cost_per_million(self, cores: int, rate_rps: float) -> float | None:
         if self.price_per_core_hour is not None:
             return Price(per_hour=self.price_per_core_hour * cores).per_million(rate_rps)
@@ -97,23 +101,25 @@ def answer_bytes(config: ModelConfig) -> int:
     return total
 
 
-def cache_choice(traffic: Traffic, config: ModelConfig) -> CacheChoice:
+def cache_choice(traffic: Traffic, config: ModelConfig, requests: int | None = None
+                 ) -> CacheChoice:
     """The smallest LRU that gets 95% of the hit ratio a cache of every input would, by
-    Che's approximation over the traffic's input shares; none when the traffic does not
-    repeat or the best hit ratio is under 2%."""
+    Che's approximation over the traffic's input shares, for a cache that starts empty
+    and sees ``requests`` (None: the steady state); none when the traffic does not repeat
+    or the best hit ratio is under 2%."""
     if not traffic.repeats or traffic.distinct_inputs is None:
         return CacheChoice(0, 0, 0.0, "every request's input differs: nothing to reuse")
     distinct = traffic.distinct_inputs
-    best = traffic.hit_ratio(distinct)
+    best = traffic.hit_ratio(distinct, requests)
     if best < MIN_HIT_RATIO:
         return CacheChoice(0, 0, best, f"a cache of every input would answer {best:.1%} of "
                            "requests: less than the lookups cost")
     capacity = distinct
     for size in (2 ** k for k in range(4, max(5, distinct.bit_length()))):
-        if size < distinct and traffic.hit_ratio(size) >= 0.95 * best:
+        if size < distinct and traffic.hit_ratio(size, requests) >= 0.95 * best:
             capacity = size
             break
-    hit = traffic.hit_ratio(capacity)
+    hit = traffic.hit_ratio(capacity, requests)
     size_bytes = max(capacity * (answer_bytes(config) + ENTRY_OVERHEAD_BYTES) * 5 // 4,
                      1 << 20)
     return CacheChoice(capacity, size_bytes, hit,
