@@ -156,9 +156,12 @@ def test_server_memory_from_its_pid_and_from_prometheus(server: ServerProcess) -
 
 
 def test_soak_reads_memory_from_a_prometheus_url(tmp_path: Path, server: ServerProcess) -> None:
-    soak, _ = run_json(tmp_path, "soak", "soak", server.url, "--model", "mlp", "--max-rate",
-                       "50", "--duration", "3", "--window", "0.5", "--prometheus-url",
-                       server.metrics_url)
+    # the memory source is under test, not the verdict: exit 3 ("unstable", a result) is
+    # what six half-second windows on a busy machine may give
+    soak, output = run_json(tmp_path, "soak", "soak", server.url, "--model", "mlp",
+                            "--max-rate", "50", "--duration", "3", "--window", "0.5",
+                            "--prometheus-url", server.metrics_url, check=False)
+    assert soak, output
     assert "process_resident_memory_bytes" in soak["memory"]["source"]
     assert soak["memory"]["samples"]
 
