@@ -120,11 +120,13 @@ def test_a_trace_without_repetition_leaves_the_cache_off(tmp_path: Path) -> None
 
 def test_the_accuracy_budget_leaves_a_version_out(tmp_path: Path) -> None:
     build_repository(tmp_path / "models", ("mlp",))
+    cores = os.sched_getaffinity(0)
     run = CliRunner().invoke(main, [
         "plan", str(tmp_path / "models" / "mlp"), "--sla-p99-ms", "50", "--rate", "200",
         "--precision", "int8", "--max-drop", "0.000001", "--replay", "2s", "--seconds",
         "0.5s", "--budget", "3m", "--json", str(tmp_path / "plan.json")])
     assert run.exit_code == 0, run.output
+    assert os.sched_getaffinity(0) == cores  # the command pins itself only while it runs
     result = load_as(PlanResult, tmp_path / "plan.json")
     int8 = next(v for v in result.versions if v.precision == "int8")
     assert not int8.kept and "over the budget" in int8.why

@@ -106,15 +106,20 @@ def plan(model_dir: Path, sla_p99_ms: float, rate: float | None, arrival: str,
     server_cpus = None
     if len(available) > server_cores:
         server_cpus = ",".join(str(c) for c in available[:server_cores])
-        os.sched_setaffinity(0, set(available[server_cores:]))  # the load generator
     variants = tuple(Variant(*PRECISIONS[p]) for p in precisions if p != "none")
     goal = PlanGoal(sla_p99_ms=sla_p99_ms, max_drop=max_drop, cores=server_cores,
                     price=Price(per_hour=price_per_hour) if price_per_hour else None,
                     price_per_core_hour=price_per_core_hour, budget_s=budget,
                     replay_s=replay_s)
     console = Console()
-    with step_progress(console) as say:
-        result = make_plan(PlanRequest(model_dir, traffic, goal, variants, output, seconds,
-                                       server_cpus), say)
+    try:
+        if server_cpus is not None:  # this process generates the load: the other cores
+            os.sched_setaffinity(0, set(available[server_cores:]))
+        with step_progress(console) as say:
+            result = make_plan(PlanRequest(model_dir, traffic, goal, variants, output,
+                                           seconds, server_cpus), say)
+    finally:
+        if server_cpus is not None:
+            os.sched_setaffinity(0, set(available))
     print_plan(result, console)
     save_result(result, json_path, console, "plan")
