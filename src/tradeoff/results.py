@@ -786,6 +786,13 @@ class PlanCandidate(Record):
     changes: int  # levers moved from the starting deployment (version, knobs, cache)
     pareto: bool = False
 
+    @property
+    def cost(self) -> float:
+        """What the plan ranks it by: the cost per 1M requests, or the cores it takes
+        without a price."""
+        return self.cost_per_million if self.cost_per_million is not None \
+            else float(self.cores)
+
 
 @dataclass(frozen=True)
 class Replayed(Record):

@@ -11,8 +11,9 @@ The steps, each done by the lever's own code:
    and its throughput at each batch size (the batch cost the predictions run on). A
    version that loses more than ``max_drop`` is left out.
 2. **Calibration.** The starting deployment is served (``tradeoff serve``, pinned) and
-   measured one request at a time: the server's own CPU per request and the time on the
-   wire, which the batch cost alone does not hold.
+   measured: one request at a time for the server's own CPU per request, then the
+   traffic's rate for the latency the simulation leaves out (client, wire), neither of
+   which the batch cost holds.
 3. **Search.** Every kept version x serving knobs (``tune serve``'s) x response cache
    (sized from the traffic's repetition by Che's approximation) is predicted by
    simulating the batcher over the traffic's arrivals (:mod:`tradeoff.plan.search`).
@@ -45,6 +46,7 @@ from tradeoff.optimize.optimizer import OptimizePlan, optimize_model
 from tradeoff.optimize.variants import Variant
 from tradeoff.plan.predict import simulate
 from tradeoff.plan.search import (
+    NO_CACHE,
     CacheChoice,
     Calibration,
     PlanGoal,
@@ -66,6 +68,7 @@ from tradeoff.results import (
     environment,
 )
 from tradeoff.server.process import ServerProcess
+from tradeoff.stats.pareto import front
 from tradeoff.tune.serve_search import Knobs
 
 __all__ = ["WRITTEN_BY", "PlanRequest", "default_output", "levers", "make_plan", "pareto",
@@ -152,7 +155,7 @@ def _plan(request: PlanRequest, config: ModelConfig, output: Path, started: floa
                              goal.replay_requests(request.traffic.rate_rps))
         searcher = Searcher(config, request.traffic, goal, calibration,
                             (original.version, start_knobs))
-        baseline = searcher.predict(original, start_knobs, CacheChoice(0, 0, 0.0, "off"))
+        baseline = searcher.predict(original, start_knobs, NO_CACHE)
         ranked = searcher.search(versions, cache, say)
         if not ranked:
             raise TuneError("no version was kept: every one lost more than --max-drop")
@@ -270,14 +273,8 @@ def _calibrate(server: ServerProcess, model: str, original: PlanVersion, knobs: 
 def pareto(ranked: list[PlanCandidate]) -> set[str]:
     """The candidates no other beats on cost (cores without a price), p99 and accuracy
     at once."""
-    def key(c: PlanCandidate) -> tuple[float, float, float]:
-        cost = c.cost_per_million if c.cost_per_million is not None else float(c.cores)
-        return (cost, c.predicted.p99_ms, c.drop)
-
     finite = [c for c in ranked if math.isfinite(c.predicted.p99_ms)]
-    return {c.name for c in finite
-            if not any(all(a <= b for a, b in zip(key(o), key(c), strict=True))
-                       and key(o) != key(c) for o in finite)}
+    return {c.name for c in front(finite, lambda c: (c.cost, c.predicted.p99_ms, c.drop))}
 
 
 def write_deployment(target: Path, candidates: Path, candidate: PlanCandidate,

@@ -27,8 +27,8 @@ from tradeoff.results import PlanCandidate, PlanVersion, Prediction
 from tradeoff.stats.cost import Price
 from tradeoff.tune.serve_search import Knobs
 
-__all__ = ["DELAYS_US", "CacheChoice", "Calibration", "PlanGoal", "Searcher", "answer_bytes",
-           "cache_choice", "label", "rank_key", "version_cost"]
+__all__ = ["DELAYS_US", "NO_CACHE", "CacheChoice", "Calibration", "PlanGoal", "Searcher",
+           "answer_bytes", "cache_choice", "label", "rank_key", "version_cost"]
 
 DELAYS_US = (0, 100, 500, 1000, 2000, 5000, 10000)
 MIN_HIT_RATIO = 0.02  # a cache predicted to answer less costs more than it saves
@@ -91,6 +91,9 @@ class CacheChoice:
     why: str
 
 
+NO_CACHE = CacheChoice(0, 0, 0.0, "off")
+
+
 def answer_bytes(config: ModelConfig) -> int:
     """Bytes of one answer's outputs (variable dimensions and strings counted as 1 and 64
     bytes): what a cached answer holds."""
@@ -146,10 +149,8 @@ def rank_key(candidate: PlanCandidate, sla_p99_ms: float) -> tuple[float, ...]:
     """Meets the SLA, then cost (cores without a price), then p99 to 5% of the SLA (a
     closer difference is within what the prediction can tell), then the fewest changes
     from the starting deployment, then accuracy."""
-    cost = candidate.cost_per_million if candidate.cost_per_million is not None \
-        else float(candidate.cores)
     p99 = candidate.predicted.p99_ms
-    return (0.0 if candidate.meets_sla else 1.0, cost if candidate.meets_sla else 0.0,
+    return (0.0 if candidate.meets_sla else 1.0, candidate.cost if candidate.meets_sla else 0.0,
             math.floor(p99 / (0.05 * sla_p99_ms)) if math.isfinite(p99) else math.inf,
             float(candidate.changes), candidate.drop, p99)
 
@@ -182,13 +183,10 @@ class Searcher:
                                           False).normal())
         return list(seen)
 
-    def simulate(self, version: PlanVersion, knobs: Knobs, hit: float = 0.0,
-                 arrivals: np.ndarray | None = None) -> Simulated:
-        """The batcher over the traffic's arrivals (or ``arrivals``), without the
-        calibration's latency."""
-        arrivals = self.arrivals if arrivals is None else arrivals
-        hits = self.rng.random(arrivals.size) < hit if hit else None
-        return simulate(arrivals, version_cost(version), knobs.max_batch_size,
+    def simulate(self, version: PlanVersion, knobs: Knobs, hit: float = 0.0) -> Simulated:
+        """The batcher over the traffic's arrivals, without the calibration's latency."""
+        hits = self.rng.random(self.arrivals.size) < hit if hit else None
+        return simulate(self.arrivals, version_cost(version), knobs.max_batch_size,
                         knobs.max_queue_delay_us / 1e6, knobs.instances,
                         self.calibration.cpu_ms, hits)
 
@@ -228,7 +226,7 @@ class Searcher:
     def search(self, versions: list[PlanVersion], cache: CacheChoice,
                say: Callable[[str], None] = lambda _: None) -> list[PlanCandidate]:
         """Every kept version x knobs x (no cache, the chosen cache), ranked."""
-        caches = [CacheChoice(0, 0, 0.0, "off")] + ([cache] if cache.capacity else [])
+        caches = [NO_CACHE] + ([cache] if cache.capacity else [])
         out = []
         for version in versions:
             if not version.kept:

@@ -17,7 +17,6 @@ from tradeoff.errors import MissingDependency
 from tradeoff.results import (
     BatchSizeTune,
     CompareResult,
-    PlanCandidate,
     PlanResult,
     ServeTune,
     SoakResult,
@@ -228,29 +227,26 @@ def plan_front(result: PlanResult) -> Figure:
     starting deployment and each replay's measured p99 drawn beside their predictions."""
     figure, axes = _figure()
 
-    def cost(c: PlanCandidate) -> float:
-        return c.cost_per_million if c.cost_per_million is not None else float(c.cores)
-
     finite = [c for c in result.candidates if math.isfinite(c.predicted.p99_ms)]
     for color, drop in zip(cycle(COLORS), sorted({c.drop for c in finite})):
         chosen = [c for c in finite if c.drop == drop]
-        axes.plot([cost(c) for c in chosen], [c.predicted.p99_ms for c in chosen], "o",
+        axes.plot([c.cost for c in chosen], [c.predicted.p99_ms for c in chosen], "o",
                   color=color, alpha=0.6, label=f"predicted, {drop:.2%} accuracy lost")
-    front = sorted((c for c in finite if c.pareto), key=cost)
-    axes.plot([cost(c) for c in front], [c.predicted.p99_ms for c in front], "-",
+    front = sorted((c for c in finite if c.pareto), key=lambda c: c.cost)
+    axes.plot([c.cost for c in front], [c.predicted.p99_ms for c in front], "-",
               color=COLORS[2], label="Pareto front")
     best = result.candidate(result.chosen)
     if best is not None and math.isfinite(best.predicted.p99_ms):
-        axes.plot([cost(best)], [best.predicted.p99_ms], marker="*", markersize=16,
+        axes.plot([best.cost], [best.predicted.p99_ms], marker="*", markersize=16,
                   color=COLORS[2], linestyle="none", label="chosen (predicted)")
     if math.isfinite(result.baseline.predicted.p99_ms):
-        axes.plot([cost(result.baseline)], [result.baseline.predicted.p99_ms], marker="s",
+        axes.plot([result.baseline.cost], [result.baseline.predicted.p99_ms], marker="s",
                   color=COLORS[6], linestyle="none", label="starting deployment (predicted)")
     for replayed in result.proof:
         source = result.baseline if replayed.role == "baseline" else \
             result.candidate(replayed.name)
         if source is not None and replayed.p99_ms is not None:
-            axes.plot([cost(source)], [replayed.p99_ms], marker="x", markersize=10,
+            axes.plot([source.cost], [replayed.p99_ms], marker="x", markersize=10,
                       color=COLORS[1] if replayed.role == "baseline" else COLORS[3],
                       linestyle="none", label=f"{replayed.role}, replayed")
     axes.axhline(result.goal["sla_p99_ms"], color=COLORS[1], linestyle=":",

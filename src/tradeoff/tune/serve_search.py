@@ -60,6 +60,7 @@ from tradeoff.repository.edit import PBTXT, YAML_FILES, config_text
 from tradeoff.results import ServeTune, SweepRow, Trial, environment
 from tradeoff.server.models import TUNE_MARKER, TUNE_ORIGINAL
 from tradeoff.stats.cost import Price
+from tradeoff.stats.pareto import front
 from tradeoff.stats.progress import progress_text
 
 __all__ = [
@@ -510,13 +511,9 @@ def probe_concurrency(knobs: Knobs) -> int:
 def pareto_front(trials: list[Trial]) -> set[str]:
     """Names of the trials no other beats on throughput, p99 and cost at once (more
     throughput, less p99, less cost; an unpriced cost counts as equal)."""
-    def dominates(a: Trial, b: Trial) -> bool:
-        pairs = [(a.throughput_rps or 0, b.throughput_rps or 0),
-                 (-(a.p99_ms or math.inf), -(b.p99_ms or math.inf)),
-                 (-(a.cost_per_million or 0), -(b.cost_per_million or 0))]
-        return all(x >= y for x, y in pairs) and any(x > y for x, y in pairs)
-
-    return {t.name for t in trials if not any(dominates(o, t) for o in trials if o is not t)}
+    return {t.name for t in front(trials, lambda t: (-(t.throughput_rps or 0),
+                                                     t.p99_ms or math.inf,
+                                                     t.cost_per_million or 0))}
 
 
 WRITTEN_BY = "# written by tradeoff tune serve"
