@@ -81,3 +81,15 @@ def test_a_certificate_that_does_not_load_is_one_line(tmp_path: Path) -> None:
     line = _one_line_error(["serve", "--model-repository", str(tmp_path), "--tls-cert",
                             str(cert), "--tls-key", str(key)])
     assert line.startswith(f"Error: --tls-cert {cert} / --tls-key {key}: ")
+
+
+@pytest.mark.parametrize("args", [
+    ["plan", "MODEL", "--sla-p99-ms", "nan", "--rate", "10"],
+    ["plan", "MODEL", "--sla-p99-ms", "5", "--rate", "10", "--max-drop", "inf"],
+    ["sweep", "http://127.0.0.1:9", "--model", "m", "--sla-p99-ms", "nan"],
+    ["tune", "serve", "http://127.0.0.1:9", "--model", "m", "--sla-p99-ms", "5",
+     "--rate", "inf"]])
+def test_a_float_flag_refuses_nan_and_inf(args: list[str], tmp_path: Path) -> None:
+    args = [str(tmp_path) if a == "MODEL" else a for a in args]
+    run = CliRunner().invoke(main, args)
+    assert run.exit_code == 2 and "is not a finite number" in run.output, run.output

@@ -9,6 +9,7 @@ import click
 
 from tradeoff.bench.load import LOAD_DEFAULTS
 from tradeoff.cli.options import (
+    Number,
     alpha_option,
     endpoint_options,
     json_option,
@@ -53,7 +54,7 @@ def _facts(values: tuple[str, ...]) -> dict[str, dict[str, str]]:
 @click.option("--price-per-1k-requests", "per_1k", multiple=True,
               help="NAME=USD per 1,000 requests for priced APIs.")
 @alpha_option
-@click.option("--sla-p99-ms", type=click.FloatRange(min=0, min_open=True),
+@click.option("--sla-p99-ms", type=Number(min=0, min_open=True),
               help="Only endpoints meeting this p99 (and --max-error-percent) rank.")
 @max_error_percent_option
 @json_option("tradeoff.compare/1")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from tradeoff.cli.options import Duration, setup_logging
+from tradeoff.cli.options import Duration, Number, setup_logging
 
 __all__ = ["demo"]
 
@@ -17,10 +17,10 @@ __all__ = ["demo"]
 @click.option("--max-concurrency", default=256, show_default=True, type=click.IntRange(2),
               help="Highest concurrency a sweep may reach.")
 @click.option("--price-per-hour", default=0.10, show_default=True,
-              type=click.FloatRange(min=0, min_open=True),
+              type=Number(min=0, min_open=True),
               help="What this machine costs per hour, for the cost line.")
 @click.option("--sla-p99-ms", default=20.0, show_default=True,
-              type=click.FloatRange(min=0, min_open=True),
+              type=Number(min=0, min_open=True),
               help="The latency SLA the cost line holds each configuration to.")
 @click.option("--output", default=Path("runs/demo"), show_default=True,
               type=click.Path(file_okay=False, path_type=Path),

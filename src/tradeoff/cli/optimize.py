@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from tradeoff.cli.options import Duration, json_option, save_result, step_progress
+from tradeoff.cli.options import Duration, Number, json_option, save_result, step_progress
 
 __all__ = ["optimize"]
 
@@ -33,7 +33,7 @@ __all__ = ["optimize"]
 @click.option("--validation", type=click.Path(dir_okay=False, path_type=Path),
               help="Validation samples every version is graded on (.npz, .npy or .txt); "
                    "default: the model's samples/validation.*, else seeded random inputs.")
-@click.option("--max-drop", type=click.FloatRange(min=0), default=0.01, show_default=True,
+@click.option("--max-drop", type=Number(min=0), default=0.01, show_default=True,
               help="Mark a version that loses more: 1 - cosine (embeddings), 1 - top-1 "
                    "agreement (classifiers), relative max error (other outputs).")
 @click.option("--from-version", type=click.IntRange(min=1),

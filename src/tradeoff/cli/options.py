@@ -15,6 +15,7 @@ same name, type, help and default everywhere; and the two builders that turn the
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -42,6 +43,7 @@ __all__ = [
     "ByteSize",
     "Decorator",
     "Duration",
+    "Number",
     "apply",
     "hidden",
     "json_option",
@@ -85,6 +87,18 @@ class Duration(click.ParamType):
 
 DURATION = Duration()
 DURATION_OR_ZERO = Duration(allow_zero=True)
+
+
+class Number(click.FloatRange):
+    """A float flag within a range, and finite: click's FloatRange lets ``nan`` through
+    every bound (each comparison with it is false) and ``inf`` past an open upper one."""
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
 
 
 class ByteSize(click.ParamType):
@@ -185,7 +199,7 @@ endpoint_options = apply(
     click.option("--ignore-eos", is_flag=True,
                  help="openai: ask the server not to stop at EOS, so every answer is as "
                       "long as asked (vLLM and tradeoff serve honour it)."),
-    click.option("--temperature", type=click.FloatRange(0), default=0.0, show_default=True,
+    click.option("--temperature", type=Number(0), default=0.0, show_default=True,
                  help="openai: sampling temperature."),
     click.option("--api-key-env", default="OPENAI_API_KEY", show_default=True,
                  help="openai: the environment variable holding the API key (sent as a "
@@ -198,7 +212,7 @@ endpoint_options = apply(
                       "and draw each request's from a Zipf law (--zipf), reproducible with "
                       "--seed: traffic a response cache can be measured with "
                       "[default: 8 inputs (v2), round-robin]."),
-    click.option("--zipf", type=click.FloatRange(0), metavar="S",
+    click.option("--zipf", type=Number(0), metavar="S",
                  help="Zipf exponent of the draw: the k-th most popular input is sent with "
                       "probability ∝ 1/k**S (0: uniform) [default with --distinct-inputs: "
                       "1.0; without it: round-robin over the inputs]."),
@@ -282,7 +296,7 @@ LOAD_OPTIONS: dict[str, Decorator] = {
         help=f"Closed loop: requests in flight [default: {_D.concurrency} when neither "
              "--rate nor --intervals is given]."),
     "rate": click.option(
-        "--rate", type=click.FloatRange(min=0, min_open=True),
+        "--rate", type=Number(min=0, min_open=True),
         help="Open loop: requests per second, latency from the scheduled send time."),
     "arrival": click.option(
         "--arrival", type=click.Choice(["constant", "poisson"]), default=_D.arrival,
@@ -311,7 +325,7 @@ LOAD_OPTIONS: dict[str, Decorator] = {
         help=f"Length of each measurement window [default: 5s while waiting for stability, "
              f"one window over a fixed --duration; soak {seconds_text(_D.soak_window_s)}]."),
     "stability": apply(
-        click.option("--stability-percent", type=click.FloatRange(0, 100, min_open=True,
+        click.option("--stability-percent", type=Number(0, 100, min_open=True,
                                                                   max_open=True),
                      default=_D.stability_percent, show_default=True,
                      help="The last 3 windows must agree within this on throughput and "
@@ -363,11 +377,11 @@ def take_load(options: dict[str, Any], *, default_duration_s: float | None = Non
 # --------------------------------------------------------------- scoring and limits
 
 alpha_option = click.option(
-    "--alpha", type=click.FloatRange(0, 1), default=0.5, show_default=True,
+    "--alpha", type=Number(0, 1), default=0.5, show_default=True,
     help="Score weight of throughput per dollar; 1-alpha goes to 1/p99.")
 
 max_error_percent_option = click.option(
-    "--max-error-percent", type=click.FloatRange(0, 100), default=1.0, show_default=True,
+    "--max-error-percent", type=Number(0, 100), default=1.0, show_default=True,
     help="Highest error rate that counts as working: a sweep stops above it, and an SLA "
          "or a ranking leaves out what passes it.")
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from tradeoff.cli.options import DURATION, Duration, json_option, save_result, step_progress
+from tradeoff.cli.options import DURATION, Duration, Number, json_option, save_result, step_progress
 
 __all__ = ["plan"]
 
@@ -18,16 +18,16 @@ PRECISIONS = {"int8": ("int8-dynamic", True), "int8-static": ("int8-static", Tru
 @click.command()
 @click.argument("model_dir", metavar="REPOSITORY/MODEL",
                 type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--sla-p99-ms", type=click.FloatRange(0, min_open=True), required=True,
+@click.option("--sla-p99-ms", type=Number(0, min_open=True), required=True,
               help="The p99 latency every request must meet, in ms.")
-@click.option("--rate", type=click.FloatRange(0, min_open=True),
+@click.option("--rate", type=Number(0, min_open=True),
               help="The traffic: requests per second (with --arrival), or give --trace.")
 @click.option("--arrival", type=click.Choice(["poisson", "constant"]), default="poisson",
               show_default=True, help="How --rate's requests arrive.")
 @click.option("--distinct-inputs", type=click.IntRange(1),
               help="With --rate: the traffic repeats inputs drawn from this many (by "
                    "--zipf); without it every input differs.")
-@click.option("--zipf", type=click.FloatRange(0), metavar="S",
+@click.option("--zipf", type=Number(0), metavar="S",
               help="With --distinct-inputs: the Zipf exponent of the draws (default 1.0).")
 @click.option("--trace", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="The traffic recorded: a `tradeoff bench --records` CSV or JSON lines "
@@ -37,12 +37,12 @@ PRECISIONS = {"int8": ("int8-dynamic", True), "int8-static": ("int8-static", Tru
               show_default=True, type=click.Choice([*PRECISIONS, "none"]),
               help="Versions to make and weigh (repeat it): int8 (dynamic, per channel), "
                    "int8-static, fp16 (GPU), graph-opt; none: the original only.")
-@click.option("--max-drop", type=click.FloatRange(0), default=0.01, show_default=True,
+@click.option("--max-drop", type=Number(0), default=0.01, show_default=True,
               help="The accuracy a version may lose: 1 - cosine (embeddings), 1 - top-1 "
                    "agreement (classifiers), relative max error (other outputs).")
-@click.option("--price-per-hour", type=click.FloatRange(0, min_open=True),
+@click.option("--price-per-hour", type=Number(0, min_open=True),
               help="What the deployment costs per hour: cost per 1M requests.")
-@click.option("--price-per-core-hour", type=click.FloatRange(0, min_open=True),
+@click.option("--price-per-core-hour", type=Number(0, min_open=True),
               help="Or per core it occupies (instances x threads); fewer cores cost less.")
 @click.option("--cores", type=click.IntRange(1),
               help="Cores the server may use (default: all but one, which the load "

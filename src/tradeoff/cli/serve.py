@@ -12,6 +12,7 @@ from tradeoff.cli.options import (
     DURATION,
     DURATION_OR_ZERO,
     ByteSize,
+    Number,
     seconds_text,
     setup_logging,
     size_text,
@@ -167,7 +168,7 @@ def _default(options: type, name: str, text: Callable[[Any], str] | None = None
 @click.option("--autoscale", metavar="MIN:MAX",
               help="With --ray: let Ray Serve scale between MIN and MAX replicas.")
 @click.option("--target-ongoing-requests", **_default(RayOptions, "target_ongoing_requests"),
-              type=click.FloatRange(0, min_open=True),
+              type=Number(0, min_open=True),
               help="With --autoscale: requests in flight per replica Ray Serve scales to "
                    "hold (queued in the batcher or running).")
 @click.option("--upscale-delay", **_default(RayOptions, "upscale_delay_s", seconds_text),
@@ -181,7 +182,7 @@ def _default(options: type, name: str, text: Callable[[Any], str] | None = None
               type=click.IntRange(1),
               help="With --ray: requests one replica is sent at once; more wait in the proxy.")
 @click.option("--replica-cpus", **_default(RayOptions, "replica_cpus"),
-              type=click.FloatRange(0, min_open=True),
+              type=Number(0, min_open=True),
               help="With --ray: Ray CPUs each replica reserves.")
 @click.option("--proxy-every-node", is_flag=True,
               help="With --ray: a proxy on every node (behind your load balancer), not only "

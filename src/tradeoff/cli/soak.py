@@ -11,6 +11,7 @@ import click
 from tradeoff.bench.load import LOAD_DEFAULTS
 from tradeoff.cli.options import (
     DURATION,
+    Number,
     endpoint_options,
     json_option,
     load_options,
@@ -25,9 +26,9 @@ __all__ = ["soak"]
 @click.command()
 @click.argument("url")
 @endpoint_options
-@click.option("--fraction", type=click.FloatRange(min=0, max=2, min_open=True), default=0.75,
+@click.option("--fraction", type=Number(min=0, max=2, min_open=True), default=0.75,
               show_default=True, help="Load as a fraction of the maximum rate.")
-@click.option("--max-rate", type=click.FloatRange(min=0, min_open=True),
+@click.option("--max-rate", type=Number(min=0, min_open=True),
               help="The endpoint's maximum req/s (default: measured first by a short sweep).")
 @load_options("arrival", "duration", "window", "max_connections", "workers", "ray")
 @click.option("--probe-duration", type=DURATION, default="5s", show_default=True,

@@ -10,6 +10,7 @@ from click.core import ParameterSource
 
 from tradeoff.bench.load import LOAD_DEFAULTS
 from tradeoff.cli.options import (
+    Number,
     alpha_option,
     endpoint_options,
     json_option,
@@ -38,19 +39,19 @@ __all__ = ["sweep"]
 @click.option("--profile-concurrency", type=click.IntRange(1), default=64,
               show_default=True, help="Concurrency of a profile's saturating run.")
 @load_options("arrival", "duration", "warmup", "max_connections", "workers", "ray")
-@click.option("--max-p99-ms", type=click.FloatRange(min=0, min_open=True),
+@click.option("--max-p99-ms", type=Number(min=0, min_open=True),
               help="Stop once p99 passes this.")
 @max_error_percent_option
-@click.option("--sla-p99-ms", type=click.FloatRange(min=0, min_open=True),
+@click.option("--sla-p99-ms", type=Number(min=0, min_open=True),
               help="Find the highest load whose p99 <= this (steps up, then bisects).")
 @click.option("--patience", type=click.IntRange(1), default=2, show_default=True,
               help="Points to measure past the knee before stopping.")
 @click.option("--bisect-steps", type=click.IntRange(0), default=4, show_default=True,
               help="Bisection steps of an SLA search.")
-@click.option("--price-per-hour", type=click.FloatRange(min=0, min_open=True),
+@click.option("--price-per-hour", type=Number(min=0, min_open=True),
               help="USD per hour of the deployment: cost per million requests at each point "
                    "and a cost-performance ranking of the points.")
-@click.option("--price-per-1k-requests", "per_1k", type=click.FloatRange(min=0),
+@click.option("--price-per-1k-requests", "per_1k", type=Number(min=0),
               help="USD per 1,000 requests, for priced APIs.")
 @alpha_option
 @json_option("tradeoff.sweep/1")

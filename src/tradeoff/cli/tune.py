@@ -13,6 +13,7 @@ from tradeoff.bench.load import LOAD_DEFAULTS
 from tradeoff.cli.options import (
     NOT_V2_OPTIONS,
     Duration,
+    Number,
     endpoint_options,
     hidden,
     json_option,
@@ -47,13 +48,13 @@ def tune() -> None:
               help="Where the model runs (cuda: ONNX Runtime's CUDA provider).")
 @click.option("--max-memory", help="Memory the model may hold (weights and batch), e.g. 4GB "
                                    "or 512MiB: stops the doubling and sizes the formula.")
-@click.option("--max-latency-ms", type=click.FloatRange(min=0, min_open=True),
+@click.option("--max-latency-ms", type=Number(min=0, min_open=True),
               help="Stop once one batch takes longer than this at p99.")
 @click.option("--max-batch", type=click.IntRange(min=1), default=1024, show_default=True,
               help="The largest batch size to try.")
 @click.option("--seconds", type=Duration(minimum_s=0.05), default="1s", show_default=True,
               help="Time each batch size runs (1s, 500ms).")
-@click.option("--back-off", type=click.FloatRange(0, 1, max_open=True), default=0.2,
+@click.option("--back-off", type=Number(0, 1, max_open=True), default=0.2,
               show_default=True, help="Fraction to back off from the knee.")
 @click.option("--threads", type=click.IntRange(min=1),
               help="Intra-op threads (default: the config's intra_op_thread_count, else 1).")
@@ -153,18 +154,18 @@ def _values(text: str, option: str, least: int) -> tuple[int, ...]:
 @hidden(*NOT_V2_OPTIONS)
 @endpoint_options
 @load_options("arrival", "duration", "warmup", "max_connections")
-@click.option("--sla-p99-ms", type=click.FloatRange(min=0, min_open=True),
+@click.option("--sla-p99-ms", type=Number(min=0, min_open=True),
               help="The SLA: p99 latency at most this (required unless --restore).")
-@click.option("--rate", type=click.FloatRange(min=0, min_open=True),
+@click.option("--rate", type=Number(min=0, min_open=True),
               help="Requests per second the deployment must serve within the SLA; the "
                    "winner is the cheapest (then lowest p99) that does.")
 @click.option("--max-throughput", is_flag=True,
               help="Find the configuration with the highest throughput within the SLA "
                    "(each candidate gets an SLA rate search).")
 @max_error_percent_option
-@click.option("--price-per-hour", type=click.FloatRange(min=0, min_open=True),
+@click.option("--price-per-hour", type=Number(min=0, min_open=True),
               help="USD per hour of the deployment: cost per million requests.")
-@click.option("--price-per-core-hour", type=click.FloatRange(min=0, min_open=True),
+@click.option("--price-per-core-hour", type=Number(min=0, min_open=True),
               help="USD per core-hour: a configuration pays for instances x threads cores.")
 @click.option("--budget", type=Duration(minimum_s=1), default="10m", show_default=True,
               help="Time the search may take (90s, 10m, 1h).")
