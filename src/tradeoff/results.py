@@ -51,6 +51,7 @@ __all__ = [
     "BatchPoint",
     "BatchSizeTune",
     "BenchResult",
+    "ClassReplayed",
     "ClassSummary",
     "ClientReport",
     "CompareEntry",
@@ -69,6 +70,7 @@ __all__ = [
     "OutputTokens",
     "PlanCandidate",
     "PlanLever",
+    "PlanPool",
     "PlanResult",
     "PlanVersion",
     "Prediction",
@@ -785,6 +787,10 @@ class PlanCandidate(Record):
     meets_sla: bool
     changes: int  # levers moved from the starting deployment (version, knobs, cache)
     pareto: bool = False
+    # a pool per request class behind a router: then the fields above are the pool of the
+    # strictest class, but cores, cost and meets_sla are the whole deployment's
+    pools: list[PlanPool] = field(default_factory=list,
+                                  metadata=written(when=lambda c: bool(c.pools)))
 
     @property
     def cost(self) -> float:
@@ -792,6 +798,30 @@ class PlanCandidate(Record):
         without a price."""
         return self.cost_per_million if self.cost_per_million is not None \
             else float(self.cores)
+
+
+@dataclass(frozen=True)
+class PlanPool(Record):
+    """One request class's own pool in a deployment with a pool per class: its share of
+    the traffic, its SLA, and the deployment predicted for its part of the traffic."""
+
+    request_class: str
+    share: float
+    sla_p99_ms: float
+    candidate: PlanCandidate
+
+
+@dataclass(frozen=True)
+class ClassReplayed(Record):
+    """One request class of a replay: its p99 measured, against its SLA and the
+    prediction."""
+
+    request_class: str
+    sla_p99_ms: float
+    p99_ms: float | None
+    predicted: Prediction  # its pool's, or the one pool's that serves every class
+    error_percent: float
+    meets_sla: bool
 
 
 @dataclass(frozen=True)
@@ -808,8 +838,10 @@ class Replayed(Record):
     hit_ratio: float | None  # the server's cache counts
     mean_batch: float | None  # requests the model ran over its executions
     predicted: Prediction
-    meets_sla: bool
+    meets_sla: bool  # with classes: every class met its own
     cost_per_million: float | None
+    classes: list[ClassReplayed] = field(default_factory=list,
+                                         metadata=written(when=lambda r: bool(r.classes)))
 
 
 @dataclass(frozen=True)

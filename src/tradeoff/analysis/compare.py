@@ -27,6 +27,7 @@ import numpy as np
 from rich.console import Console
 
 from tradeoff.analysis.profile import build_profile, profile
+from tradeoff.bench.adapters import Adapter
 from tradeoff.bench.endpoint import EndpointSpec, make_adapter
 from tradeoff.bench.load import LoadSpec
 from tradeoff.bench.records import OK, Records
@@ -34,6 +35,7 @@ from tradeoff.bench.session import run_benchmark
 from tradeoff.errors import BenchSetupError, InvalidValue
 from tradeoff.results import (
     BenchResult,
+    ClassSummary,
     CompareEntry,
     CompareResult,
     Fairness,
@@ -63,13 +65,20 @@ METRICS = ("throughput", "p50", "p99")
 MIN_FILE_WINDOWS = 8  # fewer windows give too few distinct resamples for an interval
 
 
-def _measured(records: Records, start_ns: int, spec: LoadSpec, duration_s: float
-              ) -> dict[str, np.ndarray]:
-    """Raw samples of the measured successes: latencies, successes per one-second bin and,
-    for generations, TTFT, TPOT, inter-token gaps and output tokens per bin."""
+def _measured(adapter: Adapter, records: Records, start_ns: int, spec: LoadSpec,
+              duration_s: float) -> dict[str, np.ndarray]:
+    """Raw samples of the measured successes: latencies (also of each ``--mix`` class
+    apart), successes per one-second bin and, for generations, TTFT, TPOT, inter-token
+    gaps and output tokens per bin."""
     measure_start = start_ns + int(spec.warmup_s * 1e9)
     measured = records.select(records.scheduled_ns >= measure_start)
     ok = measured.outcome == OK
+    if adapter.mix.classes:  # mix.py lays the prepared requests out class by class
+        in_class = measured.request // adapter.mix.inputs_of(adapter.input_count)
+        classes = {_class_key(i): measured.latency_ms[ok & (in_class == i)]
+                   for i in range(len(adapter.mix.classes))}
+    else:
+        classes = {}
     bins = max(int(duration_s), 1)
     # completions per bin count whenever the request was sent, as the summary does
     done = records.outcome == OK
@@ -77,7 +86,7 @@ def _measured(records: Records, start_ns: int, spec: LoadSpec, duration_s: float
     inside = (ends >= 0) & (ends < bins)
     slot = ends[inside].astype(np.int64)
     samples = {"latency": measured.latency_ms[ok],
-               "bins": np.bincount(slot, minlength=bins)[:bins].astype(float)}
+               "bins": np.bincount(slot, minlength=bins)[:bins].astype(float), **classes}
     if measured.generated:  # tokens per bin: where their text events fell
         times, weights = records.text_events(done)
         at = (times - measure_start) / 1e9
@@ -100,6 +109,29 @@ GENERATION_METRICS: dict[str, tuple[str, str, str]] = {
 
 def _finite(values: np.ndarray) -> np.ndarray:
     return values[np.isfinite(values)]
+
+
+def _class_key(index: int) -> str:
+    return f"class {index}"
+
+
+def _merge_classes(rounds: list[BenchResult], samples: dict[str, np.ndarray]
+                   ) -> list[ClassSummary] | None:
+    """Each ``--mix`` class over every round: counts summed, throughput pooled over the
+    measured time, latency over every round's samples."""
+    if rounds[0].classes is None:
+        return None
+    seconds = sum(r.summary.duration_s for r in rounds)
+    out = []
+    for index, first in enumerate(rounds[0].classes):
+        each = [r.classes[index] for r in rounds if r.classes is not None]
+        done = sum(c.throughput_rps * r.summary.duration_s
+                   for c, r in zip(each, rounds, strict=True))
+        out.append(dataclasses.replace(
+            first, requests=sum(c.requests for c in each), errors=sum(c.errors for c in each),
+            throughput_rps=done / seconds if seconds else 0.0,
+            latency_ms=distribution(samples[_class_key(index)])))
+    return out
 
 
 def merge_rounds(rounds: list[BenchResult], samples: dict[str, np.ndarray]) -> BenchResult:
@@ -141,7 +173,7 @@ def merge_rounds(rounds: list[BenchResult], samples: dict[str, np.ndarray]) -> B
         client=dataclasses.replace(
             first.client, client_bound=any(r.client.client_bound for r in rounds),
             reasons=sorted({x for r in rounds for x in r.client.reasons})),
-        merged_rounds=len(rounds))
+        merged_rounds=len(rounds), classes=_merge_classes(rounds, samples))
 
 
 def _merge_counts(counts: list[ServerCounts | None]) -> ServerCounts:
@@ -325,7 +357,8 @@ def run_compare(endpoints: list[EndpointSpec], spec: LoadSpec, rounds: int = 3,
                 console.print(f"[bold]round {round_no + 1}/{rounds}: {names[i]}[/]")
             result, records, start_ns = run_benchmark(adapter, spec, console)
             per_round[i].append(result.named(names[i]))
-            measured[i].append(_measured(records, start_ns, spec, result.summary.duration_s))
+            measured[i].append(_measured(adapter, records, start_ns, spec,
+                                         result.summary.duration_s))
     entries, samples = [], []
     for i, adapter in enumerate(adapters):
         pooled = {key: np.concatenate([m[key] for m in measured[i]])

@@ -43,6 +43,7 @@ __all__ = [
     "client_lags_ms",
     "endpoint_p50_ms",
     "meets_slo",
+    "server_counts",
     "stats_extension_means",
     "timeline",
     "waited_for_connections",
@@ -152,13 +153,19 @@ def stats_extension_means(before: dict[str, Any], after: dict[str, Any]
 def _server_counts(outcome: RunOutcome) -> ServerCounts | None:
     """Requests and model executions the server counted over the measurement (statistics
     extension); fewer executions than requests means requests shared batches."""
-    if not outcome.server_before or not outcome.server_after:
+    return server_counts(outcome.server_before, outcome.server_after)
+
+
+def server_counts(before: dict[str, Any] | None, after: dict[str, Any] | None
+                  ) -> ServerCounts | None:
+    """Requests, executions and cache hits and misses between two statistics-extension
+    snapshots of one model; None when either is missing or counted nothing."""
+    if not before or not after:
         return None
-    means = stats_extension_means(outcome.server_before, outcome.server_after)
+    means = stats_extension_means(before, after)
     if means is None:
         return None
-    return ServerCounts(means[1], means[2],
-                        *_cache_counts(outcome.server_before, outcome.server_after))
+    return ServerCounts(means[1], means[2], *_cache_counts(before, after))
 
 
 def _cache_counts(before: dict[str, Any], after: dict[str, Any]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -29,6 +30,13 @@ PRECISIONS = {"int8": ("int8-dynamic", True), "int8-static": ("int8-static", Tru
                    "--zipf); without it every input differs.")
 @click.option("--zipf", type=Number(0), metavar="S",
               help="With --distinct-inputs: the Zipf exponent of the draws (default 1.0).")
+@click.option("--class-sla", "class_slas", multiple=True, metavar="NAME=MS",
+              help="A class of requests with its own p99 (repeat it); the others have "
+                   "--sla-p99-ms. With two or more classes, a pool per class behind a "
+                   "router is weighed against one pool for all.")
+@click.option("--class-share", "class_shares", multiple=True, metavar="NAME=SHARE",
+              help="With --rate: a class's share of the requests (repeat it; normalised). "
+                   "A trace's classes are measured from its 'class' field.")
 @click.option("--trace", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="The traffic recorded: a `tradeoff bench --records` CSV or JSON lines "
                    "({\"timestamp\": s, \"input\": ..., \"class\": ...}); its rate, peak, "
@@ -58,7 +66,8 @@ PRECISIONS = {"int8": ("int8-dynamic", True), "int8-static": ("int8-static", Tru
                    "the repository); must be new or empty.")
 @json_option("tradeoff.plan/1")
 def plan(model_dir: Path, sla_p99_ms: float, rate: float | None, arrival: str,
-         distinct_inputs: int | None, zipf: float | None, trace: Path | None,
+         distinct_inputs: int | None, zipf: float | None, class_slas: tuple[str, ...],
+         class_shares: tuple[str, ...], trace: Path | None,
          precisions: tuple[str, ...], max_drop: float, price_per_hour: float | None,
          price_per_core_hour: float | None, cores: int | None, budget: float, replay_s: float,
          seconds: float, output: Path | None, json_path: Path | None) -> None:
@@ -78,6 +87,8 @@ def plan(model_dir: Path, sla_p99_ms: float, rate: float | None, arrival: str,
       tradeoff plan ./models/minilm --sla-p99-ms 50 --rate 100 --distinct-inputs 500 \\
           --zipf 1.0 --price-per-core-hour 0.05 --json plan.json
       tradeoff plan ./models/mlp --sla-p99-ms 5 --trace records.csv --precision none
+      tradeoff plan ./models/mlp --sla-p99-ms 100 --class-sla latency=5 --rate 2000 \\
+          --class-share latency=0.1 --class-share bulk=0.9 --cores 4
       tradeoff plan ./models/resnet50 --sla-p99-ms 200 --rate 20 --precision int8 \\
           --max-drop 0.02 --budget 20m -o ./deploy/resnet50
     """
@@ -99,8 +110,19 @@ def plan(model_dir: Path, sla_p99_ms: float, rate: float | None, arrival: str,
         raise click.UsageError("give one of --price-per-hour and --price-per-core-hour")
     if "none" in precisions and len(precisions) > 1:
         raise click.UsageError("--precision none weighs the original only: give it alone")
+    shares = _named_numbers(class_shares, "--class-share", "NAME=SHARE")
+    if trace is not None and shares:
+        raise click.UsageError("--class-share describes --rate's classes; a trace's shares "
+                               "are measured from its 'class' field")
     traffic = Traffic.read(trace) if trace is not None else \
-        Traffic.law(rate or 0.0, arrival, distinct_inputs, zipf)
+        Traffic.law(rate or 0.0, arrival, distinct_inputs, zipf, shares)
+    class_sla = _named_numbers(class_slas, "--class-sla", "NAME=MS")
+    unknown = sorted(set(class_sla) - set(traffic.classes))
+    if unknown:
+        known = ", ".join(traffic.classes) or "none: give --class-share, or a trace with " \
+            "a 'class' field"
+        raise click.UsageError(f"--class-sla {unknown[0]}: the traffic has no such class "
+                               f"(its classes: {known})")
     available = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
     server_cores = cores or max(1, len(available) - 1)
     server_cpus = None
@@ -110,7 +132,7 @@ def plan(model_dir: Path, sla_p99_ms: float, rate: float | None, arrival: str,
     goal = PlanGoal(sla_p99_ms=sla_p99_ms, max_drop=max_drop, cores=server_cores,
                     price=Price(per_hour=price_per_hour) if price_per_hour else None,
                     price_per_core_hour=price_per_core_hour, budget_s=budget,
-                    replay_s=replay_s)
+                    replay_s=replay_s, class_sla_ms=class_sla)
     console = Console()
     try:
         if server_cpus is not None:  # this process generates the load: the other cores
@@ -123,3 +145,20 @@ def plan(model_dir: Path, sla_p99_ms: float, rate: float | None, arrival: str,
             os.sched_setaffinity(0, set(available))
     print_plan(result, console)
     save_result(result, json_path, console, "plan")
+
+
+def _named_numbers(values: tuple[str, ...], flag: str, form: str) -> dict[str, float]:
+    """``NAME=NUMBER`` flags as a dict: each name once, each number positive and finite."""
+    out: dict[str, float] = {}
+    for text in values:
+        name, _, number = text.partition("=")
+        try:
+            value = float(number)
+        except ValueError:
+            value = math.nan
+        if not name or not (value > 0 and math.isfinite(value)):
+            raise click.UsageError(f"{flag} {text!r}: use {form} with a positive number")
+        if name in out:
+            raise click.UsageError(f"{flag} names {name!r} twice")
+        out[name] = value
+    return out

@@ -30,41 +30,53 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import yaml
+
 from tradeoff.analysis.compare import run_compare
 from tradeoff.bench.adapters import V2Adapter
 from tradeoff.bench.endpoint import EndpointSpec
 from tradeoff.bench.load import LoadSpec
+from tradeoff.bench.mix import RequestClass
+from tradeoff.bench.result import server_counts
 from tradeoff.bench.session import run_benchmark
 from tradeoff.errors import InvalidValue, TuneError, local_resource
 from tradeoff.optimize.optimizer import OptimizePlan, optimize_model
 from tradeoff.optimize.variants import Variant
 from tradeoff.plan.predict import simulate
 from tradeoff.plan.search import (
+    MAX_POOLED_CLASSES,
     NO_CACHE,
     CacheChoice,
     Calibration,
+    ClassSearch,
     PlanGoal,
     Searcher,
     cache_choice,
+    pooled,
+    rank_key,
     version_cost,
 )
 from tradeoff.plan.traffic import Traffic
 from tradeoff.repository.config import ModelConfig
 from tradeoff.repository.edit import PBTXT, YAML_FILES, config_text
-from tradeoff.repository.repository import ModelRepository
+from tradeoff.repository.repository import ROUTER_FILE, ModelRepository
 from tradeoff.results import (
+    ClassReplayed,
+    ClassSummary,
     OptimizeResult,
     PlanCandidate,
     PlanLever,
     PlanResult,
     PlanVersion,
     Replayed,
+    ServerCounts,
     environment,
 )
 from tradeoff.server.process import ServerProcess
@@ -153,12 +165,16 @@ def _plan(request: PlanRequest, config: ModelConfig, output: Path, started: floa
         # predicted for the replay: a cache that starts empty, over the requests it sends
         cache = cache_choice(request.traffic, config,
                              goal.replay_requests(request.traffic.rate_rps))
-        searcher = Searcher(config, request.traffic, goal, calibration,
-                            (original.version, start_knobs))
+        # one pool for every class meets the strictest class's SLA
+        shared = replace(goal, sla_p99_ms=goal.strictest(request.traffic.classes))
+        start = (original.version, start_knobs)
+        searcher = Searcher(config, request.traffic, shared, calibration, start)
         baseline = searcher.predict(original, start_knobs, NO_CACHE)
         ranked = searcher.search(versions, cache, say)
         if not ranked:
             raise TuneError("no version was kept: every one lost more than --max-drop")
+        pools, pools_why = _search_pools(request, config, versions, calibration, start, say)
+        ranked = sorted(ranked + pools, key=lambda c: rank_key(c, shared.sla_p99_ms))
         attempts, stop = _prove(ranked, baseline, baseline_server, request, config,
                                 started, say)
     proof = [r for _, replayed, _ in attempts for r in replayed]
@@ -181,12 +197,52 @@ def _plan(request: PlanRequest, config: ModelConfig, output: Path, started: floa
         calibration=calibration.to_dict(), versions=versions, baseline=baseline,
         candidates=[replace(c, pareto=c.name in front) for c in kept],
         chosen=chosen.name if chosen else None,
-        levers=levers(versions, original, baseline, chosen, cache, request.traffic),
+        levers=levers(versions, original, baseline, chosen, cache, pools_why,
+                      bool(pools)),
         proof=proof, verdict=verdict(shown, goal), stop_reason=stop,
         elapsed_s=time.monotonic() - started)
 
 
 Attempt = tuple[PlanCandidate, list[Replayed], Path]
+
+
+def _search_pools(request: PlanRequest, config: ModelConfig, versions: list[PlanVersion],
+                  calibration: Calibration, start: tuple[int, Knobs], say: Progress
+                  ) -> tuple[list[PlanCandidate], str]:
+    """With two or more classes: each class's traffic searched alone under its own SLA,
+    combined into a pool per class (:func:`tradeoff.plan.search.pooled`); the candidates
+    and what the classes lever says of them."""
+    goal, traffic = request.goal, request.traffic
+    classes = traffic.classes
+    if len(classes) < 2:
+        return [], "one class of traffic"
+    named = ", ".join(f"{c} {share:.0%} at p99 <= {goal.sla_for(c):g} ms"
+                      for c, share in classes.items())
+    if len(classes) > MAX_POOLED_CLASSES:
+        return [], f"{len(classes)} classes ({named}): more than {MAX_POOLED_CLASSES}, " \
+            "so one pool serves them all"
+    if goal.cores < len(classes):
+        return [], f"{len(classes)} classes ({named}): a pool each needs a core each, and " \
+            f"the server has {goal.cores}"
+    parts = []
+    for request_class, share in classes.items():
+        part = traffic.part(request_class)
+        sla = goal.sla_for(request_class)
+        alone = replace(goal, sla_p99_ms=sla, cores=goal.cores - len(classes) + 1)
+        cache = cache_choice(part, config, alone.replay_requests(part.rate_rps))
+        say(f"class {request_class}: its own pool at p99 <= {sla:g} ms")
+        searcher = Searcher(config, part, alone, calibration, start)
+        parts.append(ClassSearch(request_class, share, sla, searcher.search(versions, cache)))
+    pools = pooled(parts, goal, traffic.rate_rps)
+    missing = [p.request_class for p in parts if not any(c.meets_sla for c in p.ranked)]
+    if missing:
+        return [], f"{named}: no pool of its own is predicted to meet the SLA of " \
+            f"{', '.join(missing)}"
+    if not pools:
+        return [], f"{named}: the pools that meet each class's SLA need more than the " \
+            f"{goal.cores} cores the server has"
+    return pools, f"{named}: a pool per class behind a router ranked against one pool " \
+        "for all (which must meet the strictest SLA)"
 
 
 def _prove(ranked: list[PlanCandidate], baseline: PlanCandidate,
@@ -209,10 +265,11 @@ def _prove(ranked: list[PlanCandidate], baseline: PlanCandidate,
         replayed = _replay(baseline_server, target, config.name, candidate, baseline, request)
         attempts.append((candidate, replayed, target))
         if not candidate.meets_sla:  # the best is predicted to miss: none can meet it
-            return attempts, (f"no deployment is predicted to meet p99 <= "
-                              f"{goal.sla_p99_ms:g} ms: the best, {candidate.name}, is "
+            sla = goal.strictest(request.traffic.classes)
+            return attempts, (f"no deployment is predicted to meet p99 <= {sla:g} ms: "
+                              f"the best, {candidate.name}, is "
                               f"predicted at {candidate.predicted.p99_ms:.2f} ms and "
-                              f"measured at {_shown_p99(replayed[-1])} on replay")
+                              f"measured at {_shown(replayed[-1].p99_ms)} on replay")
         if replayed[-1].meets_sla:
             return attempts, "met the SLA on replay" + (f" (attempt {number})"
                                                         if number > 1 else "")
@@ -279,27 +336,54 @@ def pareto(ranked: list[PlanCandidate]) -> set[str]:
 
 def write_deployment(target: Path, candidates: Path, candidate: PlanCandidate,
                      config: ModelConfig) -> Path:
-    """A repository at ``target`` holding the model with only the candidate's version and
-    its config: knobs, cache on or off, that version served."""
-    model_dir = target / config.name
-    knobs = Knobs(**candidate.knobs, preferred=False)
-    document = knobs.config(config.to_dict())
-    document["version_policy"] = {"specific": {"versions": [candidate.version]}}
-    document["response_cache"] = {"enable": candidate.cache_bytes > 0}
+    """A repository at ``target`` serving the candidate under the model's name: the model
+    with only the candidate's version and its config (knobs, cache on or off); or, for a
+    pool per class, each pool as ``MODEL_CLASS`` and a router named MODEL that sends each
+    class to its pool (requests of no known class to the largest class's)."""
     with local_resource(f"cannot write the deployment into {target}"):
-        model_dir.mkdir(parents=True)
-        shutil.copytree(candidates / str(candidate.version), model_dir / str(candidate.version))
-        for extra in candidates.iterdir():
-            if not extra.name.isdigit() and extra.name not in (PBTXT, *YAML_FILES):
-                copy = shutil.copytree if extra.is_dir() else shutil.copy2
-                copy(extra, model_dir / extra.name)
-        (model_dir / PBTXT).write_text(f"{WRITTEN_BY}: {candidate.name}\n"
-                                       + config_text(document))
+        if not candidate.pools:
+            _write_model(target, candidates, candidate, config, config.name)
+            return target
+        routes = []
+        for pool in sorted(candidate.pools, key=lambda p: p.share):
+            name = pool_name(config.name, pool.request_class)
+            _write_model(target, candidates, pool.candidate, config, name)
+            routes.append({"when": {"class": pool.request_class}, "to": name})
+        del routes[-1]["when"]  # the largest class's pool takes what matches no class
+        router = target / config.name
+        router.mkdir(parents=True)
+        (router / ROUTER_FILE).write_text(f"{WRITTEN_BY}: {candidate.name}\n"
+                                          + yaml.safe_dump({"routes": routes},
+                                                           sort_keys=False))
     return target
 
 
+def pool_name(model: str, request_class: str) -> str:
+    """The model name of one class's pool: ``mlp_latency``."""
+    return f"{model}_{re.sub(r'[^A-Za-z0-9_.-]', '_', request_class)}"
+
+
+def _write_model(target: Path, candidates: Path, candidate: PlanCandidate,
+                 config: ModelConfig, name: str) -> None:
+    model_dir = target / name
+    knobs = Knobs(**candidate.knobs, preferred=False)
+    document = knobs.config(config.to_dict())
+    document["name"] = name
+    document["version_policy"] = {"specific": {"versions": [candidate.version]}}
+    document["response_cache"] = {"enable": candidate.cache_bytes > 0}
+    model_dir.mkdir(parents=True)
+    shutil.copytree(candidates / str(candidate.version), model_dir / str(candidate.version))
+    for extra in candidates.iterdir():
+        if not extra.name.isdigit() and extra.name not in (PBTXT, *YAML_FILES):
+            copy = shutil.copytree if extra.is_dir() else shutil.copy2
+            copy(extra, model_dir / extra.name)
+    (model_dir / PBTXT).write_text(f"{WRITTEN_BY}: {candidate.name}\n"
+                                   + config_text(document))
+
+
 def serve_flags(candidate: PlanCandidate) -> list[str]:
-    """The ``tradeoff serve`` flags the deployment needs beyond its repository."""
+    """The ``tradeoff serve`` flags the deployment needs beyond its repository: a response
+    cache the size of every pool's."""
     if not candidate.cache_bytes:
         return []
     size = f"{math.ceil(candidate.cache_bytes / 2**20)}MiB"
@@ -331,37 +415,78 @@ def replay_load(traffic: Traffic, seconds: float) -> LoadSpec:
 def _replay(baseline_server: ServerProcess, target: Path, model: str,
             candidate: PlanCandidate, baseline: PlanCandidate, request: PlanRequest
             ) -> list[Replayed]:
+    """The starting deployment and the candidate's, served side by side and the traffic
+    replayed against both; with classes, each request carries its class (drawn by the
+    classes' shares) and each class is measured against its own SLA."""
     traffic, goal = request.traffic, request.goal
+    classes = tuple(RequestClass(name, share, {"class": name})
+                    for name, share in traffic.classes.items()) \
+        if len(traffic.classes) > 1 else ()
     with ServerProcess(target, cpus=request.server_cpus,
                        extra_args=tuple(serve_flags(candidate))) as plan_server:
         distinct = traffic.distinct_inputs if traffic.repeats else None
         zipf = traffic.zipf if traffic.repeats else None
         endpoints = [EndpointSpec(url, model=model, name=role, distinct_inputs=distinct,
-                                  zipf=zipf)
+                                  zipf=zipf, classes=classes)
                      for url, role in ((baseline_server.url, "baseline"),
                                        (plan_server.url, "plan"))]
+        pools = [V2Adapter(plan_server.url, pool_name(model, p.request_class))
+                 for p in candidate.pools]
+        before = [pool.server_stats() for pool in pools]
         compared = run_compare(endpoints, replay_load(traffic, goal.replay_s), rounds=2,
-                               sla_p99_ms=goal.sla_p99_ms)
+                               sla_p99_ms=goal.strictest(traffic.classes))
+        pool_counts = [server_counts(b, pool.server_stats())
+                       for b, pool in zip(before, pools, strict=True)]
     out = []
     for entry, predicted, role in zip(compared.endpoints, (baseline, candidate),
                                       ("baseline", "plan"), strict=True):
         summary = entry.result.summary
-        counts = summary.server_counts
-        batch = counts.computed / counts.executions if counts and counts.executions else None
+        counts = [summary.server_counts] if not predicted.pools else pool_counts
+        hit, batch = _hits_and_batch(counts)
         p99 = summary.latency("p99")
+        per_class = _class_replays(entry.result.classes or [], predicted, goal)
+        meets = all(c.meets_sla for c in per_class) if per_class else \
+            p99 is not None and p99 <= goal.sla_p99_ms and summary.error_percent <= 1.0
         out.append(Replayed(
             predicted.name, role, summary.latency("p50"), p99, summary.throughput_rps,
-            summary.error_percent, counts.cache_hit_ratio if counts else None, batch,
-            predicted.predicted,
-            p99 is not None and p99 <= goal.sla_p99_ms and summary.error_percent <= 1.0,
-            goal.cost_per_million(predicted.cores, summary.throughput_rps)))
+            summary.error_percent, hit, batch, predicted.predicted, meets,
+            goal.cost_per_million(predicted.cores, summary.throughput_rps), per_class))
+    return out
+
+
+def _hits_and_batch(counts: list[ServerCounts | None]) -> tuple[float | None, float | None]:
+    """The cache's hit ratio and the mean batch over one model's counts or its pools'."""
+    known = [c for c in counts if c is not None]
+    if not known:
+        return None, None
+    executions = sum(c.executions for c in known)
+    batch = sum(c.computed for c in known) / executions if executions else None
+    lookups = [c for c in known if c.cache_hits is not None]
+    looked = sum((c.cache_hits or 0) + (c.cache_misses or 0) for c in lookups)
+    hit = sum(c.cache_hits or 0 for c in lookups) / looked if looked else None
+    return hit, batch
+
+
+def _class_replays(classes: list[ClassSummary], candidate: PlanCandidate, goal: PlanGoal
+                   ) -> list[ClassReplayed]:
+    """Each class's p99 on replay against its own SLA, and the p99 predicted for it: its
+    pool's, or the one pool's for every class."""
+    pools = {p.request_class: p.candidate.predicted for p in candidate.pools}
+    out = []
+    for c in classes:
+        p99 = c.latency("p99")
+        errors = 100.0 * c.errors / c.requests if c.requests else 0.0
+        sla = goal.sla_for(c.name)
+        out.append(ClassReplayed(c.name, sla, p99, pools.get(c.name, candidate.predicted),
+                                 errors, p99 is not None and p99 <= sla and errors <= 1.0))
     return out
 
 
 def levers(versions: list[PlanVersion], original: PlanVersion, baseline: PlanCandidate,
-           chosen: PlanCandidate | None, cache: CacheChoice, traffic: Traffic
-           ) -> list[PlanLever]:
-    """Each lever, taken or left, and why."""
+           chosen: PlanCandidate | None, cache: CacheChoice, pools_why: str,
+           pools_weighed: bool) -> list[PlanLever]:
+    """Each lever, taken or left, and why (``pools_why``: what the search of a pool per
+    class found; ``pools_weighed``: whether any was ranked)."""
     if chosen is None:
         return [PlanLever("plan", False, "no deployment was replayed")]
     left = [v for v in versions if not v.kept]
@@ -384,27 +509,32 @@ def levers(versions: list[PlanVersion], original: PlanVersion, baseline: PlanCan
     cached = PlanLever("cache", chosen.cache_bytes > 0, cache.why + (
         "" if chosen.cache_bytes or not cache.capacity else
         "; the deployment without it ranked better"))
-    classes = PlanLever("classes", False, "one class of traffic" if len(traffic.classes) < 2
-                        else f"{len(traffic.classes)} classes in the trace "
-                        f"({', '.join(traffic.classes)}): this version plans one pool for "
-                        "all of them")
+    classes = PlanLever("classes", bool(chosen.pools), pools_why + (
+        "" if not pools_weighed else "; the pools ranked best" if chosen.pools else
+        "; one pool ranked better"))
     return [precision, batching, instances, cached, classes]
 
 
-def _shown_p99(replayed: Replayed) -> str:
-    return "no answer" if replayed.p99_ms is None else f"{replayed.p99_ms:.2f} ms"
+def _shown(p99_ms: float | None) -> str:
+    return "no answer" if p99_ms is None else f"{p99_ms:.2f} ms"
 
 
 def verdict(proof: list[Replayed], goal: PlanGoal) -> str:
     """One line: did the written deployment meet the SLA on replay (``proof``: the start's
-    replay and its own), against the start."""
+    replay and its own), against the start; with classes, each class against its own."""
     if not proof:
         return "not replayed"
     baseline, plan = proof[-2], proof[-1]
-
     met = "meets" if plan.meets_sla else "misses"
+    if plan.classes:
+        start = {c.request_class: c for c in baseline.classes}
+        each = "; ".join(
+            f"{c.request_class} p99 {_shown(c.p99_ms)} against <= {c.sla_p99_ms:g} ms "
+            f"(predicted {c.predicted.p99_ms:.2f} ms, starting "
+            f"{_shown(start[c.request_class].p99_ms) if c.request_class in start else '-'})"
+            for c in plan.classes)
+        return f"the plan {met} the SLA of every class on replay: {each}"
     return (f"the plan {met} the SLA of p99 <= {goal.sla_p99_ms:g} ms on replay: p99 "
-            f"{_shown_p99(plan)} (predicted {plan.predicted.p99_ms:.2f} ms) against the "
-            f"starting deployment's {_shown_p99(baseline)} (predicted "
+            f"{_shown(plan.p99_ms)} (predicted {plan.predicted.p99_ms:.2f} ms) against the "
+            f"starting deployment's {_shown(baseline.p99_ms)} (predicted "
             f"{baseline.predicted.p99_ms:.2f} ms)")
-

@@ -12,9 +12,10 @@ the least accuracy lost.
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -23,12 +24,13 @@ from tradeoff import dtypes
 from tradeoff.plan.predict import BatchCost, Simulated, simulate
 from tradeoff.plan.traffic import Traffic
 from tradeoff.repository.config import ModelConfig
-from tradeoff.results import PlanCandidate, PlanVersion, Prediction
+from tradeoff.results import PlanCandidate, PlanPool, PlanVersion, Prediction
 from tradeoff.stats.cost import Price
 from tradeoff.tune.serve_search import Knobs
 
-__all__ = ["DELAYS_US", "NO_CACHE", "CacheChoice", "Calibration", "PlanGoal", "Searcher",
-           "answer_bytes", "cache_choice", "label", "rank_key", "version_cost"]
+__all__ = ["DELAYS_US", "MAX_POOLED_CLASSES", "NO_CACHE", "CacheChoice", "Calibration",
+           "ClassSearch", "PlanGoal", "Searcher", "answer_bytes", "cache_choice", "label",
+           "pooled", "rank_key", "version_cost"]
 
 DELAYS_US = (0, 100, 500, 1000, 2000, 5000, 10000)
 MIN_HIT_RATIO = 0.02  # a cache predicted to answer less costs more than it saves
@@ -47,6 +49,17 @@ class PlanGoal:
     budget_s: float = 600.0
     replay_s: float = 20.0
     simulated_requests: int = 10_000
+    class_sla_ms: dict[str, float] = field(default_factory=dict)  # p99 of a class; the
+    # others have sla_p99_ms
+
+    def sla_for(self, request_class: str) -> float:
+        """The p99 one class of requests must meet."""
+        return self.class_sla_ms.get(request_class, self.sla_p99_ms)
+
+    def strictest(self, classes: Iterable[str]) -> float:
+        """The SLA a pool serving all these classes must meet: the tightest of theirs."""
+        slas = [self.sla_for(c) for c in classes]
+        return min(slas) if slas else self.sla_p99_ms
 
     def replay_requests(self, rate_rps: float) -> int:
         """Requests the replay sends each deployment: two rounds, each with its warmup."""
@@ -61,7 +74,8 @@ class PlanGoal:
         return {"sla_p99_ms": self.sla_p99_ms, "max_drop": self.max_drop, "cores": self.cores,
                 "price": self.price.to_dict() if self.price else None,
                 "price_per_core_hour": self.price_per_core_hour, "budget_s": self.budget_s,
-                "replay_s": self.replay_s, "simulated_requests": self.simulated_requests}
+                "replay_s": self.replay_s, "simulated_requests": self.simulated_requests,
+                **({"class_sla_ms": self.class_sla_ms} if self.class_sla_ms else {})}
 
 
 @dataclass(frozen=True)
@@ -236,3 +250,50 @@ class Searcher:
                 f"{len(grid) * len(caches)} deployments")
             out += [self.predict(version, knobs, c) for knobs in grid for c in caches]
         return sorted(out, key=lambda c: rank_key(c, self.goal.sla_p99_ms))
+
+
+MAX_POOLED_CLASSES = 4  # more classes: one pool for all (the combinations grow as cores^k)
+
+
+@dataclass(frozen=True)
+class ClassSearch:
+    """One request class searched alone: its share, its SLA and its own ranked deployments."""
+
+    request_class: str
+    share: float
+    sla_p99_ms: float
+    ranked: list[PlanCandidate]
+
+
+def pooled(parts: list[ClassSearch], goal: PlanGoal, rate_rps: float) -> list[PlanCandidate]:
+    """Deployments with a pool per class behind a router: for each class, its cheapest
+    deployment meeting its own SLA at each number of cores; every combination that fits
+    ``goal.cores``, cheapest first. Empty when a class has no deployment meeting its SLA.
+    A combination reads as its strictest class's pool (version, knobs, prediction), with
+    the cores, cost and accuracy lost of the whole."""
+    options: list[list[PlanCandidate]] = []
+    for part in parts:
+        by_cores: dict[int, PlanCandidate] = {}
+        for candidate in part.ranked:  # ranked: the first that meets at a size is best
+            if candidate.meets_sla:
+                by_cores.setdefault(candidate.cores, candidate)
+        if not by_cores:
+            return []
+        options.append(list(by_cores.values()))
+    strictest = min(range(len(parts)), key=lambda i: parts[i].sla_p99_ms)
+    out = []
+    for chosen in itertools.product(*options):
+        cores = sum(c.cores for c in chosen)
+        if cores > goal.cores:
+            continue
+        lead = chosen[strictest]
+        pools = [PlanPool(p.request_class, p.share, p.sla_p99_ms, c)
+                 for p, c in zip(parts, chosen, strict=True)]
+        out.append(replace(
+            lead, name="pools: " + " | ".join(f"{p.request_class} {c.name}"
+                                               for p, c in zip(parts, chosen, strict=True)),
+            drop=max(c.drop for c in chosen),
+            cache_bytes=sum(c.cache_bytes for c in chosen), cores=cores,
+            cost_per_million=goal.cost_per_million(cores, rate_rps), meets_sla=True,
+            changes=1 + max(c.changes for c in chosen), pareto=False, pools=pools))
+    return sorted(out, key=lambda c: rank_key(c, parts[strictest].sla_p99_ms))

@@ -10,6 +10,8 @@ each request sent) or JSON lines, one request per line::
     {"timestamp": 1733300000.125, "input": "any JSON: requests with equal input repeat",
      "class": "latency"}
 
+``traffic.part("latency")`` is one class's traffic alone, for a pool of its own.
+
 ``timestamp`` (seconds; ``time`` or ``t`` also read) is required, the rest optional. From
 it come the rate, the peak (the busiest second), the burstiness (coefficient of variation
 of the gaps: 0 for a constant rate, 1 for Poisson arrivals), the repetition of inputs
@@ -19,7 +21,8 @@ of the gaps: 0 for a constant rate, 1 for Poisson arrivals), the repetition of i
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,12 +53,14 @@ class Traffic:
     distinct_inputs: int | None = None  # None: every request's input differs
     zipf: float | None = None  # given, or fitted to a trace's repetition
     classes: dict[str, float] = field(default_factory=dict)  # share per class
+    request_classes: np.ndarray | None = field(default=None, repr=False)  # a trace's
 
     @classmethod
     def law(cls, rate: float, arrival: str = "poisson", distinct_inputs: int | None = None,
-            zipf: float | None = None) -> Traffic:
+            zipf: float | None = None, classes: dict[str, float] | None = None) -> Traffic:
         """Arrivals at ``rate`` by ``arrival``; inputs drawn from ``distinct_inputs`` by
-        Zipf ``zipf`` (1.0 when only the count is given), or all different."""
+        Zipf ``zipf`` (1.0 when only the count is given), or all different; ``classes``:
+        each request class's share (normalised to sum to 1)."""
         if not rate > 0:
             raise InvalidValue(f"--rate must be > 0 requests/s, got {rate}")
         if arrival not in ARRIVALS:
@@ -64,9 +69,14 @@ class Traffic:
             raise InvalidValue("--distinct-inputs must be at least 1")
         if zipf is not None and distinct_inputs is None:
             raise InvalidValue("--zipf draws from --distinct-inputs: give both")
+        shares = dict(classes or {})
+        if any(not (share > 0 and math.isfinite(share)) for share in shares.values()):
+            raise InvalidValue("a class's share must be a positive number")
+        total = sum(shares.values())
         return cls(f"{arrival} at {rate:g}/s", float(rate), float(rate), arrival,
                    1.0 if arrival == "poisson" else 0.0, distinct_inputs=distinct_inputs,
-                   zipf=(1.0 if zipf is None else zipf) if distinct_inputs else None)
+                   zipf=(1.0 if zipf is None else zipf) if distinct_inputs else None,
+                   classes={name: share / total for name, share in shares.items()})
 
     @classmethod
     def read(cls, path: Path) -> Traffic:
@@ -108,12 +118,31 @@ class Traffic:
             distinct = int(counts.size)
             zipf = fit_zipf(counts) if distinct < ids.size else None
         shares: dict[str, float] = {}
+        per_request = None
         if classes is not None:
-            names, counts = np.unique(np.asarray(classes)[order], return_counts=True)
+            per_request = np.asarray(classes, dtype=object)[order].astype(str)
+            names, counts = np.unique(per_request, return_counts=True)
             shares = {str(n): float(c / offsets.size) for n, c in zip(names, counts,
                                                                      strict=True)}
         return cls(source, rate, max(peak, rate), "trace", burstiness, duration, offsets,
-                   ids, distinct, zipf, shares)
+                   ids, distinct, zipf, shares, per_request)
+
+    def part(self, request_class: str) -> Traffic:
+        """The traffic of one class alone: a trace's requests of that class, or the law
+        thinned to the class's share of the rate (Poisson arrivals thinned stay Poisson)."""
+        share = self.classes[request_class]
+        if self.offsets_s is None or self.request_classes is None:
+            return replace(self, source=f"{self.source}, class {request_class}",
+                           rate_rps=self.rate_rps * share, peak_rps=self.peak_rps * share,
+                           classes={request_class: 1.0})
+        mine = self.request_classes == request_class
+        if int(mine.sum()) < 2:
+            raise InvalidValue(f"{self.source}: class {request_class!r} has fewer than two "
+                               "requests; a plan per class needs more")
+        inputs = self.inputs[mine] if self.inputs is not None else None
+        return Traffic.measured(self.offsets_s[mine], inputs,
+                                self.request_classes[mine], f"{self.source}, class "
+                                f"{request_class}")
 
     @property
     def repeats(self) -> bool:
