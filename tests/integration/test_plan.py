@@ -142,3 +142,38 @@ def test_the_command_refuses_an_output_inside_the_repository(tmp_path: Path) -> 
     assert "inside the model's repository" in run.output
     run = CliRunner().invoke(main, ["plan", str(model), "--sla-p99-ms", "5"])
     assert run.exit_code == 2 and "--rate (with --arrival) or --trace" in run.output
+
+
+def test_two_classes_get_a_pool_each_behind_a_router(tmp_path: Path) -> None:
+    # 32 ms + 4 ms per row at 22.5/s. One pool for both classes must meet the latency
+    # class's 44 ms: four instances of batch 1. Alone, the 20% latency class needs two
+    # instances and the bulk class one with batches: 3 cores against 4.
+    model = write_synthetic_model(tmp_path / "repo", fixed_ms=32.0, per_row_ms=4.0,
+                                  max_batch_size=16)
+    run = CliRunner().invoke(main, [
+        "plan", str(model), "--sla-p99-ms", "1200", "--class-sla", "latency=44",
+        "--rate", "22.5", "--class-share", "latency=0.2", "--class-share", "bulk=0.8",
+        "--cores", "4", "--price-per-core-hour", "0.1", "--precision", "none",
+        "--replay", "3s", "--seconds", "0.5s", "--budget", "4m",
+        "--json", str(tmp_path / "plan.json")])
+    assert run.exit_code == 0, run.output
+    result = load_as(PlanResult, tmp_path / "plan.json")
+    chosen = result.candidate(result.chosen)
+    assert chosen is not None and chosen.pools and chosen.cores == 3, result.chosen
+    assert {lever.lever: lever.taken for lever in result.levers}["classes"]
+    baseline, plan = result.proof[-2:]
+    assert {c.request_class for c in plan.classes} == {"latency", "bulk"}
+    assert {c.request_class: c.sla_p99_ms for c in plan.classes} == \
+        {"latency": 44, "bulk": 1200}
+    assert plan.mean_batch is not None  # counted over the pools
+    latency = {c.request_class: c for c in plan.classes}["latency"]
+    start = {c.request_class: c for c in baseline.classes}["latency"]
+    assert latency.p99_ms is not None and start.p99_ms is not None
+    assert latency.p99_ms < start.p99_ms
+    assert "every class" in result.verdict
+    deployment = Path(result.output or "") / "repository"
+    assert ModelRepository(deployment).kind("synthetic") == "router"
+    with ServerProcess(deployment) as server:  # the router answers under the model's name
+        from tradeoff.bench.adapters import V2Adapter
+
+        assert V2Adapter(server.url, "synthetic").prepare()

@@ -490,22 +490,28 @@ def levers(versions: list[PlanVersion], original: PlanVersion, baseline: PlanCan
     if chosen is None:
         return [PlanLever("plan", False, "no deployment was replayed")]
     left = [v for v in versions if not v.kept]
+    # each pool's own version and knobs, or the one deployment's
+    parts = [(f"{p.request_class}: ", p.candidate) for p in chosen.pools] or [("", chosen)]
     precision = PlanLever(
-        "precision", chosen.version != original.version,
-        f"version {chosen.version} ({chosen.precision}, {chosen.drop:.2%} lost) ranked "
-        "best" + "".join(f"; v{v.version} {v.precision} left out: {v.why}" for v in left))
-    old, new = baseline.knobs, chosen.knobs
+        "precision", any(c.version != original.version for _, c in parts),
+        "; ".join(f"{at}version {c.version} ({c.precision}, {c.drop:.2%} lost)"
+                  for at, c in parts) + " ranked best"
+        + "".join(f"; v{v.version} {v.precision} left out: {v.why}" for v in left))
+    old = baseline.knobs
     batching = PlanLever(
-        "batching", (old["max_batch_size"], old["max_queue_delay_us"]) !=
-        (new["max_batch_size"], new["max_queue_delay_us"]),
-        f"max_batch_size {old['max_batch_size']} -> {new['max_batch_size']}, queue delay "
-        f"{old['max_queue_delay_us']} -> {new['max_queue_delay_us']} us: predicted mean "
-        f"batch {chosen.predicted.mean_batch:.1f}")
+        "batching", any((old["max_batch_size"], old["max_queue_delay_us"]) !=
+                        (c.knobs["max_batch_size"], c.knobs["max_queue_delay_us"])
+                        for _, c in parts),
+        "; ".join(f"{at}max_batch_size {old['max_batch_size']} -> "
+                  f"{c.knobs['max_batch_size']}, queue delay {old['max_queue_delay_us']} -> "
+                  f"{c.knobs['max_queue_delay_us']} us: predicted mean batch "
+                  f"{c.predicted.mean_batch:.1f}" for at, c in parts))
     instances = PlanLever(
-        "instances", old["instances"] != new["instances"],
-        f"{old['instances']} -> {new['instances']} instance(s) of {new['threads']} "
-        f"thread(s): {chosen.cores} core(s), predicted utilisation "
-        f"{chosen.predicted.utilisation:.0%}")
+        "instances", any(old["instances"] != c.knobs["instances"] for _, c in parts),
+        "; ".join(f"{at}{old['instances']} -> {c.knobs['instances']} instance(s) of "
+                  f"{c.knobs['threads']} thread(s), predicted utilisation "
+                  f"{c.predicted.utilisation:.0%}" for at, c in parts)
+        + f": {chosen.cores} core(s)")
     cached = PlanLever("cache", chosen.cache_bytes > 0, cache.why + (
         "" if chosen.cache_bytes or not cache.capacity else
         "; the deployment without it ranked better"))

@@ -361,13 +361,19 @@ def _plan_section(report: Report, result: PlanResult) -> None:
                        "bad" if not c.meets_sla else "")
     levers = [[_e(lever.lever), "taken" if lever.taken else "left", _e(lever.why)]
               for lever in result.levers]
-    proof = [[_e(f"{r.role}: {r.name}"), f"{_num(r.p99_ms)} ({_num(r.predicted.p99_ms)})",
-              f"{_num(r.mean_batch, 1)} ({_num(r.predicted.mean_batch, 1)})",
-              "-" if r.hit_ratio is None else
-              f"{r.hit_ratio:.0%} ({r.predicted.hit_ratio:.0%})",
-              _num(r.throughput_rps, 1), _num(r.error_percent, 1),
-              _num(r.cost_per_million, 3), "met" if r.meets_sla else "missed"]
-             for r in result.proof]
+    proof = []
+    for r in result.proof:
+        proof.append([_e(f"{r.role}: {r.name}"), _num(r.p99_ms) if r.classes else
+                      f"{_num(r.p99_ms)} ({_num(r.predicted.p99_ms)})",
+                      f"{_num(r.mean_batch, 1)} ({_num(r.predicted.mean_batch, 1)})",
+                      "-" if r.hit_ratio is None else
+                      f"{r.hit_ratio:.0%} ({r.predicted.hit_ratio:.0%})",
+                      _num(r.throughput_rps, 1), _num(r.error_percent, 1),
+                      _num(r.cost_per_million, 3), "met" if r.meets_sla else "missed"])
+        proof += [[_e(f"class {c.request_class} (p99 ≤ {c.sla_p99_ms:g} ms)"),
+                   f"{_num(c.p99_ms)} ({_num(c.predicted.p99_ms)})", "", "", "",
+                   _num(c.error_percent, 1), "", "met" if c.meets_sla else "missed"]
+                  for c in r.classes]
     traffic = result.traffic
     report.add(f"Plan for {result.model}",
                report.figure(plots.plan_front(result), f"plan-{result.model}",

@@ -529,10 +529,14 @@ def print_plan(result: PlanResult, console: Console) -> None:
     goal, t = result.goal, result.traffic
     repeats = (f"{t['distinct_inputs']:,} distinct inputs (Zipf {t['zipf']:.2f})"
                if t.get("zipf") is not None else "no repeated inputs")
+    class_slas = goal.get("class_sla_ms") or {}
+    classes = "".join(
+        f", {name} {share:.0%} (p99 <= {class_slas.get(name, goal['sla_p99_ms']):g} ms)"
+        for name, share in (t.get("classes") or {}).items())
     console.print(f"[bold]{result.model}[/bold]: p99 <= {goal['sla_p99_ms']:g} ms, traffic "
                   f"{t['source']}: {t['rate_rps']:,.1f} req/s (peak {t['peak_rps']:,.0f}/s, "
-                  f"burstiness {t['burstiness']:.2f}), {repeats}; {goal['cores']} core(s) "
-                  f"for the server")
+                  f"burstiness {t['burstiness']:.2f}), {repeats}{classes}; {goal['cores']} "
+                  f"core(s) for the server")
     c = result.calibration
     console.print(f"measured on the starting deployment: the server's CPU per request "
                   f"{c['server_cpu_ms_per_request']:.3f} ms beside the model; latency the "
@@ -575,10 +579,16 @@ def print_plan(result: PlanResult, console: Console) -> None:
             hits = "-" if r.hit_ratio is None else f"{r.hit_ratio:.0%}"
             batch = "-" if r.mean_batch is None else f"{r.mean_batch:.1f}"
             proof.add_row(
-                f"{r.role}: {r.name}", f"{_ms(r.p99_ms)} ({_ms(r.predicted.p99_ms)})",
+                f"{r.role}: {r.name}", _ms(r.p99_ms) if r.classes else  # each class's below
+                f"{_ms(r.p99_ms)} ({_ms(r.predicted.p99_ms)})",
                 f"{batch} ({r.predicted.mean_batch:.1f})",
                 f"{hits} ({r.predicted.hit_ratio:.0%})", f"{r.error_percent:.1f}%",
                 "[green]met[/green]" if r.meets_sla else "[red]missed[/red]")
+            for c in r.classes:
+                proof.add_row(f"  class {c.request_class} (p99 <= {c.sla_p99_ms:g} ms)",
+                              f"{_ms(c.p99_ms)} ({_ms(c.predicted.p99_ms)})", "", "",
+                              f"{c.error_percent:.1f}%",
+                              "[green]met[/green]" if c.meets_sla else "[red]missed[/red]")
         console.print(proof)
         plan = result.proof[-1]
         console.print(f"replayed at {plan.throughput_rps:,.1f} req/s; cost per 1M requests: "
