@@ -132,7 +132,41 @@ def test_the_command_checks_the_class_flags(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "no such class" in result.output
     result = runner.invoke(main, ["plan", str(model), "--sla-p99-ms", "5", "--rate", "10",
                                   "--class-share", "latency=x"])
-    assert result.exit_code == 2 and "NAME=SHARE" in result.output
+    assert result.exit_code == 1 and "NAME=NUMBER" in result.output
     result = runner.invoke(main, ["plan", str(model), "--sla-p99-ms", "5", "--rate", "10",
                                   "--class-share", "a=1", "--class-share", "a=2"])
-    assert result.exit_code == 2 and "twice" in result.output
+    assert result.exit_code == 1 and "names 'a' twice" in result.output
+    result = runner.invoke(main, ["plan", str(model), "--sla-p99-ms", "5", "--rate", "10",
+                                  "--class-share", "a=0"])
+    assert result.exit_code == 2 and "above 0" in result.output
+
+
+def test_a_gpu_hour_price_costs_the_gpus_the_instances_use(tmp_path: Path) -> None:
+    from tradeoff.plan.planner import _gpus
+    from tradeoff.repository.config import parse_config_text
+
+    gpu = parse_config_text('name: "m"\nbackend: "onnxruntime"\nmax_batch_size: 8\n'
+                            'instance_group { kind: KIND_GPU count: 2 gpus: [0, 1] }\n',
+                            source="test", default_name="m")
+    assert _gpus(gpu) == 2
+    goal = PlanGoal(sla_p99_ms=5, max_drop=0.01, price_per_gpu_hour=3.0).on_gpus(2)
+    assert goal.price is not None and goal.price.per_hour == 6.0
+    assert goal.cost_per_million(1, 1000) == goal.cost_per_million(4, 1000)
+    assert goal.to_dict()["price_per_gpu_hour"] == 3.0
+    with pytest.raises(InvalidValue, match="runs on the CPU"):
+        _gpus(CONFIG)
+    # the knobs keep the instances on the GPUs the config lists
+    written = Knobs(4, 100, 3, 1, False).config(gpu.to_dict())
+    assert written["instance_group"] == [{"kind": "KIND_GPU", "count": 3, "gpus": [0, 1]}]
+
+
+def test_a_gpu_hour_price_for_a_cpu_model_is_one_line(tmp_path: Path) -> None:
+    model = write_synthetic_model(tmp_path / "repo")
+    result = CliRunner().invoke(main, ["plan", str(model), "--sla-p99-ms", "5", "--rate",
+                                       "10", "--price-per-gpu-hour", "2"])
+    assert result.exit_code == 1 and "runs on the CPU" in result.output
+    assert not (tmp_path / "repo-plan-synthetic").exists()
+    result = CliRunner().invoke(main, ["plan", str(model), "--sla-p99-ms", "5", "--rate",
+                                       "10", "--price-per-gpu-hour", "2",
+                                       "--price-per-hour", "1"])
+    assert result.exit_code == 2 and "give one of" in result.output

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 
@@ -52,6 +51,9 @@ PRECISIONS = {"int8": ("int8-dynamic", True), "int8-static": ("int8-static", Tru
               help="What the deployment costs per hour: cost per 1M requests.")
 @click.option("--price-per-core-hour", type=Number(0, min_open=True),
               help="Or per core it occupies (instances x threads); fewer cores cost less.")
+@click.option("--price-per-gpu-hour", type=Number(0, min_open=True),
+              help="Or per GPU the model's instance_group places instances on (KIND_GPU "
+                   "models); instances and pools share the GPUs.")
 @click.option("--cores", type=click.IntRange(1),
               help="Cores the server may use (default: all but one, which the load "
                    "generator takes).")
@@ -69,7 +71,8 @@ def plan(model_dir: Path, sla_p99_ms: float, rate: float | None, arrival: str,
          distinct_inputs: int | None, zipf: float | None, class_slas: tuple[str, ...],
          class_shares: tuple[str, ...], trace: Path | None,
          precisions: tuple[str, ...], max_drop: float, price_per_hour: float | None,
-         price_per_core_hour: float | None, cores: int | None, budget: float, replay_s: float,
+         price_per_core_hour: float | None, price_per_gpu_hour: float | None,
+         cores: int | None, budget: float, replay_s: float,
          seconds: float, output: Path | None, json_path: Path | None) -> None:
     """Plan a deployment of a tensor model for its traffic and a p99 SLA, write it beside
     the repository, and prove it: served and replayed against the starting deployment.
@@ -106,17 +109,19 @@ def plan(model_dir: Path, sla_p99_ms: float, rate: float | None, arrival: str,
     if trace is not None and (distinct_inputs is not None or zipf is not None):
         raise click.UsageError("--distinct-inputs and --zipf describe --rate's inputs; a "
                                "trace's repetition is measured from it")
-    if price_per_hour is not None and price_per_core_hour is not None:
-        raise click.UsageError("give one of --price-per-hour and --price-per-core-hour")
+    if sum(p is not None for p in (price_per_hour, price_per_core_hour,
+                                   price_per_gpu_hour)) > 1:
+        raise click.UsageError("give one of --price-per-hour, --price-per-core-hour and "
+                               "--price-per-gpu-hour")
     if "none" in precisions and len(precisions) > 1:
         raise click.UsageError("--precision none weighs the original only: give it alone")
-    shares = _named_numbers(class_shares, "--class-share", "NAME=SHARE")
+    shares = _positive(class_shares, "--class-share", "NAME=SHARE")
     if trace is not None and shares:
         raise click.UsageError("--class-share describes --rate's classes; a trace's shares "
                                "are measured from its 'class' field")
     traffic = Traffic.read(trace) if trace is not None else \
         Traffic.law(rate or 0.0, arrival, distinct_inputs, zipf, shares)
-    class_sla = _named_numbers(class_slas, "--class-sla", "NAME=MS")
+    class_sla = _positive(class_slas, "--class-sla", "NAME=MS")
     unknown = sorted(set(class_sla) - set(traffic.classes))
     if unknown:
         known = ", ".join(traffic.classes) or "none: give --class-share, or a trace with " \
@@ -131,7 +136,8 @@ def plan(model_dir: Path, sla_p99_ms: float, rate: float | None, arrival: str,
     variants = tuple(Variant(*PRECISIONS[p]) for p in precisions if p != "none")
     goal = PlanGoal(sla_p99_ms=sla_p99_ms, max_drop=max_drop, cores=server_cores,
                     price=Price(per_hour=price_per_hour) if price_per_hour else None,
-                    price_per_core_hour=price_per_core_hour, budget_s=budget,
+                    price_per_core_hour=price_per_core_hour,
+                    price_per_gpu_hour=price_per_gpu_hour, budget_s=budget,
                     replay_s=replay_s, class_sla_ms=class_sla)
     console = Console()
     try:
@@ -147,18 +153,13 @@ def plan(model_dir: Path, sla_p99_ms: float, rate: float | None, arrival: str,
     save_result(result, json_path, console, "plan")
 
 
-def _named_numbers(values: tuple[str, ...], flag: str, form: str) -> dict[str, float]:
-    """``NAME=NUMBER`` flags as a dict: each name once, each number positive and finite."""
-    out: dict[str, float] = {}
-    for text in values:
-        name, _, number = text.partition("=")
-        try:
-            value = float(number)
-        except ValueError:
-            value = math.nan
-        if not name or not (value > 0 and math.isfinite(value)):
-            raise click.UsageError(f"{flag} {text!r}: use {form} with a positive number")
-        if name in out:
-            raise click.UsageError(f"{flag} names {name!r} twice")
-        out[name] = value
+
+def _positive(values: tuple[str, ...], flag: str, form: str) -> dict[str, float]:
+    """``NAME=NUMBER`` flags, each number above zero."""
+    from tradeoff.stats.cost import named_numbers
+
+    out = named_numbers(values, flag)
+    zero = next((name for name, value in out.items() if value <= 0), None)
+    if zero is not None:
+        raise click.UsageError(f"{flag} {zero}: use {form} with a number above 0")
     return out

@@ -141,11 +141,26 @@ def make_plan(request: PlanRequest, say: Progress = lambda _: None) -> PlanResul
             output.mkdir(parents=True, exist_ok=True)
             shutil.copytree(model_dir, work / "candidates" / name)
             shutil.copytree(model_dir, work / "baseline" / name)
-        return _plan(request, repository.read(name).config, output, started, say)
+        config = repository.read(name).config
+        if request.goal.price_per_gpu_hour is not None:
+            request = replace(request, goal=request.goal.on_gpus(_gpus(config)))
+        return _plan(request, config, output, started, say)
     finally:
         shutil.rmtree(work, ignore_errors=True)
         if created and output.is_dir() and not any(output.iterdir()):
             output.rmdir()  # nothing was written: leave no empty folder behind
+
+
+def _gpus(config: ModelConfig) -> int:
+    """The GPUs the model's instances are placed on (a KIND_GPU group without a list:
+    GPU 0); InvalidValue for a model on the CPU."""
+    gpus = {d or 0 for g in config.instance_groups if g.kind == "KIND_GPU"
+            for d in g.devices()}
+    if not gpus:
+        raise InvalidValue(f"{config.name} runs on the CPU (no KIND_GPU instance_group): a "
+                           "GPU-hour price does not apply; give --price-per-hour or "
+                           "--price-per-core-hour")
+    return len(gpus)
 
 
 def _plan(request: PlanRequest, config: ModelConfig, output: Path, started: float,

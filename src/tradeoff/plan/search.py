@@ -46,6 +46,7 @@ class PlanGoal:
     cores: int = 1  # cores the server may use
     price: Price | None = None  # the deployment per hour
     price_per_core_hour: float | None = None
+    price_per_gpu_hour: float | None = None  # times the GPUs the model's instances use
     budget_s: float = 600.0
     replay_s: float = 20.0
     simulated_requests: int = 10_000
@@ -65,6 +66,13 @@ class PlanGoal:
         """Requests the replay sends each deployment: two rounds, each with its warmup."""
         return max(1, int(rate_rps * 2 * (self.replay_s + 1)))
 
+    def on_gpus(self, gpus: int) -> PlanGoal:
+        """The goal for a model on ``gpus`` GPUs: a GPU-hour price becomes the deployment's
+        price per hour (instances and pools share the GPUs; more of them cost nothing)."""
+        if self.price_per_gpu_hour is None:
+            return self
+        return replace(self, price=Price(per_hour=self.price_per_gpu_hour * gpus))
+
     def cost_per_million(self, cores: int, rate_rps: float) -> float | None:
         if self.price_per_core_hour is not None:
             return Price(per_hour=self.price_per_core_hour * cores).per_million(rate_rps)
@@ -75,6 +83,8 @@ class PlanGoal:
                 "price": self.price.to_dict() if self.price else None,
                 "price_per_core_hour": self.price_per_core_hour, "budget_s": self.budget_s,
                 "replay_s": self.replay_s, "simulated_requests": self.simulated_requests,
+                **({"price_per_gpu_hour": self.price_per_gpu_hour}
+                   if self.price_per_gpu_hour is not None else {}),
                 **({"class_sla_ms": self.class_sla_ms} if self.class_sla_ms else {})}
 
 

@@ -584,11 +584,11 @@ def print_plan(result: PlanResult, console: Console) -> None:
                 f"{batch} ({r.predicted.mean_batch:.1f})",
                 f"{hits} ({r.predicted.hit_ratio:.0%})", f"{r.error_percent:.1f}%",
                 "[green]met[/green]" if r.meets_sla else "[red]missed[/red]")
-            for c in r.classes:
-                proof.add_row(f"  class {c.request_class} (p99 <= {c.sla_p99_ms:g} ms)",
-                              f"{_ms(c.p99_ms)} ({_ms(c.predicted.p99_ms)})", "", "",
-                              f"{c.error_percent:.1f}%",
-                              "[green]met[/green]" if c.meets_sla else "[red]missed[/red]")
+            for each in r.classes:
+                proof.add_row(f"  class {each.request_class} (p99 <= {each.sla_p99_ms:g} ms)",
+                              f"{_ms(each.p99_ms)} ({_ms(each.predicted.p99_ms)})", "", "",
+                              f"{each.error_percent:.1f}%",
+                              "[green]met[/green]" if each.meets_sla else "[red]missed[/red]")
         console.print(proof)
         plan = result.proof[-1]
         console.print(f"replayed at {plan.throughput_rps:,.1f} req/s; cost per 1M requests: "

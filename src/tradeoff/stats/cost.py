@@ -16,13 +16,14 @@ Scores fall in [0, 1]; the best candidate on both counts scores 1. With an SLA o
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from tradeoff.errors import InvalidValue
 
-__all__ = ["Price", "parse_prices", "rank"]
+__all__ = ["Price", "named_numbers", "parse_prices", "rank"]
 
 
 @dataclass(frozen=True)
@@ -50,15 +51,26 @@ class Price:
         return {"per_hour": self.per_hour, "per_1k_requests": self.per_1k_requests}
 
 
-def _named_values(values: Iterable[str], option: str) -> dict[str, float]:
-    """``NAME=NUMBER`` pairs; a bare ``NUMBER`` applies to every endpoint (key ``*``)."""
-    out = {}
+def named_numbers(values: Iterable[str], option: str, *, bare: bool = False
+                  ) -> dict[str, float]:
+    """``NAME=NUMBER`` values (with ``bare``, a lone ``NUMBER`` is kept under ``*``): each
+    number finite and not negative, each name once."""
+    out: dict[str, float] = {}
+    form = "NAME=NUMBER or NUMBER" if bare else "NAME=NUMBER"
     for value in values:
         name, sep, number = value.rpartition("=")
+        key = name if sep else "*"
         try:
-            out[name if sep else "*"] = float(number)
+            parsed = float(number)
         except ValueError:
-            raise InvalidValue(f"{option} {value!r}: use NAME=NUMBER or NUMBER") from None
+            parsed = math.nan
+        if (not sep and not bare) or (not name and sep) or not math.isfinite(parsed) \
+                or parsed < 0:
+            raise InvalidValue(f"{option} {value!r}: use {form}, a number >= 0")
+        if key in out:
+            raise InvalidValue(f"{option} gives a bare NUMBER twice" if key == "*" else
+                               f"{option} names {key!r} twice")
+        out[key] = parsed
     return out
 
 
@@ -67,8 +79,8 @@ def parse_prices(per_hour: Iterable[str], per_1k_requests: Iterable[str],
     """The Price of each endpoint in ``names`` from ``--price-per-hour`` and
     ``--price-per-1k-requests`` values (``NAME=USD``, or ``USD`` for every endpoint); a
     price per hour wins over one per request, and an unknown name is refused."""
-    hourly = _named_values(per_hour, "--price-per-hour")
-    per_request = _named_values(per_1k_requests, "--price-per-1k-requests")
+    hourly = named_numbers(per_hour, "--price-per-hour", bare=True)
+    per_request = named_numbers(per_1k_requests, "--price-per-1k-requests", bare=True)
     unknown = (set(hourly) | set(per_request)) - set(names) - {"*"}
     if unknown:
         raise InvalidValue(f"prices name unknown endpoints: {', '.join(sorted(unknown))}")

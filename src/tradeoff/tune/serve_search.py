@@ -120,8 +120,10 @@ class Knobs:
         batching["preferred_batch_size"] = [self.max_batch_size] if self.preferred else []
         config["dynamic_batching"] = batching
         groups = config.get("instance_group") or [{"kind": "KIND_CPU"}]
-        config["instance_group"] = [{"kind": groups[0].get("kind", "KIND_CPU"),
-                                     "count": self.instances}]
+        group = {"kind": groups[0].get("kind", "KIND_CPU"), "count": self.instances}
+        if groups[0].get("gpus"):  # count is per listed GPU: the instances stay on them
+            group["gpus"] = groups[0]["gpus"]
+        config["instance_group"] = [group]
         parameters = dict(config.get("parameters") or {})
         parameters["intra_op_thread_count"] = {"string_value": str(self.threads)}
         config["parameters"] = parameters
