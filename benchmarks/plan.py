@@ -1,14 +1,20 @@
 """`tradeoff plan` on the example models: predicted against replayed, plan against start.
 
-For each model, two plans: a traffic that repeats inputs (Zipf 1.0 over 1,000 distinct
-ones) under a tight SLA, and one that does not under a looser SLA. Each plan runs the real
-command (its own pinning: the servers on the first core, the load on the rest), which
-serves the chosen deployment and the starting one side by side and replays the traffic.
-The table: what was chosen, p99 predicted and replayed for both, whether each met the SLA,
-the cost per 1M requests at 0.05 per core-hour, and the cache and batch predicted against
-measured.
+For each model, three plans: a traffic that repeats inputs (Zipf 1.0 over 1,000 distinct
+ones) under a tight SLA, one that does not under a looser SLA, and two classes (20% of
+requests at the tight SLA, 80% at ten times the loose one) with two cores, where a pool
+per class is weighed against one pool for all. Each plan runs the real command (its own
+pinning: the servers on the first core, the load on the rest; unpinned with two cores),
+which serves the chosen deployment and the starting one side by side and replays the
+traffic. ``synthetic`` is a model whose batch costs 32 ms + 4 ms per row spent sleeping
+(as a host waits on an accelerator), so four instances fit on this machine: the classes
+plan where one pool costs more than a pool per class.
 
-    .venv/bin/python benchmarks/plan.py --models mlp,minilm,resnet50 --replay 10s
+The tables: what was chosen, p99 predicted and replayed for both, whether each met the
+SLA, the cost per 1M requests at 0.05 per core-hour, the cache and batch predicted
+against measured; with classes, each class's p99 against its own SLA.
+
+    .venv/bin/python benchmarks/plan.py --models mlp,minilm,resnet50,synthetic --replay 10s
 """
 
 from __future__ import annotations
@@ -26,16 +32,41 @@ from tradeoff.models import build_repository
 # model: (rate req/s, tight SLA ms, loose SLA ms), sized for one core of this machine
 SCENARIOS = {"mlp": (1000.0, 3.0, 20.0), "minilm": (40.0, 60.0, 200.0),
              "resnet50": (4.0, 600.0, 2000.0)}
+# the sleeping model: classes only (its cost is set, so precision and cache have no role)
+SYNTHETIC = {"rate": 22.5, "tight": 44.0, "loose": 120.0, "cores": 4}
+LATENCY_SHARE = 0.2
+
+
+def write_synthetic(repo: Path) -> None:
+    """``repo/synthetic``: backends/synthetic.py's model, 32 ms + 4 ms per row."""
+    (repo / "synthetic" / "1").mkdir(parents=True)
+    (repo / "synthetic" / "1" / "model.json").write_text(json.dumps({
+        "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [-1, 4]}],
+        "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1, 4],
+                     "copy_of": "INPUT0"}],
+        "cost": {"fixed_ms": 32.0, "per_row_ms": 4.0}}))
+    (repo / "synthetic" / "config.pbtxt").write_text(
+        'name: "synthetic"\nbackend: "synthetic"\nmax_batch_size: 16\n')
 
 
 def plan(repo: Path, model: str, rate: float, sla: float, repeats: bool, replay: str,
-         out: Path) -> dict:
+         out: Path, classes: tuple[float, ...] | None = None, cores: int | None = None
+         ) -> dict:
+    """One `tradeoff plan` run; ``classes``: two classes, the latency class's SLA given
+    (the bulk class has ``sla``)."""
     args = [sys.executable, "-m", "tradeoff", "plan", str(repo / model), "--sla-p99-ms",
-            f"{sla:g}", "--rate", f"{rate:g}", "--precision", "int8", "--max-drop", "0.02",
+            f"{sla:g}", "--rate", f"{rate:g}",
+            "--precision", "none" if model == "synthetic" else "int8", "--max-drop", "0.02",
             "--price-per-core-hour", "0.05", "--replay", replay, "--seconds", "2s",
             "--budget", "15m", "-o", str(out / "deploy"), "--json", str(out / "plan.json")]
     if repeats:
         args += ["--distinct-inputs", "1000", "--zipf", "1.0"]
+    if classes is not None:
+        args += ["--class-sla", f"latency={classes[0]:g}",
+                 "--class-share", f"latency={LATENCY_SHARE}",
+                 "--class-share", f"bulk={1 - LATENCY_SHARE}"]
+    if cores is not None:
+        args += ["--cores", str(cores)]
     started = time.monotonic()
     run = subprocess.run(args, capture_output=True, text=True, timeout=1800, check=False)
     if run.returncode != 0:
@@ -65,30 +96,68 @@ def row(model: str, scenario: str, doc: dict) -> dict:
             "stop_reason": doc["stop_reason"], "wall_s": doc["wall_s"]}
 
 
+def class_row(model: str, doc: dict) -> dict:
+    proof = doc["proof"]
+    baseline, chosen = (proof[-2], proof[-1]) if proof else ({}, {})
+    start = {c["request_class"]: c for c in baseline.get("classes", [])}
+    candidate = next((c for c in doc["candidates"] if c["name"] == doc["chosen"]), {})
+    levers = {lever["lever"]: lever for lever in doc["levers"]}
+    return {"model": model, "rate_rps": doc["traffic"]["rate_rps"],
+            "cores": doc["goal"]["cores"], "chosen": doc["chosen"],
+            "pools": bool(candidate.get("pools")), "plan_cores": candidate.get("cores"),
+            "start_cores": doc["baseline"]["cores"],
+            "classes": [{"class": c["request_class"], "sla_p99_ms": c["sla_p99_ms"],
+                         "plan_predicted": c["predicted"]["p99_ms"], "plan_replayed": c["p99_ms"],
+                         "plan_met": c["meets_sla"],
+                         "start_replayed": start.get(c["request_class"], {}).get("p99_ms"),
+                         "start_met": start.get(c["request_class"], {}).get("meets_sla")}
+                        for c in chosen.get("classes", [])],
+            "plan_cost": chosen.get("cost_per_million"),
+            "start_cost": baseline.get("cost_per_million"),
+            "classes_lever": levers.get("classes", {}).get("why"),
+            "stop_reason": doc["stop_reason"], "wall_s": doc["wall_s"]}
+
+
 def _f(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default=",".join(SCENARIOS))
+    parser.add_argument("--models", default=",".join([*SCENARIOS, "synthetic"]))
     parser.add_argument("--replay", default="10s")
     parser.add_argument("--json", type=Path, default=Path("benchmarks/results/plan.json"))
     args = parser.parse_args()
-    rows = []
+    rows, class_rows = [], []
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "models"
         models = args.models.split(",")
-        build_repository(repo, tuple(models))
-        for model in models:
+        build_repository(repo, tuple(m for m in models if m != "synthetic"))
+        if "synthetic" in models:
+            write_synthetic(repo)
+        for number, model in enumerate(models):
+            out = Path(tmp) / f"{model}-{number}"
+            if model == "synthetic":
+                s = SYNTHETIC
+                print(f"{model}: two classes at {s['rate']:g}/s", flush=True)
+                class_rows.append(class_row(model, plan(
+                    repo, model, s["rate"], s["loose"], False, args.replay, out,
+                    (s["tight"], s["loose"]), int(s["cores"]))))
+                print(f"  {class_rows[-1]}", flush=True)
+                continue
             rate, tight, loose = SCENARIOS[model]
             for scenario, sla, repeats in (("Zipf 1.0 over 1,000 inputs", tight, True),
                                            ("no repetition", loose, False)):
-                out = Path(tmp) / f"{model}-{len(rows)}"
+                out = Path(tmp) / f"{model}-{number}-{len(rows)}"
                 print(f"{model}: {scenario}, p99 <= {sla:g} ms at {rate:g}/s", flush=True)
                 rows.append(row(model, scenario, plan(repo, model, rate, sla, repeats,
                                                       args.replay, out)))
                 print(f"  {rows[-1]}", flush=True)
+            print(f"{model}: two classes at {rate:g}/s", flush=True)
+            class_rows.append(class_row(model, plan(
+                repo, model, rate, 10 * loose, False, args.replay, Path(tmp) / f"{model}-c",
+                (tight, 10 * loose), 2)))
+            print(f"  {class_rows[-1]}", flush=True)
     print()
     print("| model | traffic | SLA p99 ms | chosen | p99 plan: predicted / replayed | "
           "p99 start: predicted / replayed | SLA met plan / start | $/1M plan / start | "
@@ -103,6 +172,20 @@ def main() -> None:
               f"{_f(r['start_cost'], 4)} | {_f(r['hit_predicted'])} / "
               f"{_f(r['hit_replayed'])} | {_f(r['batch_predicted'], 1)} / "
               f"{_f(r['batch_replayed'], 1)} |")
+    print()
+    print("| model | rate, cores | chosen | cores plan / start | class: SLA, p99 plan "
+          "predicted / replayed, start replayed | $/1M plan / start |")
+    print("|---|---|---|---:|---|---:|")
+    for r in class_rows:
+        each = "<br>".join(
+            f"{c['class']} <= {c['sla_p99_ms']:g}: {_f(c['plan_predicted'])} / "
+            f"{_f(c['plan_replayed'])}{'' if c['plan_met'] else ' (missed)'}, "
+            f"{_f(c['start_replayed'])}{'' if c['start_met'] else ' (missed)'}"
+            for c in r["classes"])
+        print(f"| {r['model']} | {r['rate_rps']:g}/s, {r['cores']} | {r['chosen']} | "
+              f"{r['plan_cores']} / {r['start_cores']} | {each} | {_f(r['plan_cost'], 4)} / "
+              f"{_f(r['start_cost'], 4)} |")
+    rows = rows + class_rows
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"schema": "tradeoff.bench.plan/1",
                                      "command": " ".join(sys.argv), "rows": rows}, indent=2))
