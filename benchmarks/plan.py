@@ -6,15 +6,19 @@ requests at the tight SLA, 80% at ten times the loose one) with two cores, where
 per class is weighed against one pool for all. Each plan runs the real command (its own
 pinning: the servers on the first core, the load on the rest; unpinned with two cores),
 which serves the chosen deployment and the starting one side by side and replays the
-traffic. ``synthetic`` is a model whose batch costs 32 ms + 4 ms per row spent sleeping
-(as a host waits on an accelerator), so four instances fit on this machine: the classes
-plan where one pool costs more than a pool per class.
+traffic. For ``smollm2-135m``, two plans of its engine (TTFT and TPOT SLAs): prompts
+without a common start under a tight SLA, and prompts whose first 96 of 128 words are
+shared under a loose one (prefix caching weighed). ``synthetic`` is a model whose batch
+costs 32 ms + 4 ms per row spent sleeping (as a host waits on an accelerator), so four
+instances fit on this machine: the classes plan where one pool costs more than a pool per
+class.
 
 The tables: what was chosen, p99 predicted and replayed for both, whether each met the
 SLA, the cost per 1M requests at 0.05 per core-hour, the cache and batch predicted
 against measured; with classes, each class's p99 against its own SLA.
 
-    .venv/bin/python benchmarks/plan.py --models mlp,minilm,resnet50,synthetic --replay 10s
+    .venv/bin/python benchmarks/plan.py --models mlp,minilm,resnet50,synthetic,smollm2-135m \
+        --replay 10s
 """
 
 from __future__ import annotations
@@ -32,6 +36,9 @@ from tradeoff.models import build_repository
 # model: (rate req/s, tight SLA ms, loose SLA ms), sized for one core of this machine
 SCENARIOS = {"mlp": (1000.0, 3.0, 20.0), "minilm": (40.0, 60.0, 200.0),
              "resnet50": (4.0, 600.0, 2000.0)}
+# an LLM: (rate req/s, prompt words, answer tokens, (TTFT ms, TPOT ms) tight and loose)
+LLM_SCENARIOS = {"smollm2-135m": (1.0, 128, 32, (1500.0, 120.0), (4000.0, 400.0))}
+SHARED_PREFIX_WORDS = 96
 # the sleeping model: classes only (its cost is set, so precision and cache have no role)
 SYNTHETIC = {"rate": 22.5, "tight": 44.0, "loose": 120.0, "cores": 4}
 LATENCY_SHARE = 0.2
@@ -96,6 +103,50 @@ def row(model: str, scenario: str, doc: dict) -> dict:
             "stop_reason": doc["stop_reason"], "wall_s": doc["wall_s"]}
 
 
+def plan_llm(repo: Path, model: str, rate: float, words: int, tokens: int, sla: tuple,
+             shared: int, replay: str, out: Path) -> dict:
+    """One `tradeoff plan` of an LLM: INT8 weighed (perplexity up to 5% higher)."""
+    args = [sys.executable, "-m", "tradeoff", "plan", str(repo / model),
+            "--sla-ttft-ms", f"{sla[0]:g}", "--sla-tpot-ms", f"{sla[1]:g}",
+            "--rate", f"{rate:g}", "--prompt-words", str(words), "--output-tokens",
+            str(tokens), "--shared-prefix-words", str(shared), "--precision", "int8",
+            "--max-drop", "0.05", "--price-per-core-hour", "0.05", "--replay", replay,
+            "--seconds", "4s", "--budget", "20m", "-o", str(out / "deploy"),
+            "--json", str(out / "plan.json")]
+    started = time.monotonic()
+    run = subprocess.run(args, capture_output=True, text=True, timeout=2400, check=False)
+    if run.returncode != 0:
+        raise RuntimeError(f"plan failed:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}")
+    document = json.loads((out / "plan.json").read_text())
+    document["wall_s"] = time.monotonic() - started
+    return document
+
+
+def llm_row(model: str, scenario: str, doc: dict) -> dict:
+    proof = doc["proof"]
+    baseline, chosen = (proof[-2], proof[-1]) if proof else ({}, {})
+    versions = {v["version"]: v for v in doc["versions"]}
+    return {"model": model, "scenario": scenario, "rate_rps": doc["traffic"]["rate_rps"],
+            "prompt_tokens": doc["traffic"]["prompt_tokens"],
+            "output_tokens": doc["traffic"]["output_tokens"],
+            "sla_ttft_ms": doc["goal"]["sla_p99_ms"], "sla_tpot_ms": doc["goal"]["sla_tpot_ms"],
+            "chosen": doc["chosen"], "start": doc["baseline"]["name"],
+            "int8_perplexity_rise": next((v["drop"] for v in versions.values()
+                                          if v["precision"] == "int8"), None),
+            "plan_ttft": (chosen.get("predicted", {}).get("p99_ms"), chosen.get("p99_ms")),
+            "plan_tpot": (chosen.get("predicted", {}).get("tpot_p99_ms"),
+                          chosen.get("tpot_p99_ms")),
+            "start_ttft": (baseline.get("predicted", {}).get("p99_ms"), baseline.get("p99_ms")),
+            "start_tpot": (baseline.get("predicted", {}).get("tpot_p99_ms"),
+                           baseline.get("tpot_p99_ms")),
+            "met": (chosen.get("meets_sla"), baseline.get("meets_sla")),
+            "tokens_per_s": (chosen.get("output_tokens_per_s"),
+                             baseline.get("output_tokens_per_s")),
+            "cost": (chosen.get("cost_per_million"), baseline.get("cost_per_million")),
+            "prefix_hits_predicted": chosen.get("predicted", {}).get("hit_ratio"),
+            "stop_reason": doc["stop_reason"], "wall_s": doc["wall_s"]}
+
+
 def class_row(model: str, doc: dict) -> dict:
     proof = doc["proof"]
     baseline, chosen = (proof[-2], proof[-1]) if proof else ({}, {})
@@ -124,11 +175,12 @@ def _f(value: float | None, digits: int = 2) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default=",".join([*SCENARIOS, "synthetic"]))
+    parser.add_argument("--models", default=",".join([*SCENARIOS, "synthetic",
+                                                      *LLM_SCENARIOS]))
     parser.add_argument("--replay", default="10s")
     parser.add_argument("--json", type=Path, default=Path("benchmarks/results/plan.json"))
     args = parser.parse_args()
-    rows, class_rows = [], []
+    rows, class_rows, llm_rows = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "models"
         models = args.models.split(",")
@@ -137,6 +189,18 @@ def main() -> None:
             write_synthetic(repo)
         for number, model in enumerate(models):
             out = Path(tmp) / f"{model}-{number}"
+            if model in LLM_SCENARIOS:
+                rate, words, tokens, tight, loose = LLM_SCENARIOS[model]
+                for scenario, sla, shared in (
+                        ("no shared prefix, tight SLA", tight, 0),
+                        (f"{SHARED_PREFIX_WORDS} of {words} words shared, loose SLA", loose,
+                         SHARED_PREFIX_WORDS)):
+                    print(f"{model}: {scenario} at {rate:g}/s", flush=True)
+                    llm_rows.append(llm_row(model, scenario, plan_llm(
+                        repo, model, rate, words, tokens, sla, shared, args.replay,
+                        Path(tmp) / f"{model}-{len(llm_rows)}")))
+                    print(f"  {llm_rows[-1]}", flush=True)
+                continue
             if model == "synthetic":
                 s = SYNTHETIC
                 print(f"{model}: two classes at {s['rate']:g}/s", flush=True)
@@ -185,7 +249,21 @@ def main() -> None:
         print(f"| {r['model']} | {r['rate_rps']:g}/s, {r['cores']} | {r['chosen']} | "
               f"{r['plan_cores']} / {r['start_cores']} | {each} | {_f(r['plan_cost'], 4)} / "
               f"{_f(r['start_cost'], 4)} |")
-    rows = rows + class_rows
+    print()
+    print("| model | traffic | SLA TTFT / TPOT ms | chosen (start) | TTFT p99 plan: "
+          "predicted / replayed | TPOT p99 plan: predicted / replayed | TTFT / TPOT p99 "
+          "start: replayed | met plan / start | tokens/s plan / start |")
+    print("|---|---|---|---|---:|---:|---:|---|---:|")
+    for r in llm_rows:
+        met = " / ".join("yes" if m else "no" for m in r["met"])
+        print(f"| {r['model']} | {r['scenario']}: {r['rate_rps']:g}/s, "
+              f"{r['prompt_tokens']} + {r['output_tokens']} tokens | {r['sla_ttft_ms']:g} / "
+              f"{r['sla_tpot_ms']:g} | {r['chosen']} ({r['start']}) | "
+              f"{_f(r['plan_ttft'][0])} / {_f(r['plan_ttft'][1])} | {_f(r['plan_tpot'][0])} "
+              f"/ {_f(r['plan_tpot'][1])} | {_f(r['start_ttft'][1])} / "
+              f"{_f(r['start_tpot'][1])} | {met} | {_f(r['tokens_per_s'][0], 1)} / "
+              f"{_f(r['tokens_per_s'][1], 1)} |")
+    rows = rows + class_rows + llm_rows
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"schema": "tradeoff.bench.plan/1",
                                      "command": " ".join(sys.argv), "rows": rows}, indent=2))

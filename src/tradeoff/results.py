@@ -582,6 +582,9 @@ class VersionReport(Record):
     drop: float = field(init=False)  # the most any output lost
     created: bool  # made by this run (not a version that was already there)
     model: str | None = None  # served under another name (an LLM's precision: a sibling)
+    # an LLM's: ms of one step that prefills a prompt chunk of each size (no decodes)
+    prefill_ms: dict[int, float] | None = field(default=None,
+                                                metadata=written(omit_none=True))
 
     def __post_init__(self) -> None:
         best = max(self.throughput_by_batch, key=lambda b: self.throughput_by_batch[b])
@@ -764,11 +767,13 @@ class PlanVersion(Record):
 class Prediction(Record):
     """What the batcher simulation says a deployment does to the traffic."""
 
-    p50_ms: float
+    p50_ms: float  # a generative model's: time to first token
     p99_ms: float
-    mean_batch: float
-    hit_ratio: float  # of the response cache (0 without one)
+    mean_batch: float  # a generative model's: sequences in a step
+    hit_ratio: float  # of the response cache (0 without one); the prefix cache's
     utilisation: float  # the rate the model sees over the most it can serve
+    tpot_p50_ms: float | None = field(default=None, metadata=written(omit_none=True))
+    tpot_p99_ms: float | None = field(default=None, metadata=written(omit_none=True))
 
 
 @dataclass(frozen=True)
@@ -839,9 +844,12 @@ class Replayed(Record):
     mean_batch: float | None  # requests the model ran over its executions
     predicted: Prediction
     meets_sla: bool  # with classes: every class met its own
-    cost_per_million: float | None
+    cost_per_million: float | None  # requests, or a generative model's output tokens
     classes: list[ClassReplayed] = field(default_factory=list,
                                          metadata=written(when=lambda r: bool(r.classes)))
+    # a generative model's: p50_ms and p99_ms are its time to first token
+    tpot_p99_ms: float | None = field(default=None, metadata=written(omit_none=True))
+    output_tokens_per_s: float | None = field(default=None, metadata=written(omit_none=True))
 
 
 @dataclass(frozen=True)

@@ -177,3 +177,38 @@ def test_two_classes_get_a_pool_each_behind_a_router(tmp_path: Path) -> None:
         from tradeoff.bench.adapters import V2Adapter
 
         assert V2Adapter(server.url, "synthetic").prepare()
+
+
+def test_a_generative_model_gets_the_engine_batch_its_rate_needs(tmp_path: Path) -> None:
+    # a step costs 20 ms + 0.1 ms a token (sleeping, as a host waits on a GPU). One
+    # sequence at a time serves a 16-token answer in about 0.35 s: under 3 requests/s,
+    # so the start falls behind; decoding several together costs little more per step.
+    from tradeoff.models.generative import write_synthetic_llm
+    from tradeoff.repository.safe_yaml import read_yaml
+
+    model = write_synthetic_llm(tmp_path / "repo", model={"step_ms": 20.0,
+                                                          "per_token_ms": 0.1},
+                                max_num_seqs=1)
+    run = CliRunner().invoke(main, [
+        "plan", str(model), "--sla-ttft-ms", "400", "--sla-tpot-ms", "60", "--rate", "3",
+        "--prompt-words", "24", "--output-tokens", "16", "--precision", "none",
+        "--replay", "3s", "--seconds", "1s", "--budget", "4m",
+        "--json", str(tmp_path / "plan.json")])
+    assert run.exit_code == 0, run.output
+    result = load_as(PlanResult, tmp_path / "plan.json")
+    assert result.baseline.knobs["max_num_seqs"] == 1 and not result.baseline.meets_sla
+    chosen = result.candidate(result.chosen)
+    assert chosen is not None and chosen.knobs["max_num_seqs"] > 1
+    assert chosen.predicted.tpot_p99_ms is not None and chosen.predicted.tpot_p99_ms < 60
+    # the prompt in the server's tokens (one a character here), not words
+    assert result.traffic["prompt_tokens"] > 24
+    baseline, plan = result.proof[-2:]
+    assert plan.meets_sla, result.verdict
+    assert plan.tpot_p99_ms is not None and plan.output_tokens_per_s
+    assert baseline.p99_ms is None or plan.p99_ms is not None and plan.p99_ms < baseline.p99_ms
+    assert {lever.lever: lever.taken for lever in result.levers}["engine batch"]
+    written = read_yaml(Path(result.output or "") / "repository" / "synthetic-llm" /
+                        "generate.yaml")
+    assert written["max_num_seqs"] == chosen.knobs["max_num_seqs"]
+    assert read_yaml(model / "generate.yaml")["max_num_seqs"] == 1  # the original is kept
+    assert "TTFT p99" in run.output and "TPOT" in run.output

@@ -12,14 +12,28 @@ from tradeoff.cli.options import DURATION, Duration, Number, json_option, save_r
 __all__ = ["plan"]
 
 PRECISIONS = {"int8": ("int8-dynamic", True), "int8-static": ("int8-static", True),
-              "fp16": ("fp16", False), "graph-opt": ("graph-opt", False)}
+              "fp16": ("fp16", False), "graph-opt": ("graph-opt", False),
+              "bf16": ("bf16", False)}
 
 
 @click.command()
 @click.argument("model_dir", metavar="REPOSITORY/MODEL",
                 type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--sla-p99-ms", type=Number(0, min_open=True), required=True,
-              help="The p99 latency every request must meet, in ms.")
+@click.option("--sla-p99-ms", type=Number(0, min_open=True),
+              help="The p99 latency every request must meet, in ms (tensor models).")
+@click.option("--sla-ttft-ms", type=Number(0, min_open=True),
+              help="Generative models: the p99 time to first token, in ms.")
+@click.option("--sla-tpot-ms", type=Number(0, min_open=True),
+              help="Generative models: the p99 time per output token after the first, "
+                   "in ms.")
+@click.option("--prompt-words", type=click.IntRange(1), default=128, show_default=True,
+              help="Generative models: each prompt's length in words (about a token each "
+                   "for BPE tokenizers; the plan works in the server's own token count).")
+@click.option("--output-tokens", type=click.IntRange(1), default=64, show_default=True,
+              help="Generative models: tokens each answer generates.")
+@click.option("--shared-prefix-words", type=click.IntRange(0), default=0, show_default=True,
+              help="Generative models: the words every prompt starts with (a system "
+                   "prompt), which prefix caching can reuse.")
 @click.option("--rate", type=Number(0, min_open=True),
               help="The traffic: requests per second (with --arrival), or give --trace.")
 @click.option("--arrival", type=click.Choice(["poisson", "constant"]), default="poisson",
@@ -67,22 +81,28 @@ PRECISIONS = {"int8": ("int8-dynamic", True), "int8-static": ("int8-static", Tru
               help="Where to write the deployment (default: REPOSITORY-plan-MODEL beside "
                    "the repository); must be new or empty.")
 @json_option("tradeoff.plan/1")
-def plan(model_dir: Path, sla_p99_ms: float, rate: float | None, arrival: str,
+def plan(model_dir: Path, sla_p99_ms: float | None, sla_ttft_ms: float | None,
+         sla_tpot_ms: float | None, prompt_words: int, output_tokens: int,
+         shared_prefix_words: int, rate: float | None, arrival: str,
          distinct_inputs: int | None, zipf: float | None, class_slas: tuple[str, ...],
          class_shares: tuple[str, ...], trace: Path | None,
          precisions: tuple[str, ...], max_drop: float, price_per_hour: float | None,
          price_per_core_hour: float | None, price_per_gpu_hour: float | None,
          cores: int | None, budget: float, replay_s: float,
          seconds: float, output: Path | None, json_path: Path | None) -> None:
-    """Plan a deployment of a tensor model for its traffic and a p99 SLA, write it beside
-    the repository, and prove it: served and replayed against the starting deployment.
+    """Plan a deployment of a model for its traffic and an SLA, write it beside the
+    repository, and prove it: served and replayed against the starting deployment.
 
-    It weighs the precision versions `tradeoff optimize` makes (within --max-drop), the
-    batch size, queue delay and instances `tradeoff tune serve` moves, and a response
-    cache sized from the traffic's repetition; predicts each deployment by simulating
-    the batcher on the measured batch costs and the traffic's arrivals; writes the best
-    (REPOSITORY, config.pbtxt, serve.sh); and replays the traffic against it and the
-    starting deployment side by side. docs/plan.md says what it measures and its limits.
+    For a tensor model (a p99 SLA) it weighs the precision versions `tradeoff optimize`
+    makes (within --max-drop), the batch size, queue delay and instances `tradeoff tune
+    serve` moves, a response cache sized from the traffic's repetition, and a pool per
+    class of requests behind a router; it predicts each deployment by simulating the
+    batcher on the measured batch costs and the traffic's arrivals. For a generative
+    model (TTFT and TPOT SLAs) it weighs precision (--max-drop: the perplexity's rise),
+    max_num_seqs, max_num_batched_tokens and prefix caching, predicted by the engine's
+    own scheduler over the measured step costs. It writes the best (REPOSITORY, its
+    config, serve.sh) and replays the traffic against it and the starting deployment side
+    by side. docs/plan.md says what it measures and its limits.
 
     \b
     Examples:
@@ -94,16 +114,28 @@ def plan(model_dir: Path, sla_p99_ms: float, rate: float | None, arrival: str,
           --class-share latency=0.1 --class-share bulk=0.9 --cores 4
       tradeoff plan ./models/resnet50 --sla-p99-ms 200 --rate 20 --precision int8 \\
           --max-drop 0.02 --budget 20m -o ./deploy/resnet50
+      tradeoff plan ./models/smollm2-135m --sla-ttft-ms 800 --sla-tpot-ms 80 --rate 1 \\
+          --prompt-words 128 --output-tokens 32 --shared-prefix-words 96 \\
+          --precision int8 --max-drop 0.05
     """
     from rich.console import Console
 
     from tradeoff.optimize import Variant
+    from tradeoff.plan.continuous import Lengths
     from tradeoff.plan.planner import PlanRequest, make_plan
     from tradeoff.plan.search import PlanGoal
     from tradeoff.plan.traffic import Traffic
     from tradeoff.report.terminal import print_plan
     from tradeoff.stats.cost import Price
 
+    if (sla_ttft_ms is None) != (sla_tpot_ms is None):
+        raise click.UsageError("a generative model's SLA is both --sla-ttft-ms and "
+                               "--sla-tpot-ms")
+    if (sla_p99_ms is None) == (sla_ttft_ms is None):
+        raise click.UsageError("give the SLA: --sla-p99-ms (tensor models), or "
+                               "--sla-ttft-ms and --sla-tpot-ms (generative models)")
+    if shared_prefix_words >= prompt_words:
+        raise click.UsageError("--shared-prefix-words must be fewer than --prompt-words")
     if (rate is None) == (trace is None):
         raise click.UsageError("give the traffic: --rate (with --arrival) or --trace")
     if trace is not None and (distinct_inputs is not None or zipf is not None):
@@ -134,7 +166,8 @@ def plan(model_dir: Path, sla_p99_ms: float, rate: float | None, arrival: str,
     if len(available) > server_cores:
         server_cpus = ",".join(str(c) for c in available[:server_cores])
     variants = tuple(Variant(*PRECISIONS[p]) for p in precisions if p != "none")
-    goal = PlanGoal(sla_p99_ms=sla_p99_ms, max_drop=max_drop, cores=server_cores,
+    goal = PlanGoal(sla_p99_ms=sla_p99_ms or sla_ttft_ms or 0.0, max_drop=max_drop,
+                    cores=server_cores, sla_tpot_ms=sla_tpot_ms,
                     price=Price(per_hour=price_per_hour) if price_per_hour else None,
                     price_per_core_hour=price_per_core_hour,
                     price_per_gpu_hour=price_per_gpu_hour, budget_s=budget,
@@ -144,8 +177,9 @@ def plan(model_dir: Path, sla_p99_ms: float, rate: float | None, arrival: str,
         if server_cpus is not None:  # this process generates the load: the other cores
             os.sched_setaffinity(0, set(available[server_cores:]))
         with step_progress(console) as say:
-            result = make_plan(PlanRequest(model_dir, traffic, goal, variants, output,
-                                           seconds, server_cpus), say)
+            result = make_plan(PlanRequest(
+                model_dir, traffic, goal, variants, output, seconds, server_cpus,
+                Lengths(prompt_words, output_tokens, shared_prefix_words)), say)
     finally:
         if server_cpus is not None:
             os.sched_setaffinity(0, set(available))

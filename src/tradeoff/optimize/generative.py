@@ -7,7 +7,8 @@ The server serves it under that name next to the original, and ``tradeoff compar
 A/B the two through ``/v1``.
 
 Every precision is then measured in process: the time of one decode step at batch 1,
-tokens per second at each batch of sequences decoded together, and, on the sentences
+tokens per second at each batch of sequences decoded together, the time of a step that
+prefills a prompt chunk of 16, 64 and 256 tokens, and, on the sentences
 shipped with tradeoff, the perplexity and how often the next-token choice (greedy, with
 the text as context) agrees with the original's.
 """
@@ -119,13 +120,42 @@ def _decode_speed(decoder: Any, max_batch: int, seconds: float
     return latency, throughput
 
 
+PREFILL_CHUNKS = (16, 64, 256)  # prompt tokens of the timed prefill steps
+
+
+def _prefill_speed(decoder: Any, seconds: float) -> dict[int, float]:
+    """The median time (ms) of one step prefilling a prompt chunk of each of
+    PREFILL_CHUNKS tokens (what a prompt adds to a step), each for a share of
+    ``seconds``."""
+    from tradeoff.backends.decoding import SequenceStep
+
+    top = min(max(PREFILL_CHUNKS), int(getattr(decoder.config, "max_position", 1 << 30)))
+    chunks = [c for c in PREFILL_CHUNKS if c <= top] or [top]
+    cache = decoder.new_cache(math.ceil(max(chunks) / 16), 16)
+    out = {}
+    for size in chunks:
+        prompt = torch.arange(1, size + 1, dtype=torch.long) % 200 + 1
+        slots = torch.arange(size)
+        times: list[float] = []
+        deadline = time.perf_counter() + seconds / len(chunks)
+        while len(times) < 3 or (time.perf_counter() < deadline and len(times) < 50):
+            start = time.perf_counter()
+            decoder.step([SequenceStep(prompt, 0, slots)], cache)
+            times.append(time.perf_counter() - start)
+        out[size] = 1e3 * float(np.median(times))
+    return out
+
+
 def optimize_generative(model_dir: Path, precisions: tuple[str, ...], seconds: float,
-                        say: Callable[[str], None]) -> tuple[list[VersionReport], str]:
+                        say: Callable[[str], None], max_sequences: int | None = None
+                        ) -> tuple[list[VersionReport], str]:
     """Write the sibling of each precision and measure it with the original; returns the
-    reports (the original first, labelled 1, 2, 3 ...) and the original's precision."""
+    reports (the original first, labelled 1, 2, 3 ...) and the original's precision.
+    ``max_sequences``: the largest decode batch timed (default: the config's
+    max_num_seqs, at most 16)."""
     original = GenerativeConfig.of_model(model_dir)
     wanted = [p for p in precisions if p != original.precision]
-    if not wanted:
+    if precisions and not wanted:  # none asked for: the original is measured alone
         raise OptimizeError(f"{model_dir.name} is already {original.precision}")
     directories = [model_dir] + [write_sibling(model_dir, p) for p in wanted]
     reports: list[VersionReport] = []
@@ -134,7 +164,9 @@ def optimize_generative(model_dir: Path, precisions: tuple[str, ...], seconds: f
         say(f"measuring {directory.name}")
         config, decoder, tokenizer = load_generative(directory)
         greedy, perplexity = _score(decoder, tokenizer)
-        latency, throughput = _decode_speed(decoder, min(config.max_num_seqs, 16), seconds)
+        latency, throughput = _decode_speed(
+            decoder, max_sequences or min(config.max_num_seqs, 16), seconds)
+        prefill = _prefill_speed(decoder, seconds / 4)
         metrics = {"perplexity": perplexity}
         accuracy = []
         if reference is None:
@@ -149,6 +181,7 @@ def optimize_generative(model_dir: Path, precisions: tuple[str, ...], seconds: f
             f"generate.yaml precision: {config.precision}; from {model_dir.name}"
         reports.append(VersionReport(label, config.precision, method, decoder.weight_bytes,
                                      latency, throughput, accuracy,
-                                     created=directory != model_dir, model=directory.name))
+                                     created=directory != model_dir, model=directory.name,
+                                     prefill_ms=prefill))
         del decoder
     return reports, original.precision

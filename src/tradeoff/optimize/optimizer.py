@@ -68,6 +68,8 @@ class OptimizePlan:
     max_drop: float = DEFAULT_MAX_DROP
     seconds_per_version: float = 4.0  # speed measurement time of each version
     source_version: int | None = None  # default: the newest version not made by optimize
+    max_sequences: int | None = None  # an LLM's largest decode batch timed (default: its
+    # max_num_seqs, at most 16)
 
 
 def optimize_model(model_dir: Path, plan: OptimizePlan,
@@ -188,7 +190,7 @@ def _optimize_generative(model_dir: Path, plan: OptimizePlan,
             "--calibration and --from-version are for ONNX models")
     versions, original = optimize_generative(
         model_dir, tuple(precisions[v.kind] for v in plan.variants),
-        plan.seconds_per_version, say)
+        plan.seconds_per_version, say, plan.max_sequences)
     text = scored_text()
     return OptimizeResult(
         model=model_dir.name, repository=str(model_dir.parent), source_version=1,

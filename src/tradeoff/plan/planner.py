@@ -40,6 +40,7 @@ from pathlib import Path
 import yaml
 
 from tradeoff.analysis.compare import run_compare
+from tradeoff.backends.registry import GENERATIVE
 from tradeoff.bench.adapters import V2Adapter
 from tradeoff.bench.endpoint import EndpointSpec
 from tradeoff.bench.load import LoadSpec
@@ -47,8 +48,20 @@ from tradeoff.bench.mix import RequestClass
 from tradeoff.bench.result import server_counts
 from tradeoff.bench.session import run_benchmark
 from tradeoff.errors import InvalidValue, TuneError, local_resource
+from tradeoff.generate.config import GenerativeConfig
 from tradeoff.optimize.optimizer import OptimizePlan, optimize_model
 from tradeoff.optimize.variants import Variant
+from tradeoff.plan.continuous import Lengths
+from tradeoff.plan.generative import (
+    EngineSearcher,
+    calibrate,
+    engine_levers,
+    measure_versions,
+    replay_generation,
+    replay_prompts,
+    settings_of,
+    write_engine_deployment,
+)
 from tradeoff.plan.predict import simulate
 from tradeoff.plan.search import (
     MAX_POOLED_CLASSES,
@@ -103,6 +116,7 @@ class PlanRequest:
     output: Path | None = None  # default: REPOSITORY-plan/MODEL beside the repository
     seconds_per_version: float = 2.0
     server_cpus: str | None = None  # the cores the servers are pinned to
+    lengths: Lengths | None = None  # a generative model's prompts and answers
 
 
 def default_output(model_dir: Path) -> Path:
@@ -128,10 +142,19 @@ def make_plan(request: PlanRequest, say: Progress = lambda _: None) -> PlanResul
     name = model_dir.name
     if not model_dir.is_dir() or name not in repository.names():
         raise InvalidValue(f"{model_dir}: not a model directory (give REPOSITORY/MODEL)")
-    if repository.kind(name) != "tensor":
-        raise TuneError(f"{name} is a {repository.kind(name)} model; this version of plan "
-                        "takes tensor models (generative ones: tradeoff tune serve and the "
-                        "engine flags, docs/plan.md)")
+    kind = repository.kind(name)
+    if kind not in ("tensor", GENERATIVE):
+        raise TuneError(f"{name} is a {kind}: plan takes a tensor or generative model (a "
+                        "router's plan is made for each model behind it)")
+    if kind == GENERATIVE and request.goal.sla_tpot_ms is None:
+        raise InvalidValue(f"{name} is a generative model: give --sla-ttft-ms and "
+                           "--sla-tpot-ms (its SLA is per token, not per request)")
+    if kind == GENERATIVE and len(request.traffic.classes) > 1:
+        raise InvalidValue(f"{name} is a generative model: classes of requests are planned "
+                           "for tensor models only")
+    if kind == "tensor" and request.goal.sla_tpot_ms is not None:
+        raise InvalidValue(f"{name} is a tensor model: give --sla-p99-ms (TTFT and TPOT "
+                           "are for generative models)")
     output = request.output or default_output(model_dir)
     _check_output(output, model_dir)
     created = not output.exists()
@@ -141,6 +164,12 @@ def make_plan(request: PlanRequest, say: Progress = lambda _: None) -> PlanResul
             output.mkdir(parents=True, exist_ok=True)
             shutil.copytree(model_dir, work / "candidates" / name)
             shutil.copytree(model_dir, work / "baseline" / name)
+        if kind == GENERATIVE:
+            settings = GenerativeConfig.of_model(model_dir)
+            if request.goal.price_per_gpu_hour is not None:
+                request = replace(request, goal=request.goal.on_gpus(_engine_gpus(settings,
+                                                                                  name)))
+            return _plan_generative(request, settings, output, started, say)
         config = repository.read(name).config
         if request.goal.price_per_gpu_hour is not None:
             request = replace(request, goal=request.goal.on_gpus(_gpus(config)))
@@ -161,6 +190,86 @@ def _gpus(config: ModelConfig) -> int:
                            "GPU-hour price does not apply; give --price-per-hour or "
                            "--price-per-core-hour")
     return len(gpus)
+
+
+def _engine_gpus(config: GenerativeConfig, name: str) -> int:
+    """One GPU for an engine on CUDA (``device: cuda``, or ``auto`` where torch sees a
+    GPU); InvalidValue for one on the CPU."""
+    on_gpu = config.device.startswith("cuda")
+    if config.device == "auto":
+        import torch
+
+        on_gpu = bool(torch.cuda.is_available())
+    if not on_gpu:
+        raise InvalidValue(f"{name} runs on the CPU (generate.yaml device: {config.device}"
+                           "): a GPU-hour price does not apply; give --price-per-hour or "
+                           "--price-per-core-hour")
+    return 1
+
+
+def _plan_generative(request: PlanRequest, config: GenerativeConfig, output: Path,
+                     started: float, say: Progress) -> PlanResult:
+    """A generative model's plan (:mod:`tradeoff.plan.generative`): its precision and
+    engine settings for a TTFT and a TPOT SLA."""
+    goal, work, model_dir = request.goal, output / ".work", Path(request.model_dir)
+    name, traffic = model_dir.name, request.traffic
+    lengths = request.lengths or Lengths(128, 64)
+    say("measuring every version (tradeoff optimize)")
+    versions, costs = measure_versions(work / "candidates" / name, request.variants,
+                                       goal.max_drop, request.seconds_per_version, say)
+    original = versions[0]
+    start = settings_of(config)
+    prompts = replay_prompts(work / "prompts.jsonl", lengths)
+    load = replay_load(traffic, goal.replay_s)
+    with ServerProcess(work / "baseline", cpus=request.server_cpus) as baseline_server:
+        say("calibrating on the starting deployment")
+        calibration, served = calibrate(baseline_server, name, costs[original.version], start,
+                                        traffic, lengths, goal, prompts)
+        searcher = EngineSearcher(traffic, served, goal, calibration,
+                                  (original.version, start))
+        baseline = searcher.predict(original, costs[original.version], start)
+        ranked = searcher.search(versions, costs, say)
+        if not ranked:
+            raise TuneError("no version was kept: every one lost more than --max-drop")
+
+        def attempt(number: int, candidate: PlanCandidate) -> tuple[list[Replayed], Path]:
+            target = write_engine_deployment(work / f"attempt-{number}", model_dir,
+                                             candidate, WRITTEN_BY)
+            return replay_generation(baseline_server, target, name, candidate, baseline,
+                                     goal, served, prompts, load, request.server_cpus), target
+
+        attempts, stop = _prove(ranked, goal, goal.sla_p99_ms, started, attempt, say)
+    chosen, shown, kept = _conclude(attempts, ranked, output)
+    return PlanResult(
+        model=name, repository=str(model_dir.parent), output=str(output),
+        goal=goal.to_dict(), traffic={**traffic.describe(), **served.describe()},
+        environment=environment(), calibration=calibration.to_dict(), versions=versions,
+        baseline=baseline, candidates=kept, chosen=chosen.name if chosen else None,
+        levers=engine_levers(versions, baseline, chosen, served),
+        proof=[r for _, replayed, _ in attempts for r in replayed],
+        verdict=verdict(shown, goal), stop_reason=stop,
+        elapsed_s=time.monotonic() - started)
+
+
+def _conclude(attempts: list[Attempt], ranked: list[PlanCandidate], output: Path
+              ) -> tuple[PlanCandidate | None, list[Replayed], list[PlanCandidate]]:
+    """The deployment kept: the first attempt that met the SLA on replay, else the one
+    replayed fastest at p99, moved to ``output/repository`` with its ``serve.sh``; its
+    replay; and the candidates the document keeps (the best ranked, the Pareto front and
+    the chosen), the front marked."""
+    chosen: PlanCandidate | None = None
+    shown: list[Replayed] = []
+    if attempts:
+        chosen, shown, target = min(attempts, key=lambda a: (not a[1][-1].meets_sla,
+                                                             a[1][-1].p99_ms or math.inf))
+        deployment = output / "repository"
+        with local_resource(f"cannot write the plan into {output}"):
+            shutil.move(str(target), deployment)
+            (output / "serve.sh").write_text(serve_script(deployment, chosen))
+    front = pareto(ranked)
+    kept = ranked[:KEPT_CANDIDATES] + [c for c in ranked[KEPT_CANDIDATES:]
+                                       if c.name in front or c == chosen]
+    return chosen, shown, [replace(c, pareto=c.name in front) for c in kept]
 
 
 def _plan(request: PlanRequest, config: ModelConfig, output: Path, started: float,
@@ -190,28 +299,22 @@ def _plan(request: PlanRequest, config: ModelConfig, output: Path, started: floa
             raise TuneError("no version was kept: every one lost more than --max-drop")
         pools, pools_why = _search_pools(request, config, versions, calibration, start, say)
         ranked = sorted(ranked + pools, key=lambda c: rank_key(c, shared.sla_p99_ms))
-        attempts, stop = _prove(ranked, baseline, baseline_server, request, config,
-                                started, say)
+        candidates = work / "candidates" / config.name
+
+        def attempt(number: int, candidate: PlanCandidate) -> tuple[list[Replayed], Path]:
+            target = write_deployment(work / f"attempt-{number}", candidates, candidate,
+                                      config)
+            return _replay(baseline_server, target, config.name, candidate, baseline,
+                           request), target
+
+        attempts, stop = _prove(ranked, goal, shared.sla_p99_ms, started, attempt, say)
     proof = [r for _, replayed, _ in attempts for r in replayed]
-    chosen: PlanCandidate | None = None
-    shown: list[Replayed] = []
-    if attempts:
-        # the first that met the SLA on replay, else the one replayed fastest at p99
-        chosen, shown, target = min(attempts, key=lambda a: (not a[1][-1].meets_sla,
-                                                             a[1][-1].p99_ms or math.inf))
-        deployment = output / "repository"
-        with local_resource(f"cannot write the plan into {output}"):
-            shutil.move(str(target), deployment)
-            (output / "serve.sh").write_text(serve_script(deployment, chosen))
-    front = pareto(ranked)
-    kept = ranked[:KEPT_CANDIDATES] + [c for c in ranked[KEPT_CANDIDATES:]
-                                       if c.name in front or c == chosen]
+    chosen, shown, kept = _conclude(attempts, ranked, output)
     return PlanResult(
         model=name, repository=str(Path(request.model_dir).parent), output=str(output),
         goal=goal.to_dict(), traffic=request.traffic.describe(), environment=environment(),
         calibration=calibration.to_dict(), versions=versions, baseline=baseline,
-        candidates=[replace(c, pareto=c.name in front) for c in kept],
-        chosen=chosen.name if chosen else None,
+        candidates=kept, chosen=chosen.name if chosen else None,
         levers=levers(versions, original, baseline, chosen, cache, pools_why,
                       bool(pools)),
         proof=proof, verdict=verdict(shown, goal), stop_reason=stop,
@@ -260,12 +363,13 @@ def _search_pools(request: PlanRequest, config: ModelConfig, versions: list[Plan
         "for all (which must meet the strictest SLA)"
 
 
-def _prove(ranked: list[PlanCandidate], baseline: PlanCandidate,
-           baseline_server: ServerProcess, request: PlanRequest, config: ModelConfig,
-           started: float, say: Progress) -> tuple[list[Attempt], str]:
-    """Write and replay the best ranked, then the next while each misses the SLA on
-    replay (at most ATTEMPTS, within the budget); the attempts and why it stopped."""
-    goal, work = request.goal, Path(baseline_server.repository).parent
+def _prove(ranked: list[PlanCandidate], goal: PlanGoal, sla_ms: float, started: float,
+           attempt: Callable[[int, PlanCandidate], tuple[list[Replayed], Path]],
+           say: Progress) -> tuple[list[Attempt], str]:
+    """Write and replay the best ranked (``attempt``: the written deployment's replay,
+    the start's first, and where it was written), then the next while each misses the
+    SLA on replay (at most ATTEMPTS, within the budget); the attempts and why it
+    stopped."""
     attempts: list[Attempt] = []
     stop = "met the SLA on replay"
     for number, candidate in enumerate(ranked[:ATTEMPTS], 1):
@@ -275,14 +379,11 @@ def _prove(ranked: list[PlanCandidate], baseline: PlanCandidate,
             return attempts, (f"the budget ({goal.budget_s:.0f} s) ran out before "
                               f"replaying {candidate.name}")
         say(f"writing and replaying {candidate.name}")
-        target = write_deployment(work / f"attempt-{number}", work / "candidates" / config.name,
-                                  candidate, config)
-        replayed = _replay(baseline_server, target, config.name, candidate, baseline, request)
+        replayed, target = attempt(number, candidate)
         attempts.append((candidate, replayed, target))
         if not candidate.meets_sla:  # the best is predicted to miss: none can meet it
-            sla = goal.strictest(request.traffic.classes)
-            return attempts, (f"no deployment is predicted to meet p99 <= {sla:g} ms: "
-                              f"the best, {candidate.name}, is "
+            return attempts, (f"no deployment is predicted to meet p99 <= {sla_ms:g} ms"
+                              f"{_and_tpot(goal)}: the best, {candidate.name}, is "
                               f"predicted at {candidate.predicted.p99_ms:.2f} ms and "
                               f"measured at {_shown(replayed[-1].p99_ms)} on replay")
         if replayed[-1].meets_sla:
@@ -290,6 +391,10 @@ def _prove(ranked: list[PlanCandidate], baseline: PlanCandidate,
                                                         if number > 1 else "")
         stop = f"{candidate.name} missed the SLA on replay"
     return attempts, stop + (f" ({ATTEMPTS} attempts)" if len(attempts) == ATTEMPTS else "")
+
+
+def _and_tpot(goal: PlanGoal) -> str:
+    return "" if goal.sla_tpot_ms is None else f" (TTFT) and TPOT <= {goal.sla_tpot_ms:g} ms"
 
 
 def _weigh(optimized: OptimizeResult, max_drop: float) -> list[PlanVersion]:
@@ -547,6 +652,12 @@ def verdict(proof: list[Replayed], goal: PlanGoal) -> str:
         return "not replayed"
     baseline, plan = proof[-2], proof[-1]
     met = "meets" if plan.meets_sla else "misses"
+    if goal.sla_tpot_ms is not None:
+        return (f"the plan {met} the SLA of TTFT p99 <= {goal.sla_p99_ms:g} ms and TPOT "
+                f"p99 <= {goal.sla_tpot_ms:g} ms on replay: TTFT {_shown(plan.p99_ms)}, TPOT "
+                f"{_shown(plan.tpot_p99_ms)} (predicted {plan.predicted.p99_ms:.2f} and "
+                f"{plan.predicted.tpot_p99_ms or math.inf:.2f} ms) against the starting "
+                f"deployment's {_shown(baseline.p99_ms)} and {_shown(baseline.tpot_p99_ms)}")
     if plan.classes:
         start = {c.request_class: c for c in baseline.classes}
         each = "; ".join(

@@ -39,7 +39,9 @@ ENTRY_OVERHEAD_BYTES = 256  # key, header and check of one stored answer
 
 @dataclass(frozen=True)
 class PlanGoal:
-    """What the plan must meet and what it may spend."""
+    """What the plan must meet and what it may spend. For a generative model
+    ``sla_p99_ms`` is the p99 time to first token, and ``sla_tpot_ms`` the p99 time per
+    output token after it."""
 
     sla_p99_ms: float
     max_drop: float
@@ -52,6 +54,7 @@ class PlanGoal:
     simulated_requests: int = 10_000
     class_sla_ms: dict[str, float] = field(default_factory=dict)  # p99 of a class; the
     # others have sla_p99_ms
+    sla_tpot_ms: float | None = None
 
     def sla_for(self, request_class: str) -> float:
         """The p99 one class of requests must meet."""
@@ -85,7 +88,8 @@ class PlanGoal:
                 "replay_s": self.replay_s, "simulated_requests": self.simulated_requests,
                 **({"price_per_gpu_hour": self.price_per_gpu_hour}
                    if self.price_per_gpu_hour is not None else {}),
-                **({"class_sla_ms": self.class_sla_ms} if self.class_sla_ms else {})}
+                **({"class_sla_ms": self.class_sla_ms} if self.class_sla_ms else {}),
+                **({"sla_tpot_ms": self.sla_tpot_ms} if self.sla_tpot_ms is not None else {})}
 
 
 @dataclass(frozen=True)

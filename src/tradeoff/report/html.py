@@ -347,6 +347,7 @@ def _plan_section(report: Report, result: PlanResult) -> None:
     """``tradeoff plan``: the front of cost, p99 and accuracy, the chosen deployment, the
     levers, and the replay measured next to predicted."""
     goal = result.goal
+    generative = goal.get("sla_tpot_ms") is not None  # p50, p99: time to first token
     rows, classes = [], []
     for c in [*result.candidates[:12], result.baseline]:
         starting = c is result.baseline
@@ -355,7 +356,9 @@ def _plan_section(report: Report, result: PlanResult) -> None:
                                  ("misses the SLA", not c.meets_sla)) if on]
         p = c.predicted
         rows.append([_e(c.name), _e(c.cores), _num(p.p50_ms), _num(p.p99_ms),
-                     _num(p.mean_batch, 1), f"{p.hit_ratio:.0%}" if c.cache_bytes else "-",
+                     *([_num(p.tpot_p99_ms)] if generative else []),
+                     _num(p.mean_batch, 1), f"{p.hit_ratio:.0%}"
+                     if c.cache_bytes or c.knobs.get("prefix_caching") else "-",
                      f"{c.drop:.2%}", _num(c.cost_per_million, 3), _e(", ".join(marks))])
         classes.append("ok" if c.name == result.chosen and not starting else
                        "bad" if not c.meets_sla else "")
@@ -364,7 +367,9 @@ def _plan_section(report: Report, result: PlanResult) -> None:
     proof = []
     for r in result.proof:
         proof.append([_e(f"{r.role}: {r.name}"), _num(r.p99_ms) if r.classes else
-                      f"{_num(r.p99_ms)} ({_num(r.predicted.p99_ms)})",
+                      f"{_num(r.p99_ms)} ({_num(r.predicted.p99_ms)})"
+                      + (f"; TPOT {_num(r.tpot_p99_ms)} ({_num(r.predicted.tpot_p99_ms)})"
+                         if generative else ""),
                       f"{_num(r.mean_batch, 1)} ({_num(r.predicted.mean_batch, 1)})",
                       "-" if r.hit_ratio is None else
                       f"{r.hit_ratio:.0%} ({r.predicted.hit_ratio:.0%})",
@@ -380,15 +385,20 @@ def _plan_section(report: Report, result: PlanResult) -> None:
                              "Predicted p99 against cost of each deployment kept, by the "
                              "accuracy its version lost; crosses: measured on replay.")
                + f"<p><b>{_e(result.verdict)}</b></p>"
-               + f"<p class='muted'>SLA p99 &le; {goal['sla_p99_ms']:g} ms; traffic "
-               f"{_e(traffic['source'])}: {traffic['rate_rps']:,.1f} req/s, peak "
+               + (f"<p class='muted'>SLA TTFT p99 &le; {goal['sla_p99_ms']:g} ms, TPOT p99 "
+                  f"&le; {goal['sla_tpot_ms']:g} ms; traffic " if generative else
+                  f"<p class='muted'>SLA p99 &le; {goal['sla_p99_ms']:g} ms; traffic ")
+               + f"{_e(traffic['source'])}: {traffic['rate_rps']:,.1f} req/s, peak "
                f"{traffic['peak_rps']:,.0f}/s, burstiness {traffic['burstiness']:.2f}; "
                f"{_e(result.stop_reason)}; deployment written to {_e(result.output)}.</p>"
-               + _table(["deployment", "cores", "p50 ms", "p99 ms", "batch", "cache hits",
-                         "accuracy lost", "$/1M", ""], rows, classes, left=1)
+               + _table(["deployment", "cores", "TTFT p50", "TTFT p99", "TPOT p99", "seqs",
+                         "prefix hits", "perplexity rise", "$/1M tokens", ""] if generative
+                        else ["deployment", "cores", "p50 ms", "p99 ms", "batch", "cache hits",
+                              "accuracy lost", "$/1M", ""], rows, classes, left=1)
                + "<h3>Levers</h3>" + _table(["lever", "", "why"], levers, left=3)
                + ("<h3>Replayed (measured, predicted in brackets)</h3>"
-                  + _table(["deployment", "p99 ms", "batch", "cache hits", "req/s",
+                  + _table(["deployment", "TTFT p99 ms" if generative else "p99 ms",
+                            "batch", "cache hits", "req/s",
                             "errors %", "$/1M", "SLA"], proof, left=1) if proof else ""))
 
 

@@ -516,8 +516,12 @@ def _money(value: float | None) -> str:
     return "-" if value is None else f"{value:,.3f}"
 
 
-def _candidate_row(c: PlanCandidate) -> list[str]:
+def _candidate_row(c: PlanCandidate, generative: bool) -> list[str]:
     p = c.predicted
+    if generative:  # p99: time to first token; batch: sequences a step; hits: prefix cache
+        return [c.name, _ms(p.p99_ms), _ms(p.tpot_p99_ms), f"{p.mean_batch:.1f}",
+                f"{p.hit_ratio:.0%}" if c.knobs.get("prefix_caching") else "-",
+                f"{p.utilisation:.0%}", _money(c.cost_per_million)]
     return [c.name, _ms(p.p99_ms), f"{p.mean_batch:.1f}",
             f"{p.hit_ratio:.0%}" if c.cache_bytes else "-", f"{p.utilisation:.0%}",
             _money(c.cost_per_million)]
@@ -533,36 +537,58 @@ def print_plan(result: PlanResult, console: Console) -> None:
     classes = "".join(
         f", {name} {share:.0%} (p99 <= {class_slas.get(name, goal['sla_p99_ms']):g} ms)"
         for name, share in (t.get("classes") or {}).items())
-    console.print(f"[bold]{result.model}[/bold]: p99 <= {goal['sla_p99_ms']:g} ms, traffic "
+    generative = goal.get("sla_tpot_ms") is not None
+    c = result.calibration
+    if generative:
+        repeats = (f"prompts of {t['prompt_tokens']} tokens ({t['shared_prefix_tokens']} "
+                   f"shared), answers of {t['output_tokens']}")
+        sla = f"TTFT p99 <= {goal['sla_p99_ms']:g} ms, TPOT p99 <= {goal['sla_tpot_ms']:g} ms"
+    else:
+        sla = f"p99 <= {goal['sla_p99_ms']:g} ms"
+    console.print(f"[bold]{result.model}[/bold]: {sla}, traffic "
                   f"{t['source']}: {t['rate_rps']:,.1f} req/s (peak {t['peak_rps']:,.0f}/s, "
                   f"burstiness {t['burstiness']:.2f}), {repeats}{classes}; {goal['cores']} "
                   f"core(s) for the server")
-    c = result.calibration
-    console.print(f"measured on the starting deployment: the server's CPU per request "
-                  f"{c['server_cpu_ms_per_request']:.3f} ms beside the model; latency the "
-                  f"simulation leaves out (client, wire) {c['wire_p50_ms']:.2f} ms at p50, "
-                  f"{c['wire_p99_ms']:.2f} ms at p99, at {c['rate_rps']:,.0f} req/s")
-    versions = Table(title="versions weighed (tradeoff optimize)", box=box.SIMPLE_HEAD)
-    for column in ("v", "precision", "lost", "batch 1 ms", "largest ms", ""):
+    if generative:
+        console.print(f"measured on the starting deployment: what the step costs leave out "
+                      f"(tokenizing, the stream, the wire): TTFT {c['wire_ttft_p50_ms']:.2f} "
+                      f"ms at p50, {c['wire_ttft_p99_ms']:.2f} ms at p99; TPOT "
+                      f"{c['wire_tpot_p50_ms']:.2f} and {c['wire_tpot_p99_ms']:.2f} ms, at "
+                      f"{c['rate_rps']:,.2f} req/s")
+    else:
+        console.print(f"measured on the starting deployment: the server's CPU per request "
+                      f"{c['server_cpu_ms_per_request']:.3f} ms beside the model; latency "
+                      f"the simulation leaves out (client, wire) {c['wire_p50_ms']:.2f} ms at "
+                      f"p50, {c['wire_p99_ms']:.2f} ms at p99, at {c['rate_rps']:,.0f} req/s")
+    versions = Table(title="versions weighed (tradeoff optimize)" + (
+        ": a decode step by sequences" if generative else ""), box=box.SIMPLE_HEAD)
+    for column in ("v", "precision", "perplexity" if generative else "lost",
+                   "batch 1 ms", "largest ms", ""):
         versions.add_column(column, justify="left" if column in ("precision", "") else "right")
     for v in result.versions:
         largest = max(v.batch_ms)
-        versions.add_row(str(v.version), v.precision, f"{v.drop:.2%}",
+        versions.add_row(str(v.version), v.precision,
+                         f"{v.drop:+.2%}" if generative else f"{v.drop:.2%}",
                          _ms(v.batch_ms[min(v.batch_ms)]),
                          f"{_ms(v.batch_ms[largest])} @{largest}",
                          v.why if v.kept else f"[yellow]left out: {v.why}[/yellow]")
     console.print(versions)
-    table = Table(title="deployments predicted: version, b max batch, d queue delay (us), "
-                        "instances x threads, c cached answers", box=box.SIMPLE_HEAD)
-    for column in ("deployment", "p99 ms", "batch", "hits", "busy", "$/1M", ""):
+    table = Table(title="deployments predicted: version, s max_num_seqs, t "
+                        "max_num_batched_tokens, pc prefix caching" if generative else
+                  "deployments predicted: version, b max batch, d queue delay (us), "
+                  "instances x threads, c cached answers", box=box.SIMPLE_HEAD)
+    columns = ("deployment", "TTFT p99", "TPOT p99", "seqs", "prefix hits", "busy",
+               "$/1M tok", "") if generative else \
+        ("deployment", "p99 ms", "batch", "hits", "busy", "$/1M", "")
+    for column in columns:
         table.add_column(column, justify="left" if column in ("deployment", "")
                          else "right", no_wrap=column == "deployment")
     for candidate in result.candidates[:8]:
         marks = ["[green bold]chosen[/green bold]"] if candidate.name == result.chosen else []
         marks += ["pareto"] if candidate.pareto else []
         marks += [] if candidate.meets_sla else ["[yellow]misses SLA[/yellow]"]
-        table.add_row(*_candidate_row(candidate), ", ".join(marks))
-    table.add_row(*_candidate_row(result.baseline), "starting")
+        table.add_row(*_candidate_row(candidate, generative), ", ".join(marks))
+    table.add_row(*_candidate_row(result.baseline, generative), "starting")
     console.print(table)
     console.print(f"{len(result.candidates)} kept of the deployments predicted; stopped: "
                   f"{result.stop_reason}")
@@ -572,10 +598,18 @@ def print_plan(result: PlanResult, console: Console) -> None:
     if result.proof:
         proof = Table(title="replayed side by side (measured, predicted in brackets)",
                       box=box.SIMPLE_HEAD)
-        for column in ("", "p99 ms", "batch", "hits", "errors", "SLA"):
+        for column in (("", "TTFT p99", "TPOT p99", "tokens/s", "errors", "SLA") if generative
+                       else ("", "p99 ms", "batch", "hits", "errors", "SLA")):
             proof.add_column(column, justify="left" if column == "" else "right",
                              no_wrap=column == "")
         for r in result.proof:
+            if generative:
+                proof.add_row(
+                    f"{r.role}: {r.name}", f"{_ms(r.p99_ms)} ({_ms(r.predicted.p99_ms)})",
+                    f"{_ms(r.tpot_p99_ms)} ({_ms(r.predicted.tpot_p99_ms)})",
+                    f"{r.output_tokens_per_s or 0:,.1f}", f"{r.error_percent:.1f}%",
+                    "[green]met[/green]" if r.meets_sla else "[red]missed[/red]")
+                continue
             hits = "-" if r.hit_ratio is None else f"{r.hit_ratio:.0%}"
             batch = "-" if r.mean_batch is None else f"{r.mean_batch:.1f}"
             proof.add_row(
@@ -591,7 +625,8 @@ def print_plan(result: PlanResult, console: Console) -> None:
                               "[green]met[/green]" if each.meets_sla else "[red]missed[/red]")
         console.print(proof)
         plan = result.proof[-1]
-        console.print(f"replayed at {plan.throughput_rps:,.1f} req/s; cost per 1M requests: "
+        console.print(f"replayed at {plan.throughput_rps:,.1f} req/s; cost per 1M "
+                      f"{'output tokens' if generative else 'requests'}: "
                       f"plan {_money(plan.cost_per_million)}, starting "
                       f"{_money(result.proof[-2].cost_per_million)}")
     console.print(result.verdict)

@@ -1,0 +1,376 @@
+"""``tradeoff plan`` for a generative model: the engine settings and precision that meet a
+TTFT and a TPOT SLA at the traffic's rate, predicted, written and replayed.
+
+    make_plan(PlanRequest(Path("models/smollm2-135m"), Traffic.law(2), PlanGoal(
+        sla_p99_ms=500, max_drop=0.05, sla_tpot_ms=60), lengths=Lengths(128, 64)))
+
+The steps mirror the tensor plan's (:mod:`tradeoff.plan.planner`), each by the lever's
+own code:
+
+1. **Versions.** ``tradeoff optimize`` writes each precision as a sibling model and
+   measures every one in process: the decode step at each batch of sequences, what a
+   prompt chunk costs, and the perplexity on tradeoff's sentences. A version whose
+   perplexity rises by more than ``max_drop`` (relative) is left out.
+2. **Calibration.** The starting deployment is served and sent the traffic's prompts at
+   its rate (at most half what it can serve): the server's own prompt token count, and
+   the TTFT and TPOT the step costs leave out (tokenizing, the stream, the wire), at p50
+   and p99.
+3. **Search.** Every kept version x ``max_num_seqs`` x ``max_num_batched_tokens`` x
+   prefix caching (on and off where the prompts share a prefix) is predicted by
+   :func:`tradeoff.plan.continuous.simulate_engine`: the engine's own scheduler over the
+   traffic's arrivals and the measured step costs. Ranked by meeting both SLAs, cost per
+   1M output tokens, TTFT p99, the fewest changes, the perplexity lost.
+4. **Deployment and proof.** The best is written as ``generate.yaml`` (its settings and
+   precision) beside the repository, served, and the traffic replayed against it and the
+   starting deployment side by side, TTFT and TPOT measured against predicted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from tradeoff.analysis.compare import run_compare
+from tradeoff.bench.endpoint import EndpointSpec, GenerationOptions, make_adapter
+from tradeoff.bench.load import LoadSpec
+from tradeoff.bench.prompts import synthetic_prompts
+from tradeoff.bench.session import run_benchmark
+from tradeoff.errors import TuneError, local_resource
+from tradeoff.generate.config import GenerativeConfig
+from tradeoff.optimize.optimizer import OptimizePlan, optimize_model
+from tradeoff.plan.continuous import EngineSettings, Lengths, StepCost, simulate_engine
+from tradeoff.plan.search import PlanGoal, rank_key
+from tradeoff.plan.traffic import Traffic
+from tradeoff.repository.repository import GENERATIVE_FILE
+from tradeoff.repository.safe_yaml import read_yaml
+from tradeoff.results import (
+    OptimizeResult,
+    PlanCandidate,
+    PlanLever,
+    PlanVersion,
+    Prediction,
+    Replayed,
+    Summary,
+    VersionReport,
+)
+from tradeoff.server.process import ServerProcess
+
+__all__ = ["ENGINE_KNOBS", "EngineSearcher", "GenerationCalibration", "calibrate",
+           "capacity_rps", "engine_label", "engine_levers", "generation_endpoint",
+           "measure_versions", "replay_generation", "replay_prompts", "settings_of",
+           "step_cost", "write_engine_deployment"]
+
+Progress = Callable[[str], None]
+ENGINE_KNOBS = ("max_num_seqs", "max_num_batched_tokens", "prefix_caching")
+SEQS = (1, 2, 4, 8, 16, 32, 64)
+BATCHED_TOKENS = (128, 256, 512, 1024, 2048)
+SIMULATED_REQUESTS = 600  # per prediction: each is a step-by-step run of the scheduler
+MEASURED_SEQUENCES = 32  # the largest decode batch timed; the search goes to twice that
+
+
+@dataclass(frozen=True)
+class GenerationCalibration:
+    """Measured on the starting deployment: the prompt in the server's tokens, and what
+    the step costs leave out of TTFT and TPOT (measured less simulated) at p50 and p99."""
+
+    prompt_tokens: int
+    shared_prefix_tokens: int
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    tpot_p50_ms: float
+    tpot_p99_ms: float
+    rate_rps: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"prompt_tokens": self.prompt_tokens,
+                "shared_prefix_tokens": self.shared_prefix_tokens,
+                "wire_ttft_p50_ms": self.ttft_p50_ms, "wire_ttft_p99_ms": self.ttft_p99_ms,
+                "wire_tpot_p50_ms": self.tpot_p50_ms, "wire_tpot_p99_ms": self.tpot_p99_ms,
+                "rate_rps": self.rate_rps}
+
+
+def step_cost(version: PlanVersion, prefill_ms: dict[int, float]) -> StepCost:
+    """A version's decode step per batch (``batch_ms``), and the prompt cost as the
+    least-squares line through the measured chunk times (fixed ms + ms per token)."""
+    sizes = sorted(version.batch_ms)
+    tokens = np.array(sorted(prefill_ms), dtype=np.float64)
+    times = np.array([prefill_ms[int(t)] for t in tokens])
+    if tokens.size >= 2:
+        per_token, fixed = np.polyfit(tokens, times, 1)
+    else:
+        per_token, fixed = (times[0] / tokens[0] if tokens.size else 0.0), 0.0
+    return StepCost(tuple(sizes), tuple(version.batch_ms[b] for b in sizes),
+                    max(float(fixed), 0.0), max(float(per_token), 0.0))
+
+
+def _perplexity_rise(report: VersionReport) -> float:
+    """How much the version's perplexity rose over the original's (0.05: 5% higher)."""
+    for accuracy in report.accuracy:
+        metrics = accuracy.metrics
+        if "perplexity" in metrics and metrics.get("perplexity_original"):
+            return max(0.0, metrics["perplexity"] / metrics["perplexity_original"] - 1.0)
+    return 0.0
+
+
+def measure_versions(work_model: Path, request_variants: tuple[Any, ...], max_drop: float,
+                     seconds: float, say: Progress
+                     ) -> tuple[list[PlanVersion], dict[int, StepCost]]:
+    """Every precision asked for, made and measured by ``tradeoff optimize``: the plan's
+    versions (``batch_ms``: a decode step at each batch) and each one's step cost."""
+    optimized: OptimizeResult = optimize_model(work_model, OptimizePlan(
+        variants=request_variants, max_drop=max_drop, seconds_per_version=seconds,
+        max_sequences=MEASURED_SEQUENCES), say)
+    versions, costs = [], {}
+    for report in optimized.versions:
+        rise = _perplexity_rise(report)
+        original = report.version == optimized.source_version
+        kept = original or rise <= max_drop
+        why = ("the original" if original else
+               f"perplexity {rise:+.2%}, over the budget of {max_drop:.2%}" if not kept else
+               f"perplexity {rise:+.2%}, within the budget of {max_drop:.2%}")
+        version = PlanVersion(report.version, report.precision, report.method, rise, kept, why,
+                              {b: 1e3 * b / t for b, t in
+                               sorted(report.throughput_by_batch.items()) if t > 0})
+        versions.append(version)
+        costs[report.version] = step_cost(version, report.prefill_ms or {})
+    return versions, costs
+
+
+def capacity_rps(cost: StepCost, settings: EngineSettings, lengths: Lengths) -> float:
+    """Requests per second the engine serves at full batches: every step decodes
+    ``max_num_seqs`` sequences, and each request's prompt costs its prefill once."""
+    seqs = settings.max_num_seqs
+    per_request_ms = (lengths.output * cost.decode(seqs) / seqs + cost.prefill_fixed_ms
+                      + cost.prefill_ms_per_token * lengths.prompt)
+    return 1e3 / per_request_ms
+
+
+def engine_label(version: PlanVersion, settings: EngineSettings) -> str:
+    """``v2 int8 s16 t512 pc``: version and precision, max_num_seqs, max_num_batched_tokens,
+    prefix caching on."""
+    return (f"v{version.version} {version.precision} s{settings.max_num_seqs} "
+            f"t{settings.max_num_batched_tokens}" + (" pc" if settings.prefix_caching else ""))
+
+
+def settings_of(config: GenerativeConfig) -> EngineSettings:
+    return EngineSettings(config.max_num_seqs, config.max_num_batched_tokens,
+                          config.num_blocks, config.block_size, config.prefix_caching,
+                          config.max_num_queued_requests, config.prefill_stretch)
+
+
+class EngineSearcher:
+    """Predicts engine settings of one generative model under one traffic and goal."""
+
+    def __init__(self, traffic: Traffic, lengths: Lengths, goal: PlanGoal,
+                 calibration: GenerationCalibration, start: tuple[int, EngineSettings],
+                 seed: int = 0) -> None:
+        self.traffic = traffic
+        self.lengths = lengths
+        self.goal = goal
+        self.calibration = calibration
+        self.start = start
+        self.arrivals = traffic.arrivals(SIMULATED_REQUESTS, seed)
+
+    def grid(self, cost: StepCost) -> list[EngineSettings]:
+        """max_num_seqs up to twice the largest batch measured (64 at most) and the
+        config's; token budgets from 128 to 2048 and the config's; prefix caching as
+        configured, and the other way where the prompts share a block or more."""
+        start = self.start[1]
+        seqs = sorted({s for s in SEQS if s <= 2 * max(cost.sizes)} | {start.max_num_seqs})
+        tokens = sorted({t for t in BATCHED_TOKENS if t >= start.block_size}
+                        | {start.max_num_batched_tokens})
+        prefix = [start.prefix_caching]
+        if self.lengths.shared_prefix >= start.block_size:
+            prefix.append(not start.prefix_caching)
+        return [replace(start, max_num_seqs=s, max_num_batched_tokens=t, prefix_caching=p)
+                for s in seqs for t in tokens for p in prefix]
+
+    def predict(self, version: PlanVersion, cost: StepCost, settings: EngineSettings
+                ) -> PlanCandidate:
+        c = self.calibration
+        busy = self.traffic.rate_rps / capacity_rps(cost, settings, self.lengths)
+        if busy >= 1:
+            prediction = Prediction(math.inf, math.inf, float(settings.max_num_seqs), 0.0,
+                                    busy, math.inf, math.inf)
+            meets = False
+        else:
+            run = simulate_engine(self.arrivals, self.lengths, settings, cost)
+            prediction = Prediction(
+                run.percentile(run.ttft_ms, 50) + c.ttft_p50_ms,
+                run.percentile(run.ttft_ms, 99) + c.ttft_p99_ms, run.mean_running,
+                run.prefix_hit_ratio, busy, run.percentile(run.tpot_ms, 50) + c.tpot_p50_ms,
+                run.percentile(run.tpot_ms, 99) + c.tpot_p99_ms)
+            meets = run.rejected == 0 and prediction.p99_ms <= self.goal.sla_p99_ms and \
+                (self.goal.sla_tpot_ms is None or
+                 (prediction.tpot_p99_ms or 0.0) <= self.goal.sla_tpot_ms)
+        token_rate = self.traffic.rate_rps * self.lengths.output
+        return PlanCandidate(
+            engine_label(version, settings), version.version, version.precision,
+            version.drop, {k: getattr(settings, k) for k in ENGINE_KNOBS}, 0,
+            self.goal.cores, prediction, self.goal.cost_per_million(self.goal.cores, token_rate),
+            meets, self.changes(version, settings))
+
+    def changes(self, version: PlanVersion, settings: EngineSettings) -> int:
+        start_version, start = self.start
+        return int(version.version != start_version) + sum(
+            getattr(settings, k) != getattr(start, k) for k in ENGINE_KNOBS)
+
+    def search(self, versions: list[PlanVersion], costs: dict[int, StepCost],
+               say: Progress = lambda _: None) -> list[PlanCandidate]:
+        out = []
+        for version in versions:
+            if not version.kept:
+                continue
+            grid = self.grid(costs[version.version])
+            say(f"predicting version {version.version} ({version.precision}): "
+                f"{len(grid)} engine settings")
+            out += [self.predict(version, costs[version.version], s) for s in grid]
+        return sorted(out, key=lambda c: rank_key(c, self.goal.sla_p99_ms))
+
+
+def replay_prompts(path: Path, lengths: Lengths, count: int = 256, seed: int = 0) -> Path:
+    """A prompts file for the bench: ``count`` prompts of ``lengths.prompt`` words, the
+    first ``lengths.shared_prefix`` of them the same in every one."""
+    shared = synthetic_prompts(1, (max(lengths.shared_prefix, 1),) * 2, (1, 1), seed + 1)[0]
+    tail = max(lengths.prompt - lengths.shared_prefix, 1)
+    items = synthetic_prompts(count, (tail, tail), (lengths.output,) * 2, seed)
+    prefix = f"{shared.prompt} " if lengths.shared_prefix else ""
+    with local_resource(f"cannot write the replay's prompts {path}"):
+        path.write_text("\n".join(json.dumps({"prompt": prefix + (item.prompt or ""),
+                                              "max_tokens": lengths.output})
+                                  for item in items))
+    return path
+
+
+def generation_endpoint(url: str, model: str, role: str, prompts: Path, lengths: Lengths,
+                        goal: PlanGoal) -> EndpointSpec:
+    slo = {"ttft_ms": goal.sla_p99_ms}
+    if goal.sla_tpot_ms is not None:
+        slo["tpot_ms"] = goal.sla_tpot_ms
+    return EndpointSpec(f"{url}/v1", "openai", model, name=role, generation=GenerationOptions(
+        prompts=prompts, output_tokens=(lengths.output, lengths.output), ignore_eos=True,
+        slo=slo))
+
+
+def _percentiles(summary: Summary) -> tuple[float | None, ...]:
+    g = summary.generation
+    if g is None:
+        return None, None, None, None
+    ttft, tpot = g.ttft_ms or {}, g.tpot_ms or {}
+    return ttft.get("p50"), ttft.get("p99"), tpot.get("p50"), tpot.get("p99")
+
+
+def calibrate(server: ServerProcess, model: str, cost: StepCost, start: EngineSettings,
+              traffic: Traffic, lengths: Lengths, goal: PlanGoal, prompts: Path
+              ) -> tuple[GenerationCalibration, Lengths]:
+    """The traffic's prompts at its rate (at most half what the start can serve) for 4 s
+    on the starting deployment: the server's count of the prompt's tokens (the plan's
+    lengths are words until then), and what the simulation leaves out of TTFT and TPOT."""
+    spec = generation_endpoint(server.url, model, "start", prompts, lengths, goal)
+    result, _, _ = run_benchmark(make_adapter(spec), LoadSpec(concurrency=1, duration_s=2.0,
+                                                              warmup_s=0.5))
+    generation = result.summary.generation
+    if generation is None or generation.input_tokens is None or \
+            not generation.input_tokens.per_request:
+        raise TuneError(f"the starting deployment of {model} answered no generation; see "
+                        f"the server log {server.log.name}")
+    per_word = generation.input_tokens.per_request["mean"] / max(lengths.prompt, 1)
+    served = Lengths(max(1, round(lengths.prompt * per_word)), lengths.output,
+                     round(lengths.shared_prefix * per_word))
+    rate = min(traffic.rate_rps, 0.5 * capacity_rps(cost, start, served))
+    seconds = 4.0
+    result, _, _ = run_benchmark(make_adapter(spec), LoadSpec(rate=rate, duration_s=seconds,
+                                                              warmup_s=1.0))
+    ttft50, ttft99, tpot50, tpot99 = _percentiles(result.summary)
+    if ttft99 is None or ttft50 is None:
+        raise TuneError(f"the starting deployment of {model} answered no generation at "
+                        f"{rate:.2f} req/s; see the server log {server.log.name}")
+    law = Traffic.law(rate)
+    run = simulate_engine(law.arrivals(max(200, int(rate * seconds))), served, start, cost)
+    return GenerationCalibration(
+        served.prompt, served.shared_prefix,
+        max(0.0, ttft50 - run.percentile(run.ttft_ms, 50)),
+        max(0.0, ttft99 - run.percentile(run.ttft_ms, 99)),
+        max(0.0, (tpot50 or 0.0) - run.percentile(run.tpot_ms, 50)),
+        max(0.0, (tpot99 or 0.0) - run.percentile(run.tpot_ms, 99)), rate), served
+
+
+def write_engine_deployment(target: Path, source: Path, candidate: PlanCandidate,
+                            written_by: str) -> Path:
+    """A repository at ``target`` with the model (its files copied from ``source``, the
+    original model directory) and a ``generate.yaml`` of the candidate's settings and
+    precision."""
+    doc = read_yaml(source / GENERATIVE_FILE) or {}
+    doc.update({k: candidate.knobs[k] for k in ENGINE_KNOBS}, precision=candidate.precision)
+    model_dir = target / source.name
+    with local_resource(f"cannot write the deployment into {target}"):
+        shutil.copytree(source, model_dir, ignore=shutil.ignore_patterns(GENERATIVE_FILE))
+        (model_dir / GENERATIVE_FILE).write_text(f"{written_by}: {candidate.name}\n"
+                                                 + yaml.safe_dump(doc, sort_keys=False))
+    return target
+
+
+def replay_generation(baseline: ServerProcess, target: Path, model: str,
+                      candidate: PlanCandidate, start: PlanCandidate, goal: PlanGoal,
+                      lengths: Lengths, prompts: Path, load: LoadSpec,
+                      cpus: str | None) -> list[Replayed]:
+    """The starting deployment and the candidate's side by side, the prompts replayed at
+    the traffic's arrivals: TTFT (p50, p99) and TPOT against both SLAs."""
+    with ServerProcess(target, cpus=cpus) as plan_server:
+        endpoints = [generation_endpoint(url, model, role, prompts, lengths, goal)
+                     for url, role in ((baseline.url, "baseline"), (plan_server.url, "plan"))]
+        compared = run_compare(endpoints, load, rounds=2)
+    out = []
+    for entry, predicted, role in zip(compared.endpoints, (start, candidate),
+                                      ("baseline", "plan"), strict=True):
+        summary = entry.result.summary
+        ttft50, ttft99, _, tpot99 = _percentiles(summary)
+        generation = summary.generation
+        tokens_per_s = generation.output_tokens_per_s if generation else 0.0
+        meets = ttft99 is not None and ttft99 <= goal.sla_p99_ms and \
+            summary.error_percent <= 1.0 and (goal.sla_tpot_ms is None or (
+                tpot99 is not None and tpot99 <= goal.sla_tpot_ms))
+        out.append(Replayed(
+            predicted.name, role, ttft50, ttft99, summary.throughput_rps,
+            summary.error_percent, None, None, predicted.predicted, meets,
+            goal.cost_per_million(predicted.cores, tokens_per_s), tpot_p99_ms=tpot99,
+            output_tokens_per_s=tokens_per_s))
+    return out
+
+
+def engine_levers(versions: list[PlanVersion], start: PlanCandidate,
+                  chosen: PlanCandidate | None, lengths: Lengths) -> list[PlanLever]:
+    """Precision, the engine's batch (sequences and token budget) and prefix caching:
+    taken or left, and why."""
+    if chosen is None:
+        return [PlanLever("plan", False, "no deployment was replayed")]
+    left = [v for v in versions if not v.kept]
+    old, new = start.knobs, chosen.knobs
+    p = chosen.predicted
+    return [
+        PlanLever("precision", chosen.version != start.version,
+                  f"version {chosen.version} ({chosen.precision}, perplexity "
+                  f"{chosen.drop:+.2%}) ranked best" + "".join(
+                      f"; v{v.version} {v.precision} left out: {v.why}" for v in left)),
+        PlanLever("engine batch", (old["max_num_seqs"], old["max_num_batched_tokens"]) !=
+                  (new["max_num_seqs"], new["max_num_batched_tokens"]),
+                  f"max_num_seqs {old['max_num_seqs']} -> {new['max_num_seqs']}, "
+                  f"max_num_batched_tokens {old['max_num_batched_tokens']} -> "
+                  f"{new['max_num_batched_tokens']}: predicted {p.mean_batch:.1f} sequences "
+                  f"a step, engine {p.utilisation:.0%} busy"),
+        PlanLever("prefix caching", bool(new["prefix_caching"]),
+                  ("no shared prefix in the prompts: nothing to reuse" if
+                   lengths.shared_prefix == 0 else
+                   f"{lengths.shared_prefix} shared prompt tokens: predicted "
+                   f"{p.hit_ratio:.0%} of prompt tokens from the cache")
+                  + ("" if old["prefix_caching"] == new["prefix_caching"] else
+                     f" (turned {'on' if new['prefix_caching'] else 'off'})")),
+    ]

@@ -1,0 +1,128 @@
+"""`tradeoff plan` for generative models, the parts that need no server: the engine's own
+scheduler run over modelled step costs, against what is known by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tradeoff.plan.continuous import EngineSettings, Lengths, StepCost, simulate_engine
+from tradeoff.plan.traffic import Traffic
+
+# a decode step: 10 ms alone, 14 ms for 16 sequences; a prompt: 2 ms + 0.05 ms a token
+COST = StepCost((1, 2, 4, 8, 16), (10.0, 10.5, 11.0, 12.0, 14.0), 2.0, 0.05)
+
+
+def _settings(seqs: int = 16, tokens: int = 512, **changes: object) -> EngineSettings:
+    return EngineSettings(seqs, tokens, num_blocks=512, block_size=16, **changes)  # type: ignore[arg-type]
+
+
+def test_one_request_alone_takes_a_prefill_step_then_a_decode_step_a_token() -> None:
+    run = simulate_engine(np.array([0.0]), Lengths(128, 32), _settings(), COST)
+    assert run.ttft_ms[0] == pytest.approx(2.0 + 0.05 * 128)
+    assert run.tpot_ms[0] == pytest.approx(10.0)
+    assert run.e2e_ms[0] == pytest.approx(8.4 + 31 * 10.0)
+    assert run.rejected == 0 and run.mean_running == 1
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_of_the_token_budget() -> None:
+    run = simulate_engine(np.array([0.0]), Lengths(1000, 2), _settings(tokens=256), COST)
+    # four chunks (256, 256, 256, 232), each a step with its fixed cost
+    assert run.ttft_ms[0] == pytest.approx(4 * 2.0 + 0.05 * 1000)
+
+
+def test_decoding_together_shares_the_steps() -> None:
+    # two requests at once: the second's prompt waits for nothing (the budget holds both),
+    # then both decode in steps of two
+    run = simulate_engine(np.array([0.0, 0.0]), Lengths(100, 11), _settings(), COST)
+    assert run.ttft_ms == pytest.approx([2.0 + 0.05 * 200] * 2)
+    assert run.tpot_ms == pytest.approx([10.5, 10.5])
+    alone = simulate_engine(np.array([0.0, 0.0]), Lengths(100, 11), _settings(seqs=1), COST)
+    # one sequence at a time: the second starts when the first ends
+    assert alone.ttft_ms[1] == pytest.approx(alone.e2e_ms[0] + 2.0 + 0.05 * 100)
+
+
+def test_more_sequences_a_step_keep_up_where_one_falls_behind() -> None:
+    arrivals = Traffic.law(10).arrivals(600)
+    # 10 requests/s x 64 tokens: one sequence at a time serves 1 / (64 x 10 ms) = 1.6/s
+    one = simulate_engine(arrivals, Lengths(128, 64), _settings(seqs=1), COST)
+    many = simulate_engine(arrivals, Lengths(128, 64), _settings(seqs=32), COST)
+    assert one.rejected > 0 and one.percentile(one.ttft_ms, 99) == float("inf")
+    assert many.rejected == 0
+    assert many.percentile(many.ttft_ms, 99) < 200
+    assert many.percentile(many.tpot_ms, 99) < 20
+    assert many.mean_running > 4
+
+
+def test_prefix_caching_skips_the_shared_prompt() -> None:
+    arrivals = Traffic.law(5).arrivals(200)
+    lengths = Lengths(256, 8, shared_prefix=192)
+    cached = simulate_engine(arrivals, lengths, _settings(), COST)
+    plain = simulate_engine(arrivals, lengths, _settings(prefix_caching=False), COST)
+    assert cached.prefix_hit_ratio == pytest.approx(192 / 255, abs=0.02)
+    assert plain.prefix_hit_ratio == 0
+    assert np.median(cached.ttft_ms) < np.median(plain.ttft_ms)
+
+
+def test_a_kv_cache_too_small_for_every_sequence_preempts() -> None:
+    arrivals = np.zeros(8)
+    small = EngineSettings(8, 2048, num_blocks=40, block_size=16)  # 640 tokens for 8 x 160
+    run = simulate_engine(arrivals, Lengths(96, 64), small, COST)
+    assert run.preemptions > 0 and not np.isnan(run.e2e_ms).any()
+
+
+def test_the_step_cost_interpolates_and_extrapolates() -> None:
+    cost = StepCost.of({1: 100.0, 4: 200.0}, 1.0, 0.1)
+    assert cost.decode(1) == pytest.approx(10.0)
+    assert cost.decode(4) == pytest.approx(20.0)
+    assert cost.decode(8) == pytest.approx(20.0 + 4 * 10.0 / 3)
+    assert cost.step_ms(2, 0) == pytest.approx(cost.decode(2))
+    assert cost.step_ms(0, 10) == pytest.approx(2.0)
+
+
+def _searcher(rate: float, lengths: Lengths, tpot_ms: float = 25.0):
+    from tradeoff.plan.generative import EngineSearcher, GenerationCalibration
+    from tradeoff.plan.search import PlanGoal
+
+    goal = PlanGoal(sla_p99_ms=500.0, max_drop=0.05, sla_tpot_ms=tpot_ms,
+                    price_per_core_hour=0.1)
+    calibration = GenerationCalibration(lengths.prompt, lengths.shared_prefix, 0, 0, 0, 0,
+                                        rate)
+    return EngineSearcher(Traffic.law(rate), lengths, goal, calibration,
+                          (1, _settings(seqs=1, prefix_caching=False)))
+
+
+def _version(version: int = 1, drop: float = 0.0, kept: bool = True):
+    from tradeoff.results import PlanVersion
+
+    return PlanVersion(version, "fp32", "test", drop, kept, "test",
+                       dict(zip(COST.sizes, COST.decode_ms, strict=True)))
+
+
+def test_the_search_batches_sequences_when_one_at_a_time_falls_behind() -> None:
+    searcher = _searcher(10, Lengths(128, 64))
+    version = _version()
+    start = searcher.predict(version, COST, searcher.start[1])
+    assert not start.meets_sla and start.predicted.utilisation > 1
+    ranked = searcher.search([version], {1: COST})
+    best = ranked[0]
+    assert best.meets_sla and best.knobs["max_num_seqs"] >= 16
+    assert best.predicted.tpot_p99_ms is not None and best.predicted.tpot_p99_ms <= 25
+    assert best.cost_per_million is not None  # per 1M output tokens
+    # a TPOT SLA under one decode step (10 ms) cannot be met
+    impossible = _searcher(10, Lengths(128, 64), tpot_ms=5.0).search([version], {1: COST})
+    assert not any(c.meets_sla for c in impossible)
+
+
+def test_prefix_caching_is_weighed_only_where_prompts_share_a_block() -> None:
+    plain = _searcher(2, Lengths(128, 16)).grid(COST)
+    assert {s.prefix_caching for s in plain} == {False}
+    shared = _searcher(2, Lengths(128, 16, shared_prefix=96)).grid(COST)
+    assert {s.prefix_caching for s in shared} == {False, True}
+    assert max(s.max_num_seqs for s in shared) == 32  # twice the largest batch measured
+
+
+def test_a_version_over_the_perplexity_budget_is_never_a_candidate() -> None:
+    searcher = _searcher(2, Lengths(64, 16))
+    ranked = searcher.search([_version(), _version(2, drop=0.2, kept=False)], {1: COST, 2: COST})
+    assert {c.version for c in ranked} == {1}
