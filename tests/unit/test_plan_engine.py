@@ -86,8 +86,8 @@ def _searcher(rate: float, lengths: Lengths, tpot_ms: float = 25.0):
 
     goal = PlanGoal(sla_p99_ms=500.0, max_drop=0.05, sla_tpot_ms=tpot_ms,
                     price_per_core_hour=0.1)
-    calibration = GenerationCalibration(lengths.prompt, lengths.shared_prefix, 0, 0, 0, 0,
-                                        rate)
+    calibration = GenerationCalibration(lengths.prompt, lengths.shared_prefix, 1.0, 1.0,
+                                        rate, 40)
     return EngineSearcher(Traffic.law(rate), lengths, goal, calibration,
                           (1, _settings(seqs=1, prefix_caching=False)))
 

@@ -13,7 +13,8 @@ the token budget, chunked prefill, KV blocks, preemption and prefix caching beha
 served), paced by the engine's own :class:`~tradeoff.generate.iteration.PrefillPacer`,
 and retired as the engine's ``collect`` does. Only the model is replaced by its measured
 cost: a step of ``d`` decodes takes ``decode_ms(d)``, and prompt tokens add
-``prefill_fixed_ms + prefill_ms_per_token x tokens``. The clock jumps from step to step,
+``prefill_ms_per_token`` each (one forward pass of more tokens); a step of prompts alone
+takes ``prefill_fixed_ms + prefill_ms_per_token x tokens``. The clock jumps from step to step,
 and to the next arrival when nothing runs.
 """
 
@@ -60,9 +61,13 @@ class StepCost:
         return float(np.interp(decodes, sizes, times))
 
     def step_ms(self, decodes: int, prompt_tokens: int) -> float:
-        prefill = self.prefill_fixed_ms + self.prefill_ms_per_token * prompt_tokens \
-            if prompt_tokens else 0.0
-        return self.decode(decodes) + prefill
+        """A step of ``decodes`` sequences and ``prompt_tokens`` of prompts: the decode
+        step, plus the prompt tokens at their cost per token; a step of prompts alone pays
+        the fixed cost of a launch that the decode step otherwise pays."""
+        if not decodes:
+            return self.prefill_fixed_ms + self.prefill_ms_per_token * prompt_tokens \
+                if prompt_tokens else 0.0
+        return self.decode(decodes) + self.prefill_ms_per_token * prompt_tokens
 
     def tokens_per_s(self, decodes: int) -> float:
         """Decode tokens per second with ``decodes`` sequences each step."""

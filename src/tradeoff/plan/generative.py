@@ -11,10 +11,10 @@ own code:
    measures every one in process: the decode step at each batch of sequences, what a
    prompt chunk costs, and the perplexity on tradeoff's sentences. A version whose
    perplexity rises by more than ``max_drop`` (relative) is left out.
-2. **Calibration.** The starting deployment is served and sent the traffic's prompts at
-   its rate (at most half what it can serve): the server's own prompt token count, and
-   the TTFT and TPOT the step costs leave out (tokenizing, the stream, the wire), at p50
-   and p99.
+2. **Calibration.** The starting deployment is served and sent the traffic's prompts:
+   the server's own prompt token count, and at the traffic's rate (at most half what it
+   can serve) the measured mean TTFT and TPOT over the simulated ones, factors that scale
+   every prediction.
 3. **Search.** Every kept version x ``max_num_seqs`` x ``max_num_batched_tokens`` x
    prefix caching (on and off where the prompts share a prefix) is predicted by
    :func:`tradeoff.plan.continuous.simulate_engine`: the engine's own scheduler over the
@@ -78,23 +78,32 @@ MEASURED_SEQUENCES = 32  # the largest decode batch timed; the search goes to tw
 
 @dataclass(frozen=True)
 class GenerationCalibration:
-    """Measured on the starting deployment: the prompt in the server's tokens, and what
-    the step costs leave out of TTFT and TPOT (measured less simulated) at p50 and p99."""
+    """Measured on the starting deployment: the prompt in the server's tokens, and the
+    ratio of the measured mean TTFT and TPOT to the simulated ones (the step costs are
+    timed in process; the served engine's steps, its tokenizing, stream and wire differ
+    by about a factor, applied to every prediction)."""
 
     prompt_tokens: int
     shared_prefix_tokens: int
-    ttft_p50_ms: float
-    ttft_p99_ms: float
-    tpot_p50_ms: float
-    tpot_p99_ms: float
+    ttft_scale: float
+    tpot_scale: float
     rate_rps: float
+    requests: int  # answered in the calibration run
 
     def to_dict(self) -> dict[str, Any]:
         return {"prompt_tokens": self.prompt_tokens,
                 "shared_prefix_tokens": self.shared_prefix_tokens,
-                "wire_ttft_p50_ms": self.ttft_p50_ms, "wire_ttft_p99_ms": self.ttft_p99_ms,
-                "wire_tpot_p50_ms": self.tpot_p50_ms, "wire_tpot_p99_ms": self.tpot_p99_ms,
-                "rate_rps": self.rate_rps}
+                "ttft_scale": self.ttft_scale, "tpot_scale": self.tpot_scale,
+                "rate_rps": self.rate_rps, "requests": self.requests}
+
+
+SCALE_BOUNDS = (0.2, 5.0)  # a calibration further off than this is not trusted
+
+
+def _scale(measured: float | None, simulated: float) -> float:
+    if measured is None or not math.isfinite(simulated) or simulated <= 0:
+        return 1.0
+    return min(max(measured / simulated, SCALE_BOUNDS[0]), SCALE_BOUNDS[1])
 
 
 def step_cost(version: PlanVersion, prefill_ms: dict[int, float]) -> StepCost:
@@ -161,6 +170,7 @@ def engine_label(version: PlanVersion, settings: EngineSettings) -> str:
 
 
 def settings_of(config: GenerativeConfig) -> EngineSettings:
+    """The engine settings a ``generate.yaml`` configures."""
     return EngineSettings(config.max_num_seqs, config.max_num_batched_tokens,
                           config.num_blocks, config.block_size, config.prefix_caching,
                           config.max_num_queued_requests, config.prefill_stretch)
@@ -204,10 +214,10 @@ class EngineSearcher:
         else:
             run = simulate_engine(self.arrivals, self.lengths, settings, cost)
             prediction = Prediction(
-                run.percentile(run.ttft_ms, 50) + c.ttft_p50_ms,
-                run.percentile(run.ttft_ms, 99) + c.ttft_p99_ms, run.mean_running,
-                run.prefix_hit_ratio, busy, run.percentile(run.tpot_ms, 50) + c.tpot_p50_ms,
-                run.percentile(run.tpot_ms, 99) + c.tpot_p99_ms)
+                run.percentile(run.ttft_ms, 50) * c.ttft_scale,
+                run.percentile(run.ttft_ms, 99) * c.ttft_scale, run.mean_running,
+                run.prefix_hit_ratio, busy, run.percentile(run.tpot_ms, 50) * c.tpot_scale,
+                run.percentile(run.tpot_ms, 99) * c.tpot_scale)
             meets = run.rejected == 0 and prediction.p99_ms <= self.goal.sla_p99_ms and \
                 (self.goal.sla_tpot_ms is None or
                  (prediction.tpot_p99_ms or 0.0) <= self.goal.sla_tpot_ms)
@@ -271,9 +281,11 @@ def _percentiles(summary: Summary) -> tuple[float | None, ...]:
 def calibrate(server: ServerProcess, model: str, cost: StepCost, start: EngineSettings,
               traffic: Traffic, lengths: Lengths, goal: PlanGoal, prompts: Path
               ) -> tuple[GenerationCalibration, Lengths]:
-    """The traffic's prompts at its rate (at most half what the start can serve) for 4 s
-    on the starting deployment: the server's count of the prompt's tokens (the plan's
-    lengths are words until then), and what the simulation leaves out of TTFT and TPOT."""
+    """Two runs on the starting deployment with the traffic's prompts. One at a time for
+    2 s: the server's count of the prompt's tokens (the plan's lengths are words until
+    then). Then Poisson arrivals at the traffic's rate (at most half what the start can
+    serve) for about 40 requests (4 to 30 s): the measured mean TTFT and TPOT over the
+    simulated ones."""
     spec = generation_endpoint(server.url, model, "start", prompts, lengths, goal)
     result, _, _ = run_benchmark(make_adapter(spec), LoadSpec(concurrency=1, duration_s=2.0,
                                                               warmup_s=0.5))
@@ -286,21 +298,19 @@ def calibrate(server: ServerProcess, model: str, cost: StepCost, start: EngineSe
     served = Lengths(max(1, round(lengths.prompt * per_word)), lengths.output,
                      round(lengths.shared_prefix * per_word))
     rate = min(traffic.rate_rps, 0.5 * capacity_rps(cost, start, served))
-    seconds = 4.0
+    seconds = min(30.0, max(4.0, 40 / rate))
     result, _, _ = run_benchmark(make_adapter(spec), LoadSpec(rate=rate, duration_s=seconds,
                                                               warmup_s=1.0))
-    ttft50, ttft99, tpot50, tpot99 = _percentiles(result.summary)
-    if ttft99 is None or ttft50 is None:
+    measured = result.summary.generation
+    if measured is None or not measured.ttft_ms:
         raise TuneError(f"the starting deployment of {model} answered no generation at "
                         f"{rate:.2f} req/s; see the server log {server.log.name}")
-    law = Traffic.law(rate)
-    run = simulate_engine(law.arrivals(max(200, int(rate * seconds))), served, start, cost)
+    run = simulate_engine(Traffic.law(rate).arrivals(SIMULATED_REQUESTS), served, start, cost)
     return GenerationCalibration(
         served.prompt, served.shared_prefix,
-        max(0.0, ttft50 - run.percentile(run.ttft_ms, 50)),
-        max(0.0, ttft99 - run.percentile(run.ttft_ms, 99)),
-        max(0.0, (tpot50 or 0.0) - run.percentile(run.tpot_ms, 50)),
-        max(0.0, (tpot99 or 0.0) - run.percentile(run.tpot_ms, 99)), rate), served
+        _scale(measured.ttft_ms.get("mean"), float(np.nanmean(run.ttft_ms))),
+        _scale((measured.tpot_ms or {}).get("mean"), float(np.nanmean(run.tpot_ms))),
+        rate, result.summary.successes), served
 
 
 def write_engine_deployment(target: Path, source: Path, candidate: PlanCandidate,
@@ -366,11 +376,12 @@ def engine_levers(versions: list[PlanVersion], start: PlanCandidate,
                   f"max_num_batched_tokens {old['max_num_batched_tokens']} -> "
                   f"{new['max_num_batched_tokens']}: predicted {p.mean_batch:.1f} sequences "
                   f"a step, engine {p.utilisation:.0%} busy"),
-        PlanLever("prefix caching", bool(new["prefix_caching"]),
+        PlanLever("prefix caching", new["prefix_caching"] != old["prefix_caching"],
                   ("no shared prefix in the prompts: nothing to reuse" if
                    lengths.shared_prefix == 0 else
                    f"{lengths.shared_prefix} shared prompt tokens: predicted "
                    f"{p.hit_ratio:.0%} of prompt tokens from the cache")
-                  + ("" if old["prefix_caching"] == new["prefix_caching"] else
-                     f" (turned {'on' if new['prefix_caching'] else 'off'})")),
+                  + (f" (turned {'on' if new['prefix_caching'] else 'off'})"
+                     if old["prefix_caching"] != new["prefix_caching"] else
+                     f" (left {'on' if new['prefix_caching'] else 'off'})")),
     ]

@@ -304,7 +304,7 @@ def pooled(parts: list[ClassSearch], goal: PlanGoal, rate_rps: float) -> list[Pl
         pools = [PlanPool(p.request_class, p.share, p.sla_p99_ms, c)
                  for p, c in zip(parts, chosen, strict=True)]
         out.append(replace(
-            lead, name="pools: " + " | ".join(f"{p.request_class} {c.name}"
+            lead, name="pools: " + " + ".join(f"{p.request_class} {c.name}"
                                                for p, c in zip(parts, chosen, strict=True)),
             drop=max(c.drop for c in chosen),
             cache_bytes=sum(c.cache_bytes for c in chosen), cores=cores,

@@ -550,11 +550,10 @@ def print_plan(result: PlanResult, console: Console) -> None:
                   f"burstiness {t['burstiness']:.2f}), {repeats}{classes}; {goal['cores']} "
                   f"core(s) for the server")
     if generative:
-        console.print(f"measured on the starting deployment: what the step costs leave out "
-                      f"(tokenizing, the stream, the wire): TTFT {c['wire_ttft_p50_ms']:.2f} "
-                      f"ms at p50, {c['wire_ttft_p99_ms']:.2f} ms at p99; TPOT "
-                      f"{c['wire_tpot_p50_ms']:.2f} and {c['wire_tpot_p99_ms']:.2f} ms, at "
-                      f"{c['rate_rps']:,.2f} req/s")
+        console.print(f"measured on the starting deployment at {c['rate_rps']:,.2f} req/s "
+                      f"({c['requests']} answers): TTFT {c['ttft_scale']:.2f}x and TPOT "
+                      f"{c['tpot_scale']:.2f}x what the measured step costs simulate; every "
+                      "prediction is scaled by these")
     else:
         console.print(f"measured on the starting deployment: the server's CPU per request "
                       f"{c['server_cpu_ms_per_request']:.3f} ms beside the model; latency "
