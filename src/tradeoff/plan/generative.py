@@ -74,6 +74,7 @@ SEQS = (1, 2, 4, 8, 16, 32, 64)
 BATCHED_TOKENS = (128, 256, 512, 1024, 2048)
 SIMULATED_REQUESTS = 600  # per prediction: each is a step-by-step run of the scheduler
 MEASURED_SEQUENCES = 32  # the largest decode batch timed; the search goes to twice that
+WARMUP = 8  # requests a written deployment answers before its replay
 
 
 @dataclass(frozen=True)
@@ -337,6 +338,10 @@ def replay_generation(baseline: ServerProcess, target: Path, model: str,
     with ServerProcess(target, cpus=cpus) as plan_server:
         endpoints = [generation_endpoint(url, model, role, prompts, lengths, goal)
                      for url, role in ((baseline.url, "baseline"), (plan_server.url, "plan"))]
+        # the start was warmed by the calibration: the plan's first answers (lazy set-up,
+        # the prefill pacer learning its costs) are not its steady state either
+        run_benchmark(make_adapter(endpoints[1]), LoadSpec(concurrency=2, requests=WARMUP,
+                                                           warmup_s=0.0))
         compared = run_compare(endpoints, load, rounds=2)
     out = []
     for entry, predicted, role in zip(compared.endpoints, (start, candidate),
