@@ -75,8 +75,13 @@ def plan(repo: Path, model: str, rate: float, sla: float, repeats: bool, replay:
                  "--class-share", f"bulk={1 - LATENCY_SHARE}"]
     if cores is not None:
         args += ["--cores", str(cores)]
+    return run_plan(args, out)
+
+
+def run_plan(args: list[str], out: Path) -> dict:
+    """Run the command; its JSON document, with how long it took."""
     started = time.monotonic()
-    run = subprocess.run(args, capture_output=True, text=True, timeout=1800, check=False)
+    run = subprocess.run(args, capture_output=True, text=True, timeout=2400, check=False)
     if run.returncode != 0:
         raise RuntimeError(f"plan failed:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}")
     document = json.loads((out / "plan.json").read_text())
@@ -114,13 +119,7 @@ def plan_llm(repo: Path, model: str, rate: float, words: int, tokens: int, sla: 
             "--max-drop", "0.10", "--price-per-core-hour", "0.05", "--replay", replay,
             "--seconds", "4s", "--budget", "20m", "-o", str(out / "deploy"),
             "--json", str(out / "plan.json")]
-    started = time.monotonic()
-    run = subprocess.run(args, capture_output=True, text=True, timeout=2400, check=False)
-    if run.returncode != 0:
-        raise RuntimeError(f"plan failed:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}")
-    document = json.loads((out / "plan.json").read_text())
-    document["wall_s"] = time.monotonic() - started
-    return document
+    return run_plan(args, out)
 
 
 def llm_row(model: str, scenario: str, doc: dict) -> dict:

@@ -126,3 +126,18 @@ def test_a_version_over_the_perplexity_budget_is_never_a_candidate() -> None:
     searcher = _searcher(2, Lengths(64, 16))
     ranked = searcher.search([_version(), _version(2, drop=0.2, kept=False)], {1: COST, 2: COST})
     assert {c.version for c in ranked} == {1}
+
+
+def test_a_trace_gives_the_lengths_of_prompts_and_answers(tmp_path) -> None:
+    from tradeoff.errors import InvalidValue
+
+    path = tmp_path / "trace.jsonl"
+    path.write_text("\n".join(f'{{"timestamp": {i * 0.5}, "prompt_tokens": {100 + i % 3}, '
+                              f'"output_tokens": 40}}' for i in range(30)))
+    traffic = Traffic.read(path)
+    assert traffic.prompt_tokens == pytest.approx(101, abs=0.1)
+    assert traffic.output_tokens == 40 and traffic.rate_rps == pytest.approx(2)
+    assert traffic.describe()["trace_output_tokens"] == 40
+    path.write_text('{"timestamp": 0, "output_tokens": 0}\n{"timestamp": 1, "output_tokens": 3}')
+    with pytest.raises(InvalidValue, match="whole number"):
+        Traffic.read(path)

@@ -26,11 +26,13 @@ PRECISIONS = {"int8": ("int8-dynamic", True), "int8-static": ("int8-static", Tru
 @click.option("--sla-tpot-ms", type=Number(0, min_open=True),
               help="Generative models: the p99 time per output token after the first, "
                    "in ms.")
-@click.option("--prompt-words", type=click.IntRange(1), default=128, show_default=True,
+@click.option("--prompt-words", type=click.IntRange(1),
               help="Generative models: each prompt's length in words (about a token each "
-                   "for BPE tokenizers; the plan works in the server's own token count).")
-@click.option("--output-tokens", type=click.IntRange(1), default=64, show_default=True,
-              help="Generative models: tokens each answer generates.")
+                   "for BPE tokenizers; the plan works in the server's own token count). "
+                   "Default: a trace's mean prompt_tokens, else 128.")
+@click.option("--output-tokens", type=click.IntRange(1),
+              help="Generative models: tokens each answer generates. Default: a trace's "
+                   "mean output_tokens, else 64.")
 @click.option("--shared-prefix-words", type=click.IntRange(0), default=0, show_default=True,
               help="Generative models: the words every prompt starts with (a system "
                    "prompt), which prefix caching can reuse.")
@@ -57,10 +59,12 @@ PRECISIONS = {"int8": ("int8-dynamic", True), "int8-static": ("int8-static", Tru
 @click.option("--precision", "precisions", multiple=True, default=("int8",),
               show_default=True, type=click.Choice([*PRECISIONS, "none"]),
               help="Versions to make and weigh (repeat it): int8 (dynamic, per channel), "
-                   "int8-static, fp16 (GPU), graph-opt; none: the original only.")
+                   "int8-static, fp16 (GPU), graph-opt; for generative models int8 and "
+                   "bf16; none: the original only.")
 @click.option("--max-drop", type=Number(0), default=0.01, show_default=True,
               help="The accuracy a version may lose: 1 - cosine (embeddings), 1 - top-1 "
-                   "agreement (classifiers), relative max error (other outputs).")
+                   "agreement (classifiers), relative max error (other outputs), the "
+                   "perplexity's relative rise (generative models).")
 @click.option("--price-per-hour", type=Number(0, min_open=True),
               help="What the deployment costs per hour: cost per 1M requests.")
 @click.option("--price-per-core-hour", type=Number(0, min_open=True),
@@ -82,7 +86,7 @@ PRECISIONS = {"int8": ("int8-dynamic", True), "int8-static": ("int8-static", Tru
                    "the repository); must be new or empty.")
 @json_option("tradeoff.plan/1")
 def plan(model_dir: Path, sla_p99_ms: float | None, sla_ttft_ms: float | None,
-         sla_tpot_ms: float | None, prompt_words: int, output_tokens: int,
+         sla_tpot_ms: float | None, prompt_words: int | None, output_tokens: int | None,
          shared_prefix_words: int, rate: float | None, arrival: str,
          distinct_inputs: int | None, zipf: float | None, class_slas: tuple[str, ...],
          class_shares: tuple[str, ...], trace: Path | None,
@@ -134,8 +138,6 @@ def plan(model_dir: Path, sla_p99_ms: float | None, sla_ttft_ms: float | None,
     if (sla_p99_ms is None) == (sla_ttft_ms is None):
         raise click.UsageError("give the SLA: --sla-p99-ms (tensor models), or "
                                "--sla-ttft-ms and --sla-tpot-ms (generative models)")
-    if shared_prefix_words >= prompt_words:
-        raise click.UsageError("--shared-prefix-words must be fewer than --prompt-words")
     if (rate is None) == (trace is None):
         raise click.UsageError("give the traffic: --rate (with --arrival) or --trace")
     if trace is not None and (distinct_inputs is not None or zipf is not None):
@@ -153,6 +155,12 @@ def plan(model_dir: Path, sla_p99_ms: float | None, sla_ttft_ms: float | None,
                                "are measured from its 'class' field")
     traffic = Traffic.read(trace) if trace is not None else \
         Traffic.law(rate or 0.0, arrival, distinct_inputs, zipf, shares)
+    words = prompt_words or round(traffic.prompt_tokens or 128)
+    if shared_prefix_words >= words:
+        raise click.UsageError(f"--shared-prefix-words must be fewer than the prompt's "
+                               f"{words} words")
+    lengths = Lengths(words, output_tokens or round(traffic.output_tokens or 64),
+                      shared_prefix_words)
     class_sla = _positive(class_slas, "--class-sla", "NAME=MS")
     unknown = sorted(set(class_sla) - set(traffic.classes))
     if unknown:
@@ -179,7 +187,7 @@ def plan(model_dir: Path, sla_p99_ms: float | None, sla_ttft_ms: float | None,
         with step_progress(console) as say:
             result = make_plan(PlanRequest(
                 model_dir, traffic, goal, variants, output, seconds, server_cpus,
-                Lengths(prompt_words, output_tokens, shared_prefix_words)), say)
+                lengths), say)
     finally:
         if server_cpus is not None:
             os.sched_setaffinity(0, set(available))

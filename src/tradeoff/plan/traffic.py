@@ -8,14 +8,15 @@ A trace is a ``tradeoff bench --records`` CSV (``scheduled_ms``, ``request``: wh
 each request sent) or JSON lines, one request per line::
 
     {"timestamp": 1733300000.125, "input": "any JSON: requests with equal input repeat",
-     "class": "latency"}
+     "class": "latency", "prompt_tokens": 180, "output_tokens": 64}
 
 ``traffic.part("latency")`` is one class's traffic alone, for a pool of its own.
 
 ``timestamp`` (seconds; ``time`` or ``t`` also read) is required, the rest optional. From
 it come the rate, the peak (the busiest second), the burstiness (coefficient of variation
 of the gaps: 0 for a constant rate, 1 for Poisson arrivals), the repetition of inputs
-(each input's share, and the Zipf exponent that fits them) and the share of each class.
+(each input's share, and the Zipf exponent that fits them), the share of each class, and
+for a generative model the mean prompt and answer lengths.
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ class Traffic:
     zipf: float | None = None  # given, or fitted to a trace's repetition
     classes: dict[str, float] = field(default_factory=dict)  # share per class
     request_classes: np.ndarray | None = field(default=None, repr=False)  # a trace's
+    # a trace's mean prompt and answer lengths in tokens (generative models), when given
+    prompt_tokens: float | None = None
+    output_tokens: float | None = None
 
     @classmethod
     def law(cls, rate: float, arrival: str = "poisson", distinct_inputs: int | None = None,
@@ -86,9 +90,11 @@ class Traffic:
             text = path.read_text()
         if path.suffix == ".csv":
             times, inputs, classes = _read_records(text, path)
-        else:
-            times, inputs, classes = _read_json_lines(text, path)
-        return cls.measured(times, inputs, classes, str(path))
+            return cls.measured(times, inputs, classes, str(path))
+        times, inputs, classes, lengths = _read_json_lines(text, path)
+        return replace(cls.measured(times, inputs, classes, str(path)),
+                       prompt_tokens=lengths.get("prompt_tokens"),
+                       output_tokens=lengths.get("output_tokens"))
 
     @classmethod
     def measured(cls, times_s: np.ndarray, inputs: np.ndarray | None,
@@ -195,7 +201,11 @@ class Traffic:
                 "duration_s": self.duration_s,
                 "requests": None if self.offsets_s is None else int(self.offsets_s.size),
                 "distinct_inputs": self.distinct_inputs, "zipf": self.zipf,
-                "classes": self.classes}
+                "classes": self.classes,
+                **({"trace_prompt_tokens": self.prompt_tokens}
+                   if self.prompt_tokens is not None else {}),
+                **({"trace_output_tokens": self.output_tokens}
+                   if self.output_tokens is not None else {})}
 
 
 def fit_zipf(counts: np.ndarray) -> float:
@@ -229,11 +239,12 @@ def _read_records(text: str, path: Path
     return times, inputs, None
 
 
-def _read_json_lines(text: str, path: Path
-                     ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+def _read_json_lines(text: str, path: Path) -> tuple[
+        np.ndarray, np.ndarray | None, np.ndarray | None, dict[str, float]]:
     times: list[float] = []
     inputs: list[bytes] = []
     classes: list[str] = []
+    lengths: dict[str, list[int]] = {"prompt_tokens": [], "output_tokens": []}
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -251,11 +262,21 @@ def _read_json_lines(text: str, path: Path
             inputs.append(orjson.dumps(entry["input"], option=orjson.OPT_SORT_KEYS))
         if "class" in entry:
             classes.append(str(entry["class"]))
+        for key, values in lengths.items():
+            if key in entry:
+                value = entry[key]
+                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                    raise InvalidValue(f"{path}:{number}: '{key}' must be a whole number "
+                                       ">= 1")
+                values.append(value)
     if not times:
         raise InvalidValue(f"{path}: the trace holds no requests")
-    for what, values in (("input", inputs), ("class", classes)):
+    named: list[tuple[str, list[Any]]] = [("input", inputs), ("class", classes),
+                                           *lengths.items()]
+    for what, values in named:
         if values and len(values) != len(times):
             raise InvalidValue(f"{path}: '{what}' is on some lines only; give it on every "
                                "line or none")
     return (np.array(times), np.array(inputs, dtype=object) if inputs else None,
-            np.array(classes, dtype=object) if classes else None)
+            np.array(classes, dtype=object) if classes else None,
+            {key: float(np.mean(values)) for key, values in lengths.items() if values})
