@@ -86,8 +86,7 @@ def _searcher(rate: float, lengths: Lengths, tpot_ms: float = 25.0):
 
     goal = PlanGoal(sla_p99_ms=500.0, max_drop=0.05, sla_tpot_ms=tpot_ms,
                     price_per_core_hour=0.1)
-    calibration = GenerationCalibration(lengths.prompt, lengths.shared_prefix, 1.0, 1.0,
-                                        rate, 40)
+    calibration = GenerationCalibration(lengths.prompt, lengths.shared_prefix, 1.0, 1.0, 40)
     return EngineSearcher(Traffic.law(rate), lengths, goal, calibration,
                           (1, _settings(seqs=1, prefix_caching=False)))
 
@@ -141,3 +140,14 @@ def test_a_trace_gives_the_lengths_of_prompts_and_answers(tmp_path) -> None:
     path.write_text('{"timestamp": 0, "output_tokens": 0}\n{"timestamp": 1, "output_tokens": 3}')
     with pytest.raises(InvalidValue, match="whole number"):
         Traffic.read(path)
+
+
+def test_the_calibration_scales_the_step_costs() -> None:
+    from tradeoff.plan.generative import GenerationCalibration
+
+    served = GenerationCalibration(128, 0, prefill_scale=0.5, decode_scale=2.0,
+                                   requests=20).cost(COST)
+    assert served.decode(1) == pytest.approx(20.0)
+    assert served.step_ms(0, 100) == pytest.approx(0.5 * (2.0 + 0.05 * 100))
+    alone = simulate_engine(np.zeros(1), Lengths(128, 32), _settings(), served)
+    assert alone.tpot_ms[0] == pytest.approx(20.0)

@@ -11,10 +11,9 @@ own code:
    measures every one in process: the decode step at each batch of sequences, what a
    prompt chunk costs, and the perplexity on tradeoff's sentences. A version whose
    perplexity rises by more than ``max_drop`` (relative) is left out.
-2. **Calibration.** The starting deployment is served and sent the traffic's prompts:
-   the server's own prompt token count, and at the traffic's rate (at most half what it
-   can serve) the measured mean TTFT and TPOT over the simulated ones, factors that scale
-   every prediction.
+2. **Calibration.** The starting deployment is served and sent the traffic's prompts one
+   at a time: the server's own prompt token count, and its median TTFT and TPOT over what
+   the step costs give a request alone, factors that scale the step costs.
 3. **Search.** Every kept version x ``max_num_seqs`` x ``max_num_batched_tokens`` x
    prefix caching (on and off where the prompts share a prefix) is predicted by
    :func:`tradeoff.plan.continuous.simulate_engine`: the engine's own scheduler over the
@@ -79,23 +78,29 @@ WARMUP = 8  # requests a written deployment answers before its replay
 
 @dataclass(frozen=True)
 class GenerationCalibration:
-    """Measured on the starting deployment: the prompt in the server's tokens, and the
-    ratio of the measured mean TTFT and TPOT to the simulated ones (the step costs are
-    timed in process; the served engine's steps, its tokenizing, stream and wire differ
-    by about a factor, applied to every prediction)."""
+    """Measured on the starting deployment, one request at a time: the prompt in the
+    server's tokens, and how much slower (or faster) the served engine's prompt and
+    decode steps run than the in-process timings (its median TTFT and TPOT over the
+    simulated ones). Every prediction runs on the step costs scaled by these."""
 
     prompt_tokens: int
     shared_prefix_tokens: int
-    ttft_scale: float
-    tpot_scale: float
-    rate_rps: float
+    prefill_scale: float
+    decode_scale: float
     requests: int  # answered in the calibration run
 
     def to_dict(self) -> dict[str, Any]:
         return {"prompt_tokens": self.prompt_tokens,
                 "shared_prefix_tokens": self.shared_prefix_tokens,
-                "ttft_scale": self.ttft_scale, "tpot_scale": self.tpot_scale,
-                "rate_rps": self.rate_rps, "requests": self.requests}
+                "prefill_scale": self.prefill_scale, "decode_scale": self.decode_scale,
+                "requests": self.requests}
+
+    def cost(self, measured: StepCost) -> StepCost:
+        """The in-process step cost as the served engine pays it."""
+        return StepCost(measured.sizes, tuple(t * self.decode_scale
+                                              for t in measured.decode_ms),
+                        measured.prefill_fixed_ms * self.prefill_scale,
+                        measured.prefill_ms_per_token * self.prefill_scale)
 
 
 SCALE_BOUNDS = (0.2, 5.0)  # a calibration further off than this is not trusted
@@ -206,7 +211,7 @@ class EngineSearcher:
 
     def predict(self, version: PlanVersion, cost: StepCost, settings: EngineSettings
                 ) -> PlanCandidate:
-        c = self.calibration
+        cost = self.calibration.cost(cost)
         busy = self.traffic.rate_rps / capacity_rps(cost, settings, self.lengths)
         if busy >= 1:
             prediction = Prediction(math.inf, math.inf, float(settings.max_num_seqs), 0.0,
@@ -215,10 +220,9 @@ class EngineSearcher:
         else:
             run = simulate_engine(self.arrivals, self.lengths, settings, cost)
             prediction = Prediction(
-                run.percentile(run.ttft_ms, 50) * c.ttft_scale,
-                run.percentile(run.ttft_ms, 99) * c.ttft_scale, run.mean_running,
-                run.prefix_hit_ratio, busy, run.percentile(run.tpot_ms, 50) * c.tpot_scale,
-                run.percentile(run.tpot_ms, 99) * c.tpot_scale)
+                run.percentile(run.ttft_ms, 50), run.percentile(run.ttft_ms, 99),
+                run.mean_running, run.prefix_hit_ratio, busy,
+                run.percentile(run.tpot_ms, 50), run.percentile(run.tpot_ms, 99))
             meets = run.rejected == 0 and prediction.p99_ms <= self.goal.sla_p99_ms and \
                 (self.goal.sla_tpot_ms is None or
                  (prediction.tpot_p99_ms or 0.0) <= self.goal.sla_tpot_ms)
@@ -280,38 +284,30 @@ def _percentiles(summary: Summary) -> tuple[float | None, ...]:
 
 
 def calibrate(server: ServerProcess, model: str, cost: StepCost, start: EngineSettings,
-              traffic: Traffic, lengths: Lengths, goal: PlanGoal, prompts: Path
+              lengths: Lengths, goal: PlanGoal, prompts: Path
               ) -> tuple[GenerationCalibration, Lengths]:
-    """Two runs on the starting deployment with the traffic's prompts. One at a time for
-    2 s: the server's count of the prompt's tokens (the plan's lengths are words until
-    then). Then Poisson arrivals at the traffic's rate (at most half what the start can
-    serve) for about 40 requests (4 to 30 s): the measured mean TTFT and TPOT over the
-    simulated ones."""
+    """The traffic's prompts one at a time for 4 s (after 1 s of warm-up) on the starting
+    deployment: the server's count of the prompt's tokens (the plan's lengths are words
+    until then), and its median TTFT and TPOT over what the step costs give a request
+    alone (nothing queues, so the ratio is the steps' own)."""
     spec = generation_endpoint(server.url, model, "start", prompts, lengths, goal)
-    result, _, _ = run_benchmark(make_adapter(spec), LoadSpec(concurrency=1, duration_s=2.0,
-                                                              warmup_s=0.5))
+    result, _, _ = run_benchmark(make_adapter(spec), LoadSpec(concurrency=1, duration_s=4.0,
+                                                              warmup_s=1.0))
     generation = result.summary.generation
     if generation is None or generation.input_tokens is None or \
-            not generation.input_tokens.per_request:
+            not generation.input_tokens.per_request or not generation.ttft_ms:
         raise TuneError(f"the starting deployment of {model} answered no generation; see "
                         f"the server log {server.log.name}")
     per_word = generation.input_tokens.per_request["mean"] / max(lengths.prompt, 1)
     served = Lengths(max(1, round(lengths.prompt * per_word)), lengths.output,
                      round(lengths.shared_prefix * per_word))
-    rate = min(traffic.rate_rps, 0.5 * capacity_rps(cost, start, served))
-    seconds = min(30.0, max(4.0, 40 / rate))
-    result, _, _ = run_benchmark(make_adapter(spec), LoadSpec(rate=rate, duration_s=seconds,
-                                                              warmup_s=1.0))
-    measured = result.summary.generation
-    if measured is None or not measured.ttft_ms:
-        raise TuneError(f"the starting deployment of {model} answered no generation at "
-                        f"{rate:.2f} req/s; see the server log {server.log.name}")
-    run = simulate_engine(Traffic.law(rate).arrivals(SIMULATED_REQUESTS), served, start, cost)
+    # alone and without the prefix cache: the calibration's prompts had no cached prefix
+    alone = simulate_engine(np.zeros(1), replace(served, shared_prefix=0), start, cost)
     return GenerationCalibration(
         served.prompt, served.shared_prefix,
-        _scale(measured.ttft_ms.get("mean"), float(np.nanmean(run.ttft_ms))),
-        _scale((measured.tpot_ms or {}).get("mean"), float(np.nanmean(run.tpot_ms))),
-        rate, result.summary.successes), served
+        _scale(generation.ttft_ms.get("p50"), float(alone.ttft_ms[0])),
+        _scale((generation.tpot_ms or {}).get("p50"), float(alone.tpot_ms[0])),
+        result.summary.successes), served
 
 
 def write_engine_deployment(target: Path, source: Path, candidate: PlanCandidate,

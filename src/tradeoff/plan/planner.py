@@ -224,7 +224,7 @@ def _plan_generative(request: PlanRequest, config: GenerativeConfig, output: Pat
     with ServerProcess(work / "baseline", cpus=request.server_cpus) as baseline_server:
         say("calibrating on the starting deployment")
         calibration, served = calibrate(baseline_server, name, costs[original.version], start,
-                                        traffic, lengths, goal, prompts)
+                                        lengths, goal, prompts)
         searcher = EngineSearcher(traffic, served, goal, calibration,
                                   (original.version, start))
         baseline = searcher.predict(original, costs[original.version], start)

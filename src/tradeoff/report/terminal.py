@@ -550,10 +550,10 @@ def print_plan(result: PlanResult, console: Console) -> None:
                   f"burstiness {t['burstiness']:.2f}), {repeats}{classes}; {goal['cores']} "
                   f"core(s) for the server")
     if generative:
-        console.print(f"measured on the starting deployment at {c['rate_rps']:,.2f} req/s "
-                      f"({c['requests']} answers): TTFT {c['ttft_scale']:.2f}x and TPOT "
-                      f"{c['tpot_scale']:.2f}x what the measured step costs simulate; every "
-                      "prediction is scaled by these")
+        console.print(f"measured on the starting deployment, one request at a time "
+                      f"({c['requests']} answers): its prompt steps take "
+                      f"{c['prefill_scale']:.2f}x and its decode steps {c['decode_scale']:.2f}x "
+                      "the in-process timings; every prediction runs on the scaled costs")
     else:
         console.print(f"measured on the starting deployment: the server's CPU per request "
                       f"{c['server_cpu_ms_per_request']:.3f} ms beside the model; latency "
