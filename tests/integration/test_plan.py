@@ -205,7 +205,7 @@ def test_a_generative_model_gets_the_engine_batch_its_rate_needs(tmp_path: Path)
     baseline, plan = result.proof[-2:]
     assert plan.meets_sla, result.verdict
     assert plan.tpot_p99_ms is not None and plan.output_tokens_per_s
-    assert baseline.p99_ms is None or plan.p99_ms is not None and plan.p99_ms < baseline.p99_ms
+    assert baseline.p99_ms is None or (plan.p99_ms is not None and plan.p99_ms < baseline.p99_ms)
     assert {lever.lever: lever.taken for lever in result.levers}["engine batch"]
     written = read_yaml(Path(result.output or "") / "repository" / "synthetic-llm" /
                         "generate.yaml")

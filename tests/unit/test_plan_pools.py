@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from tradeoff.cli import main
 from tradeoff.errors import InvalidValue
-from tradeoff.plan.planner import pool_name, serve_flags, write_deployment
+from tradeoff.plan.deployment import pool_name, serve_flags, write_deployment
 from tradeoff.plan.search import NO_CACHE, ClassSearch, PlanGoal, Searcher, pooled, rank_key
 from tradeoff.plan.traffic import Traffic
 from tradeoff.repository.repository import ModelRepository

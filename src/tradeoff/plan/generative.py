@@ -46,6 +46,7 @@ from tradeoff.errors import TuneError, local_resource
 from tradeoff.generate.config import GenerativeConfig
 from tradeoff.optimize.optimizer import OptimizePlan, optimize_model
 from tradeoff.plan.continuous import EngineSettings, Lengths, StepCost, simulate_engine
+from tradeoff.plan.deployment import WRITTEN_BY
 from tradeoff.plan.search import PlanGoal, rank_key
 from tradeoff.plan.traffic import Traffic
 from tradeoff.repository.repository import GENERATIVE_FILE
@@ -310,8 +311,7 @@ def calibrate(server: ServerProcess, model: str, cost: StepCost, start: EngineSe
         result.summary.successes), served
 
 
-def write_engine_deployment(target: Path, source: Path, candidate: PlanCandidate,
-                            written_by: str) -> Path:
+def write_engine_deployment(target: Path, source: Path, candidate: PlanCandidate) -> Path:
     """A repository at ``target`` with the model (its files copied from ``source``, the
     original model directory) and a ``generate.yaml`` of the candidate's settings and
     precision."""
@@ -320,7 +320,7 @@ def write_engine_deployment(target: Path, source: Path, candidate: PlanCandidate
     model_dir = target / source.name
     with local_resource(f"cannot write the deployment into {target}"):
         shutil.copytree(source, model_dir, ignore=shutil.ignore_patterns(GENERATIVE_FILE))
-        (model_dir / GENERATIVE_FILE).write_text(f"{written_by}: {candidate.name}\n"
+        (model_dir / GENERATIVE_FILE).write_text(f"{WRITTEN_BY}: {candidate.name}\n"
                                                  + yaml.safe_dump(doc, sort_keys=False))
     return target
 

@@ -30,14 +30,11 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-
-import yaml
 
 from tradeoff.analysis.compare import run_compare
 from tradeoff.backends.registry import GENERATIVE
@@ -52,6 +49,7 @@ from tradeoff.generate.config import GenerativeConfig
 from tradeoff.optimize.optimizer import OptimizePlan, optimize_model
 from tradeoff.optimize.variants import Variant
 from tradeoff.plan.continuous import Lengths
+from tradeoff.plan.deployment import pool_name, serve_flags, serve_script, write_deployment
 from tradeoff.plan.generative import (
     EngineSearcher,
     calibrate,
@@ -62,45 +60,38 @@ from tradeoff.plan.generative import (
     settings_of,
     write_engine_deployment,
 )
+from tradeoff.plan.pools import class_replays, hits_and_batch, search_pools
 from tradeoff.plan.predict import simulate
 from tradeoff.plan.search import (
-    MAX_POOLED_CLASSES,
     NO_CACHE,
     CacheChoice,
     Calibration,
-    ClassSearch,
     PlanGoal,
     Searcher,
     cache_choice,
-    pooled,
     rank_key,
     version_cost,
 )
 from tradeoff.plan.traffic import Traffic
 from tradeoff.repository.config import ModelConfig
-from tradeoff.repository.edit import PBTXT, YAML_FILES, config_text
-from tradeoff.repository.repository import ROUTER_FILE, ModelRepository
+from tradeoff.repository.repository import ModelRepository
 from tradeoff.results import (
-    ClassReplayed,
-    ClassSummary,
     OptimizeResult,
     PlanCandidate,
     PlanLever,
     PlanResult,
     PlanVersion,
     Replayed,
-    ServerCounts,
     environment,
 )
 from tradeoff.server.process import ServerProcess
 from tradeoff.stats.pareto import front
 from tradeoff.tune.serve_search import Knobs
 
-__all__ = ["WRITTEN_BY", "PlanRequest", "default_output", "levers", "make_plan", "pareto",
-           "replay_load", "serve_flags", "serve_script", "verdict", "write_deployment"]
+__all__ = ["PlanRequest", "default_output", "levers", "make_plan", "pareto", "replay_load",
+           "verdict"]
 
 Progress = Callable[[str], None]
-WRITTEN_BY = "# written by tradeoff plan"
 ATTEMPTS = 3  # candidates replayed at most, while each misses the SLA
 KEPT_CANDIDATES = 20  # the best ranked kept in the document, beside the Pareto front
 
@@ -234,7 +225,7 @@ def _plan_generative(request: PlanRequest, config: GenerativeConfig, output: Pat
 
         def attempt(number: int, candidate: PlanCandidate) -> tuple[list[Replayed], Path]:
             target = write_engine_deployment(work / f"attempt-{number}", model_dir,
-                                             candidate, WRITTEN_BY)
+                                             candidate)
             return replay_generation(baseline_server, target, name, candidate, baseline,
                                      goal, served, prompts, load, request.server_cpus), target
 
@@ -297,7 +288,8 @@ def _plan(request: PlanRequest, config: ModelConfig, output: Path, started: floa
         ranked = searcher.search(versions, cache, say)
         if not ranked:
             raise TuneError("no version was kept: every one lost more than --max-drop")
-        pools, pools_why = _search_pools(request, config, versions, calibration, start, say)
+        pools, pools_why = search_pools(request.traffic, goal, config, versions, calibration,
+                                        start, say)
         ranked = sorted(ranked + pools, key=lambda c: rank_key(c, shared.sla_p99_ms))
         candidates = work / "candidates" / config.name
 
@@ -322,45 +314,6 @@ def _plan(request: PlanRequest, config: ModelConfig, output: Path, started: floa
 
 
 Attempt = tuple[PlanCandidate, list[Replayed], Path]
-
-
-def _search_pools(request: PlanRequest, config: ModelConfig, versions: list[PlanVersion],
-                  calibration: Calibration, start: tuple[int, Knobs], say: Progress
-                  ) -> tuple[list[PlanCandidate], str]:
-    """With two or more classes: each class's traffic searched alone under its own SLA,
-    combined into a pool per class (:func:`tradeoff.plan.search.pooled`); the candidates
-    and what the classes lever says of them."""
-    goal, traffic = request.goal, request.traffic
-    classes = traffic.classes
-    if len(classes) < 2:
-        return [], "one class of traffic"
-    named = ", ".join(f"{c} {share:.0%} at p99 <= {goal.sla_for(c):g} ms"
-                      for c, share in classes.items())
-    if len(classes) > MAX_POOLED_CLASSES:
-        return [], f"{len(classes)} classes ({named}): more than {MAX_POOLED_CLASSES}, " \
-            "so one pool serves them all"
-    if goal.cores < len(classes):
-        return [], f"{len(classes)} classes ({named}): a pool each needs a core each, and " \
-            f"the server has {goal.cores}"
-    parts = []
-    for request_class, share in classes.items():
-        part = traffic.part(request_class)
-        sla = goal.sla_for(request_class)
-        alone = replace(goal, sla_p99_ms=sla, cores=goal.cores - len(classes) + 1)
-        cache = cache_choice(part, config, alone.replay_requests(part.rate_rps))
-        say(f"class {request_class}: its own pool at p99 <= {sla:g} ms")
-        searcher = Searcher(config, part, alone, calibration, start)
-        parts.append(ClassSearch(request_class, share, sla, searcher.search(versions, cache)))
-    pools = pooled(parts, goal, traffic.rate_rps)
-    missing = [p.request_class for p in parts if not any(c.meets_sla for c in p.ranked)]
-    if missing:
-        return [], f"{named}: no pool of its own is predicted to meet the SLA of " \
-            f"{', '.join(missing)}"
-    if not pools:
-        return [], f"{named}: the pools that meet each class's SLA need more than the " \
-            f"{goal.cores} cores the server has"
-    return pools, f"{named}: a pool per class behind a router ranked against one pool " \
-        "for all (which must meet the strictest SLA)"
 
 
 def _prove(ranked: list[PlanCandidate], goal: PlanGoal, sla_ms: float, started: float,
@@ -454,68 +407,6 @@ def pareto(ranked: list[PlanCandidate]) -> set[str]:
     return {c.name for c in front(finite, lambda c: (c.cost, c.predicted.p99_ms, c.drop))}
 
 
-def write_deployment(target: Path, candidates: Path, candidate: PlanCandidate,
-                     config: ModelConfig) -> Path:
-    """A repository at ``target`` serving the candidate under the model's name: the model
-    with only the candidate's version and its config (knobs, cache on or off); or, for a
-    pool per class, each pool as ``MODEL_CLASS`` and a router named MODEL that sends each
-    class to its pool (requests of no known class to the largest class's)."""
-    with local_resource(f"cannot write the deployment into {target}"):
-        if not candidate.pools:
-            _write_model(target, candidates, candidate, config, config.name)
-            return target
-        routes = []
-        for pool in sorted(candidate.pools, key=lambda p: p.share):
-            name = pool_name(config.name, pool.request_class)
-            _write_model(target, candidates, pool.candidate, config, name)
-            routes.append({"when": {"class": pool.request_class}, "to": name})
-        del routes[-1]["when"]  # the largest class's pool takes what matches no class
-        router = target / config.name
-        router.mkdir(parents=True)
-        (router / ROUTER_FILE).write_text(f"{WRITTEN_BY}: {candidate.name}\n"
-                                          + yaml.safe_dump({"routes": routes},
-                                                           sort_keys=False))
-    return target
-
-
-def pool_name(model: str, request_class: str) -> str:
-    """The model name of one class's pool: ``mlp_latency``."""
-    return f"{model}_{re.sub(r'[^A-Za-z0-9_.-]', '_', request_class)}"
-
-
-def _write_model(target: Path, candidates: Path, candidate: PlanCandidate,
-                 config: ModelConfig, name: str) -> None:
-    model_dir = target / name
-    knobs = Knobs(**candidate.knobs, preferred=False)
-    document = knobs.config(config.to_dict())
-    document["name"] = name
-    document["version_policy"] = {"specific": {"versions": [candidate.version]}}
-    document["response_cache"] = {"enable": candidate.cache_bytes > 0}
-    model_dir.mkdir(parents=True)
-    shutil.copytree(candidates / str(candidate.version), model_dir / str(candidate.version))
-    for extra in candidates.iterdir():
-        if not extra.name.isdigit() and extra.name not in (PBTXT, *YAML_FILES):
-            copy = shutil.copytree if extra.is_dir() else shutil.copy2
-            copy(extra, model_dir / extra.name)
-    (model_dir / PBTXT).write_text(f"{WRITTEN_BY}: {candidate.name}\n"
-                                   + config_text(document))
-
-
-def serve_flags(candidate: PlanCandidate) -> list[str]:
-    """The ``tradeoff serve`` flags the deployment needs beyond its repository: a response
-    cache the size of every pool's."""
-    if not candidate.cache_bytes:
-        return []
-    size = f"{math.ceil(candidate.cache_bytes / 2**20)}MiB"
-    return ["--cache", f"local,size={size},tenant_size={size}"]
-
-
-def serve_script(repository: Path, candidate: PlanCandidate) -> str:
-    flags = " ".join(["--model-repository", str(repository.resolve()),
-                      *serve_flags(candidate)])
-    return f"#!/bin/sh\n{WRITTEN_BY}: {candidate.name}\nexec tradeoff serve {flags} \"$@\"\n"
-
-
 def _replay_seconds(goal: PlanGoal) -> float:
     return 2 * 2 * (goal.replay_s + 1) + 10  # two rounds of two deployments, and a start
 
@@ -562,43 +453,15 @@ def _replay(baseline_server: ServerProcess, target: Path, model: str,
                                       ("baseline", "plan"), strict=True):
         summary = entry.result.summary
         counts = [summary.server_counts] if not predicted.pools else pool_counts
-        hit, batch = _hits_and_batch(counts)
+        hit, batch = hits_and_batch(counts)
         p99 = summary.latency("p99")
-        per_class = _class_replays(entry.result.classes or [], predicted, goal)
+        per_class = class_replays(entry.result.classes or [], predicted, goal)
         meets = all(c.meets_sla for c in per_class) if per_class else \
             p99 is not None and p99 <= goal.sla_p99_ms and summary.error_percent <= 1.0
         out.append(Replayed(
             predicted.name, role, summary.latency("p50"), p99, summary.throughput_rps,
             summary.error_percent, hit, batch, predicted.predicted, meets,
             goal.cost_per_million(predicted.cores, summary.throughput_rps), per_class))
-    return out
-
-
-def _hits_and_batch(counts: list[ServerCounts | None]) -> tuple[float | None, float | None]:
-    """The cache's hit ratio and the mean batch over one model's counts or its pools'."""
-    known = [c for c in counts if c is not None]
-    if not known:
-        return None, None
-    executions = sum(c.executions for c in known)
-    batch = sum(c.computed for c in known) / executions if executions else None
-    lookups = [c for c in known if c.cache_hits is not None]
-    looked = sum((c.cache_hits or 0) + (c.cache_misses or 0) for c in lookups)
-    hit = sum(c.cache_hits or 0 for c in lookups) / looked if looked else None
-    return hit, batch
-
-
-def _class_replays(classes: list[ClassSummary], candidate: PlanCandidate, goal: PlanGoal
-                   ) -> list[ClassReplayed]:
-    """Each class's p99 on replay against its own SLA, and the p99 predicted for it: its
-    pool's, or the one pool's for every class."""
-    pools = {p.request_class: p.candidate.predicted for p in candidate.pools}
-    out = []
-    for c in classes:
-        p99 = c.latency("p99")
-        errors = 100.0 * c.errors / c.requests if c.requests else 0.0
-        sla = goal.sla_for(c.name)
-        out.append(ClassReplayed(c.name, sla, p99, pools.get(c.name, candidate.predicted),
-                                 errors, p99 is not None and p99 <= sla and errors <= 1.0))
     return out
 
 

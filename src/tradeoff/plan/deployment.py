@@ -1,0 +1,92 @@
+"""The deployment a plan writes: a repository beside the original, never over it.
+
+    write_deployment(target, candidates, candidate, config)   # MODEL, or a router over pools
+    serve_script(target, candidate)                           # its `tradeoff serve` line
+
+One model: the candidate's version alone and its ``config.pbtxt`` (the knobs, the response
+cache on or off). A pool per class: each pool as ``MODEL_CLASS`` and a router named MODEL
+(``router.yaml``) that sends each class to its pool, so clients keep the model's name.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+from pathlib import Path
+
+import yaml
+
+from tradeoff.errors import local_resource
+from tradeoff.repository.config import ModelConfig
+from tradeoff.repository.edit import PBTXT, YAML_FILES, config_text
+from tradeoff.repository.repository import ROUTER_FILE
+from tradeoff.results import PlanCandidate
+from tradeoff.tune.serve_search import Knobs
+
+__all__ = ["WRITTEN_BY", "pool_name", "serve_flags", "serve_script", "write_deployment"]
+
+WRITTEN_BY = "# written by tradeoff plan"
+
+
+def write_deployment(target: Path, candidates: Path, candidate: PlanCandidate,
+                     config: ModelConfig) -> Path:
+    """A repository at ``target`` serving the candidate under the model's name: the model
+    with only the candidate's version and its config (knobs, cache on or off); or, for a
+    pool per class, each pool as ``MODEL_CLASS`` and a router named MODEL that sends each
+    class to its pool (requests of no known class to the largest class's)."""
+    with local_resource(f"cannot write the deployment into {target}"):
+        if not candidate.pools:
+            _write_model(target, candidates, candidate, config, config.name)
+            return target
+        routes = []
+        for pool in sorted(candidate.pools, key=lambda p: p.share):
+            name = pool_name(config.name, pool.request_class)
+            _write_model(target, candidates, pool.candidate, config, name)
+            routes.append({"when": {"class": pool.request_class}, "to": name})
+        del routes[-1]["when"]  # the largest class's pool takes what matches no class
+        router = target / config.name
+        router.mkdir(parents=True)
+        (router / ROUTER_FILE).write_text(f"{WRITTEN_BY}: {candidate.name}\n"
+                                          + yaml.safe_dump({"routes": routes},
+                                                           sort_keys=False))
+    return target
+
+
+def pool_name(model: str, request_class: str) -> str:
+    """The model name of one class's pool: ``mlp_latency``."""
+    return f"{model}_{re.sub(r'[^A-Za-z0-9_.-]', '_', request_class)}"
+
+
+def _write_model(target: Path, candidates: Path, candidate: PlanCandidate,
+                 config: ModelConfig, name: str) -> None:
+    model_dir = target / name
+    knobs = Knobs(**candidate.knobs, preferred=False)
+    document = knobs.config(config.to_dict())
+    document["name"] = name
+    document["version_policy"] = {"specific": {"versions": [candidate.version]}}
+    document["response_cache"] = {"enable": candidate.cache_bytes > 0}
+    model_dir.mkdir(parents=True)
+    shutil.copytree(candidates / str(candidate.version), model_dir / str(candidate.version))
+    for extra in candidates.iterdir():
+        if not extra.name.isdigit() and extra.name not in (PBTXT, *YAML_FILES):
+            copy = shutil.copytree if extra.is_dir() else shutil.copy2
+            copy(extra, model_dir / extra.name)
+    (model_dir / PBTXT).write_text(f"{WRITTEN_BY}: {candidate.name}\n"
+                                   + config_text(document))
+
+
+def serve_flags(candidate: PlanCandidate) -> list[str]:
+    """The ``tradeoff serve`` flags the deployment needs beyond its repository: a response
+    cache the size of every pool's."""
+    if not candidate.cache_bytes:
+        return []
+    size = f"{math.ceil(candidate.cache_bytes / 2**20)}MiB"
+    return ["--cache", f"local,size={size},tenant_size={size}"]
+
+
+def serve_script(repository: Path, candidate: PlanCandidate) -> str:
+    """``serve.sh``: the `tradeoff serve` line that starts the deployment."""
+    flags = " ".join(["--model-repository", str(repository.resolve()),
+                      *serve_flags(candidate)])
+    return f"#!/bin/sh\n{WRITTEN_BY}: {candidate.name}\nexec tradeoff serve {flags} \"$@\"\n"

@@ -1,0 +1,103 @@
+"""A pool per class of requests, weighed against one pool for all.
+
+    pools, why = search_pools(traffic, goal, config, versions, calibration, start)
+
+Each class's own traffic (:meth:`~tradeoff.plan.traffic.Traffic.part`) is searched alone
+under its own SLA with the tensor plan's :class:`~tradeoff.plan.search.Searcher`, and the
+classes' deployments are combined within the cores (:func:`~tradeoff.plan.search.pooled`).
+On replay each class is measured against its own SLA (:func:`class_replays`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from tradeoff.plan.search import (
+    MAX_POOLED_CLASSES,
+    Calibration,
+    ClassSearch,
+    PlanGoal,
+    Searcher,
+    cache_choice,
+    pooled,
+)
+from tradeoff.plan.traffic import Traffic
+from tradeoff.repository.config import ModelConfig
+from tradeoff.results import (
+    ClassReplayed,
+    ClassSummary,
+    PlanCandidate,
+    PlanVersion,
+    ServerCounts,
+)
+from tradeoff.tune.serve_search import Knobs
+
+__all__ = ["class_replays", "hits_and_batch", "search_pools"]
+
+
+def search_pools(traffic: Traffic, goal: PlanGoal, config: ModelConfig,
+                 versions: list[PlanVersion], calibration: Calibration,
+                 start: tuple[int, Knobs], say: Callable[[str], None] = lambda _: None
+                 ) -> tuple[list[PlanCandidate], str]:
+    """With two or more classes: each class's traffic searched alone under its own SLA,
+    combined into a pool per class (:func:`tradeoff.plan.search.pooled`); the candidates
+    and what the classes lever says of them."""
+    classes = traffic.classes
+    if len(classes) < 2:
+        return [], "one class of traffic"
+    named = ", ".join(f"{c} {share:.0%} at p99 <= {goal.sla_for(c):g} ms"
+                      for c, share in classes.items())
+    if len(classes) > MAX_POOLED_CLASSES:
+        return [], f"{len(classes)} classes ({named}): more than {MAX_POOLED_CLASSES}, " \
+            "so one pool serves them all"
+    if goal.cores < len(classes):
+        return [], f"{len(classes)} classes ({named}): a pool each needs a core each, and " \
+            f"the server has {goal.cores}"
+    parts = []
+    for request_class, share in classes.items():
+        part = traffic.part(request_class)
+        sla = goal.sla_for(request_class)
+        alone = replace(goal, sla_p99_ms=sla, cores=goal.cores - len(classes) + 1)
+        cache = cache_choice(part, config, alone.replay_requests(part.rate_rps))
+        say(f"class {request_class}: its own pool at p99 <= {sla:g} ms")
+        searcher = Searcher(config, part, alone, calibration, start)
+        parts.append(ClassSearch(request_class, share, sla, searcher.search(versions, cache)))
+    pools = pooled(parts, goal, traffic.rate_rps)
+    missing = [p.request_class for p in parts if not any(c.meets_sla for c in p.ranked)]
+    if missing:
+        return [], f"{named}: no pool of its own is predicted to meet the SLA of " \
+            f"{', '.join(missing)}"
+    if not pools:
+        return [], f"{named}: the pools that meet each class's SLA need more than the " \
+            f"{goal.cores} cores the server has"
+    return pools, f"{named}: a pool per class behind a router ranked against one pool " \
+        "for all (which must meet the strictest SLA)"
+
+
+def hits_and_batch(counts: list[ServerCounts | None]) -> tuple[float | None, float | None]:
+    """The cache's hit ratio and the mean batch over one model's counts or its pools'."""
+    known = [c for c in counts if c is not None]
+    if not known:
+        return None, None
+    executions = sum(c.executions for c in known)
+    batch = sum(c.computed for c in known) / executions if executions else None
+    lookups = [c for c in known if c.cache_hits is not None]
+    looked = sum((c.cache_hits or 0) + (c.cache_misses or 0) for c in lookups)
+    hit = sum(c.cache_hits or 0 for c in lookups) / looked if looked else None
+    return hit, batch
+
+
+def class_replays(classes: list[ClassSummary], candidate: PlanCandidate, goal: PlanGoal
+                   ) -> list[ClassReplayed]:
+    """Each class's p99 on replay against its own SLA, and the p99 predicted for it: its
+    pool's, or the one pool's for every class."""
+    pools = {p.request_class: p.candidate.predicted for p in candidate.pools}
+    out = []
+    for c in classes:
+        p99 = c.latency("p99")
+        errors = 100.0 * c.errors / c.requests if c.requests else 0.0
+        sla = goal.sla_for(c.name)
+        out.append(ClassReplayed(c.name, sla, p99, pools.get(c.name, candidate.predicted),
+                                 errors, p99 is not None and p99 <= sla and errors <= 1.0))
+    return out
