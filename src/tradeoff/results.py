@@ -850,6 +850,8 @@ class Replayed(Record):
     # a generative model's: p50_ms and p99_ms are its time to first token
     tpot_p99_ms: float | None = field(default=None, metadata=written(omit_none=True))
     output_tokens_per_s: float | None = field(default=None, metadata=written(omit_none=True))
+    # requests per second that met both TTFT and TPOT bounds
+    goodput_rps: float | None = field(default=None, metadata=written(omit_none=True))
 
 
 @dataclass(frozen=True)

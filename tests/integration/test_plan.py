@@ -191,7 +191,8 @@ def test_a_generative_model_gets_the_engine_batch_its_rate_needs(tmp_path: Path)
                                 max_num_seqs=1)
     run = CliRunner().invoke(main, [
         "plan", str(model), "--sla-ttft-ms", "400", "--sla-tpot-ms", "60", "--rate", "3",
-        "--prompt-words", "24", "--output-tokens", "16", "--precision", "none",
+        "--prompt-words", "24", "--output-tokens", "16", "--shared-prefix-words", "12",
+        "--precision", "none",
         "--replay", "3s", "--seconds", "1s", "--budget", "4m",
         "--json", str(tmp_path / "plan.json")])
     assert run.exit_code == 0, run.output
@@ -205,6 +206,10 @@ def test_a_generative_model_gets_the_engine_batch_its_rate_needs(tmp_path: Path)
     baseline, plan = result.proof[-2:]
     assert plan.meets_sla, result.verdict
     assert plan.tpot_p99_ms is not None and plan.output_tokens_per_s
+    assert plan.goodput_rps is not None and plan.goodput_rps > 0
+    # half of each prompt is shared: the engine's prefix cache, read from /metrics
+    assert plan.hit_ratio is not None and plan.hit_ratio > 0.2
+    assert chosen.predicted.hit_ratio > 0.2
     assert baseline.p99_ms is None or (plan.p99_ms is not None and plan.p99_ms < baseline.p99_ms)
     assert {lever.lever: lever.taken for lever in result.levers}["engine batch"]
     written = read_yaml(Path(result.output or "") / "repository" / "synthetic-llm" /

@@ -41,6 +41,7 @@ from tradeoff.analysis.compare import run_compare
 from tradeoff.bench.endpoint import EndpointSpec, GenerationOptions, make_adapter
 from tradeoff.bench.load import LoadSpec
 from tradeoff.bench.prompts import synthetic_prompts
+from tradeoff.bench.scrape import Snapshot, scrape
 from tradeoff.bench.session import run_benchmark
 from tradeoff.errors import TuneError, local_resource
 from tradeoff.generate.config import GenerativeConfig
@@ -65,7 +66,8 @@ from tradeoff.server.process import ServerProcess
 
 __all__ = ["ENGINE_KNOBS", "EngineSearcher", "GenerationCalibration", "calibrate",
            "capacity_rps", "engine_label", "engine_levers", "generation_endpoint",
-           "measure_versions", "replay_generation", "replay_prompts", "settings_of",
+           "measure_versions", "prefix_hit_ratio", "replay_generation", "replay_prompts",
+           "settings_of",
            "step_cost", "write_engine_deployment"]
 
 Progress = Callable[[str], None]
@@ -330,7 +332,8 @@ def replay_generation(baseline: ServerProcess, target: Path, model: str,
                       lengths: Lengths, prompts: Path, load: LoadSpec,
                       cpus: str | None) -> list[Replayed]:
     """The starting deployment and the candidate's side by side, the prompts replayed at
-    the traffic's arrivals: TTFT (p50, p99) and TPOT against both SLAs."""
+    the traffic's arrivals: TTFT (p50, p99) and TPOT against both SLAs, and the prefix
+    cache's hits read from each server's ``/metrics``."""
     with ServerProcess(target, cpus=cpus) as plan_server:
         endpoints = [generation_endpoint(url, model, role, prompts, lengths, goal)
                      for url, role in ((baseline.url, "baseline"), (plan_server.url, "plan"))]
@@ -338,10 +341,14 @@ def replay_generation(baseline: ServerProcess, target: Path, model: str,
         # the prefill pacer learning its costs) are not its steady state either
         run_benchmark(make_adapter(endpoints[1]), LoadSpec(concurrency=2, requests=WARMUP,
                                                            warmup_s=0.0))
+        servers = (baseline, plan_server)
+        before = [scrape(server.metrics_url) for server in servers]
         compared = run_compare(endpoints, load, rounds=2)
+        hits = [prefix_hit_ratio(b, scrape(server.metrics_url), model)
+                for b, server in zip(before, servers, strict=True)]
     out = []
-    for entry, predicted, role in zip(compared.endpoints, (start, candidate),
-                                      ("baseline", "plan"), strict=True):
+    for entry, predicted, role, hit in zip(compared.endpoints, (start, candidate),
+                                           ("baseline", "plan"), hits, strict=True):
         summary = entry.result.summary
         ttft50, ttft99, _, tpot99 = _percentiles(summary)
         generation = summary.generation
@@ -351,10 +358,21 @@ def replay_generation(baseline: ServerProcess, target: Path, model: str,
                 tpot99 is not None and tpot99 <= goal.sla_tpot_ms))
         out.append(Replayed(
             predicted.name, role, ttft50, ttft99, summary.throughput_rps,
-            summary.error_percent, None, None, predicted.predicted, meets,
+            summary.error_percent, hit, None, predicted.predicted, meets,
             goal.cost_per_million(predicted.cores, tokens_per_s), tpot_p99_ms=tpot99,
-            output_tokens_per_s=tokens_per_s))
+            output_tokens_per_s=tokens_per_s,
+            goodput_rps=generation.goodput_rps if generation else None))
     return out
+
+
+def prefix_hit_ratio(before: Snapshot, after: Snapshot, model: str) -> float | None:
+    """The share of prompt tokens the engine found in its prefix cache between two
+    readings of the server's ``/metrics`` (None when it looked nothing up)."""
+    labels = {"model": model}
+    queries, hits = ((after.value(name, labels) or 0.0) - (before.value(name, labels) or 0.0)
+                     for name in ("tradeoff_generation_prefix_cache_queries_total",
+                                  "tradeoff_generation_prefix_cache_hits_total"))
+    return hits / queries if queries > 0 else None
 
 
 def engine_levers(versions: list[PlanVersion], start: PlanCandidate,

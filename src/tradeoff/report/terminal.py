@@ -597,7 +597,8 @@ def print_plan(result: PlanResult, console: Console) -> None:
     if result.proof:
         proof = Table(title="replayed side by side (measured, predicted in brackets)",
                       box=box.SIMPLE_HEAD)
-        for column in (("", "TTFT p99", "TPOT p99", "tokens/s", "errors", "SLA") if generative
+        for column in (("", "TTFT p99", "TPOT p99", "prefix hits", "tokens/s", "goodput/s",
+                        "errors", "SLA") if generative
                        else ("", "p99 ms", "batch", "hits", "errors", "SLA")):
             proof.add_column(column, justify="left" if column == "" else "right",
                              no_wrap=column == "")
@@ -606,7 +607,11 @@ def print_plan(result: PlanResult, console: Console) -> None:
                 proof.add_row(
                     f"{r.role}: {r.name}", f"{_ms(r.p99_ms)} ({_ms(r.predicted.p99_ms)})",
                     f"{_ms(r.tpot_p99_ms)} ({_ms(r.predicted.tpot_p99_ms)})",
-                    f"{r.output_tokens_per_s or 0:,.1f}", f"{r.error_percent:.1f}%",
+                    ("-" if r.hit_ratio is None else f"{r.hit_ratio:.0%}")
+                    + f" ({r.predicted.hit_ratio:.0%})",
+                    f"{r.output_tokens_per_s or 0:,.1f}",
+                    "-" if r.goodput_rps is None else f"{r.goodput_rps:,.2f}",
+                    f"{r.error_percent:.1f}%",
                     "[green]met[/green]" if r.meets_sla else "[red]missed[/red]")
                 continue
             hits = "-" if r.hit_ratio is None else f"{r.hit_ratio:.0%}"
