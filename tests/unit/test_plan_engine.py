@@ -151,3 +151,14 @@ def test_the_calibration_scales_the_step_costs() -> None:
     assert served.step_ms(0, 100) == pytest.approx(0.5 * (2.0 + 0.05 * 100))
     alone = simulate_engine(np.zeros(1), Lengths(128, 32), _settings(), served)
     assert alone.tpot_ms[0] == pytest.approx(20.0)
+
+
+def test_a_step_with_prompts_is_one_pass_on_the_cpu_and_two_launches_on_a_gpu() -> None:
+    from dataclasses import replace
+
+    # 4 decodes and 100 prompt tokens: one forward of 104 tokens, at least the decode step
+    assert COST.step_ms(4, 100) == pytest.approx(max(11.0, 2.0 + 0.05 * 104))
+    assert COST.step_ms(16, 8) == pytest.approx(14.0)  # a few tokens ride the decode step
+    gpu = replace(COST, one_pass=False)
+    assert gpu.step_ms(4, 100) == pytest.approx(11.0 + 2.0 + 0.05 * 100)
+    assert gpu.step_ms(0, 100) == COST.step_ms(0, 100) == pytest.approx(7.0)

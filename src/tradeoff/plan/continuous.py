@@ -12,9 +12,10 @@ IterationScheduler` over a real :class:`~tradeoff.generate.kv_blocks.BlockAlloca
 the token budget, chunked prefill, KV blocks, preemption and prefix caching behave as
 served), paced by the engine's own :class:`~tradeoff.generate.iteration.PrefillPacer`,
 and retired as the engine's ``collect`` does. Only the model is replaced by its measured
-cost: a step of ``d`` decodes takes ``decode_ms(d)``, and prompt tokens add
-``prefill_ms_per_token`` each (one forward pass of more tokens); a step of prompts alone
-takes ``prefill_fixed_ms + prefill_ms_per_token x tokens``. The clock jumps from step to step,
+cost: a step of ``d`` decodes takes ``decode_ms(d)``, a step of ``p`` prompt tokens alone
+``prefill_fixed_ms + prefill_ms_per_token x p``, and a step of both what the engine runs:
+on the CPU one forward pass over all ``d + p`` tokens, on a GPU the decode step and then
+a prompt launch (:meth:`StepCost.step_ms`). The clock jumps from step to step,
 and to the next arrival when nothing runs.
 """
 
@@ -42,14 +43,17 @@ class StepCost:
     decode_ms: tuple[float, ...]
     prefill_fixed_ms: float
     prefill_ms_per_token: float
+    # a step with prompt chunks runs as one forward pass over all its tokens (the CPU);
+    # False: the decode step, then a prompt launch (a GPU's padded decode graph)
+    one_pass: bool = True
 
     @classmethod
     def of(cls, tokens_per_s: dict[int, float], prefill_fixed_ms: float,
-           prefill_ms_per_token: float) -> StepCost:
+           prefill_ms_per_token: float, one_pass: bool = True) -> StepCost:
         """From decode tokens per second at each batch (``tradeoff optimize``'s figures)."""
         sizes = sorted(b for b, v in tokens_per_s.items() if v > 0)
         return cls(tuple(sizes), tuple(1e3 * b / tokens_per_s[b] for b in sizes),
-                   prefill_fixed_ms, prefill_ms_per_token)
+                   prefill_fixed_ms, prefill_ms_per_token, one_pass)
 
     def decode(self, decodes: int) -> float:
         if decodes <= 0:
@@ -61,13 +65,19 @@ class StepCost:
         return float(np.interp(decodes, sizes, times))
 
     def step_ms(self, decodes: int, prompt_tokens: int) -> float:
-        """A step of ``decodes`` sequences and ``prompt_tokens`` of prompts: the decode
-        step, plus the prompt tokens at their cost per token; a step of prompts alone pays
-        the fixed cost of a launch that the decode step otherwise pays."""
+        """A step of ``decodes`` sequences and ``prompt_tokens`` of prompts. Decodes alone:
+        the decode step. With prompt tokens, as the engine runs it: one forward pass over
+        every token of the step (``one_pass``, at the prompt's cost, never less than the
+        decode step), or the decode step and then a prompt launch."""
+        if not prompt_tokens:
+            return self.decode(decodes)
         if not decodes:
-            return self.prefill_fixed_ms + self.prefill_ms_per_token * prompt_tokens \
-                if prompt_tokens else 0.0
-        return self.decode(decodes) + self.prefill_ms_per_token * prompt_tokens
+            return self.prefill_fixed_ms + self.prefill_ms_per_token * prompt_tokens
+        if self.one_pass:
+            return max(self.decode(decodes), self.prefill_fixed_ms
+                       + self.prefill_ms_per_token * (decodes + prompt_tokens))
+        return self.decode(decodes) + self.prefill_fixed_ms \
+            + self.prefill_ms_per_token * prompt_tokens
 
     def tokens_per_s(self, decodes: int) -> float:
         """Decode tokens per second with ``decodes`` sequences each step."""

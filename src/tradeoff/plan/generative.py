@@ -66,7 +66,7 @@ from tradeoff.server.process import ServerProcess
 
 __all__ = ["ENGINE_KNOBS", "EngineSearcher", "GenerationCalibration", "calibrate",
            "capacity_rps", "engine_label", "engine_levers", "generation_endpoint",
-           "measure_versions", "prefix_hit_ratio", "replay_generation", "replay_prompts",
+           "measure_versions", "on_gpu", "prefix_hit_ratio", "replay_generation", "replay_prompts",
            "settings_of",
            "step_cost", "write_engine_deployment"]
 
@@ -100,10 +100,11 @@ class GenerationCalibration:
 
     def cost(self, measured: StepCost) -> StepCost:
         """The in-process step cost as the served engine pays it."""
-        return StepCost(measured.sizes, tuple(t * self.decode_scale
-                                              for t in measured.decode_ms),
-                        measured.prefill_fixed_ms * self.prefill_scale,
-                        measured.prefill_ms_per_token * self.prefill_scale)
+        return replace(measured, decode_ms=tuple(t * self.decode_scale
+                                                 for t in measured.decode_ms),
+                       prefill_fixed_ms=measured.prefill_fixed_ms * self.prefill_scale,
+                       prefill_ms_per_token=measured.prefill_ms_per_token
+                       * self.prefill_scale)
 
 
 SCALE_BOUNDS = (0.2, 5.0)  # a calibration further off than this is not trusted
@@ -115,9 +116,21 @@ def _scale(measured: float | None, simulated: float) -> float:
     return min(max(measured / simulated, SCALE_BOUNDS[0]), SCALE_BOUNDS[1])
 
 
-def step_cost(version: PlanVersion, prefill_ms: dict[int, float]) -> StepCost:
+def on_gpu(config: GenerativeConfig) -> bool:
+    """Whether the engine runs on CUDA (``device: cuda``, or ``auto`` where torch sees a
+    GPU)."""
+    if config.device == "auto":
+        import torch
+
+        return bool(torch.cuda.is_available())
+    return config.device.startswith("cuda")
+
+
+def step_cost(version: PlanVersion, prefill_ms: dict[int, float], one_pass: bool = True
+              ) -> StepCost:
     """A version's decode step per batch (``batch_ms``), and the prompt cost as the
-    least-squares line through the measured chunk times (fixed ms + ms per token)."""
+    least-squares line through the measured chunk times (fixed ms + ms per token);
+    ``one_pass``: a step with prompt chunks is one forward pass (the CPU engine)."""
     sizes = sorted(version.batch_ms)
     tokens = np.array(sorted(prefill_ms), dtype=np.float64)
     times = np.array([prefill_ms[int(t)] for t in tokens])
@@ -126,7 +139,7 @@ def step_cost(version: PlanVersion, prefill_ms: dict[int, float]) -> StepCost:
     else:
         per_token, fixed = (times[0] / tokens[0] if tokens.size else 0.0), 0.0
     return StepCost(tuple(sizes), tuple(version.batch_ms[b] for b in sizes),
-                    max(float(fixed), 0.0), max(float(per_token), 0.0))
+                    max(float(fixed), 0.0), max(float(per_token), 0.0), one_pass)
 
 
 def _perplexity_rise(report: VersionReport) -> float:
@@ -139,7 +152,7 @@ def _perplexity_rise(report: VersionReport) -> float:
 
 
 def measure_versions(work_model: Path, request_variants: tuple[Any, ...], max_drop: float,
-                     seconds: float, say: Progress
+                     seconds: float, say: Progress, one_pass: bool = True
                      ) -> tuple[list[PlanVersion], dict[int, StepCost]]:
     """Every precision asked for, made and measured by ``tradeoff optimize``: the plan's
     versions (``batch_ms``: a decode step at each batch) and each one's step cost."""
@@ -158,7 +171,7 @@ def measure_versions(work_model: Path, request_variants: tuple[Any, ...], max_dr
                               {b: 1e3 * b / t for b, t in
                                sorted(report.throughput_by_batch.items()) if t > 0})
         versions.append(version)
-        costs[report.version] = step_cost(version, report.prefill_ms or {})
+        costs[report.version] = step_cost(version, report.prefill_ms or {}, one_pass)
     return versions, costs
 
 

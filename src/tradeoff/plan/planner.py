@@ -55,6 +55,7 @@ from tradeoff.plan.generative import (
     calibrate,
     engine_levers,
     measure_versions,
+    on_gpu,
     replay_generation,
     replay_prompts,
     settings_of,
@@ -184,14 +185,8 @@ def _gpus(config: ModelConfig) -> int:
 
 
 def _engine_gpus(config: GenerativeConfig, name: str) -> int:
-    """One GPU for an engine on CUDA (``device: cuda``, or ``auto`` where torch sees a
-    GPU); InvalidValue for one on the CPU."""
-    on_gpu = config.device.startswith("cuda")
-    if config.device == "auto":
-        import torch
-
-        on_gpu = bool(torch.cuda.is_available())
-    if not on_gpu:
+    """One GPU for an engine on CUDA; InvalidValue for one on the CPU."""
+    if not on_gpu(config):
         raise InvalidValue(f"{name} runs on the CPU (generate.yaml device: {config.device}"
                            "): a GPU-hour price does not apply; give --price-per-hour or "
                            "--price-per-core-hour")
@@ -207,7 +202,8 @@ def _plan_generative(request: PlanRequest, config: GenerativeConfig, output: Pat
     lengths = request.lengths or Lengths(128, 64)
     say("measuring every version (tradeoff optimize)")
     versions, costs = measure_versions(work / "candidates" / name, request.variants,
-                                       goal.max_drop, request.seconds_per_version, say)
+                                       goal.max_drop, request.seconds_per_version, say,
+                                       one_pass=not on_gpu(config))
     original = versions[0]
     start = settings_of(config)
     prompts = replay_prompts(work / "prompts.jsonl", lengths)
