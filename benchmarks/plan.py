@@ -143,7 +143,9 @@ def llm_row(model: str, scenario: str, doc: dict) -> dict:
             "tokens_per_s": (chosen.get("output_tokens_per_s"),
                              baseline.get("output_tokens_per_s")),
             "cost": (chosen.get("cost_per_million"), baseline.get("cost_per_million")),
-            "prefix_hits_predicted": chosen.get("predicted", {}).get("hit_ratio"),
+            "prefix_hits": (chosen.get("predicted", {}).get("hit_ratio"),
+                            chosen.get("hit_ratio")),
+            "goodput_rps": (chosen.get("goodput_rps"), baseline.get("goodput_rps")),
             "stop_reason": doc["stop_reason"], "wall_s": doc["wall_s"]}
 
 
@@ -255,8 +257,9 @@ def main() -> None:
     print()
     print("| model | traffic | SLA TTFT / TPOT ms | chosen (start) | TTFT p99 plan: "
           "predicted / replayed | TPOT p99 plan: predicted / replayed | TTFT / TPOT p99 "
-          "start: replayed | met plan / start | tokens/s plan / start |")
-    print("|---|---|---|---|---:|---:|---:|---|---:|")
+          "start: replayed | met plan / start | prefix hits predicted / replayed | "
+          "goodput req/s plan / start |")
+    print("|---|---|---|---|---:|---:|---:|---|---:|---:|")
     for r in llm_rows:
         met = " / ".join("yes" if m else "no" for m in r["met"])
         print(f"| {r['model']} | {r['scenario']}: {r['rate_rps']:g}/s, "
@@ -264,8 +267,9 @@ def main() -> None:
               f"{r['sla_tpot_ms']:g} | {r['chosen']} ({r['start']}) | "
               f"{_f(r['plan_ttft'][0])} / {_f(r['plan_ttft'][1])} | {_f(r['plan_tpot'][0])} "
               f"/ {_f(r['plan_tpot'][1])} | {_f(r['start_ttft'][1])} / "
-              f"{_f(r['start_tpot'][1])} | {met} | {_f(r['tokens_per_s'][0], 1)} / "
-              f"{_f(r['tokens_per_s'][1], 1)} |")
+              f"{_f(r['start_tpot'][1])} | {met} | {_f(r['prefix_hits'][0])} / "
+              f"{_f(r['prefix_hits'][1])} | {_f(r['goodput_rps'][0])} / "
+              f"{_f(r['goodput_rps'][1])} |")
     rows = rows + class_rows + llm_rows
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"schema": "tradeoff.bench.plan/1",

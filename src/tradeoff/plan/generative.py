@@ -267,10 +267,17 @@ class EngineSearcher:
         return sorted(out, key=lambda c: rank_key(c, self.goal.sla_p99_ms))
 
 
+PREFIX_SEED = 7  # the shared prefix: the same words in every file of a plan
+
+
 def replay_prompts(path: Path, lengths: Lengths, count: int = 256, seed: int = 0) -> Path:
     """A prompts file for the bench: ``count`` prompts of ``lengths.prompt`` words, the
-    first ``lengths.shared_prefix`` of them the same in every one."""
-    shared = synthetic_prompts(1, (max(lengths.shared_prefix, 1),) * 2, (1, 1), seed + 1)[0]
+    first ``lengths.shared_prefix`` of them the same in every one (and in every file),
+    the rest drawn with ``seed``. The calibration, the warm-up and the replay each get
+    their own seed: a prompt an engine has already seen would be found whole in its
+    prefix cache, which the traffic's prompts would not be."""
+    shared = synthetic_prompts(1, (max(lengths.shared_prefix, 1),) * 2, (1, 1),
+                               PREFIX_SEED)[0]
     tail = max(lengths.prompt - lengths.shared_prefix, 1)
     items = synthetic_prompts(count, (tail, tail), (lengths.output,) * 2, seed)
     prefix = f"{shared.prompt} " if lengths.shared_prefix else ""
@@ -342,7 +349,7 @@ def write_engine_deployment(target: Path, source: Path, candidate: PlanCandidate
 
 def replay_generation(baseline: ServerProcess, target: Path, model: str,
                       candidate: PlanCandidate, start: PlanCandidate, goal: PlanGoal,
-                      lengths: Lengths, prompts: Path, load: LoadSpec,
+                      lengths: Lengths, prompts: Path, warmup_prompts: Path, load: LoadSpec,
                       cpus: str | None) -> list[Replayed]:
     """The starting deployment and the candidate's side by side, the prompts replayed at
     the traffic's arrivals: TTFT (p50, p99) and TPOT against both SLAs, and the prefix
@@ -352,11 +359,15 @@ def replay_generation(baseline: ServerProcess, target: Path, model: str,
                      for url, role in ((baseline.url, "baseline"), (plan_server.url, "plan"))]
         # the start was warmed by the calibration: the plan's first answers (lazy set-up,
         # the prefill pacer learning its costs) are not its steady state either
-        run_benchmark(make_adapter(endpoints[1]), LoadSpec(concurrency=2, requests=WARMUP,
-                                                           warmup_s=0.0))
+        warm = generation_endpoint(plan_server.url, model, "warm-up", warmup_prompts, lengths,
+                                   goal)
+        run_benchmark(make_adapter(warm), LoadSpec(concurrency=2, requests=WARMUP,
+                                                   warmup_s=0.0))
         servers = (baseline, plan_server)
         before = [scrape(server.metrics_url) for server in servers]
-        compared = run_compare(endpoints, load, rounds=2)
+        # one round each: a second would send the same prompts again, found whole in the
+        # prefix cache
+        compared = run_compare(endpoints, load, rounds=1)
         hits = [prefix_hit_ratio(b, scrape(server.metrics_url), model)
                 for b, server in zip(before, servers, strict=True)]
     out = []

@@ -206,12 +206,17 @@ def _plan_generative(request: PlanRequest, config: GenerativeConfig, output: Pat
                                        one_pass=not on_gpu(config))
     original = versions[0]
     start = settings_of(config)
-    prompts = replay_prompts(work / "prompts.jsonl", lengths)
     load = replay_load(traffic, goal.replay_s)
+    # prompts no engine has seen for each use (see replay_prompts)
+    replayed = max(256, math.ceil(traffic.rate_rps * (goal.replay_s + load.warmup_s)) + 16)
+    calibration_prompts, warmup_prompts, prompts = (
+        replay_prompts(work / f"{use}.jsonl", lengths, count, seed)
+        for use, count, seed in (("calibration", 256, 1), ("warm-up", 64, 2),
+                                 ("replay", replayed, 0)))
     with ServerProcess(work / "baseline", cpus=request.server_cpus) as baseline_server:
         say("calibrating on the starting deployment")
         calibration, served = calibrate(baseline_server, name, costs[original.version], start,
-                                        lengths, goal, prompts)
+                                        lengths, goal, calibration_prompts)
         searcher = EngineSearcher(traffic, served, goal, calibration,
                                   (original.version, start))
         baseline = searcher.predict(original, costs[original.version], start)
@@ -223,7 +228,8 @@ def _plan_generative(request: PlanRequest, config: GenerativeConfig, output: Pat
             target = write_engine_deployment(work / f"attempt-{number}", model_dir,
                                              candidate)
             return replay_generation(baseline_server, target, name, candidate, baseline,
-                                     goal, served, prompts, load, request.server_cpus), target
+                                     goal, served, prompts, warmup_prompts, load,
+                                     request.server_cpus), target
 
         attempts, stop = _prove(ranked, goal, goal.sla_p99_ms, started, attempt, say)
     chosen, shown, kept = _conclude(attempts, ranked, output)
