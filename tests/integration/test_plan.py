@@ -105,6 +105,8 @@ def test_a_repeating_trace_turns_the_cache_on_and_the_replay_hits(tmp_path: Path
     assert {lever.lever: lever.taken for lever in result.levers}["cache"]
     plan = result.proof[-1]
     assert plan.hit_ratio is not None and plan.hit_ratio > 0.3
+    # the trace's own inputs, in its order: the hits Che's approximation predicted
+    assert plan.hit_ratio == pytest.approx(plan.predicted.hit_ratio, abs=0.1)
     assert "--cache local" in (Path(result.output or "") / "serve.sh").read_text()
 
 

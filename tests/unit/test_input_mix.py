@@ -98,3 +98,14 @@ def test_a_bad_request_class_says_how_to_write_one(text: str) -> None:
     with pytest.raises(ValueError) as caught:
         RequestClass.parse(text)
     assert "--mix" in str(caught.value)
+
+
+def test_a_recorded_sequence_is_replayed_in_its_order() -> None:
+    mix = InputMix(sequence=(3, 1, 1, 0, 2))
+    order = mix.order(4, seed=0)
+    assert order is not None
+    # in order, repeated end to end; an index past the prepared inputs wraps
+    assert order[:10].tolist() == [3, 1, 1, 0, 2, 3, 1, 1, 0, 2]
+    assert mix.order(2, seed=0)[:5].tolist() == [1, 1, 1, 0, 0]
+    assert mix.describe(4) == {"distinct_inputs": 4, "draw": "sequence",
+                               "sequence_length": 5}

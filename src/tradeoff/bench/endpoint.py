@@ -119,6 +119,8 @@ class EndpointSpec:
     distinct_inputs: int | None = None  # random inputs (v2) or synthetic prompts to make
     zipf: float | None = None  # draw them with this Zipf exponent (None: round-robin)
     classes: tuple[RequestClass, ...] = ()  # --mix: request classes drawn by weight
+    # with distinct_inputs: the input each send uses, in order (a recorded trace's)
+    input_sequence: tuple[int, ...] = ()
 
     @property
     def label(self) -> str:
@@ -139,7 +141,10 @@ def make_adapter(spec: EndpointSpec) -> Adapter:
     if spec.classes and spec.protocol not in ("v2", "v2-grpc"):
         raise BenchSetupError("--mix sets request parameters: it works with --protocol v2 "
                               "and v2-grpc")
-    adapter.mix = InputMix(zipf, spec.classes)
+    if spec.input_sequence and spec.distinct_inputs is None:
+        raise BenchSetupError("an input sequence indexes random inputs: give distinct_inputs")
+    adapter.mix = InputMix(None if spec.input_sequence else zipf, spec.classes,
+                           spec.input_sequence)
     adapter.max_response_bytes = spec.max_response_bytes
     return adapter
 

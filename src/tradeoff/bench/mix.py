@@ -92,11 +92,14 @@ def _value(text: str) -> Any:
 
 @dataclass(frozen=True)
 class InputMix:
-    """Round-robin over the prepared requests (``zipf`` None) or Zipf draws over them;
-    with ``classes``, each send is also drawn to a class by weight."""
+    """Round-robin over the prepared requests (``zipf`` None), Zipf draws over them, or
+    a given ``sequence`` of input indices (a recorded trace's, replayed in its order and
+    repeated end to end); with ``classes``, each send is also drawn to a class by
+    weight."""
 
     zipf: float | None = None
     classes: tuple[RequestClass, ...] = ()
+    sequence: tuple[int, ...] = ()
 
     def inputs_of(self, count: int) -> int:
         """Distinct inputs among ``count`` prepared requests (one copy per class)."""
@@ -104,11 +107,14 @@ class InputMix:
 
     def order(self, count: int, seed: int) -> np.ndarray | None:
         """The index of the request each send uses, in turn (None: round-robin)."""
-        if self.zipf is None and not self.classes:
+        if self.zipf is None and not self.classes and not self.sequence:
             return None
         inputs = self.inputs_of(count)
         rng = np.random.default_rng([seed, 0x21BF])  # apart from the arrivals' stream
-        if self.zipf is None:
+        if self.sequence:
+            order = np.resize(np.asarray(self.sequence, dtype=np.int64) % inputs,
+                              ORDER_LENGTH)
+        elif self.zipf is None:
             order = np.arange(ORDER_LENGTH, dtype=np.int64) % inputs
         else:
             order = rng.choice(inputs, size=ORDER_LENGTH, p=zipf_probabilities(inputs,
@@ -123,7 +129,9 @@ class InputMix:
         """What the result records: how many distinct inputs, drawn how, in which
         classes."""
         out: dict[str, Any] = {"distinct_inputs": self.inputs_of(count), "draw": "round-robin"}
-        if self.zipf is not None:
+        if self.sequence:
+            out.update(draw="sequence", sequence_length=len(self.sequence))
+        elif self.zipf is not None:
             out.update(draw="zipf", zipf_s=self.zipf)
         if self.classes:
             out["classes"] = [c.to_dict() for c in self.classes]

@@ -439,8 +439,11 @@ def _replay(baseline_server: ServerProcess, target: Path, model: str,
                        extra_args=tuple(serve_flags(candidate))) as plan_server:
         distinct = traffic.distinct_inputs if traffic.repeats else None
         zipf = traffic.zipf if traffic.repeats else None
+        # a trace's inputs in its own order (each round from its start); a law's drawn
+        sequence = tuple(int(i) for i in traffic.inputs) \
+            if traffic.repeats and traffic.inputs is not None else ()
         endpoints = [EndpointSpec(url, model=model, name=role, distinct_inputs=distinct,
-                                  zipf=zipf, classes=classes)
+                                  zipf=zipf, classes=classes, input_sequence=sequence)
                      for url, role in ((baseline_server.url, "baseline"),
                                        (plan_server.url, "plan"))]
         pools = [V2Adapter(plan_server.url, pool_name(model, p.request_class))
