@@ -48,7 +48,7 @@ from tradeoff.generate.config import GenerativeConfig
 from tradeoff.optimize.optimizer import OptimizePlan, optimize_model
 from tradeoff.plan.continuous import EngineSettings, Lengths, StepCost, simulate_engine
 from tradeoff.plan.deployment import WRITTEN_BY
-from tradeoff.plan.search import PlanGoal, rank_key
+from tradeoff.plan.search import PlanGoal, rank_key, weigh
 from tradeoff.plan.traffic import Traffic
 from tradeoff.repository.repository import GENERATIVE_FILE
 from tradeoff.repository.safe_yaml import read_yaml
@@ -159,19 +159,9 @@ def measure_versions(work_model: Path, request_variants: tuple[Any, ...], max_dr
     optimized: OptimizeResult = optimize_model(work_model, OptimizePlan(
         variants=request_variants, max_drop=max_drop, seconds_per_version=seconds,
         max_sequences=MEASURED_SEQUENCES), say)
-    versions, costs = [], {}
-    for report in optimized.versions:
-        rise = _perplexity_rise(report)
-        original = report.version == optimized.source_version
-        kept = original or rise <= max_drop
-        why = ("the original" if original else
-               f"perplexity {rise:+.2%}, over the budget of {max_drop:.2%}" if not kept else
-               f"perplexity {rise:+.2%}, within the budget of {max_drop:.2%}")
-        version = PlanVersion(report.version, report.precision, report.method, rise, kept, why,
-                              {b: 1e3 * b / t for b, t in
-                               sorted(report.throughput_by_batch.items()) if t > 0})
-        versions.append(version)
-        costs[report.version] = step_cost(version, report.prefill_ms or {}, one_pass)
+    versions = weigh(optimized, max_drop, _perplexity_rise, lambda r: f"perplexity {r:+.2%}")
+    costs = {v.version: step_cost(v, report.prefill_ms or {}, one_pass)
+             for v, report in zip(versions, optimized.versions, strict=True)}
     return versions, costs
 
 

@@ -72,12 +72,12 @@ from tradeoff.plan.search import (
     cache_choice,
     rank_key,
     version_cost,
+    weigh,
 )
 from tradeoff.plan.traffic import Traffic
 from tradeoff.repository.config import ModelConfig
 from tradeoff.repository.repository import ModelRepository
 from tradeoff.results import (
-    OptimizeResult,
     PlanCandidate,
     PlanLever,
     PlanResult,
@@ -272,7 +272,7 @@ def _plan(request: PlanRequest, config: ModelConfig, output: Path, started: floa
     optimized = optimize_model(work / "candidates" / name, OptimizePlan(
         variants=request.variants, max_drop=goal.max_drop,
         seconds_per_version=request.seconds_per_version), say)
-    versions = _weigh(optimized, goal.max_drop)
+    versions = weigh(optimized, goal.max_drop)
     original = next(v for v in versions if v.version == optimized.source_version)
     with ServerProcess(work / "baseline", cpus=request.server_cpus) as baseline_server:
         say("calibrating on the starting deployment")
@@ -350,19 +350,6 @@ def _prove(ranked: list[PlanCandidate], goal: PlanGoal, sla_ms: float, started: 
 
 def _and_tpot(goal: PlanGoal) -> str:
     return "" if goal.sla_tpot_ms is None else f" (TTFT) and TPOT <= {goal.sla_tpot_ms:g} ms"
-
-
-def _weigh(optimized: OptimizeResult, max_drop: float) -> list[PlanVersion]:
-    out = []
-    for v in optimized.versions:
-        over = optimized.over_max_drop(v)
-        why = (f"lost {v.drop:.2%}, over the budget of {max_drop:.2%}" if over else
-               "the original" if v.version == optimized.source_version else
-               f"lost {v.drop:.2%}, within the budget of {max_drop:.2%}")
-        out.append(PlanVersion(v.version, v.precision, v.method, v.drop, not over, why,
-                               {b: 1e3 * b / t for b, t in sorted(v.throughput_by_batch.items())
-                                if t > 0}))
-    return out
 
 
 def _cpu_seconds(pid: int) -> float:

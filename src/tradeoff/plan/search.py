@@ -24,13 +24,20 @@ from tradeoff import dtypes
 from tradeoff.plan.predict import BatchCost, Simulated, simulate
 from tradeoff.plan.traffic import Traffic
 from tradeoff.repository.config import ModelConfig
-from tradeoff.results import PlanCandidate, PlanPool, PlanVersion, Prediction
+from tradeoff.results import (
+    OptimizeResult,
+    PlanCandidate,
+    PlanPool,
+    PlanVersion,
+    Prediction,
+    VersionReport,
+)
 from tradeoff.stats.cost import Price
 from tradeoff.tune.serve_search import Knobs
 
 __all__ = ["DELAYS_US", "MAX_POOLED_CLASSES", "NO_CACHE", "CacheChoice", "Calibration",
            "ClassSearch", "PlanGoal", "Searcher", "answer_bytes", "cache_choice", "label",
-           "pooled", "rank_key", "version_cost"]
+           "pooled", "rank_key", "version_cost", "weigh"]
 
 DELAYS_US = (0, 100, 500, 1000, 2000, 5000, 10000)
 MIN_HIT_RATIO = 0.02  # a cache predicted to answer less costs more than it saves
@@ -157,6 +164,25 @@ def cache_choice(traffic: Traffic, config: ModelConfig, requests: int | None = N
                        f"{traffic.distinct_inputs:,} distinct inputs (Zipf "
                        f"{traffic.zipf or 0:.2f}): {capacity:,} answers predicted to "
                        f"answer {hit:.1%} of requests ({best:.1%} with all of them)")
+
+
+def weigh(optimized: OptimizeResult, max_drop: float,
+          loss: Callable[[VersionReport], float] = lambda v: v.drop,
+          shown: Callable[[float], str] = lambda d: f"lost {d:.2%}") -> list[PlanVersion]:
+    """Each version ``tradeoff optimize`` measured, as the plan weighs it: what it lost
+    (``loss``: the optimize run's drop, or a generative model's perplexity rise), kept
+    within ``max_drop`` and why, and the time of one batch at each size."""
+    out = []
+    for v in optimized.versions:
+        lost = loss(v)
+        over = lost > max_drop
+        why = (f"{shown(lost)}, over the budget of {max_drop:.2%}" if over else
+               "the original" if v.version == optimized.source_version else
+               f"{shown(lost)}, within the budget of {max_drop:.2%}")
+        out.append(PlanVersion(v.version, v.precision, v.method, lost, not over, why,
+                               {b: 1e3 * b / t for b, t in sorted(v.throughput_by_batch.items())
+                                if t > 0}))
+    return out
 
 
 def label(version: PlanVersion, knobs: Knobs, cache: CacheChoice) -> str:
