@@ -162,3 +162,23 @@ def test_a_step_with_prompts_is_one_pass_on_the_cpu_and_two_launches_on_a_gpu() 
     gpu = replace(COST, one_pass=False)
     assert gpu.step_ms(4, 100) == pytest.approx(11.0 + 2.0 + 0.05 * 100)
     assert gpu.step_ms(0, 100) == COST.step_ms(0, 100) == pytest.approx(7.0)
+
+
+def test_the_command_bounds_the_lengths(tmp_path) -> None:
+    from click.testing import CliRunner
+
+    from tradeoff.cli import main
+
+    model = tmp_path / "repo" / "m"
+    model.mkdir(parents=True)
+    for flag in ("--prompt-words", "--output-tokens", "--shared-prefix-words"):
+        for value in ("100000", "-1", "nan", ""):
+            run = CliRunner().invoke(main, ["plan", str(model), "--sla-ttft-ms", "5",
+                                            "--sla-tpot-ms", "5", "--rate", "1", flag, value])
+            assert run.exit_code == 2, (flag, value, run.output)
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text('{"timestamp": 0, "prompt_tokens": 900000}\n'
+                     '{"timestamp": 1, "prompt_tokens": 900000}')
+    run = CliRunner().invoke(main, ["plan", str(model), "--sla-ttft-ms", "5",
+                                    "--sla-tpot-ms", "5", "--trace", str(trace)])
+    assert run.exit_code == 2 and "give --prompt-words" in run.output

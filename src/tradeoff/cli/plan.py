@@ -11,6 +11,7 @@ from tradeoff.cli.options import DURATION, Duration, Number, json_option, save_r
 
 __all__ = ["plan"]
 
+MAX_LENGTH = 1 << 16  # words of a prompt, tokens of an answer: the prompts are written out
 PRECISIONS = {"int8": ("int8-dynamic", True), "int8-static": ("int8-static", True),
               "fp16": ("fp16", False), "graph-opt": ("graph-opt", False),
               "bf16": ("bf16", False)}
@@ -26,14 +27,15 @@ PRECISIONS = {"int8": ("int8-dynamic", True), "int8-static": ("int8-static", Tru
 @click.option("--sla-tpot-ms", type=Number(0, min_open=True),
               help="Generative models: the p99 time per output token after the first, "
                    "in ms.")
-@click.option("--prompt-words", type=click.IntRange(1),
+@click.option("--prompt-words", type=click.IntRange(1, MAX_LENGTH),
               help="Generative models: each prompt's length in words (about a token each "
                    "for BPE tokenizers; the plan works in the server's own token count). "
                    "Default: a trace's mean prompt_tokens, else 128.")
-@click.option("--output-tokens", type=click.IntRange(1),
+@click.option("--output-tokens", type=click.IntRange(1, MAX_LENGTH),
               help="Generative models: tokens each answer generates. Default: a trace's "
                    "mean output_tokens, else 64.")
-@click.option("--shared-prefix-words", type=click.IntRange(0), default=0, show_default=True,
+@click.option("--shared-prefix-words", type=click.IntRange(0, MAX_LENGTH), default=0,
+              show_default=True,
               help="Generative models: the words every prompt starts with (a system "
                    "prompt), which prefix caching can reuse.")
 @click.option("--rate", type=Number(0, min_open=True),
@@ -161,6 +163,9 @@ def plan(model_dir: Path, sla_p99_ms: float | None, sla_ttft_ms: float | None,
                                f"{words} words")
     lengths = Lengths(words, output_tokens or round(traffic.output_tokens or 64),
                       shared_prefix_words)
+    if max(lengths.prompt, lengths.output) > MAX_LENGTH:  # a trace's means
+        raise click.UsageError(f"the trace's mean prompt_tokens or output_tokens is over "
+                               f"{MAX_LENGTH:,}: give --prompt-words and --output-tokens")
     class_sla = _positive(class_slas, "--class-sla", "NAME=MS")
     unknown = sorted(set(class_sla) - set(traffic.classes))
     if unknown:

@@ -95,6 +95,7 @@ __all__ = ["PlanRequest", "default_output", "levers", "make_plan", "pareto", "re
 Progress = Callable[[str], None]
 ATTEMPTS = 3  # candidates replayed at most, while each misses the SLA
 KEPT_CANDIDATES = 20  # the best ranked kept in the document, beside the Pareto front
+MAX_REPLAY_PROMPTS = 1 << 16  # a generative replay's prompts file (round-robin past it)
 
 
 @dataclass(frozen=True)
@@ -208,7 +209,8 @@ def _plan_generative(request: PlanRequest, config: GenerativeConfig, output: Pat
     start = settings_of(config)
     load = replay_load(traffic, goal.replay_s)
     # prompts no engine has seen for each use (see replay_prompts)
-    replayed = max(256, math.ceil(traffic.rate_rps * (goal.replay_s + load.warmup_s)) + 16)
+    replayed = min(max(256, math.ceil(traffic.rate_rps * (goal.replay_s + load.warmup_s))
+                       + 16), MAX_REPLAY_PROMPTS)
     calibration_prompts, warmup_prompts, prompts = (
         replay_prompts(work / f"{use}.jsonl", lengths, count, seed)
         for use, count, seed in (("calibration", 256, 1), ("warm-up", 64, 2),
