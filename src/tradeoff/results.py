@@ -290,6 +290,8 @@ class ClassSummary(Record):
     errors: int
     throughput_rps: float
     latency_ms: Distribution | None
+    ttft_ms: Distribution | None = None  # streamed generations: time to first token
+    tpot_ms: Distribution | None = None  # and time per output token after it
 
     def latency(self, key: str) -> float | None:
         return (self.latency_ms or {}).get(key)
@@ -796,6 +798,9 @@ class PlanCandidate(Record):
     # strictest class, but cores, cost and meets_sla are the whole deployment's
     pools: list[PlanPool] = field(default_factory=list,
                                   metadata=written(when=lambda c: bool(c.pools)))
+    # a generative engine serving several classes: each class's own prediction
+    class_predicted: dict[str, Prediction] = field(
+        default_factory=dict, metadata=written(when=lambda c: bool(c.class_predicted)))
 
     @property
     def cost(self) -> float:
@@ -822,11 +827,13 @@ class ClassReplayed(Record):
     prediction."""
 
     request_class: str
-    sla_p99_ms: float
+    sla_p99_ms: float  # a generative model's: TTFT
     p99_ms: float | None
     predicted: Prediction  # its pool's, or the one pool's that serves every class
     error_percent: float
     meets_sla: bool
+    sla_tpot_ms: float | None = field(default=None, metadata=written(omit_none=True))
+    tpot_p99_ms: float | None = field(default=None, metadata=written(omit_none=True))
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,9 @@ scheduler run over modelled step costs, against what is known by hand."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -182,3 +185,72 @@ def test_the_command_bounds_the_lengths(tmp_path) -> None:
     run = CliRunner().invoke(main, ["plan", str(model), "--sla-ttft-ms", "5",
                                     "--sla-tpot-ms", "5", "--trace", str(trace)])
     assert run.exit_code == 2 and "give --prompt-words" in run.output
+
+
+def test_priority_scheduling_serves_the_urgent_class_first_when_the_engine_is_full() -> None:
+    # 4 sequences at once, 40 requests/s of 32 tokens: about what 4 decoding together
+    # serve (4 / (32 x 11 ms) = 11/s is less), so a queue forms and its order decides TTFT
+    arrivals = Traffic.law(12).arrivals(400)
+    urgent = np.arange(arrivals.size) % 5 == 0
+    priorities = np.where(urgent, 0, 1)
+    lengths = Lengths(64, 32)
+    fcfs = simulate_engine(arrivals, lengths, _settings(seqs=4), COST, priorities)
+    ordered = simulate_engine(arrivals, lengths, _settings(seqs=4, scheduling="priority"),
+                              COST, priorities)
+    p99 = lambda run, mine: run.percentile(run.ttft_ms[mine], 99)  # noqa: E731
+    # first come first served ignores the priorities: both classes wait alike
+    assert p99(fcfs, urgent) == pytest.approx(p99(fcfs, ~urgent), rel=0.5)
+    assert p99(ordered, urgent) < 0.5 * p99(fcfs, urgent)
+    assert p99(ordered, ~urgent) >= p99(fcfs, ~urgent) * 0.9  # the others pay for it
+
+
+def _class_searcher(rate: float, classes: dict[str, float], class_sla: dict[str, float],
+                    sla_ms: float = 100_000.0):
+    from tradeoff.plan.generative import EngineSearcher, GenerationCalibration
+    from tradeoff.plan.search import PlanGoal
+
+    goal = PlanGoal(sla_p99_ms=sla_ms, max_drop=0.05, sla_tpot_ms=1000.0,
+                    class_sla_ms=class_sla)
+    lengths = Lengths(64, 32)
+    calibration = GenerationCalibration(64, 0, 1.0, 1.0, 40)
+    return EngineSearcher(Traffic.law(rate, classes=classes), lengths, goal, calibration,
+                          (1, _settings(seqs=4, prefix_caching=False)))
+
+
+def test_with_classes_the_search_weighs_priority_and_each_class_meets_its_own_sla() -> None:
+    from tradeoff.plan.generative import class_priorities
+
+    # 9.5 requests/s on 4 sequences: the engine is 89% busy and a queue forms
+    searcher = _class_searcher(9.5, {"chat": 0.2, "batch": 0.8}, {"chat": 300.0})
+    assert searcher.priority == {"chat": 0, "batch": 1}
+    assert class_priorities(searcher.goal, {"a": 0.5, "b": 0.5}) == {"a": 0, "b": 1}
+    assert {s.scheduling for s in searcher.grid(COST)} == {"fcfs", "priority"}
+    version = _version()
+    start = searcher.start[1]
+    fcfs = searcher.predict(version, COST, start)
+    ordered = searcher.predict(version, COST, replace(start, scheduling="priority"))
+    assert set(fcfs.class_predicted) == {"chat", "batch"}
+    chat_fcfs, chat_ordered = (c.class_predicted["chat"].p99_ms for c in (fcfs, ordered))
+    assert chat_ordered < chat_fcfs
+    # meeting the SLA is each class against its own: chat's 300 ms only by priority
+    assert chat_ordered <= 300.0 < chat_fcfs
+    assert ordered.meets_sla and not fcfs.meets_sla
+    assert ordered.class_predicted["batch"].p99_ms > fcfs.class_predicted["batch"].p99_ms
+    best = searcher.search([version], {1: COST})[0]
+    assert best.meets_sla and best.changes >= 1
+    assert "prio" in ordered.name and ordered.knobs["scheduling"] == "priority"
+    # one class: no priority to weigh
+    plain = _searcher(2, Lengths(64, 16)).grid(COST)
+    assert {s.scheduling for s in plain} == {"fcfs"}
+
+
+def test_a_trace_gives_each_request_its_class_in_send_order(tmp_path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("\n".join(json.dumps({"timestamp": t * 0.1, "class": c})
+                               for t, c in enumerate("aabab")))
+    traffic = Traffic.read(trace)
+    assert list(traffic.classes_of(7)) == list("aababaa")
+    law = Traffic.law(10, classes={"x": 0.25, "y": 0.75})
+    drawn = law.classes_of(4000, seed=1)
+    assert abs((drawn == "x").mean() - 0.25) < 0.03
+    assert list(drawn) == list(law.classes_of(4000, seed=1))

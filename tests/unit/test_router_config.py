@@ -48,6 +48,17 @@ def test_the_documented_example_reads_as_written(tmp_path: Path) -> None:
     assert [t.label for t in config.routes[2].arms] == ["mlp/1", "mlp/2"]
 
 
+def test_a_route_may_set_the_priority_of_what_it_sends(tmp_path: Path) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_text("routes:\n  - {when: {class: chat}, to: engine, priority: 0}\n"
+                    "  - {to: engine, priority: 5}\n")
+    config = RouterConfig.read(path)
+    assert [r.priority for r in config.routes] == [0, 5]
+    assert config.routes[config.decide("chat", None, {}, 0.5).route].priority == 0
+    assert config.routes[config.decide("batch", None, {}, 0.5).route].priority == 5
+    assert example(tmp_path).routes[0].priority is None  # the request's own
+
+
 def test_first_matching_route_wins(tmp_path: Path) -> None:
     config = example(tmp_path)
     assert config.decide("latency", None, {}, 0.5).target == Target("mlp_small")
@@ -87,6 +98,10 @@ def test_weights_hold_within_two_percent_over_ten_thousand_requests(tmp_path: Pa
     ("routes: [{to: a}]\nfallback: [{model: b, weight: 3}]", "fallback[0].weight",
      "unknown field"),
     ("routes: [{to: a}]\nidempotent: maybe", "idempotent", "true or false"),
+    ("routes: [{to: a, priority: high}]", "routes[0].priority", "integer"),
+    ("routes: [{to: a, priority: 1.5}]", "routes[0].priority", "integer"),
+    ("routes: [{to: a, priority: 4294967296}]", "routes[0].priority", "2**31 - 1"),
+    ("routes: [{to: a, priorty: 1}]", "routes[0].priorty", "did you mean 'priority'"),
 ])
 def test_mistakes_name_the_field(tmp_path: Path, text: str, field: str, message: str) -> None:
     path = tmp_path / "router.yaml"

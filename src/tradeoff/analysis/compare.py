@@ -75,8 +75,13 @@ def _measured(adapter: Adapter, records: Records, start_ns: int, spec: LoadSpec,
     ok = measured.outcome == OK
     if adapter.mix.classes:  # mix.py lays the prepared requests out class by class
         in_class = measured.request // adapter.mix.inputs_of(adapter.input_count)
-        classes = {_class_key(i): measured.latency_ms[ok & (in_class == i)]
-                   for i in range(len(adapter.mix.classes))}
+        classes = {}
+        for i in range(len(adapter.mix.classes)):
+            mine = ok & (in_class == i)
+            classes[_class_key(i)] = measured.latency_ms[mine]
+            if measured.generated:
+                classes[_class_key(i, "ttft")] = measured.ttft_ms[mine]
+                classes[_class_key(i, "tpot")] = measured.tpot_ms[mine]
     else:
         classes = {}
     bins = max(int(duration_s), 1)
@@ -111,8 +116,8 @@ def _finite(values: np.ndarray) -> np.ndarray:
     return values[np.isfinite(values)]
 
 
-def _class_key(index: int) -> str:
-    return f"class {index}"
+def _class_key(index: int, figure: str = "latency") -> str:
+    return f"class {index}" if figure == "latency" else f"class {index} {figure}"
 
 
 def _merge_classes(rounds: list[BenchResult], samples: dict[str, np.ndarray]
@@ -130,7 +135,11 @@ def _merge_classes(rounds: list[BenchResult], samples: dict[str, np.ndarray]
         out.append(dataclasses.replace(
             first, requests=sum(c.requests for c in each), errors=sum(c.errors for c in each),
             throughput_rps=done / seconds if seconds else 0.0,
-            latency_ms=distribution(samples[_class_key(index)])))
+            latency_ms=distribution(samples[_class_key(index)]),
+            ttft_ms=distribution(samples[_class_key(index, "ttft")])
+            if _class_key(index, "ttft") in samples else first.ttft_ms,
+            tpot_ms=distribution(samples[_class_key(index, "tpot")])
+            if _class_key(index, "tpot") in samples else first.tpot_ms))
     return out
 
 

@@ -138,9 +138,9 @@ def make_adapter(spec: EndpointSpec) -> Adapter:
                                   "prompts; with --body, --input-data or --prompts the file's "
                                   "entries are the inputs (--zipf alone draws from them)")
         zipf = 1.0 if zipf is None else zipf
-    if spec.classes and spec.protocol not in ("v2", "v2-grpc"):
-        raise BenchSetupError("--mix sets request parameters: it works with --protocol v2 "
-                              "and v2-grpc")
+    if spec.classes and spec.protocol not in ("v2", "v2-grpc", "openai"):
+        raise BenchSetupError("--mix sets request parameters: it works with --protocol v2, "
+                              "v2-grpc and openai")
     if spec.input_sequence and spec.distinct_inputs is None:
         raise BenchSetupError("an input sequence indexes random inputs: give distinct_inputs")
     adapter.mix = InputMix(None if spec.input_sequence else zipf, spec.classes,

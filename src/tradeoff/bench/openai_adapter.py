@@ -58,15 +58,22 @@ class OpenAIAdapter(Adapter):
         return StreamReader(chat=self.chat, keep_text=False)
 
     def prepare(self) -> list[bytes]:
+        """One request per prompt; with ``--mix`` classes, one copy of the prompts per
+        class (mix.py lays them out class by class), each carrying its class's parameters
+        in the body (``class``, which our router reads; ``priority``, which vLLM's
+        scheduler does)."""
         self._check_model()
         self.input_fingerprint = fingerprint(self.items)
+        classes: list[dict[str, Any] | None] = [c.parameters for c in self.mix.classes] \
+            or [None]
+        self.asked_tokens = [item.max_tokens for _ in classes for item in self.items]
         return [generation_request(
             self.host, self.prefix,
             generation_body(self.model, prompt=item.prompt,
                             messages=list(item.messages) if item.messages else None,
                             max_tokens=item.max_tokens, ignore_eos=self.ignore_eos,
-                            temperature=self.temperature),
-            self.chat, self.headers) for item in self.items]
+                            temperature=self.temperature, extra=parameters),
+            self.chat, self.headers) for parameters in classes for item in self.items]
 
     def _check_model(self) -> None:
         """``GET /models``: the model must be listed when the endpoint lists models."""

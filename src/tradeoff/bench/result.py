@@ -375,5 +375,8 @@ def _class_summaries(adapter: Adapter, records: Records, measured: Records, ok: 
                                 request_class.parameters, int(mine.sum()),
                                 int((mine & ~ok).sum()),
                                 done / seconds if seconds > 0 else 0.0,
-                                distribution(measured.latency_ms[mine & ok])))
+                                distribution(measured.latency_ms[mine & ok]),
+                                *((distribution(measured.ttft_ms[mine & ok]),
+                                   distribution(measured.tpot_ms[mine & ok]))
+                                  if adapter.streaming else ())))
     return out

@@ -217,10 +217,12 @@ endpoint_options = apply(
                       "probability ∝ 1/k**S (0: uniform) [default with --distinct-inputs: "
                       "1.0; without it: round-robin over the inputs]."),
     click.option("--mix", "classes", multiple=True, metavar="NAME=WEIGHT[,param=value...]",
-                 help="v2: a class of requests with its share and the request parameters "
-                      "it carries (repeat it), e.g. --mix latency=20,class=latency --mix "
-                      "bulk=80,class=throughput: each request is drawn to a class, and "
-                      "every class is reported apart as well as together."),
+                 help="v2, v2-grpc, openai: a class of requests with its share and the "
+                      "request parameters it carries (repeat it), e.g. --mix "
+                      "latency=20,class=latency --mix bulk=80,class=throughput: each "
+                      "request is drawn to a class, and every class is reported apart as "
+                      "well as together (with openai, the parameters go into the body, "
+                      "and TTFT and TPOT are reported per class)."),
     # used by the requests (inputs, connections) and by the load alike
     click.option("--timeout", type=DURATION, default=seconds_text(LOAD_DEFAULTS.timeout_s),
                  show_default=True,

@@ -50,7 +50,12 @@ PRECISIONS = {"int8": ("int8-dynamic", True), "int8-static": ("int8-static", Tru
 @click.option("--class-sla", "class_slas", multiple=True, metavar="NAME=MS",
               help="A class of requests with its own p99 (repeat it); the others have "
                    "--sla-p99-ms. With two or more classes, a pool per class behind a "
-                   "router is weighed against one pool for all.")
+                   "router is weighed against one pool for all. Generative models: the "
+                   "class's TTFT p99 (the others have --sla-ttft-ms), and the engine's "
+                   "priority by class is weighed against first come, first served.")
+@click.option("--class-sla-tpot", "class_tpots", multiple=True, metavar="NAME=MS",
+              help="Generative models: a class's own TPOT p99 (repeat it); the others "
+                   "have --sla-tpot-ms.")
 @click.option("--class-share", "class_shares", multiple=True, metavar="NAME=SHARE",
               help="With --rate: a class's share of the requests (repeat it; normalised). "
                    "A trace's classes are measured from its 'class' field.")
@@ -91,7 +96,7 @@ def plan(model_dir: Path, sla_p99_ms: float | None, sla_ttft_ms: float | None,
          sla_tpot_ms: float | None, prompt_words: int | None, output_tokens: int | None,
          shared_prefix_words: int, rate: float | None, arrival: str,
          distinct_inputs: int | None, zipf: float | None, class_slas: tuple[str, ...],
-         class_shares: tuple[str, ...], trace: Path | None,
+         class_tpots: tuple[str, ...], class_shares: tuple[str, ...], trace: Path | None,
          precisions: tuple[str, ...], max_drop: float, price_per_hour: float | None,
          price_per_core_hour: float | None, price_per_gpu_hour: float | None,
          cores: int | None, budget: float, replay_s: float,
@@ -123,6 +128,9 @@ def plan(model_dir: Path, sla_p99_ms: float | None, sla_ttft_ms: float | None,
       tradeoff plan ./models/smollm2-135m --sla-ttft-ms 800 --sla-tpot-ms 80 --rate 1 \\
           --prompt-words 128 --output-tokens 32 --shared-prefix-words 96 \\
           --precision int8 --max-drop 0.05
+      tradeoff plan ./models/smollm2-135m --sla-ttft-ms 6000 --sla-tpot-ms 300 \
+          --class-sla chat=1500 --class-sla-tpot chat=150 --rate 3 \
+          --class-share chat=0.3 --class-share batch=0.7
     """
     from rich.console import Console
 
@@ -167,12 +175,17 @@ def plan(model_dir: Path, sla_p99_ms: float | None, sla_ttft_ms: float | None,
         raise click.UsageError(f"the trace's mean prompt_tokens or output_tokens is over "
                                f"{MAX_LENGTH:,}: give --prompt-words and --output-tokens")
     class_sla = _positive(class_slas, "--class-sla", "NAME=MS")
-    unknown = sorted(set(class_sla) - set(traffic.classes))
-    if unknown:
-        known = ", ".join(traffic.classes) or "none: give --class-share, or a trace with " \
-            "a 'class' field"
-        raise click.UsageError(f"--class-sla {unknown[0]}: the traffic has no such class "
-                               f"(its classes: {known})")
+    class_tpot = _positive(class_tpots, "--class-sla-tpot", "NAME=MS")
+    if class_tpot and sla_tpot_ms is None:
+        raise click.UsageError("--class-sla-tpot is for generative models: give "
+                               "--sla-ttft-ms and --sla-tpot-ms")
+    for flag, named in (("--class-sla", class_sla), ("--class-sla-tpot", class_tpot)):
+        unknown = sorted(set(named) - set(traffic.classes))
+        if unknown:
+            known = ", ".join(traffic.classes) or "none: give --class-share, or a trace " \
+                "with a 'class' field"
+            raise click.UsageError(f"{flag} {unknown[0]}: the traffic has no such class "
+                                   f"(its classes: {known})")
     available = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
     server_cores = cores or max(1, len(available) - 1)
     server_cpus = None
@@ -184,7 +197,7 @@ def plan(model_dir: Path, sla_p99_ms: float | None, sla_ttft_ms: float | None,
                     price=Price(per_hour=price_per_hour) if price_per_hour else None,
                     price_per_core_hour=price_per_core_hour,
                     price_per_gpu_hour=price_per_gpu_hour, budget_s=budget,
-                    replay_s=replay_s, class_sla_ms=class_sla)
+                    replay_s=replay_s, class_sla_ms=class_sla, class_tpot_ms=class_tpot)
     console = Console()
     try:
         if server_cpus is not None:  # this process generates the load: the other cores

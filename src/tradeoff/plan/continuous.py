@@ -95,6 +95,7 @@ class EngineSettings:
     prefix_caching: bool = True
     max_num_queued_requests: int = 256
     prefill_stretch: float = 2.0
+    scheduling: str = "fcfs"  # fcfs | priority (each request's own, lower first)
 
 
 @dataclass(frozen=True)
@@ -134,12 +135,14 @@ class EngineRun:
 
 
 def simulate_engine(arrivals_s: np.ndarray, lengths: Lengths, settings: EngineSettings,
-                    cost: StepCost) -> EngineRun:
-    """The engine over these arrivals (seconds), step by step (see the module docstring)."""
+                    cost: StepCost, priorities: np.ndarray | None = None) -> EngineRun:
+    """The engine over these arrivals (seconds), step by step (see the module docstring);
+    ``priorities``: each request's (under ``scheduling: priority``)."""
     blocks = BlockAllocator(settings.num_blocks, settings.block_size, settings.prefix_caching)
     scheduler = IterationScheduler(blocks, max_num_seqs=settings.max_num_seqs,
                                    max_num_batched_tokens=settings.max_num_batched_tokens,
-                                   max_num_queued=settings.max_num_queued_requests)
+                                   max_num_queued=settings.max_num_queued_requests,
+                                   policy=settings.scheduling)
     pacer = PrefillPacer(settings.prefill_stretch, floor=settings.block_size,
                          ceiling=settings.max_num_batched_tokens)
     count = arrivals_s.size
@@ -154,7 +157,8 @@ def simulate_engine(arrivals_s: np.ndarray, lengths: Lengths, settings: EngineSe
     nxt = 0
     while nxt < count or scheduler.has_work():
         while nxt < count and arrivals_s[nxt] <= clock:
-            seq = GenSequence(shared + [_TAIL_TOKEN + nxt] * tail, lengths.output)
+            seq = GenSequence(shared + [_TAIL_TOKEN + nxt] * tail, lengths.output,
+                              int(priorities[nxt]) if priorities is not None else 0)
             try:
                 scheduler.add(seq)
                 index_of[seq.seq_id] = nxt

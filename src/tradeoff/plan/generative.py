@@ -40,19 +40,28 @@ import yaml
 from tradeoff.analysis.compare import run_compare
 from tradeoff.bench.endpoint import EndpointSpec, GenerationOptions, make_adapter
 from tradeoff.bench.load import LoadSpec
+from tradeoff.bench.mix import RequestClass
 from tradeoff.bench.prompts import synthetic_prompts
 from tradeoff.bench.scrape import Snapshot, scrape
 from tradeoff.bench.session import run_benchmark
 from tradeoff.errors import TuneError, local_resource
 from tradeoff.generate.config import GenerativeConfig
 from tradeoff.optimize.optimizer import OptimizePlan, optimize_model
-from tradeoff.plan.continuous import EngineSettings, Lengths, StepCost, simulate_engine
+from tradeoff.plan.continuous import (
+    EngineRun,
+    EngineSettings,
+    Lengths,
+    StepCost,
+    simulate_engine,
+)
 from tradeoff.plan.deployment import WRITTEN_BY
 from tradeoff.plan.search import PlanGoal, rank_key, weigh
 from tradeoff.plan.traffic import Traffic
-from tradeoff.repository.repository import GENERATIVE_FILE
+from tradeoff.repository.repository import GENERATIVE_FILE, ROUTER_FILE
 from tradeoff.repository.safe_yaml import read_yaml
 from tradeoff.results import (
+    ClassReplayed,
+    ClassSummary,
     OptimizeResult,
     PlanCandidate,
     PlanLever,
@@ -65,13 +74,13 @@ from tradeoff.results import (
 from tradeoff.server.process import ServerProcess
 
 __all__ = ["ENGINE_KNOBS", "EngineSearcher", "GenerationCalibration", "calibrate",
-           "capacity_rps", "engine_label", "engine_levers", "generation_endpoint",
-           "measure_versions", "on_gpu", "prefix_hit_ratio", "replay_generation", "replay_prompts",
-           "settings_of",
+           "capacity_rps", "class_generations", "class_priorities", "engine_label",
+           "engine_levers", "engine_name", "generation_endpoint", "measure_versions", "on_gpu",
+           "prefix_hit_ratio", "replay_generation", "replay_prompts", "settings_of",
            "step_cost", "write_engine_deployment"]
 
 Progress = Callable[[str], None]
-ENGINE_KNOBS = ("max_num_seqs", "max_num_batched_tokens", "prefix_caching")
+ENGINE_KNOBS = ("max_num_seqs", "max_num_batched_tokens", "prefix_caching", "scheduling")
 SEQS = (1, 2, 4, 8, 16, 32, 64)
 BATCHED_TOKENS = (128, 256, 512, 1024, 2048)
 SIMULATED_REQUESTS = 600  # per prediction: each is a step-by-step run of the scheduler
@@ -175,17 +184,28 @@ def capacity_rps(cost: StepCost, settings: EngineSettings, lengths: Lengths) -> 
 
 
 def engine_label(version: PlanVersion, settings: EngineSettings) -> str:
-    """``v2 int8 s16 t512 pc``: version and precision, max_num_seqs, max_num_batched_tokens,
-    prefix caching on."""
+    """``v2 int8 s16 t512 pc prio``: version and precision, max_num_seqs,
+    max_num_batched_tokens, prefix caching on, scheduling by the classes' priority."""
     return (f"v{version.version} {version.precision} s{settings.max_num_seqs} "
-            f"t{settings.max_num_batched_tokens}" + (" pc" if settings.prefix_caching else ""))
+            f"t{settings.max_num_batched_tokens}" + (" pc" if settings.prefix_caching else "")
+            + (" prio" if settings.scheduling == "priority" else ""))
 
 
 def settings_of(config: GenerativeConfig) -> EngineSettings:
     """The engine settings a ``generate.yaml`` configures."""
     return EngineSettings(config.max_num_seqs, config.max_num_batched_tokens,
                           config.num_blocks, config.block_size, config.prefix_caching,
-                          config.max_num_queued_requests, config.prefill_stretch)
+                          config.max_num_queued_requests, config.prefill_stretch,
+                          config.scheduling)
+
+
+def class_priorities(goal: PlanGoal, classes: dict[str, float]) -> dict[str, int]:
+    """Each class's priority in one engine (0 is served first): the tightest TTFT SLA
+    first, then the tightest TPOT SLA, then the smaller share."""
+    def key(name: str) -> tuple[float, float, float]:
+        return (goal.sla_for(name), goal.tpot_for(name) or math.inf, classes[name])
+
+    return {name: rank for rank, name in enumerate(sorted(classes, key=key))}
 
 
 class EngineSearcher:
@@ -200,11 +220,17 @@ class EngineSearcher:
         self.calibration = calibration
         self.start = start
         self.arrivals = traffic.arrivals(SIMULATED_REQUESTS, seed)
+        # with two or more classes: each request's class, and the engine's order of them
+        self.classes = list(traffic.classes) if len(traffic.classes) > 1 else []
+        self.labels = traffic.classes_of(self.arrivals.size, seed)
+        self.priority = class_priorities(goal, traffic.classes) if self.classes else {}
+        self.priorities = np.array([self.priority.get(str(c), 0) for c in self.labels])
 
     def grid(self, cost: StepCost) -> list[EngineSettings]:
         """max_num_seqs up to twice the largest batch measured (64 at most) and the
         config's; token budgets from 128 to 2048 and the config's; prefix caching as
-        configured, and the other way where the prompts share a block or more."""
+        configured, and the other way where the prompts share a block or more; with
+        classes, first come first served and the classes' priority."""
         start = self.start[1]
         seqs = sorted({s for s in SEQS if s <= 2 * max(cost.sizes)} | {start.max_num_seqs})
         tokens = sorted({t for t in BATCHED_TOKENS if t >= start.block_size}
@@ -212,32 +238,47 @@ class EngineSearcher:
         prefix = [start.prefix_caching]
         if self.lengths.shared_prefix >= start.block_size:
             prefix.append(not start.prefix_caching)
-        return [replace(start, max_num_seqs=s, max_num_batched_tokens=t, prefix_caching=p)
-                for s in seqs for t in tokens for p in prefix]
+        scheduling = ["fcfs", "priority"] if self.classes else [start.scheduling]
+        return [replace(start, max_num_seqs=s, max_num_batched_tokens=t, prefix_caching=p,
+                        scheduling=q)
+                for s in seqs for t in tokens for p in prefix for q in scheduling]
 
     def predict(self, version: PlanVersion, cost: StepCost, settings: EngineSettings
                 ) -> PlanCandidate:
         cost = self.calibration.cost(cost)
         busy = self.traffic.rate_rps / capacity_rps(cost, settings, self.lengths)
+        by_class: dict[str, Prediction] = {}
         if busy >= 1:
             prediction = Prediction(math.inf, math.inf, float(settings.max_num_seqs), 0.0,
                                     busy, math.inf, math.inf)
             meets = False
         else:
-            run = simulate_engine(self.arrivals, self.lengths, settings, cost)
-            prediction = Prediction(
-                run.percentile(run.ttft_ms, 50), run.percentile(run.ttft_ms, 99),
-                run.mean_running, run.prefix_hit_ratio, busy,
-                run.percentile(run.tpot_ms, 50), run.percentile(run.tpot_ms, 99))
-            meets = run.rejected == 0 and prediction.p99_ms <= self.goal.sla_p99_ms and \
-                (self.goal.sla_tpot_ms is None or
-                 (prediction.tpot_p99_ms or 0.0) <= self.goal.sla_tpot_ms)
+            run = simulate_engine(self.arrivals, self.lengths, settings, cost,
+                                  self.priorities if self.classes else None)
+            prediction = self._predicted(run, np.ones(self.arrivals.size, bool), busy)
+            by_class = {c: self._predicted(run, self.labels == c, busy) for c in self.classes}
+            meets = run.rejected == 0 and all(
+                self._meets(p, c) for c, p in (by_class.items() or [("", prediction)]))
         token_rate = self.traffic.rate_rps * self.lengths.output
         return PlanCandidate(
             engine_label(version, settings), version.version, version.precision,
             version.drop, {k: getattr(settings, k) for k in ENGINE_KNOBS}, 0,
             self.goal.cores, prediction, self.goal.cost_per_million(self.goal.cores, token_rate),
-            meets, self.changes(version, settings))
+            meets, self.changes(version, settings), class_predicted=by_class)
+
+    @staticmethod
+    def _predicted(run: EngineRun, mine: np.ndarray, busy: float) -> Prediction:
+        """TTFT and TPOT of the requests ``mine`` selects."""
+        ttft, tpot = run.ttft_ms[mine], run.tpot_ms[mine]
+        return Prediction(run.percentile(ttft, 50), run.percentile(ttft, 99),
+                          run.mean_running, run.prefix_hit_ratio, busy,
+                          run.percentile(tpot, 50), run.percentile(tpot, 99))
+
+    def _meets(self, predicted: Prediction, request_class: str) -> bool:
+        """Both SLAs of a class (``""``: the goal's own) met by its prediction."""
+        tpot = self.goal.tpot_for(request_class)
+        return predicted.p99_ms <= self.goal.sla_for(request_class) and \
+            (tpot is None or (predicted.tpot_p99_ms or 0.0) <= tpot)
 
     def changes(self, version: PlanVersion, settings: EngineSettings) -> int:
         start_version, start = self.start
@@ -254,7 +295,7 @@ class EngineSearcher:
             say(f"predicting version {version.version} ({version.precision}): "
                 f"{len(grid)} engine settings")
             out += [self.predict(version, costs[version.version], s) for s in grid]
-        return sorted(out, key=lambda c: rank_key(c, self.goal.sla_p99_ms))
+        return sorted(out, key=lambda c: rank_key(c, self.goal.strictest(self.classes)))
 
 
 PREFIX_SEED = 7  # the shared prefix: the same words in every file of a plan
@@ -279,13 +320,21 @@ def replay_prompts(path: Path, lengths: Lengths, count: int = 256, seed: int = 0
 
 
 def generation_endpoint(url: str, model: str, role: str, prompts: Path, lengths: Lengths,
-                        goal: PlanGoal) -> EndpointSpec:
+                        goal: PlanGoal, classes: dict[str, float] | None = None
+                        ) -> EndpointSpec:
+    """The bench's view of a deployment: streamed completions of the prompts, the goal's
+    SLA as the goodput's; with ``classes`` (their shares), each request drawn to one and
+    carrying it (``class`` in the body, which the router reads)."""
     slo = {"ttft_ms": goal.sla_p99_ms}
     if goal.sla_tpot_ms is not None:
         slo["tpot_ms"] = goal.sla_tpot_ms
-    return EndpointSpec(f"{url}/v1", "openai", model, name=role, generation=GenerationOptions(
-        prompts=prompts, output_tokens=(lengths.output, lengths.output), ignore_eos=True,
-        slo=slo))
+    mix = tuple(RequestClass(name, share, {"class": name})
+                for name, share in (classes or {}).items()) \
+        if classes and len(classes) > 1 else ()
+    return EndpointSpec(f"{url}/v1", "openai", model, name=role, classes=mix,
+                        generation=GenerationOptions(
+                            prompts=prompts, output_tokens=(lengths.output, lengths.output),
+                            ignore_eos=True, slo=slo))
 
 
 def _percentiles(summary: Summary) -> tuple[float | None, ...]:
@@ -323,29 +372,52 @@ def calibrate(server: ServerProcess, model: str, cost: StepCost, start: EngineSe
         result.summary.successes), served
 
 
-def write_engine_deployment(target: Path, source: Path, candidate: PlanCandidate) -> Path:
+def engine_name(model: str) -> str:
+    """The engine's model name behind a router that sets each class's priority."""
+    return f"{model}_engine"
+
+
+def write_engine_deployment(target: Path, source: Path, candidate: PlanCandidate,
+                            priorities: dict[str, int] | None = None) -> Path:
     """A repository at ``target`` with the model (its files copied from ``source``, the
     original model directory) and a ``generate.yaml`` of the candidate's settings and
-    precision."""
+    precision. Scheduled by priority (``priorities``: each class's), the engine is
+    ``MODEL_engine`` behind a router named MODEL whose routes give each class its
+    priority (a request of no known class gets the last's), so clients keep the name."""
     doc = read_yaml(source / GENERATIVE_FILE) or {}
     doc.update({k: candidate.knobs[k] for k in ENGINE_KNOBS}, precision=candidate.precision)
-    model_dir = target / source.name
+    routed = candidate.knobs["scheduling"] == "priority" and bool(priorities)
+    model_dir = target / (engine_name(source.name) if routed else source.name)
     with local_resource(f"cannot write the deployment into {target}"):
         shutil.copytree(source, model_dir, ignore=shutil.ignore_patterns(GENERATIVE_FILE))
         (model_dir / GENERATIVE_FILE).write_text(f"{WRITTEN_BY}: {candidate.name}\n"
                                                  + yaml.safe_dump(doc, sort_keys=False))
+        if routed:
+            assert priorities is not None
+            order = sorted(priorities, key=priorities.__getitem__)
+            routes = [{"when": {"class": c}, "to": model_dir.name, "priority": priorities[c]}
+                      for c in order]
+            routes.append({"to": model_dir.name, "priority": priorities[order[-1]]})
+            router = target / source.name
+            router.mkdir()
+            (router / ROUTER_FILE).write_text(f"{WRITTEN_BY}: {candidate.name}\n"
+                                              + yaml.safe_dump({"routes": routes},
+                                                               sort_keys=False))
     return target
 
 
 def replay_generation(baseline: ServerProcess, target: Path, model: str,
                       candidate: PlanCandidate, start: PlanCandidate, goal: PlanGoal,
                       lengths: Lengths, prompts: Path, warmup_prompts: Path, load: LoadSpec,
-                      cpus: str | None) -> list[Replayed]:
+                      cpus: str | None, classes: dict[str, float] | None = None
+                      ) -> list[Replayed]:
     """The starting deployment and the candidate's side by side, the prompts replayed at
     the traffic's arrivals: TTFT (p50, p99) and TPOT against both SLAs, and the prefix
-    cache's hits read from each server's ``/metrics``."""
+    cache's hits read from each server's ``/metrics``; with two or more ``classes``,
+    each request carries its class (drawn by the shares) and each class is measured
+    against its own SLAs."""
     with ServerProcess(target, cpus=cpus) as plan_server:
-        endpoints = [generation_endpoint(url, model, role, prompts, lengths, goal)
+        endpoints = [generation_endpoint(url, model, role, prompts, lengths, goal, classes)
                      for url, role in ((baseline.url, "baseline"), (plan_server.url, "plan"))]
         # the start was warmed by the calibration: the plan's first answers (lazy set-up,
         # the prefill pacer learning its costs) are not its steady state either
@@ -358,8 +430,10 @@ def replay_generation(baseline: ServerProcess, target: Path, model: str,
         # one round each: a second would send the same prompts again, found whole in the
         # prefix cache
         compared = run_compare(endpoints, load, rounds=1)
-        hits = [prefix_hit_ratio(b, scrape(server.metrics_url), model)
-                for b, server in zip(before, servers, strict=True)]
+        engines = (model, engine_name(model) if (target / engine_name(model)).is_dir()
+                   else model)
+        hits = [prefix_hit_ratio(b, scrape(server.metrics_url), engine)
+                for b, server, engine in zip(before, servers, engines, strict=True)]
     out = []
     for entry, predicted, role, hit in zip(compared.endpoints, (start, candidate),
                                            ("baseline", "plan"), hits, strict=True):
@@ -367,15 +441,35 @@ def replay_generation(baseline: ServerProcess, target: Path, model: str,
         ttft50, ttft99, _, tpot99 = _percentiles(summary)
         generation = summary.generation
         tokens_per_s = generation.output_tokens_per_s if generation else 0.0
-        meets = ttft99 is not None and ttft99 <= goal.sla_p99_ms and \
+        per_class = class_generations(entry.result.classes or [], predicted, goal)
+        meets = all(c.meets_sla for c in per_class) if per_class else \
+            ttft99 is not None and ttft99 <= goal.sla_p99_ms and \
             summary.error_percent <= 1.0 and (goal.sla_tpot_ms is None or (
                 tpot99 is not None and tpot99 <= goal.sla_tpot_ms))
         out.append(Replayed(
             predicted.name, role, ttft50, ttft99, summary.throughput_rps,
             summary.error_percent, hit, None, predicted.predicted, meets,
-            goal.cost_per_million(predicted.cores, tokens_per_s), tpot_p99_ms=tpot99,
-            output_tokens_per_s=tokens_per_s,
+            goal.cost_per_million(predicted.cores, tokens_per_s), per_class,
+            tpot_p99_ms=tpot99, output_tokens_per_s=tokens_per_s,
             goodput_rps=generation.goodput_rps if generation else None))
+    return out
+
+
+def class_generations(classes: list[ClassSummary], candidate: PlanCandidate, goal: PlanGoal
+                      ) -> list[ClassReplayed]:
+    """Each class's TTFT and TPOT p99 on replay against its own SLAs, beside what was
+    predicted for it in the engine."""
+    out = []
+    for c in classes:
+        ttft99 = (c.ttft_ms or {}).get("p99")
+        tpot99 = (c.tpot_ms or {}).get("p99")
+        errors = 100.0 * c.errors / c.requests if c.requests else 0.0
+        sla, tpot_sla = goal.sla_for(c.name), goal.tpot_for(c.name)
+        meets = ttft99 is not None and ttft99 <= sla and errors <= 1.0 and (
+            tpot_sla is None or (tpot99 is not None and tpot99 <= tpot_sla))
+        out.append(ClassReplayed(c.name, sla, ttft99,
+                                 candidate.class_predicted.get(c.name, candidate.predicted),
+                                 errors, meets, tpot_sla, tpot99))
     return out
 
 
@@ -390,9 +484,11 @@ def prefix_hit_ratio(before: Snapshot, after: Snapshot, model: str) -> float | N
 
 
 def engine_levers(versions: list[PlanVersion], start: PlanCandidate,
-                  chosen: PlanCandidate | None, lengths: Lengths) -> list[PlanLever]:
-    """Precision, the engine's batch (sequences and token budget) and prefix caching:
-    taken or left, and why."""
+                  chosen: PlanCandidate | None, lengths: Lengths,
+                  priorities: dict[str, int] | None = None) -> list[PlanLever]:
+    """Precision, the engine's batch (sequences and token budget), prefix caching and,
+    with classes (``priorities``: each one's in the engine), scheduling by class: taken
+    or left, and why."""
     if chosen is None:
         return [PlanLever("plan", False, "no deployment was replayed")]
     left = [v for v in versions if not v.kept]
@@ -417,4 +513,21 @@ def engine_levers(versions: list[PlanVersion], start: PlanCandidate,
                   + (f" (turned {'on' if new['prefix_caching'] else 'off'})"
                      if old["prefix_caching"] != new["prefix_caching"] else
                      f" (left {'on' if new['prefix_caching'] else 'off'})")),
-    ]
+    ] + ([_scheduling_lever(start, chosen, priorities)] if priorities else [])
+
+
+def _scheduling_lever(start: PlanCandidate, chosen: PlanCandidate,
+                      priorities: dict[str, int]) -> PlanLever:
+    """First come first served, or each class's priority in one engine (behind a router
+    that sets it)."""
+    by = chosen.knobs["scheduling"] == "priority"
+    order = " before ".join(sorted(priorities, key=priorities.__getitem__))
+    each = ", ".join(f"{c} TTFT p99 {p.p99_ms:.0f} ms" for c, p in
+                     chosen.class_predicted.items())
+    return PlanLever(
+        "scheduling", chosen.knobs["scheduling"] != start.knobs["scheduling"],
+        (f"priority by class ({order}), set by a router in front of the engine"
+         if by else "first come, first served: it ranked better than priority by class "
+         f"({order})") + (f"; predicted {each}" if each else "")
+        + "; a pool per class is not weighed for generative models (engines in one server "
+          "share its cores)")

@@ -142,9 +142,6 @@ def make_plan(request: PlanRequest, say: Progress = lambda _: None) -> PlanResul
     if kind == GENERATIVE and request.goal.sla_tpot_ms is None:
         raise InvalidValue(f"{name} is a generative model: give --sla-ttft-ms and "
                            "--sla-tpot-ms (its SLA is per token, not per request)")
-    if kind == GENERATIVE and len(request.traffic.classes) > 1:
-        raise InvalidValue(f"{name} is a generative model: classes of requests are planned "
-                           "for tensor models only")
     if kind == "tensor" and request.goal.sla_tpot_ms is not None:
         raise InvalidValue(f"{name} is a tensor model: give --sla-p99-ms (TTFT and TPOT "
                            "are for generative models)")
@@ -228,19 +225,20 @@ def _plan_generative(request: PlanRequest, config: GenerativeConfig, output: Pat
 
         def attempt(number: int, candidate: PlanCandidate) -> tuple[list[Replayed], Path]:
             target = write_engine_deployment(work / f"attempt-{number}", model_dir,
-                                             candidate)
+                                             candidate, searcher.priority)
             return replay_generation(baseline_server, target, name, candidate, baseline,
                                      goal, served, prompts, warmup_prompts, load,
-                                     request.server_cpus), target
+                                     request.server_cpus, traffic.classes), target
 
-        attempts, stop = _prove(ranked, goal, goal.sla_p99_ms, started, attempt, say)
+        attempts, stop = _prove(ranked, goal, goal.strictest(searcher.classes), started,
+                                attempt, say)
     chosen, shown, kept = _conclude(attempts, ranked, output)
     return PlanResult(
         model=name, repository=str(model_dir.parent), output=str(output),
         goal=goal.to_dict(), traffic={**traffic.describe(), **served.describe()},
         environment=environment(), calibration=calibration.to_dict(), versions=versions,
         baseline=baseline, candidates=kept, chosen=chosen.name if chosen else None,
-        levers=engine_levers(versions, baseline, chosen, served),
+        levers=engine_levers(versions, baseline, chosen, served, searcher.priority),
         proof=[r for _, replayed, _ in attempts for r in replayed],
         verdict=verdict(shown, goal), stop_reason=stop,
         elapsed_s=time.monotonic() - started)
@@ -509,6 +507,16 @@ def verdict(proof: list[Replayed], goal: PlanGoal) -> str:
         return "not replayed"
     baseline, plan = proof[-2], proof[-1]
     met = "meets" if plan.meets_sla else "misses"
+    if plan.classes and goal.sla_tpot_ms is not None:
+        start = {c.request_class: c for c in baseline.classes}
+        each = "; ".join(
+            f"{c.request_class} TTFT p99 {_shown(c.p99_ms)} against <= {c.sla_p99_ms:g} ms "
+            f"and TPOT {_shown(c.tpot_p99_ms)} against <= {c.sla_tpot_ms or math.inf:g} ms "
+            f"(predicted {c.predicted.p99_ms:.2f} and {c.predicted.tpot_p99_ms or math.inf:.2f}"
+            f" ms, starting {_shown(start[c.request_class].p99_ms)} and "
+            f"{_shown(start[c.request_class].tpot_p99_ms)})" if c.request_class in start else
+            f"{c.request_class} TTFT p99 {_shown(c.p99_ms)}" for c in plan.classes)
+        return f"the plan {met} the SLAs of every class on replay: {each}"
     if goal.sla_tpot_ms is not None:
         return (f"the plan {met} the SLA of TTFT p99 <= {goal.sla_p99_ms:g} ms and TPOT "
                 f"p99 <= {goal.sla_tpot_ms:g} ms on replay: TTFT {_shown(plan.p99_ms)}, TPOT "

@@ -62,10 +62,15 @@ class PlanGoal:
     class_sla_ms: dict[str, float] = field(default_factory=dict)  # p99 of a class; the
     # others have sla_p99_ms
     sla_tpot_ms: float | None = None
+    class_tpot_ms: dict[str, float] = field(default_factory=dict)  # TPOT p99 of a class
 
     def sla_for(self, request_class: str) -> float:
-        """The p99 one class of requests must meet."""
+        """The p99 (TTFT for a generative model) one class of requests must meet."""
         return self.class_sla_ms.get(request_class, self.sla_p99_ms)
+
+    def tpot_for(self, request_class: str) -> float | None:
+        """The TPOT p99 one class of a generative model's requests must meet."""
+        return self.class_tpot_ms.get(request_class, self.sla_tpot_ms)
 
     def strictest(self, classes: Iterable[str]) -> float:
         """The SLA a pool serving all these classes must meet: the tightest of theirs."""
@@ -96,7 +101,8 @@ class PlanGoal:
                 **({"price_per_gpu_hour": self.price_per_gpu_hour}
                    if self.price_per_gpu_hour is not None else {}),
                 **({"class_sla_ms": self.class_sla_ms} if self.class_sla_ms else {}),
-                **({"sla_tpot_ms": self.sla_tpot_ms} if self.sla_tpot_ms is not None else {})}
+                **({"sla_tpot_ms": self.sla_tpot_ms} if self.sla_tpot_ms is not None else {}),
+                **({"class_tpot_ms": self.class_tpot_ms} if self.class_tpot_ms else {})}
 
 
 @dataclass(frozen=True)

@@ -194,6 +194,17 @@ class Traffic:
         rng = np.random.default_rng([seed, 0x7A1F])
         return np.cumsum(rng.exponential(1 / rate, count)) - 1 / rate
 
+    def classes_of(self, count: int, seed: int = 0) -> np.ndarray:
+        """The class of each of the first ``count`` requests :meth:`arrivals` sends: a
+        trace's own (repeated as its send times are), or drawn by the classes' shares."""
+        if self.request_classes is not None and self.offsets_s is not None:
+            return np.resize(self.request_classes, count)
+        names = list(self.classes) or [""]
+        shares = np.array([self.classes.get(n, 1.0) for n in names])
+        rng = np.random.default_rng([seed, 0xC1A55])
+        return np.asarray(names, dtype=object)[rng.choice(len(names), size=count,
+                                                          p=shares / shares.sum())]
+
     def describe(self) -> dict[str, Any]:
         """What the plan document records of the traffic."""
         return {"source": self.source, "arrival": self.arrival, "rate_rps": self.rate_rps,

@@ -375,8 +375,11 @@ def _plan_section(report: Report, result: PlanResult) -> None:
                       f"{r.hit_ratio:.0%} ({r.predicted.hit_ratio:.0%})",
                       _num(r.throughput_rps, 1), _num(r.error_percent, 1),
                       _num(r.cost_per_million, 3), "met" if r.meets_sla else "missed"])
-        proof += [[_e(f"class {c.request_class} (p99 ≤ {c.sla_p99_ms:g} ms)"),
-                   f"{_num(c.p99_ms)} ({_num(c.predicted.p99_ms)})", "", "", "",
+        proof += [[_e(f"class {c.request_class} (p99 ≤ {c.sla_p99_ms:g} ms"
+                      + (f", TPOT ≤ {c.sla_tpot_ms:g} ms)" if c.sla_tpot_ms else ")")),
+                   f"{_num(c.p99_ms)} ({_num(c.predicted.p99_ms)})"
+                   + (f"; TPOT {_num(c.tpot_p99_ms)} ({_num(c.predicted.tpot_p99_ms)})"
+                      if c.sla_tpot_ms else ""), "", "", "",
                    _num(c.error_percent, 1), "", "met" if c.meets_sla else "missed"]
                   for c in r.classes]
     traffic = result.traffic

@@ -51,15 +51,20 @@ def _class_table(result: BenchResult, console: Console) -> None:
     """Every --mix class apart (the table above holds them together)."""
     classes = result.classes or []
     total = sum(c.weight for c in classes)
+    generated = any(c.ttft_ms is not None for c in classes)
     table = Table(title="by request class")
     for column in ("class", "share", "requests", "req/s", "p50 ms", "p99 ms", "p999 ms",
+                   *(("TTFT p50 / p99 ms", "TPOT p50 / p99 ms") if generated else ()),
                    "errors"):
         table.add_column(column, justify="left" if column == "class" else "right",
                          no_wrap=True)
     for c in classes:
+        per_token = [f"{_ms((d or {}).get('p50'))} / {_ms((d or {}).get('p99'))}"
+                     for d in (c.ttft_ms, c.tpot_ms)] if generated else []
         table.add_row(c.name, f"{c.weight / total:.0%}",
                       f"{c.requests:,}", f"{c.throughput_rps:,.1f}", _ms(c.latency("p50")),
-                      _ms(c.latency("p99")), _ms(c.latency("p999")), f"{c.errors:,}")
+                      _ms(c.latency("p99")), _ms(c.latency("p999")), *per_token,
+                      f"{c.errors:,}")
     console.print(table)
 
 
@@ -534,10 +539,15 @@ def print_plan(result: PlanResult, console: Console) -> None:
     repeats = (f"{t['distinct_inputs']:,} distinct inputs (Zipf {t['zipf']:.2f})"
                if t.get("zipf") is not None else "no repeated inputs")
     class_slas = goal.get("class_sla_ms") or {}
-    classes = "".join(
-        f", {name} {share:.0%} (p99 <= {class_slas.get(name, goal['sla_p99_ms']):g} ms)"
-        for name, share in (t.get("classes") or {}).items())
+    class_tpots = goal.get("class_tpot_ms") or {}
     generative = goal.get("sla_tpot_ms") is not None
+    classes = "".join(
+        f", {name} {share:.0%} ({'TTFT ' if generative else ''}p99 <= "
+        f"{class_slas.get(name, goal['sla_p99_ms']):g} ms"
+        + (f", TPOT <= {class_tpots.get(name, goal['sla_tpot_ms']):g} ms" if generative
+           else "") + ")"
+        for name, share in (t.get("classes") or {}).items()) \
+        if len(t.get("classes") or {}) > 1 else ""
     c = result.calibration
     if generative:
         repeats = (f"prompts of {t['prompt_tokens']} tokens ({t['shared_prefix_tokens']} "
@@ -573,7 +583,8 @@ def print_plan(result: PlanResult, console: Console) -> None:
                          v.why if v.kept else f"[yellow]left out: {v.why}[/yellow]")
     console.print(versions)
     table = Table(title="deployments predicted: version, s max_num_seqs, t "
-                        "max_num_batched_tokens, pc prefix caching" if generative else
+                        "max_num_batched_tokens, pc prefix caching, prio priority by class"
+                  if generative else
                   "deployments predicted: version, b max batch, d queue delay (us), "
                   "instances x threads, c cached answers", box=box.SIMPLE_HEAD)
     columns = ("deployment", "TTFT p99", "TPOT p99", "seqs", "prefix hits", "busy",
@@ -613,6 +624,14 @@ def print_plan(result: PlanResult, console: Console) -> None:
                     "-" if r.goodput_rps is None else f"{r.goodput_rps:,.2f}",
                     f"{r.error_percent:.1f}%",
                     "[green]met[/green]" if r.meets_sla else "[red]missed[/red]")
+                for each in r.classes:
+                    proof.add_row(
+                        f"  class {each.request_class} (TTFT <= {each.sla_p99_ms:g}, TPOT <= "
+                        f"{each.sla_tpot_ms or 0:g} ms)",
+                        f"{_ms(each.p99_ms)} ({_ms(each.predicted.p99_ms)})",
+                        f"{_ms(each.tpot_p99_ms)} ({_ms(each.predicted.tpot_p99_ms)})", "",
+                        "", "", f"{each.error_percent:.1f}%",
+                        "[green]met[/green]" if each.meets_sla else "[red]missed[/red]")
                 continue
             hits = "-" if r.hit_ratio is None else f"{r.hit_ratio:.0%}"
             batch = "-" if r.mean_batch is None else f"{r.mean_batch:.1f}"

@@ -6,6 +6,9 @@ that sends each request to one of its targets.
         to: mlp_small
       - when: {deadline_ms_below: 20}        # the request's own timeout parameter
         to: mlp_small
+      - when: {class: interactive}           # generative targets: the engine's order
+        to: chat
+        priority: 0                          # (scheduling: priority; lower first)
       - to: [{model: mlp, version: 1, weight: 90}, {model: mlp, version: 2, weight: 10}]
         sticky: user                         # a hash of this request parameter picks the arm
     fallback: [mlp_small]                    # when the chosen target refuses or is not ready
@@ -46,7 +49,8 @@ __all__ = [
 ]
 
 TOP_FIELDS = ("routes", "fallback", "shadow", "idempotent")
-ROUTE_FIELDS = ("when", "to", "sticky")
+ROUTE_FIELDS = ("when", "to", "sticky", "priority")
+PRIORITY_LIMIT = 2**31  # a route's priority lies in [-PRIORITY_LIMIT, PRIORITY_LIMIT)
 CONDITIONS = ("class", "deadline_ms_below")
 TARGET_FIELDS = ("model", "version", "weight")
 MAX_WEIGHT = 1e6  # an arm's weight: a sum of any number of them stays finite
@@ -102,6 +106,7 @@ class Route:
     arms: tuple[Target, ...]
     when: Condition | None = None
     sticky: str | None = None
+    priority: int | None = None  # generative targets: the request's place in the engine
 
     def arm_at(self, point: float) -> int:
         """The arm whose share of the total weight holds ``point`` in [0, 1)."""
@@ -231,8 +236,13 @@ def _route(raw: Any, source: str, where: str, router: str | None) -> Route:
     sticky = raw.get("sticky")
     if sticky is not None and (not isinstance(sticky, str) or not sticky):
         raise ConfigError(source, f"{where}sticky", "must name a request parameter")
+    priority = raw.get("priority")
+    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)
+                                 or not -PRIORITY_LIMIT <= priority < PRIORITY_LIMIT):
+        raise ConfigError(source, f"{where}priority", "must be an integer from -2**31 to "
+                          "2**31 - 1 (lower is served first)")
     arms = _targets(raw.get("to"), source, f"{where}to", weights=True, router=router)
-    return Route(arms, when, sticky)
+    return Route(arms, when, sticky, priority)
 
 
 def _targets(raw: Any, source: str, where: str, *, weights: bool, one: bool = False,

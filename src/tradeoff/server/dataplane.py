@@ -430,9 +430,10 @@ class DataPlane:
                 if self.manager.models[m.name].latest is m]
 
     async def route_generation(self, routed: RoutedModel, parameters: dict[str, Any]
-                               ) -> str:
+                               ) -> tuple[str, int | None]:
         """The generative model a router sends this request to (RoutedModel.send: its
-        rules' choice, or the first fallback that accepts requests now)."""
+        rules' choice, or the first fallback that accepts requests now), and the priority
+        its route sets (None: the request's own)."""
         if not routed.generative:
             raise InvalidInput(f"router {routed.name!r} sends to tensor models: POST "
                                f"/v2/models/{routed.name}/infer")
@@ -441,8 +442,9 @@ class DataPlane:
             self.manager.generative(target.model).check_accepting()
             return target.model
 
-        name, _ = await routed.send(parameters, attempt, timed=False)
-        return name
+        decision = routed.decide(parameters)
+        name, _ = await routed.send(parameters, attempt, timed=False, decision=decision)
+        return name, routed.config.routes[decision.route].priority
 
     async def generate(self, name: str, prompt: str | list[dict[str, str]], params: Any,
                        priority: int = 0, cache: bool = False,
@@ -460,8 +462,10 @@ class DataPlane:
         shadow = None
         route = ""
         if isinstance(routed, RoutedModel):  # an alias: the answer names its target
-            name = route = await self.route_generation(routed, route_parameters or {})
-            shadow = routed
+            name, route_priority = await self.route_generation(routed, route_parameters or {})
+            route, shadow = name, routed
+            if route_priority is not None:
+                priority = route_priority
         model = self.manager.generative(name)
         for _ in range(3):  # a reload may replace the version while the prompt is tokenized
             model.check_accepting()  # the cheap refusals before the tokenizer's work

@@ -439,6 +439,10 @@ class ModelManager:
         if kinds == {True}:
             routed = RoutedModel(name, config, None, generative=True)
         elif kinds == {False}:
+            if any(route.priority is not None for route in config.routes):
+                raise ModelLoadError(f"router {name!r}: a route's priority orders a "
+                                     "generative engine; a tensor request carries its own "
+                                     "(parameter priority, the model's priority_levels)")
             tensors = {label: v for label, v in served.items() if isinstance(v, ModelVersion)}
             signature = common_signature(name, {label: _signature(v.config)
                                                 for label, v in tensors.items()})

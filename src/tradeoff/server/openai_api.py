@@ -77,6 +77,9 @@ GENERATION_FIELDS: dict[str, Any] = {
     "cache": {"type": "boolean", "description": "false: skip the response cache"},
     "user": {"type": "string", "description": "the end user (a router's sticky key)"},
     "class": {"type": "string", "description": "a router's request class"},
+    "priority": {"type": "integer", "minimum": -(2**31), "maximum": 2**31 - 1,
+                 "description": "the engine's order under scheduling: priority (lower "
+                                "first, as vLLM's); a router's route may set it"},
     "n": {"type": "integer", "enum": [1]},
     "best_of": {"type": "integer", "enum": [1]},
 }
@@ -184,9 +187,12 @@ class OpenAIApi:
             raise InvalidInput("'cache' must be true or false")
         # only whole answers that the same request always gets again are cached
         cacheable = wants_cache and not stream and params.deterministic
+        priority = _number(doc, "priority", 0, int)
+        if not -(2**31) <= priority < 2**31:
+            raise InvalidInput("'priority' must be an integer from -2**31 to 2**31 - 1")
         generation = await self.dataplane.generate(
-            name, prompt, params, cache=cacheable, route_parameters=_route_parameters(doc, scope),
-            tenant=scope.get(TENANT, b""))
+            name, prompt, params, priority=priority, cache=cacheable,
+            route_parameters=_route_parameters(doc, scope), tenant=scope.get(TENANT, b""))
         reply = _Reply(generation, chat)
         async with generation:
             with DisconnectWatch(receive, generation.abort):

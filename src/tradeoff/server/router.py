@@ -168,20 +168,21 @@ class RoutedModel:
                                "text at /v1/completions or /v1/chat/completions")
 
     async def send(self, parameters: dict[str, Any],
-                   attempt: Callable[[Target], Awaitable[T]], timed: bool = True
-                   ) -> tuple[T, Target]:
+                   attempt: Callable[[Target], Awaitable[T]], timed: bool = True,
+                   decision: Decision | None = None) -> tuple[T, Target]:
         """One request's way through the router: the target its rules choose, then each
         fallback in turn, past a refusal (503) or a target not serving (404), and for an
         idempotent router past a failure of a target that ran it; the first answer is
         the answer. The request's own mistake (any other 4xx) is the same everywhere:
         raised at once. ``timed``: count the time to the answer (a generation's answer
-        streams after this returns: counted as 0)."""
+        streams after this returns: counted as 0); ``decision``: the rules' choice when
+        the caller has made it."""
         started = time.perf_counter_ns()
 
         def elapsed() -> int:
             return time.perf_counter_ns() - started if timed else 0
 
-        decision = self.decide(parameters)
+        decision = decision or self.decide(parameters)
         error: RequestError | None = None
         for index, target in enumerate(self.candidates(decision)):
             try:
