@@ -9,7 +9,9 @@ which serves the chosen deployment and the starting one side by side and replays
 traffic. For ``smollm2-135m``, two plans of its engine (TTFT and TPOT SLAs): prompts
 without a common start under a tight SLA (INT8 weighed: up to 10% higher perplexity), and
 prompts whose first 96 of 128 words are shared under a loose one, starting from a
-deployment without prefix caching. ``synthetic`` is a model whose batch
+deployment without prefix caching; and a plan for two classes (30% chat with a tight TTFT
+SLA, 70% batch with a loose one) at a rate that keeps its engine busy, where priority by
+class is weighed against first come, first served. ``synthetic`` is a model whose batch
 costs 32 ms + 4 ms per row spent sleeping (as a host waits on an accelerator), so four
 instances fit on this machine: the classes plan where one pool costs more than a pool per
 class.
@@ -39,6 +41,11 @@ SCENARIOS = {"mlp": (1000.0, 3.0, 20.0), "minilm": (40.0, 60.0, 200.0),
              "resnet50": (4.0, 600.0, 2000.0)}
 # an LLM: (rate req/s, prompt words, answer tokens, (TTFT ms, TPOT ms) tight and loose)
 LLM_SCENARIOS = {"smollm2-135m": (1.0, 128, 32, (800.0, 80.0), (1500.0, 150.0))}
+# an LLM's two classes: 30% chat with a tight TTFT, 70% batch with a loose one, at a rate
+# that keeps one core's engine about two-thirds busy
+LLM_CLASSES = {"smollm2-135m": {"rate": 5.0, "words": 64, "tokens": 32,
+                                "sla": (5000.0, 80.0), "chat_ttft_ms": 400.0,
+                                "chat_share": 0.3}}
 SHARED_PREFIX_WORDS = 96
 # the sleeping model: classes only (its cost is set, so precision and cache have no role)
 SYNTHETIC = {"rate": 22.5, "tight": 44.0, "loose": 120.0, "cores": 4}
@@ -122,6 +129,47 @@ def plan_llm(repo: Path, model: str, rate: float, words: int, tokens: int, sla: 
     return run_plan(args, out)
 
 
+def plan_llm_classes(repo: Path, model: str, replay: str, out: Path) -> dict:
+    """One `tradeoff plan` of an LLM with two classes, one server core."""
+    c = LLM_CLASSES[model]
+    args = [sys.executable, "-m", "tradeoff", "plan", str(repo / model),
+            "--sla-ttft-ms", f"{c['sla'][0]:g}", "--sla-tpot-ms", f"{c['sla'][1]:g}",
+            "--class-sla", f"chat={c['chat_ttft_ms']:g}", "--rate", f"{c['rate']:g}",
+            "--class-share", f"chat={c['chat_share']:g}",
+            "--class-share", f"batch={1 - c['chat_share']:g}",
+            "--prompt-words", str(c["words"]), "--output-tokens", str(c["tokens"]),
+            "--precision", "int8", "--max-drop", "0.10", "--price-per-core-hour", "0.05",
+            "--replay", replay, "--seconds", "4s", "--budget", "20m",
+            "-o", str(out / "deploy"), "--json", str(out / "plan.json")]
+    return run_plan(args, out)
+
+
+def llm_class_row(model: str, doc: dict) -> dict:
+    proof = doc["proof"]
+    baseline, chosen = (proof[-2], proof[-1]) if proof else ({}, {})
+    start = {c["request_class"]: c for c in baseline.get("classes", [])}
+    levers = {lever["lever"]: lever for lever in doc["levers"]}
+    return {"model": model, "rate_rps": doc["traffic"]["rate_rps"],
+            "prompt_tokens": doc["traffic"]["prompt_tokens"],
+            "output_tokens": doc["traffic"]["output_tokens"],
+            "chosen": doc["chosen"], "start": doc["baseline"]["name"],
+            "classes": [{"class": c["request_class"], "sla_ttft_ms": c["sla_p99_ms"],
+                         "sla_tpot_ms": c.get("sla_tpot_ms"),
+                         "ttft": (c["predicted"]["p99_ms"], c["p99_ms"]),
+                         "tpot": (c["predicted"].get("tpot_p99_ms"), c.get("tpot_p99_ms")),
+                         "met": c["meets_sla"],
+                         "start_predicted": (start.get(c["request_class"], {})
+                                             .get("predicted", {}).get("p99_ms")),
+                         "start_ttft": start.get(c["request_class"], {}).get("p99_ms"),
+                         "start_tpot": start.get(c["request_class"], {}).get("tpot_p99_ms"),
+                         "start_met": start.get(c["request_class"], {}).get("meets_sla")}
+                        for c in chosen.get("classes", [])],
+            "met": (chosen.get("meets_sla"), baseline.get("meets_sla")),
+            "goodput_rps": (chosen.get("goodput_rps"), baseline.get("goodput_rps")),
+            "scheduling_lever": levers.get("scheduling", {}).get("why"),
+            "stop_reason": doc["stop_reason"], "wall_s": doc["wall_s"]}
+
+
 def llm_row(model: str, scenario: str, doc: dict) -> dict:
     proof = doc["proof"]
     baseline, chosen = (proof[-2], proof[-1]) if proof else ({}, {})
@@ -180,9 +228,13 @@ def main() -> None:
     parser.add_argument("--models", default=",".join([*SCENARIOS, "synthetic",
                                                       *LLM_SCENARIOS]))
     parser.add_argument("--replay", default="10s")
+    parser.add_argument("--scenarios", default="single,classes",
+                        help="single: each model's one-class plans; classes: its two-class "
+                             "plan")
     parser.add_argument("--json", type=Path, default=Path("benchmarks/results/plan.json"))
     args = parser.parse_args()
-    rows, class_rows, llm_rows = [], [], []
+    rows, class_rows, llm_rows, llm_class_rows = [], [], [], []
+    scenarios = set(args.scenarios.split(","))
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "models"
         models = args.models.split(",")
@@ -196,7 +248,8 @@ def main() -> None:
                 for scenario, sla, shared in (
                         ("no shared prefix, tight SLA", tight, 0),
                         (f"{SHARED_PREFIX_WORDS} of {words} words shared, loose SLA, the "
-                         "start without prefix caching", loose, SHARED_PREFIX_WORDS)):
+                         "start without prefix caching", loose, SHARED_PREFIX_WORDS)) \
+                        if "single" in scenarios else ():
                     print(f"{model}: {scenario} at {rate:g}/s", flush=True)
                     settings = repo / model / "generate.yaml"
                     text = settings.read_text().replace("prefix_caching: false\n", "")
@@ -205,8 +258,17 @@ def main() -> None:
                         repo, model, rate, words, tokens, sla, shared, args.replay,
                         Path(tmp) / f"{model}-{len(llm_rows)}")))
                     print(f"  {llm_rows[-1]}", flush=True)
+                if "classes" in scenarios and model in LLM_CLASSES:
+                    print(f"{model}: two classes at {LLM_CLASSES[model]['rate']:g}/s",
+                          flush=True)
+                    (repo / model / "generate.yaml").write_text(
+                        (repo / model / "generate.yaml").read_text()
+                        .replace("prefix_caching: false\n", ""))
+                    llm_class_rows.append(llm_class_row(model, plan_llm_classes(
+                        repo, model, args.replay, Path(tmp) / f"{model}-classes")))
+                    print(f"  {llm_class_rows[-1]}", flush=True)
                 continue
-            if model == "synthetic":
+            if model == "synthetic" and "classes" in scenarios:
                 s = SYNTHETIC
                 print(f"{model}: two classes at {s['rate']:g}/s", flush=True)
                 class_rows.append(class_row(model, plan(
@@ -214,14 +276,19 @@ def main() -> None:
                     (s["tight"], s["loose"]), int(s["cores"]))))
                 print(f"  {class_rows[-1]}", flush=True)
                 continue
+            if model not in SCENARIOS:
+                continue
             rate, tight, loose = SCENARIOS[model]
             for scenario, sla, repeats in (("Zipf 1.0 over 1,000 inputs", tight, True),
-                                           ("no repetition", loose, False)):
+                                           ("no repetition", loose, False)) \
+                    if "single" in scenarios else ():
                 out = Path(tmp) / f"{model}-{number}-{len(rows)}"
                 print(f"{model}: {scenario}, p99 <= {sla:g} ms at {rate:g}/s", flush=True)
                 rows.append(row(model, scenario, plan(repo, model, rate, sla, repeats,
                                                       args.replay, out)))
                 print(f"  {rows[-1]}", flush=True)
+            if "classes" not in scenarios:
+                continue
             print(f"{model}: two classes at {rate:g}/s", flush=True)
             class_rows.append(class_row(model, plan(
                 repo, model, rate, 10 * loose, False, args.replay, Path(tmp) / f"{model}-c",
@@ -270,7 +337,24 @@ def main() -> None:
               f"{_f(r['start_tpot'][1])} | {met} | {_f(r['prefix_hits'][0])} / "
               f"{_f(r['prefix_hits'][1])} | {_f(r['goodput_rps'][0])} / "
               f"{_f(r['goodput_rps'][1])} |")
-    rows = rows + class_rows + llm_rows
+    print()
+    print("| model | traffic | chosen (start) | class: SLA TTFT / TPOT ms | TTFT p99 plan: "
+          "predicted / replayed | TPOT p99 plan: predicted / replayed | TTFT p99 start: "
+          "predicted / replayed | met plan / start | goodput req/s plan / start |")
+    print("|---|---|---|---|---:|---:|---:|---|---:|")
+    for r in llm_class_rows:
+        for number, c in enumerate(r["classes"]):
+            met = f"{'yes' if c['met'] else 'no'} / {'yes' if c['start_met'] else 'no'}"
+            lead = (f"| {r['model']} | {r['rate_rps']:g}/s, {r['prompt_tokens']} + "
+                    f"{r['output_tokens']} tokens | {r['chosen']} ({r['start']}) |"
+                    if number == 0 else "| | | |")
+            goodput = (f"{_f(r['goodput_rps'][0])} / {_f(r['goodput_rps'][1])}"
+                       if number == 0 else "")
+            print(f"{lead} {c['class']}: {c['sla_ttft_ms']:g} / {_f(c['sla_tpot_ms'], 0)} | "
+                  f"{_f(c['ttft'][0])} / {_f(c['ttft'][1])} | {_f(c['tpot'][0])} / "
+                  f"{_f(c['tpot'][1])} | {_f(c['start_predicted'])} / {_f(c['start_ttft'])} "
+                  f"| {met} | {goodput} |")
+    rows = rows + class_rows + llm_rows + llm_class_rows
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"schema": "tradeoff.bench.plan/1",
                                      "command": " ".join(sys.argv), "rows": rows}, indent=2))

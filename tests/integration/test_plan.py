@@ -219,3 +219,47 @@ def test_a_generative_model_gets_the_engine_batch_its_rate_needs(tmp_path: Path)
     assert written["max_num_seqs"] == chosen.knobs["max_num_seqs"]
     assert read_yaml(model / "generate.yaml")["max_num_seqs"] == 1  # the original is kept
     assert "TTFT p99" in run.output and "TPOT" in run.output
+
+
+def test_two_classes_of_generations_get_their_priority_in_one_engine(tmp_path: Path) -> None:
+    # a step costs 20 ms + 2 ms a token (sleeping): four sequences keep TPOT under 55 ms,
+    # and at 4 requests/s they run full, so the waiting queue's order decides who waits.
+    # First come first served, chat's TTFT p99 is predicted over its 300 ms; put first,
+    # under it (the others wait longer, within their 2 s).
+    from tradeoff.models.generative import write_synthetic_llm
+    from tradeoff.repository.safe_yaml import read_yaml
+
+    model = write_synthetic_llm(tmp_path / "repo", model={"step_ms": 20.0,
+                                                          "per_token_ms": 2.0},
+                                max_num_seqs=4)
+    run = CliRunner().invoke(main, [
+        "plan", str(model), "--sla-ttft-ms", "2000", "--sla-tpot-ms", "55",
+        "--class-sla", "chat=300", "--rate", "4", "--class-share", "chat=0.3",
+        "--class-share", "batch=0.7", "--prompt-words", "4", "--output-tokens", "8",
+        "--precision", "none", "--replay", "8s", "--seconds", "1s", "--budget", "4m",
+        "--json", str(tmp_path / "plan.json")])
+    assert run.exit_code == 0, run.output
+    result = load_as(PlanResult, tmp_path / "plan.json")
+    assert not result.baseline.meets_sla
+    assert result.baseline.class_predicted["chat"].p99_ms > 300
+    chosen = result.candidate(result.chosen)
+    assert chosen is not None and chosen.knobs["scheduling"] == "priority", result.chosen
+    assert chosen.class_predicted["chat"].p99_ms <= 300
+    assert {lever.lever: lever.taken for lever in result.levers}["scheduling"]
+    deployment = Path(result.output or "") / "repository"
+    router = read_yaml(deployment / "synthetic-llm" / "router.yaml")
+    assert router["routes"][0] == {"when": {"class": "chat"}, "to": "synthetic-llm_engine",
+                                   "priority": 0}
+    assert read_yaml(deployment / "synthetic-llm_engine" / "generate.yaml")[
+        "scheduling"] == "priority"
+    baseline, plan = result.proof[-2:]
+    assert [c.request_class for c in plan.classes] == ["chat", "batch"]
+    chat, batch = plan.classes
+    assert (chat.sla_p99_ms, chat.sla_tpot_ms, batch.sla_p99_ms) == (300, 55, 2000)
+    assert chat.p99_ms is not None and chat.tpot_p99_ms is not None
+    assert chat.error_percent == 0 and batch.error_percent == 0
+    # put first, chat waits less than batch in the plan; alike in the start
+    start = {c.request_class: c for c in baseline.classes}
+    assert chat.predicted.p99_ms < batch.predicted.p99_ms
+    assert chat.p99_ms < (batch.p99_ms or 0) or chat.p99_ms < (start["chat"].p99_ms or 0)
+    assert "chat TTFT p99" in result.verdict
