@@ -263,3 +263,47 @@ def test_two_classes_of_generations_get_their_priority_in_one_engine(tmp_path: P
     assert chat.predicted.p99_ms < batch.predicted.p99_ms
     assert chat.p99_ms < (batch.p99_ms or 0) or chat.p99_ms < (start["chat"].p99_ms or 0)
     assert "chat TTFT p99" in result.verdict
+
+
+def test_a_class_whose_tpot_one_engine_cannot_keep_gets_an_engine_of_its_own(
+        tmp_path: Path) -> None:
+    # the same sleeping steps (20 ms + 2 ms a token) at 6 requests/s on two cores: in one
+    # engine, chat's 40 ms TPOT breaks under batch's prompts and larger batches whatever
+    # the settings; an engine each (a thread each) meets both classes' SLAs
+    from tradeoff.models.generative import write_synthetic_llm
+    from tradeoff.repository.safe_yaml import read_yaml
+
+    model = write_synthetic_llm(tmp_path / "repo", model={"step_ms": 20.0,
+                                                          "per_token_ms": 2.0},
+                                max_num_seqs=4)
+    run = CliRunner().invoke(main, [
+        "plan", str(model), "--sla-ttft-ms", "3000", "--sla-tpot-ms", "80",
+        "--class-sla", "chat=300", "--class-sla-tpot", "chat=40", "--rate", "6",
+        "--class-share", "chat=0.3", "--class-share", "batch=0.7", "--cores", "2",
+        "--prompt-words", "4", "--output-tokens", "8", "--precision", "none",
+        "--replay", "6s", "--seconds", "1s", "--budget", "4m",
+        "--json", str(tmp_path / "plan.json")])
+    assert run.exit_code == 0, run.output
+    result = load_as(PlanResult, tmp_path / "plan.json")
+    chosen = result.candidate(result.chosen)
+    assert chosen is not None and [p.request_class for p in chosen.pools] == \
+        ["chat", "batch"], result.chosen
+    assert chosen.cores == 2 and all(p.candidate.knobs["threads"] == 1
+                                     for p in chosen.pools)
+    assert not any(c.meets_sla and not c.pools for c in result.candidates)
+    levers = {lever.lever: lever for lever in result.levers}
+    assert levers["classes"].taken and "engine per class ranked best" in levers["classes"].why
+    deployment = Path(result.output or "") / "repository"
+    routes = read_yaml(deployment / "synthetic-llm" / "router.yaml")["routes"]
+    assert routes == [{"when": {"class": "chat"}, "to": "synthetic-llm_chat"},
+                      {"to": "synthetic-llm_batch"}]
+    for pool in ("chat", "batch"):
+        assert read_yaml(deployment / f"synthetic-llm_{pool}" / "generate.yaml")[
+            "threads"] == 1
+    plan = result.proof[-1]
+    chat, batch = plan.classes
+    assert chat.request_class == "chat" and chat.sla_tpot_ms == 40
+    assert chat.tpot_p99_ms is not None and batch.tpot_p99_ms is not None
+    assert chat.predicted.tpot_p99_ms is not None and batch.predicted.tpot_p99_ms is not None
+    assert chat.predicted.tpot_p99_ms < batch.predicted.tpot_p99_ms
+    assert chat.tpot_p99_ms < batch.tpot_p99_ms  # the chat engine batches less

@@ -15,6 +15,7 @@
     response_cache: false       # with serve --cache: whole greedy/seeded answers kept
     cuda_graphs: true           # on a GPU, decode steps replay captured CUDA graphs
     prefill_stretch: 2.0        # a step that prefills takes at most this many decode steps
+    threads: 0                  # CPU threads of this engine's steps (0: the server's cores)
 
 Validated like ``config.pbtxt``: an error names the file, the field and what is wrong,
 with "did you mean" for a misspelt field or value. The sizes have upper bounds
@@ -44,6 +45,7 @@ _CHOICES = {"scheduling": ("fcfs", "priority"), "batching": ("continuous", "stat
 SIZE_LIMITS = {"max_num_seqs": 4096, "max_num_batched_tokens": 1 << 20,
                "max_num_queued_requests": 1_000_000, "num_blocks": 1 << 20,
                "block_size": 1024}
+MAX_THREADS = 1024
 
 
 def _hint(value: str, choices: Sequence[str]) -> str:
@@ -70,6 +72,7 @@ class GenerativeConfig:
     response_cache: bool = False
     cuda_graphs: bool = True
     prefill_stretch: float = 2.0
+    threads: int = 0  # the CPU threads of the engine's steps; 0: torch's default
     fault_nan_on_token: int = -1  # tests only, with --allow-fault-injection (backends/faults)
 
     @classmethod
@@ -125,6 +128,9 @@ class GenerativeConfig:
                 raise ConfigError(source, key, f"must be >= 1, got {size}")
             if size > limit:
                 raise ConfigError(source, key, f"must be at most {limit:,}, got {shown(size)}")
+        if not 0 <= config.threads <= MAX_THREADS:
+            raise ConfigError(source, "threads", f"must be 0 (the server's cores) to "
+                              f"{MAX_THREADS}, got {shown(config.threads)}")
         if config.prefill_stretch and not 1 < config.prefill_stretch <= 100:
             raise ConfigError(source, "prefill_stretch", "must be 0 (no limit) or above 1 "
                               f"(at most 100), got {config.prefill_stretch}")

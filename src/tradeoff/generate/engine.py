@@ -73,6 +73,14 @@ class Launch:
     tokens: Future[dict[int, int]] | None
 
 
+def _use_threads(threads: int) -> None:
+    """The CPU threads a step's operators use (0: torch's default, the process's cores),
+    set on the thread that runs the steps: OpenMP keeps the count per calling thread, so
+    engines in one server each keep theirs."""
+    if threads:
+        torch.set_num_threads(threads)
+
+
 class GenerationEngine:
     """Continuous (or static) batching over one decoder and its paged KV cache.
 
@@ -88,7 +96,8 @@ class GenerationEngine:
                  max_num_queued: int = 256, policy: str = "fcfs", mode: str = "continuous",
                  prefix_caching: bool = False,
                  detokenize: Callable[[Sequence[int]], str] | None = None,
-                 cuda_graphs: bool | None = None, prefill_stretch: float = 0.0) -> None:
+                 cuda_graphs: bool | None = None, prefill_stretch: float = 0.0,
+                 threads: int = 0) -> None:
         self.decoder = decoder
         # one block more than the allocator hands out: padded rows write to it
         self.cache = decoder.new_cache(num_blocks + 1, block_size)  # first: checks memory
@@ -111,7 +120,8 @@ class GenerationEngine:
         self.table = BlockTable(max_num_seqs, width, scratch=num_blocks)
         # the device work of a step and reading its tokens back run here, so the thread
         # that launched it can do other work meanwhile
-        self._worker = ThreadPoolExecutor(1, thread_name_prefix="engine-step")
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="engine-step",
+                                          initializer=_use_threads, initargs=(threads,))
         self.decode_step = DecodeStep(
             decoder, self.cache, max_seqs=max_num_seqs, max_blocks=width,
             scratch_block=num_blocks, graphs=cuda_graphs) \

@@ -34,4 +34,4 @@ def new_engine(config: GenerativeConfig, decoder: Decoder, tokenizer: Tokenizer)
         max_num_queued=config.max_num_queued_requests, policy=config.scheduling,
         mode=config.batching, prefix_caching=config.prefix_caching,
         detokenize=tokenizer.decode, cuda_graphs=None if config.cuda_graphs else False,
-        prefill_stretch=config.prefill_stretch)
+        prefill_stretch=config.prefill_stretch, threads=config.threads)

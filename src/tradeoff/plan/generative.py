@@ -54,7 +54,7 @@ from tradeoff.plan.continuous import (
     StepCost,
     simulate_engine,
 )
-from tradeoff.plan.deployment import WRITTEN_BY
+from tradeoff.plan.deployment import WRITTEN_BY, pool_name
 from tradeoff.plan.search import PlanGoal, rank_key, weigh
 from tradeoff.plan.traffic import Traffic
 from tradeoff.repository.repository import GENERATIVE_FILE, ROUTER_FILE
@@ -74,6 +74,7 @@ from tradeoff.results import (
 from tradeoff.server.process import ServerProcess
 
 __all__ = ["ENGINE_KNOBS", "EngineSearcher", "GenerationCalibration", "calibrate",
+           "calibrate_load",
            "capacity_rps", "class_generations", "class_priorities", "engine_label",
            "engine_levers", "engine_name", "generation_endpoint", "measure_versions", "on_gpu",
            "prefix_hit_ratio", "replay_generation", "replay_prompts", "settings_of",
@@ -100,20 +101,34 @@ class GenerationCalibration:
     prefill_scale: float
     decode_scale: float
     requests: int  # answered in the calibration run
+    # under the traffic's load the server's own work (requests, streams) takes a share of
+    # the cores from the engine: its steps take load_scale times as long at the rate
+    load_scale: float = 1.0
+    load_rate_rps: float = 0.0  # the rate load_scale was measured at (0: not measured)
 
     def to_dict(self) -> dict[str, Any]:
         return {"prompt_tokens": self.prompt_tokens,
                 "shared_prefix_tokens": self.shared_prefix_tokens,
                 "prefill_scale": self.prefill_scale, "decode_scale": self.decode_scale,
-                "requests": self.requests}
+                "requests": self.requests, "load_scale": self.load_scale,
+                "load_rate_rps": self.load_rate_rps}
 
     def cost(self, measured: StepCost) -> StepCost:
-        """The in-process step cost as the served engine pays it."""
-        return replace(measured, decode_ms=tuple(t * self.decode_scale
-                                                 for t in measured.decode_ms),
-                       prefill_fixed_ms=measured.prefill_fixed_ms * self.prefill_scale,
-                       prefill_ms_per_token=measured.prefill_ms_per_token
-                       * self.prefill_scale)
+        """The in-process step cost as the served engine pays it under the load."""
+        prefill, decode = (self.prefill_scale * self.load_scale,
+                           self.decode_scale * self.load_scale)
+        return replace(measured, decode_ms=tuple(t * decode for t in measured.decode_ms),
+                       prefill_fixed_ms=measured.prefill_fixed_ms * prefill,
+                       prefill_ms_per_token=measured.prefill_ms_per_token * prefill)
+
+    def at_rate(self, rate_rps: float) -> GenerationCalibration:
+        """This calibration with its load scale carried to another rate: the server's
+        share of the cores grows with the rate (1 - 1/load_scale at load_rate_rps)."""
+        if self.load_rate_rps <= 0 or self.load_scale <= 1:
+            return self
+        share = (1 - 1 / self.load_scale) * rate_rps / self.load_rate_rps
+        return replace(self, load_scale=min(1 / max(1 - share, 1e-9), SCALE_BOUNDS[1]),
+                       load_rate_rps=rate_rps)
 
 
 SCALE_BOUNDS = (0.2, 5.0)  # a calibration further off than this is not trusted
@@ -377,33 +392,82 @@ def engine_name(model: str) -> str:
     return f"{model}_engine"
 
 
+LOAD_SECONDS = 6.0  # the at-rate calibration's measurement
+LOAD_BUSY = 0.7  # ... at the traffic's rate, or the rate that keeps the start this busy
+
+
+def calibrate_load(server: ServerProcess, model: str, cost: StepCost, start: EngineSettings,
+                   calibration: GenerationCalibration, lengths: Lengths, goal: PlanGoal,
+                   traffic: Traffic, prompts: Path) -> GenerationCalibration:
+    """The starting deployment at the traffic's rate (or the rate that keeps it 70%
+    busy) for 6 s, after 1 s: how much longer its steps take under load than alone (its
+    TPOT p50 over the simulated one at that rate, refined once), carried to the
+    traffic's rate by :meth:`GenerationCalibration.at_rate`. One request at a time the
+    server's own work waits for the engine; under load it takes a share of the cores."""
+    scaled = calibration.cost(cost)
+    rate = min(traffic.rate_rps, LOAD_BUSY * capacity_rps(scaled, start, lengths))
+    spec = generation_endpoint(server.url, model, "start", prompts, lengths, goal)
+    result, _, _ = run_benchmark(make_adapter(spec), LoadSpec(
+        rate=rate, arrival="poisson", duration_s=LOAD_SECONDS, warmup_s=1.0))
+    generation = result.summary.generation
+    measured = (generation.tpot_ms or {}).get("p50") if generation else None
+    if measured is None:
+        return calibration
+    arrivals = Traffic.law(rate).arrivals(SIMULATED_REQUESTS)
+    factor = 1.0
+    for _ in range(2):  # a longer step lengthens the batches too: refine once
+        run = simulate_engine(arrivals, lengths, start, replace(
+            calibration, load_scale=factor).cost(cost))
+        simulated = run.percentile(run.tpot_ms, 50)
+        factor = min(max(factor * _scale(measured, simulated), 1.0), SCALE_BOUNDS[1])
+    return replace(calibration, load_scale=factor, load_rate_rps=rate).at_rate(
+        traffic.rate_rps)
+
+
 def write_engine_deployment(target: Path, source: Path, candidate: PlanCandidate,
                             priorities: dict[str, int] | None = None) -> Path:
     """A repository at ``target`` with the model (its files copied from ``source``, the
     original model directory) and a ``generate.yaml`` of the candidate's settings and
     precision. Scheduled by priority (``priorities``: each class's), the engine is
     ``MODEL_engine`` behind a router named MODEL whose routes give each class its
-    priority (a request of no known class gets the last's), so clients keep the name."""
-    doc = read_yaml(source / GENERATIVE_FILE) or {}
-    doc.update({k: candidate.knobs[k] for k in ENGINE_KNOBS}, precision=candidate.precision)
-    routed = candidate.knobs["scheduling"] == "priority" and bool(priorities)
-    model_dir = target / (engine_name(source.name) if routed else source.name)
+    priority (a request of no known class gets the last's), so clients keep the name.
+    With a pool per class, each class's engine is ``MODEL_CLASS`` behind that router."""
+    routes: list[dict[str, Any]] = []
     with local_resource(f"cannot write the deployment into {target}"):
-        shutil.copytree(source, model_dir, ignore=shutil.ignore_patterns(GENERATIVE_FILE))
-        (model_dir / GENERATIVE_FILE).write_text(f"{WRITTEN_BY}: {candidate.name}\n"
-                                                 + yaml.safe_dump(doc, sort_keys=False))
-        if routed:
-            assert priorities is not None
+        if candidate.pools:  # an engine per class; what names no class, the largest's
+            for pool in sorted(candidate.pools, key=lambda p: p.share):
+                name = pool_name(source.name, pool.request_class)
+                _write_engine(target / name, source, pool.candidate, candidate.name)
+                routes.append({"when": {"class": pool.request_class}, "to": name})
+            del routes[-1]["when"]
+        elif candidate.knobs["scheduling"] == "priority" and priorities:
+            name = engine_name(source.name)
+            _write_engine(target / name, source, candidate, candidate.name)
             order = sorted(priorities, key=priorities.__getitem__)
-            routes = [{"when": {"class": c}, "to": model_dir.name, "priority": priorities[c]}
+            routes = [{"when": {"class": c}, "to": name, "priority": priorities[c]}
                       for c in order]
-            routes.append({"to": model_dir.name, "priority": priorities[order[-1]]})
+            routes.append({"to": name, "priority": priorities[order[-1]]})
+        else:
+            _write_engine(target / source.name, source, candidate, candidate.name)
+        if routes:
             router = target / source.name
             router.mkdir()
             (router / ROUTER_FILE).write_text(f"{WRITTEN_BY}: {candidate.name}\n"
                                               + yaml.safe_dump({"routes": routes},
                                                                sort_keys=False))
     return target
+
+
+def _write_engine(model_dir: Path, source: Path, candidate: PlanCandidate, plan: str) -> None:
+    """The model's files and a ``generate.yaml`` of the candidate's settings, precision
+    and threads (an engine among several: its share of the cores)."""
+    doc = read_yaml(source / GENERATIVE_FILE) or {}
+    doc.update({k: candidate.knobs[k] for k in ENGINE_KNOBS}, precision=candidate.precision)
+    if candidate.knobs.get("threads"):
+        doc["threads"] = candidate.knobs["threads"]
+    shutil.copytree(source, model_dir, ignore=shutil.ignore_patterns(GENERATIVE_FILE))
+    (model_dir / GENERATIVE_FILE).write_text(f"{WRITTEN_BY}: {plan}\n"
+                                             + yaml.safe_dump(doc, sort_keys=False))
 
 
 def replay_generation(baseline: ServerProcess, target: Path, model: str,
@@ -430,10 +494,9 @@ def replay_generation(baseline: ServerProcess, target: Path, model: str,
         # one round each: a second would send the same prompts again, found whole in the
         # prefix cache
         compared = run_compare(endpoints, load, rounds=1)
-        engines = (model, engine_name(model) if (target / engine_name(model)).is_dir()
-                   else model)
-        hits = [prefix_hit_ratio(b, scrape(server.metrics_url), engine)
-                for b, server, engine in zip(before, servers, engines, strict=True)]
+        engines = ([model], _engines(target))
+        hits = [prefix_hit_ratio(b, scrape(server.metrics_url), names)
+                for b, server, names in zip(before, servers, engines, strict=True)]
     out = []
     for entry, predicted, role, hit in zip(compared.endpoints, (start, candidate),
                                            ("baseline", "plan"), hits, strict=True):
@@ -473,11 +536,16 @@ def class_generations(classes: list[ClassSummary], candidate: PlanCandidate, goa
     return out
 
 
-def prefix_hit_ratio(before: Snapshot, after: Snapshot, model: str) -> float | None:
-    """The share of prompt tokens the engine found in its prefix cache between two
-    readings of the server's ``/metrics`` (None when it looked nothing up)."""
-    labels = {"model": model}
-    queries, hits = ((after.value(name, labels) or 0.0) - (before.value(name, labels) or 0.0)
+def _engines(repository: Path) -> list[str]:
+    """The generative models a written deployment serves."""
+    return sorted(d.name for d in repository.iterdir() if (d / GENERATIVE_FILE).is_file())
+
+
+def prefix_hit_ratio(before: Snapshot, after: Snapshot, models: list[str]) -> float | None:
+    """The share of prompt tokens the engines found in their prefix caches between two
+    readings of the server's ``/metrics`` (None when they looked nothing up)."""
+    queries, hits = (sum((after.value(name, {"model": m}) or 0.0)
+                         - (before.value(name, {"model": m}) or 0.0) for m in models)
                      for name in ("tradeoff_generation_prefix_cache_queries_total",
                                   "tradeoff_generation_prefix_cache_hits_total"))
     return hits / queries if queries > 0 else None
@@ -485,15 +553,22 @@ def prefix_hit_ratio(before: Snapshot, after: Snapshot, model: str) -> float | N
 
 def engine_levers(versions: list[PlanVersion], start: PlanCandidate,
                   chosen: PlanCandidate | None, lengths: Lengths,
-                  priorities: dict[str, int] | None = None) -> list[PlanLever]:
+                  priorities: dict[str, int] | None = None, pools_why: str = "",
+                  pools_weighed: bool = False) -> list[PlanLever]:
     """Precision, the engine's batch (sequences and token budget), prefix caching and,
-    with classes (``priorities``: each one's in the engine), scheduling by class: taken
-    or left, and why."""
+    with classes (``priorities``: each one's in the engine), scheduling by class and an
+    engine per class (``pools_why``: what their search found; ``pools_weighed``: whether
+    any was ranked): taken or left, and why. With an engine per class the first three
+    read the strictest class's engine."""
     if chosen is None:
         return [PlanLever("plan", False, "no deployment was replayed")]
     left = [v for v in versions if not v.kept]
     old, new = start.knobs, chosen.knobs
     p = chosen.predicted
+    classes = [_scheduling_lever(start, chosen, priorities),
+               PlanLever("classes", bool(chosen.pools), pools_why + (
+                   "" if not pools_weighed else "; the engine per class ranked best"
+                   if chosen.pools else "; one engine ranked better"))] if priorities else []
     return [
         PlanLever("precision", chosen.version != start.version,
                   f"version {chosen.version} ({chosen.precision}, perplexity "
@@ -513,7 +588,7 @@ def engine_levers(versions: list[PlanVersion], start: PlanCandidate,
                   + (f" (turned {'on' if new['prefix_caching'] else 'off'})"
                      if old["prefix_caching"] != new["prefix_caching"] else
                      f" (left {'on' if new['prefix_caching'] else 'off'})")),
-    ] + ([_scheduling_lever(start, chosen, priorities)] if priorities else [])
+    ] + classes
 
 
 def _scheduling_lever(start: PlanCandidate, chosen: PlanCandidate,
@@ -526,8 +601,7 @@ def _scheduling_lever(start: PlanCandidate, chosen: PlanCandidate,
                      chosen.class_predicted.items())
     return PlanLever(
         "scheduling", chosen.knobs["scheduling"] != start.knobs["scheduling"],
-        (f"priority by class ({order}), set by a router in front of the engine"
+        ("an engine per class: each serves one class" if chosen.pools else
+         f"priority by class ({order}), set by a router in front of the engine"
          if by else "first come, first served: it ranked better than priority by class "
-         f"({order})") + (f"; predicted {each}" if each else "")
-        + "; a pool per class is not weighed for generative models (engines in one server "
-          "share its cores)")
+         f"({order})") + (f"; predicted {each}" if each else ""))

@@ -52,7 +52,9 @@ from tradeoff.plan.continuous import Lengths
 from tradeoff.plan.deployment import pool_name, serve_flags, serve_script, write_deployment
 from tradeoff.plan.generative import (
     EngineSearcher,
+    GenerationCalibration,
     calibrate,
+    calibrate_load,
     engine_levers,
     measure_versions,
     on_gpu,
@@ -61,7 +63,12 @@ from tradeoff.plan.generative import (
     settings_of,
     write_engine_deployment,
 )
-from tradeoff.plan.pools import class_replays, hits_and_batch, search_pools
+from tradeoff.plan.pools import (
+    class_replays,
+    hits_and_batch,
+    search_engine_pools,
+    search_pools,
+)
 from tradeoff.plan.predict import simulate
 from tradeoff.plan.search import (
     NO_CACHE,
@@ -208,20 +215,43 @@ def _plan_generative(request: PlanRequest, config: GenerativeConfig, output: Pat
     # prompts no engine has seen for each use (see replay_prompts)
     replayed = min(max(256, math.ceil(traffic.rate_rps * (goal.replay_s + load.warmup_s))
                        + 16), MAX_REPLAY_PROMPTS)
-    calibration_prompts, warmup_prompts, prompts = (
+    loaded = min(max(64, math.ceil(traffic.rate_rps * 8) + 16), MAX_REPLAY_PROMPTS)
+    calibration_prompts, warmup_prompts, prompts, load_prompts = (
         replay_prompts(work / f"{use}.jsonl", lengths, count, seed)
         for use, count, seed in (("calibration", 256, 1), ("warm-up", 64, 2),
-                                 ("replay", replayed, 0)))
+                                 ("replay", replayed, 0), ("load", loaded, 3)))
     with ServerProcess(work / "baseline", cpus=request.server_cpus) as baseline_server:
         say("calibrating on the starting deployment")
-        calibration, served = calibrate(baseline_server, name, costs[original.version], start,
-                                        lengths, goal, calibration_prompts)
+        alone, served = calibrate(baseline_server, name, costs[original.version], start,
+                                  lengths, goal, calibration_prompts)
+        say("calibrating the starting deployment under the traffic's load")
+        calibration = calibrate_load(baseline_server, name, costs[original.version], start,
+                                     alone, served, goal, traffic, load_prompts)
         searcher = EngineSearcher(traffic, served, goal, calibration,
                                   (original.version, start))
         baseline = searcher.predict(original, costs[original.version], start)
         ranked = searcher.search(versions, costs, say)
         if not ranked:
             raise TuneError("no version was kept: every one lost more than --max-drop")
+
+        def calibrate_engine(threads: int) -> GenerationCalibration:
+            """The starting deployment with ``threads`` per engine, served and calibrated
+            as the start was."""
+            copy = work / f"threads-{threads}"
+            write_engine_deployment(copy, model_dir, replace(
+                baseline, knobs={**baseline.knobs, "threads": threads}))
+            with ServerProcess(copy, cpus=request.server_cpus) as server:
+                threaded = calibrate(server, name, costs[original.version], start, lengths,
+                                     goal, calibration_prompts)[0]
+            # the server's own work under the load is the same, whatever its engines
+            return replace(threaded, load_scale=calibration.load_scale,
+                           load_rate_rps=calibration.load_rate_rps)
+
+        pools, pools_why = search_engine_pools(traffic, goal, versions, costs, served,
+                                               (original.version, start), calibrate_engine,
+                                               say, gpu=on_gpu(config))
+        ranked = sorted(ranked + pools,
+                        key=lambda c: rank_key(c, goal.strictest(searcher.classes)))
 
         def attempt(number: int, candidate: PlanCandidate) -> tuple[list[Replayed], Path]:
             target = write_engine_deployment(work / f"attempt-{number}", model_dir,
@@ -238,7 +268,8 @@ def _plan_generative(request: PlanRequest, config: GenerativeConfig, output: Pat
         goal=goal.to_dict(), traffic={**traffic.describe(), **served.describe()},
         environment=environment(), calibration=calibration.to_dict(), versions=versions,
         baseline=baseline, candidates=kept, chosen=chosen.name if chosen else None,
-        levers=engine_levers(versions, baseline, chosen, served, searcher.priority),
+        levers=engine_levers(versions, baseline, chosen, served, searcher.priority,
+                             pools_why, bool(pools)),
         proof=[r for _, replayed, _ in attempts for r in replayed],
         verdict=verdict(shown, goal), stop_reason=stop,
         elapsed_s=time.monotonic() - started)

@@ -563,7 +563,10 @@ def print_plan(result: PlanResult, console: Console) -> None:
         console.print(f"measured on the starting deployment, one request at a time "
                       f"({c['requests']} answers): its prompt steps take "
                       f"{c['prefill_scale']:.2f}x and its decode steps {c['decode_scale']:.2f}x "
-                      "the in-process timings; every prediction runs on the scaled costs")
+                      "the in-process timings"
+                      + (f"; under the load, {c['load_scale']:.2f}x more (measured at "
+                         f"{c['load_rate_rps']:.2f} req/s)" if c.get("load_rate_rps") else "")
+                      + "; every prediction runs on the scaled costs")
     else:
         console.print(f"measured on the starting deployment: the server's CPU per request "
                       f"{c['server_cpu_ms_per_request']:.3f} ms beside the model; latency "
