@@ -403,3 +403,16 @@ def test_a_sequence_longer_than_the_model_s_positions_is_refused() -> None:
     engine.add([1] * 10, SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
     while engine.has_work():
         engine.step()
+
+
+def test_threads_hold_on_the_engines_own_step_thread(decoder: LlamaDecoder) -> None:
+    """``threads`` sets the step thread's operator threads; the same answers come."""
+    import torch
+
+    before = torch.get_num_threads()
+    plain = run(decoder, PROMPTS[:2])[0]
+    outputs, engine, _ = run(decoder, PROMPTS[:2], threads=1)
+    assert outputs == plain
+    assert engine._worker.submit(torch.get_num_threads).result() == 1
+    engine.close()
+    assert torch.get_num_threads() == before or before == 1  # this thread keeps its own

@@ -24,6 +24,7 @@ def test_defaults_and_values(tmp_path: Path) -> None:
     assert read(tmp_path, "").prefix_caching and read(tmp_path, "").batching == "continuous"
     assert read(tmp_path, "").precision == "fp32"
     assert read(tmp_path, "precision: int8").precision == "int8"
+    assert read(tmp_path, "").threads == 0 and read(tmp_path, "threads: 2").threads == 2
 
 
 @pytest.mark.parametrize("text, message", [
@@ -40,6 +41,8 @@ def test_defaults_and_values(tmp_path: Path) -> None:
     ("device: tpu", "unsupported value 'tpu'"),
     ("precision: fp16", "unsupported value 'fp16'.*fp32, bf16, int8"),
     ("precision: in8", "did you mean 'int8'"),
+    ("threads: -1", "must be 0 .the server's cores. to 1024"),
+    ("threads: 5000", "to 1024, got 5000"),
     ("[1, 2]", "must be a mapping"),
 ])
 def test_wrong_settings_name_the_setting(tmp_path: Path, text: str, message: str) -> None:

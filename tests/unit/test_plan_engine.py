@@ -156,6 +156,21 @@ def test_the_calibration_scales_the_step_costs() -> None:
     assert alone.tpot_ms[0] == pytest.approx(20.0)
 
 
+def test_the_load_scale_grows_with_the_rate_the_server_takes_its_share_at() -> None:
+    from tradeoff.plan.generative import GenerationCalibration
+
+    alone = GenerationCalibration(128, 0, prefill_scale=1.0, decode_scale=1.0, requests=8)
+    assert alone.at_rate(10.0) == alone  # not measured under load: nothing to carry
+    # 1.25x at 2 requests/s: the server's work took a fifth of the core
+    loaded = replace(alone, load_scale=1.25, load_rate_rps=2.0)
+    assert loaded.at_rate(2.0).load_scale == pytest.approx(1.25)
+    assert loaded.at_rate(4.0).load_scale == pytest.approx(1 / (1 - 0.4))
+    assert loaded.at_rate(1.0).load_scale == pytest.approx(1 / (1 - 0.1))
+    assert loaded.at_rate(100.0).load_scale == 5.0  # bounded
+    cost = loaded.cost(COST)
+    assert cost.decode(1) == pytest.approx(12.5) and cost.prefill_fixed_ms == 2.5
+
+
 def test_a_step_with_prompts_is_one_pass_on_the_cpu_and_two_launches_on_a_gpu() -> None:
     from dataclasses import replace
 

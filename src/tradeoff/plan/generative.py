@@ -105,13 +105,19 @@ class GenerationCalibration:
     # the cores from the engine: its steps take load_scale times as long at the rate
     load_scale: float = 1.0
     load_rate_rps: float = 0.0  # the rate load_scale was measured at (0: not measured)
+    # the time to first token the simulation leaves out under load (the request's way
+    # in, its tokenizing, the first event's way out), measured less simulated
+    ttft_extra_p50_ms: float = 0.0
+    ttft_extra_p99_ms: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return {"prompt_tokens": self.prompt_tokens,
                 "shared_prefix_tokens": self.shared_prefix_tokens,
                 "prefill_scale": self.prefill_scale, "decode_scale": self.decode_scale,
                 "requests": self.requests, "load_scale": self.load_scale,
-                "load_rate_rps": self.load_rate_rps}
+                "load_rate_rps": self.load_rate_rps,
+                "ttft_extra_p50_ms": self.ttft_extra_p50_ms,
+                "ttft_extra_p99_ms": self.ttft_extra_p99_ms}
 
     def cost(self, measured: StepCost) -> StepCost:
         """The in-process step cost as the served engine pays it under the load."""
@@ -281,11 +287,13 @@ class EngineSearcher:
             self.goal.cores, prediction, self.goal.cost_per_million(self.goal.cores, token_rate),
             meets, self.changes(version, settings), class_predicted=by_class)
 
-    @staticmethod
-    def _predicted(run: EngineRun, mine: np.ndarray, busy: float) -> Prediction:
-        """TTFT and TPOT of the requests ``mine`` selects."""
+    def _predicted(self, run: EngineRun, mine: np.ndarray, busy: float) -> Prediction:
+        """TTFT (with what the calibration found the simulation leaves out) and TPOT of
+        the requests ``mine`` selects."""
         ttft, tpot = run.ttft_ms[mine], run.tpot_ms[mine]
-        return Prediction(run.percentile(ttft, 50), run.percentile(ttft, 99),
+        c = self.calibration
+        return Prediction(run.percentile(ttft, 50) + c.ttft_extra_p50_ms,
+                          run.percentile(ttft, 99) + c.ttft_extra_p99_ms,
                           run.mean_running, run.prefix_hit_ratio, busy,
                           run.percentile(tpot, 50), run.percentile(tpot, 99))
 
@@ -392,7 +400,7 @@ def engine_name(model: str) -> str:
     return f"{model}_engine"
 
 
-LOAD_SECONDS = 6.0  # the at-rate calibration's measurement
+LOAD_SECONDS = 8.0  # the at-rate calibration's measurement
 LOAD_BUSY = 0.7  # ... at the traffic's rate, or the rate that keeps the start this busy
 
 
@@ -400,9 +408,10 @@ def calibrate_load(server: ServerProcess, model: str, cost: StepCost, start: Eng
                    calibration: GenerationCalibration, lengths: Lengths, goal: PlanGoal,
                    traffic: Traffic, prompts: Path) -> GenerationCalibration:
     """The starting deployment at the traffic's rate (or the rate that keeps it 70%
-    busy) for 6 s, after 1 s: how much longer its steps take under load than alone (its
+    busy) for 8 s, after 1 s: how much longer its steps take under load than alone (its
     TPOT p50 over the simulated one at that rate, refined once), carried to the
-    traffic's rate by :meth:`GenerationCalibration.at_rate`. One request at a time the
+    traffic's rate by :meth:`GenerationCalibration.at_rate`; then its TTFT p50 and p99
+    less the simulated ones, what every prediction adds. One request at a time the
     server's own work waits for the engine; under load it takes a share of the cores."""
     scaled = calibration.cost(cost)
     rate = min(traffic.rate_rps, LOAD_BUSY * capacity_rps(scaled, start, lengths))
@@ -411,6 +420,7 @@ def calibrate_load(server: ServerProcess, model: str, cost: StepCost, start: Eng
         rate=rate, arrival="poisson", duration_s=LOAD_SECONDS, warmup_s=1.0))
     generation = result.summary.generation
     measured = (generation.tpot_ms or {}).get("p50") if generation else None
+    ttft = (generation.ttft_ms or {}) if generation else {}
     if measured is None:
         return calibration
     arrivals = Traffic.law(rate).arrivals(SIMULATED_REQUESTS)
@@ -420,7 +430,12 @@ def calibrate_load(server: ServerProcess, model: str, cost: StepCost, start: Eng
             calibration, load_scale=factor).cost(cost))
         simulated = run.percentile(run.tpot_ms, 50)
         factor = min(max(factor * _scale(measured, simulated), 1.0), SCALE_BOUNDS[1])
-    return replace(calibration, load_scale=factor, load_rate_rps=rate).at_rate(
+    run = simulate_engine(arrivals, lengths, start, replace(
+        calibration, load_scale=factor).cost(cost))
+    extra = {q: max(0.0, ttft[f"p{q}"] - run.percentile(run.ttft_ms, q))
+             if ttft.get(f"p{q}") is not None else 0.0 for q in (50, 99)}
+    return replace(calibration, load_scale=factor, load_rate_rps=rate,
+                   ttft_extra_p50_ms=extra[50], ttft_extra_p99_ms=extra[99]).at_rate(
         traffic.rate_rps)
 
 

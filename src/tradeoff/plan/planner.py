@@ -215,7 +215,7 @@ def _plan_generative(request: PlanRequest, config: GenerativeConfig, output: Pat
     # prompts no engine has seen for each use (see replay_prompts)
     replayed = min(max(256, math.ceil(traffic.rate_rps * (goal.replay_s + load.warmup_s))
                        + 16), MAX_REPLAY_PROMPTS)
-    loaded = min(max(64, math.ceil(traffic.rate_rps * 8) + 16), MAX_REPLAY_PROMPTS)
+    loaded = min(max(64, math.ceil(traffic.rate_rps * 10) + 16), MAX_REPLAY_PROMPTS)
     calibration_prompts, warmup_prompts, prompts, load_prompts = (
         replay_prompts(work / f"{use}.jsonl", lengths, count, seed)
         for use, count, seed in (("calibration", 256, 1), ("warm-up", 64, 2),
@@ -245,7 +245,9 @@ def _plan_generative(request: PlanRequest, config: GenerativeConfig, output: Pat
                                      goal, calibration_prompts)[0]
             # the server's own work under the load is the same, whatever its engines
             return replace(threaded, load_scale=calibration.load_scale,
-                           load_rate_rps=calibration.load_rate_rps)
+                           load_rate_rps=calibration.load_rate_rps,
+                           ttft_extra_p50_ms=calibration.ttft_extra_p50_ms,
+                           ttft_extra_p99_ms=calibration.ttft_extra_p99_ms)
 
         pools, pools_why = search_engine_pools(traffic, goal, versions, costs, served,
                                                (original.version, start), calibrate_engine,

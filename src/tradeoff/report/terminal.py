@@ -564,7 +564,9 @@ def print_plan(result: PlanResult, console: Console) -> None:
                       f"({c['requests']} answers): its prompt steps take "
                       f"{c['prefill_scale']:.2f}x and its decode steps {c['decode_scale']:.2f}x "
                       "the in-process timings"
-                      + (f"; under the load, {c['load_scale']:.2f}x more (measured at "
+                      + (f"; under the load, {c['load_scale']:.2f}x more, and "
+                         f"{c['ttft_extra_p50_ms']:.0f} / {c['ttft_extra_p99_ms']:.0f} ms of "
+                         "TTFT p50 / p99 the simulation leaves out (measured at "
                          f"{c['load_rate_rps']:.2f} req/s)" if c.get("load_rate_rps") else "")
                       + "; every prediction runs on the scaled costs")
     else:
