@@ -167,6 +167,8 @@ def llm_class_row(model: str, doc: dict) -> dict:
             "met": (chosen.get("meets_sla"), baseline.get("meets_sla")),
             "goodput_rps": (chosen.get("goodput_rps"), baseline.get("goodput_rps")),
             "scheduling_lever": levers.get("scheduling", {}).get("why"),
+            "classes_lever": levers.get("classes", {}).get("why"),
+            "calibration": doc["calibration"],
             "stop_reason": doc["stop_reason"], "wall_s": doc["wall_s"]}
 
 
