@@ -269,3 +269,26 @@ def test_a_trace_gives_each_request_its_class_in_send_order(tmp_path) -> None:
     drawn = law.classes_of(4000, seed=1)
     assert abs((drawn == "x").mean() - 0.25) < 0.03
     assert list(drawn) == list(law.classes_of(4000, seed=1))
+
+
+def test_with_classes_the_rank_reads_the_class_closest_to_its_own_sla() -> None:
+    from tradeoff.plan.search import rank_key
+    from tradeoff.results import Prediction
+
+    searcher = _class_searcher(9.5, {"chat": 0.2, "batch": 0.8}, {"chat": 300.0},
+                               sla_ms=5000.0)
+    base = searcher.predict(_version(), COST, searcher.start[1])
+
+    def with_classes(chat_ms: float, batch_ms: float, overall_ms: float):
+        return replace(base, meets_sla=True, predicted=replace(base.predicted,
+                                                              p99_ms=overall_ms),
+                       class_predicted={"chat": Prediction(0, chat_ms, 1, 0, 0.5),
+                                        "batch": Prediction(0, batch_ms, 1, 0, 0.5)})
+
+    # first come first served: every class near 280 ms, chat at 93% of its SLA; by
+    # priority chat at 50% and batch later, within its 5 s
+    fcfs = with_classes(280.0, 280.0, 280.0)
+    ordered = with_classes(150.0, 900.0, 800.0)
+    goal = searcher.goal
+    assert rank_key(ordered, 300.0, goal) < rank_key(fcfs, 300.0, goal)
+    assert rank_key(fcfs, 300.0) < rank_key(ordered, 300.0)  # the overall p99 alone

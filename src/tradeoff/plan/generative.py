@@ -86,7 +86,7 @@ SEQS = (1, 2, 4, 8, 16, 32, 64)
 BATCHED_TOKENS = (128, 256, 512, 1024, 2048)
 SIMULATED_REQUESTS = 600  # per prediction: each is a step-by-step run of the scheduler
 MEASURED_SEQUENCES = 32  # the largest decode batch timed; the search goes to twice that
-WARMUP = 8  # requests a written deployment answers before its replay
+WARMUP = 12  # requests a written deployment answers before its replay
 
 
 @dataclass(frozen=True)
@@ -318,7 +318,8 @@ class EngineSearcher:
             say(f"predicting version {version.version} ({version.precision}): "
                 f"{len(grid)} engine settings")
             out += [self.predict(version, costs[version.version], s) for s in grid]
-        return sorted(out, key=lambda c: rank_key(c, self.goal.strictest(self.classes)))
+        return sorted(out, key=lambda c: rank_key(c, self.goal.strictest(self.classes),
+                                                  self.goal))
 
 
 PREFIX_SEED = 7  # the shared prefix: the same words in every file of a plan
@@ -501,7 +502,7 @@ def replay_generation(baseline: ServerProcess, target: Path, model: str,
         # the start was warmed by the calibration: the plan's first answers (lazy set-up,
         # the prefill pacer learning its costs) are not its steady state either
         warm = generation_endpoint(plan_server.url, model, "warm-up", warmup_prompts, lengths,
-                                   goal)
+                                   goal, classes)  # with classes: every engine's
         run_benchmark(make_adapter(warm), LoadSpec(concurrency=2, requests=WARMUP,
                                                    warmup_s=0.0))
         servers = (baseline, plan_server)

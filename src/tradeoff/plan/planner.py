@@ -253,7 +253,7 @@ def _plan_generative(request: PlanRequest, config: GenerativeConfig, output: Pat
                                                (original.version, start), calibrate_engine,
                                                say, gpu=on_gpu(config))
         ranked = sorted(ranked + pools,
-                        key=lambda c: rank_key(c, goal.strictest(searcher.classes)))
+                        key=lambda c: rank_key(c, goal.strictest(searcher.classes), goal))
 
         def attempt(number: int, candidate: PlanCandidate) -> tuple[list[Replayed], Path]:
             target = write_engine_deployment(work / f"attempt-{number}", model_dir,

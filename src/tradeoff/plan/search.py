@@ -205,13 +205,19 @@ def version_cost(version: PlanVersion) -> BatchCost:
     return BatchCost(tuple(sizes), tuple(version.batch_ms[b] for b in sizes))
 
 
-def rank_key(candidate: PlanCandidate, sla_p99_ms: float) -> tuple[float, ...]:
+def rank_key(candidate: PlanCandidate, sla_p99_ms: float, goal: PlanGoal | None = None
+             ) -> tuple[float, ...]:
     """Meets the SLA, then cost (cores without a price), then p99 to 5% of the SLA (a
     closer difference is within what the prediction can tell), then the fewest changes
-    from the starting deployment, then accuracy."""
+    from the starting deployment, then accuracy. With each class predicted apart
+    (``class_predicted``) and ``goal``, the p99 read is the class closest to its own SLA's,
+    as a share of it: the most headroom where it is least."""
     p99 = candidate.predicted.p99_ms
+    share = p99 / sla_p99_ms
+    if goal is not None and candidate.class_predicted:
+        share = max(p.p99_ms / goal.sla_for(c) for c, p in candidate.class_predicted.items())
     return (0.0 if candidate.meets_sla else 1.0, candidate.cost if candidate.meets_sla else 0.0,
-            math.floor(p99 / (0.05 * sla_p99_ms)) if math.isfinite(p99) else math.inf,
+            math.floor(share / 0.05) if math.isfinite(share) else math.inf,
             float(candidate.changes), candidate.drop, p99)
 
 
