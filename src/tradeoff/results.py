@@ -290,8 +290,9 @@ class ClassSummary(Record):
     errors: int
     throughput_rps: float
     latency_ms: Distribution | None
-    ttft_ms: Distribution | None = None  # streamed generations: time to first token
-    tpot_ms: Distribution | None = None  # and time per output token after it
+    # streamed generations: time to first token, and per output token after it
+    ttft_ms: Distribution | None = field(default=None, metadata=written(omit_none=True))
+    tpot_ms: Distribution | None = field(default=None, metadata=written(omit_none=True))
 
     def latency(self, key: str) -> float | None:
         return (self.latency_ms or {}).get(key)

@@ -109,3 +109,28 @@ def test_a_recorded_sequence_is_replayed_in_its_order() -> None:
     assert mix.order(2, seed=0)[:5].tolist() == [1, 1, 1, 0, 0]
     assert mix.describe(4) == {"distinct_inputs": 4, "draw": "sequence",
                                "sequence_length": 5}
+
+
+def test_a_recorded_class_sequence_gives_each_send_its_class_in_turn() -> None:
+    classes = (RequestClass("a", 1.0, {"class": "a"}), RequestClass("b", 9.0, {"class": "b"}))
+    mix = InputMix(classes=classes, sequence=(0, 1, 2), class_sequence=(1, 0, 0, 1))
+    order = mix.order(2 * 3, seed=0)  # three inputs in each of two classes
+    assert order is not None
+    # class b's copy of an input sits three places on; the weights are not drawn
+    assert order[:8].tolist() == [3, 1, 2, 3, 4, 2, 0, 4]
+    assert mix.describe(6)["class_draw"] == "sequence"
+    assert InputMix(classes=classes).describe(6)["class_draw"] == "weights"
+
+
+def test_a_traces_classes_are_its_replays_class_sequence(tmp_path) -> None:
+    import json
+
+    from tradeoff.plan.traffic import Traffic
+
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("\n".join(json.dumps({"timestamp": t * 0.1, "class": c})
+                               for t, c in enumerate("xyyxy")))
+    traffic = Traffic.read(trace)
+    names = list(traffic.classes)
+    assert [names[i] for i in traffic.class_sequence()] == list("xyyxy")
+    assert Traffic.law(5, classes={"x": 0.5, "y": 0.5}).class_sequence() == ()

@@ -121,6 +121,7 @@ class EndpointSpec:
     classes: tuple[RequestClass, ...] = ()  # --mix: request classes drawn by weight
     # with distinct_inputs: the input each send uses, in order (a recorded trace's)
     input_sequence: tuple[int, ...] = ()
+    class_sequence: tuple[int, ...] = ()  # each send's class (an index of classes) in turn
 
     @property
     def label(self) -> str:
@@ -143,8 +144,10 @@ def make_adapter(spec: EndpointSpec) -> Adapter:
                               "v2-grpc and openai")
     if spec.input_sequence and spec.distinct_inputs is None:
         raise BenchSetupError("an input sequence indexes random inputs: give distinct_inputs")
+    if spec.class_sequence and not spec.classes:
+        raise BenchSetupError("a class sequence indexes classes: give classes")
     adapter.mix = InputMix(None if spec.input_sequence else zipf, spec.classes,
-                           spec.input_sequence)
+                           spec.input_sequence, spec.class_sequence)
     adapter.max_response_bytes = spec.max_response_bytes
     return adapter
 

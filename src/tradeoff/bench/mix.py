@@ -95,11 +95,12 @@ class InputMix:
     """Round-robin over the prepared requests (``zipf`` None), Zipf draws over them, or
     a given ``sequence`` of input indices (a recorded trace's, replayed in its order and
     repeated end to end); with ``classes``, each send is also drawn to a class by
-    weight."""
+    weight, or takes the class ``class_sequence`` gives it in turn (a trace's)."""
 
     zipf: float | None = None
     classes: tuple[RequestClass, ...] = ()
     sequence: tuple[int, ...] = ()
+    class_sequence: tuple[int, ...] = ()  # each send's class in turn (a trace's), not drawn
 
     def inputs_of(self, count: int) -> int:
         """Distinct inputs among ``count`` prepared requests (one copy per class)."""
@@ -119,7 +120,10 @@ class InputMix:
         else:
             order = rng.choice(inputs, size=ORDER_LENGTH, p=zipf_probabilities(inputs,
                                                                              self.zipf))
-        if self.classes:
+        if self.classes and self.class_sequence:
+            order = np.resize(np.asarray(self.class_sequence, dtype=np.int64)
+                              % len(self.classes), ORDER_LENGTH) * inputs + order
+        elif self.classes:
             weights = np.array([c.weight for c in self.classes])
             order = rng.choice(len(self.classes), size=ORDER_LENGTH,
                                p=weights / weights.sum()) * inputs + order
@@ -135,6 +139,7 @@ class InputMix:
             out.update(draw="zipf", zipf_s=self.zipf)
         if self.classes:
             out["classes"] = [c.to_dict() for c in self.classes]
+            out["class_draw"] = "sequence" if self.class_sequence else "weights"
         return out
 
 

@@ -54,6 +54,7 @@ WARMUP_S = 5.0  # before the first window, at most one window long
 MIN_WINDOWS = 6
 MAX_TREND_SAMPLES = 2000  # memory samples thinned to this for the trend test
 DRIFT_PERCENT = 10.0
+DRIFT_FLOOR_MS = 1.0  # a p99 that moves less than this over the run is timer noise
 ERROR_BURST_PERCENT = 1.0
 MEMORY_GROWTH_PERCENT = 10.0
 MEMORY_GROWTH_MIB = 16.0
@@ -148,11 +149,13 @@ def verdict(windows: list[Window], memory: list[tuple[float, float]]) -> Verdict
     trends: dict[str, Any] = {}
     if len(windows) >= MIN_WINDOWS:
         ends = np.cumsum([w.duration_s for w in windows])
-        for metric, field, bad in (("p99", "p99_ms", "up"),
-                                   ("throughput", "throughput_rps", "down")):
+        span = float(ends[-1] - ends[0])
+        for metric, field, bad, floor in (("p99", "p99_ms", "up", DRIFT_FLOOR_MS),
+                                          ("throughput", "throughput_rps", "down", 0.0)):
             trend = mann_kendall(ends, np.array([getattr(w, field) for w in windows], float))
             trends[metric] = trend.to_dict()
-            if trend.direction == bad and abs(trend.change_percent) > DRIFT_PERCENT:
+            if trend.direction == bad and abs(trend.change_percent) > DRIFT_PERCENT and \
+                    abs(trend.slope_per_s * span) > floor:
                 reasons.append({
                     "kind": "drift", "severity": "critical",
                     "text": f"{metric} drifted {trend.direction} {trend.change_percent:+.0f}% "

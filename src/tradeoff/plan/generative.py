@@ -344,11 +344,12 @@ def replay_prompts(path: Path, lengths: Lengths, count: int = 256, seed: int = 0
 
 
 def generation_endpoint(url: str, model: str, role: str, prompts: Path, lengths: Lengths,
-                        goal: PlanGoal, classes: dict[str, float] | None = None
-                        ) -> EndpointSpec:
+                        goal: PlanGoal, classes: dict[str, float] | None = None,
+                        class_sequence: tuple[int, ...] = ()) -> EndpointSpec:
     """The bench's view of a deployment: streamed completions of the prompts, the goal's
-    SLA as the goodput's; with ``classes`` (their shares), each request drawn to one and
-    carrying it (``class`` in the body, which the router reads)."""
+    SLA as the goodput's; with ``classes`` (their shares), each request drawn to one (or
+    given one in turn by ``class_sequence``, a trace's) and carrying it (``class`` in the
+    body, which the router reads)."""
     slo = {"ttft_ms": goal.sla_p99_ms}
     if goal.sla_tpot_ms is not None:
         slo["tpot_ms"] = goal.sla_tpot_ms
@@ -356,6 +357,7 @@ def generation_endpoint(url: str, model: str, role: str, prompts: Path, lengths:
                 for name, share in (classes or {}).items()) \
         if classes and len(classes) > 1 else ()
     return EndpointSpec(f"{url}/v1", "openai", model, name=role, classes=mix,
+                        class_sequence=class_sequence if mix else (),
                         generation=GenerationOptions(
                             prompts=prompts, output_tokens=(lengths.output, lengths.output),
                             ignore_eos=True, slo=slo))
@@ -489,15 +491,16 @@ def _write_engine(model_dir: Path, source: Path, candidate: PlanCandidate, plan:
 def replay_generation(baseline: ServerProcess, target: Path, model: str,
                       candidate: PlanCandidate, start: PlanCandidate, goal: PlanGoal,
                       lengths: Lengths, prompts: Path, warmup_prompts: Path, load: LoadSpec,
-                      cpus: str | None, classes: dict[str, float] | None = None
-                      ) -> list[Replayed]:
+                      cpus: str | None, classes: dict[str, float] | None = None,
+                      class_sequence: tuple[int, ...] = ()) -> list[Replayed]:
     """The starting deployment and the candidate's side by side, the prompts replayed at
     the traffic's arrivals: TTFT (p50, p99) and TPOT against both SLAs, and the prefix
     cache's hits read from each server's ``/metrics``; with two or more ``classes``,
-    each request carries its class (drawn by the shares) and each class is measured
-    against its own SLAs."""
+    each request carries its class (drawn by the shares, or a trace's in its order:
+    ``class_sequence``) and each class is measured against its own SLAs."""
     with ServerProcess(target, cpus=cpus) as plan_server:
-        endpoints = [generation_endpoint(url, model, role, prompts, lengths, goal, classes)
+        endpoints = [generation_endpoint(url, model, role, prompts, lengths, goal, classes,
+                                         class_sequence)
                      for url, role in ((baseline.url, "baseline"), (plan_server.url, "plan"))]
         # the start was warmed by the calibration: the plan's first answers (lazy set-up,
         # the prefill pacer learning its costs) are not its steady state either

@@ -260,7 +260,8 @@ def _plan_generative(request: PlanRequest, config: GenerativeConfig, output: Pat
                                              candidate, searcher.priority)
             return replay_generation(baseline_server, target, name, candidate, baseline,
                                      goal, served, prompts, warmup_prompts, load,
-                                     request.server_cpus, traffic.classes), target
+                                     request.server_cpus, traffic.classes,
+                                     traffic.class_sequence()), target
 
         attempts, stop = _prove(ranked, goal, goal.strictest(searcher.classes), started,
                                 attempt, say)
@@ -449,8 +450,9 @@ def _replay(baseline_server: ServerProcess, target: Path, model: str,
             candidate: PlanCandidate, baseline: PlanCandidate, request: PlanRequest
             ) -> list[Replayed]:
     """The starting deployment and the candidate's, served side by side and the traffic
-    replayed against both; with classes, each request carries its class (drawn by the
-    classes' shares) and each class is measured against its own SLA."""
+    replayed against both; with classes, each request carries its class (a trace's in
+    its order, else drawn by the classes' shares) and each class is measured against its
+    own SLA."""
     traffic, goal = request.traffic, request.goal
     classes = tuple(RequestClass(name, share, {"class": name})
                     for name, share in traffic.classes.items()) \
@@ -463,7 +465,8 @@ def _replay(baseline_server: ServerProcess, target: Path, model: str,
         sequence = tuple(int(i) for i in traffic.inputs) \
             if traffic.repeats and traffic.inputs is not None else ()
         endpoints = [EndpointSpec(url, model=model, name=role, distinct_inputs=distinct,
-                                  zipf=zipf, classes=classes, input_sequence=sequence)
+                                  zipf=zipf, classes=classes, input_sequence=sequence,
+                                  class_sequence=traffic.class_sequence() if classes else ())
                      for url, role in ((baseline_server.url, "baseline"),
                                        (plan_server.url, "plan"))]
         pools = [V2Adapter(plan_server.url, pool_name(model, p.request_class))

@@ -194,6 +194,14 @@ class Traffic:
         rng = np.random.default_rng([seed, 0x7A1F])
         return np.cumsum(rng.exponential(1 / rate, count)) - 1 / rate
 
+    def class_sequence(self) -> tuple[int, ...]:
+        """A trace's class of each request in send order, as indices of ``classes``
+        (empty for a law, or a trace of one class): what a replay sends in turn."""
+        if self.request_classes is None or len(self.classes) < 2:
+            return ()
+        index = {name: i for i, name in enumerate(self.classes)}
+        return tuple(index[str(c)] for c in self.request_classes)
+
     def classes_of(self, count: int, seed: int = 0) -> np.ndarray:
         """The class of each of the first ``count`` requests :meth:`arrivals` sends: a
         trace's own (repeated as its send times are), or drawn by the classes' shares."""
