@@ -312,6 +312,8 @@ MALFORMED: list[tuple[str, bytes, int | None, str]] = [
      "'shape' must be a list of non-negative integers, got None"),
     ("huge empty shape", doc(tensor(shape=[0, 2**62, 2**62], data=[])), None,
      "is too large"),
+    ("huge empty binary shape", *with_binary(tensor(shape=[0, 2**62, 2**62]), b""),
+     "is too large"),
     ("no data", doc(tensor()), None, "has neither 'data' nor a binary_data_size"),
     ("too little data", doc(tensor(shape=[3], data=[1, 2])), None,
      r"'data' has 2 elements but shape \[3\] needs 3"),

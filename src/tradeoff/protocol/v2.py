@@ -339,8 +339,8 @@ class _Header:
         inputs = []
         for spec in self.inputs:
             if spec.dtype is not None:  # the shape fits the bytes: checked with the header
-                array = np.frombuffer(binary, spec.dtype, spec.count,
-                                      spec.offset).reshape(spec.shape)
+                array = _reshape(np.frombuffer(binary, spec.dtype, spec.count, spec.offset),
+                                 spec.shape, spec.where)
             elif spec.size is None:
                 array = _decode_json_data(spec.data, spec.datatype, spec.shape, spec.where,
                                           limits)
