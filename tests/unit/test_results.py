@@ -42,7 +42,8 @@ FIXTURES = sorted(DATA.glob("*.json"))
 KINDS = {"bench-tensor": BenchResult, "bench-openai": BenchResult, "bench-mix": BenchResult,
          "sweep": SweepResult, "sweep-sla": SweepResult, "soak": SoakResult,
          "compare": CompareResult, "optimize": OptimizeResult,
-         "tune-batch-size": BatchSizeTune, "tune-serve": ServeTune, "plan": PlanResult}
+         "tune-batch-size": BatchSizeTune, "tune-serve": ServeTune, "plan": PlanResult,
+         "plan-generative-classes": PlanResult}
 
 
 def _text(document: object) -> str:
