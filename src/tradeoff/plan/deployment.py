@@ -13,7 +13,9 @@ from __future__ import annotations
 import math
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -24,7 +26,8 @@ from tradeoff.repository.repository import ROUTER_FILE
 from tradeoff.results import PlanCandidate
 from tradeoff.tune.serve_search import Knobs
 
-__all__ = ["WRITTEN_BY", "pool_name", "serve_flags", "serve_script", "write_deployment"]
+__all__ = ["WRITTEN_BY", "pool_name", "pool_routes", "serve_flags", "serve_script",
+           "write_deployment", "write_router"]
 
 WRITTEN_BY = "# written by tradeoff plan"
 
@@ -39,18 +42,32 @@ def write_deployment(target: Path, candidates: Path, candidate: PlanCandidate,
         if not candidate.pools:
             _write_model(target, candidates, candidate, config, config.name)
             return target
-        routes = []
-        for pool in sorted(candidate.pools, key=lambda p: p.share):
-            name = pool_name(config.name, pool.request_class)
-            _write_model(target, candidates, pool.candidate, config, name)
-            routes.append({"when": {"class": pool.request_class}, "to": name})
-        del routes[-1]["when"]  # the largest class's pool takes what matches no class
-        router = target / config.name
-        router.mkdir(parents=True)
-        (router / ROUTER_FILE).write_text(f"{WRITTEN_BY}: {candidate.name}\n"
-                                          + yaml.safe_dump({"routes": routes},
-                                                           sort_keys=False))
+        routes = pool_routes(config.name, candidate, lambda name, pool: _write_model(
+            target, candidates, pool, config, name))
+        write_router(target, config.name, candidate.name, routes)
     return target
+
+
+def pool_routes(model: str, candidate: PlanCandidate,
+                write: Callable[[str, PlanCandidate], None]) -> list[dict[str, Any]]:
+    """Each pool of the candidate written as ``MODEL_CLASS`` by ``write(name, pool)``, and
+    the router's routes to them by class: the largest class's pool, last, takes what
+    names no class."""
+    routes: list[dict[str, Any]] = []
+    for pool in sorted(candidate.pools, key=lambda p: p.share):
+        name = pool_name(model, pool.request_class)
+        write(name, pool.candidate)
+        routes.append({"when": {"class": pool.request_class}, "to": name})
+    del routes[-1]["when"]
+    return routes
+
+
+def write_router(target: Path, model: str, plan: str, routes: list[dict[str, Any]]) -> None:
+    """``target/MODEL/router.yaml`` with these routes, marked as the plan's."""
+    router = target / model
+    router.mkdir(parents=True)
+    (router / ROUTER_FILE).write_text(f"{WRITTEN_BY}: {plan}\n"
+                                      + yaml.safe_dump({"routes": routes}, sort_keys=False))
 
 
 def pool_name(model: str, request_class: str) -> str:

@@ -54,14 +54,12 @@ from tradeoff.plan.continuous import (
     StepCost,
     simulate_engine,
 )
-from tradeoff.plan.deployment import WRITTEN_BY, pool_name
-from tradeoff.plan.search import PlanGoal, rank_key, weigh
+from tradeoff.plan.deployment import WRITTEN_BY, pool_routes, write_router
+from tradeoff.plan.search import PlanGoal, class_replays, rank_key, weigh
 from tradeoff.plan.traffic import Traffic
-from tradeoff.repository.repository import GENERATIVE_FILE, ROUTER_FILE
+from tradeoff.repository.repository import GENERATIVE_FILE
 from tradeoff.repository.safe_yaml import read_yaml
 from tradeoff.results import (
-    ClassReplayed,
-    ClassSummary,
     OptimizeResult,
     PlanCandidate,
     PlanLever,
@@ -75,7 +73,7 @@ from tradeoff.server.process import ServerProcess
 
 __all__ = ["ENGINE_KNOBS", "EngineSearcher", "GenerationCalibration", "calibrate",
            "calibrate_load",
-           "capacity_rps", "class_generations", "class_priorities", "engine_label",
+           "capacity_rps", "class_priorities", "engine_label",
            "engine_levers", "engine_name", "generation_endpoint", "measure_versions", "on_gpu",
            "prefix_hit_ratio", "replay_generation", "replay_prompts", "settings_of",
            "step_cost", "write_engine_deployment"]
@@ -452,12 +450,9 @@ def write_engine_deployment(target: Path, source: Path, candidate: PlanCandidate
     With a pool per class, each class's engine is ``MODEL_CLASS`` behind that router."""
     routes: list[dict[str, Any]] = []
     with local_resource(f"cannot write the deployment into {target}"):
-        if candidate.pools:  # an engine per class; what names no class, the largest's
-            for pool in sorted(candidate.pools, key=lambda p: p.share):
-                name = pool_name(source.name, pool.request_class)
-                _write_engine(target / name, source, pool.candidate, candidate.name)
-                routes.append({"when": {"class": pool.request_class}, "to": name})
-            del routes[-1]["when"]
+        if candidate.pools:  # an engine per class
+            routes = pool_routes(source.name, candidate, lambda name, pool: _write_engine(
+                target / name, source, pool, candidate.name))
         elif candidate.knobs["scheduling"] == "priority" and priorities:
             name = engine_name(source.name)
             _write_engine(target / name, source, candidate, candidate.name)
@@ -468,11 +463,7 @@ def write_engine_deployment(target: Path, source: Path, candidate: PlanCandidate
         else:
             _write_engine(target / source.name, source, candidate, candidate.name)
         if routes:
-            router = target / source.name
-            router.mkdir()
-            (router / ROUTER_FILE).write_text(f"{WRITTEN_BY}: {candidate.name}\n"
-                                              + yaml.safe_dump({"routes": routes},
-                                                               sort_keys=False))
+            write_router(target, source.name, candidate.name, routes)
     return target
 
 
@@ -523,7 +514,7 @@ def replay_generation(baseline: ServerProcess, target: Path, model: str,
         ttft50, ttft99, _, tpot99 = _percentiles(summary)
         generation = summary.generation
         tokens_per_s = generation.output_tokens_per_s if generation else 0.0
-        per_class = class_generations(entry.result.classes or [], predicted, goal)
+        per_class = class_replays(entry.result.classes or [], predicted, goal)
         meets = all(c.meets_sla for c in per_class) if per_class else \
             ttft99 is not None and ttft99 <= goal.sla_p99_ms and \
             summary.error_percent <= 1.0 and (goal.sla_tpot_ms is None or (
@@ -534,24 +525,6 @@ def replay_generation(baseline: ServerProcess, target: Path, model: str,
             goal.cost_per_million(predicted.cores, tokens_per_s), per_class,
             tpot_p99_ms=tpot99, output_tokens_per_s=tokens_per_s,
             goodput_rps=generation.goodput_rps if generation else None))
-    return out
-
-
-def class_generations(classes: list[ClassSummary], candidate: PlanCandidate, goal: PlanGoal
-                      ) -> list[ClassReplayed]:
-    """Each class's TTFT and TPOT p99 on replay against its own SLAs, beside what was
-    predicted for it in the engine."""
-    out = []
-    for c in classes:
-        ttft99 = (c.ttft_ms or {}).get("p99")
-        tpot99 = (c.tpot_ms or {}).get("p99")
-        errors = 100.0 * c.errors / c.requests if c.requests else 0.0
-        sla, tpot_sla = goal.sla_for(c.name), goal.tpot_for(c.name)
-        meets = ttft99 is not None and ttft99 <= sla and errors <= 1.0 and (
-            tpot_sla is None or (tpot99 is not None and tpot99 <= tpot_sla))
-        out.append(ClassReplayed(c.name, sla, ttft99,
-                                 candidate.class_predicted.get(c.name, candidate.predicted),
-                                 errors, meets, tpot_sla, tpot99))
     return out
 
 

@@ -63,12 +63,7 @@ from tradeoff.plan.generative import (
     settings_of,
     write_engine_deployment,
 )
-from tradeoff.plan.pools import (
-    class_replays,
-    hits_and_batch,
-    search_engine_pools,
-    search_pools,
-)
+from tradeoff.plan.pools import hits_and_batch, search_engine_pools, search_pools
 from tradeoff.plan.predict import simulate
 from tradeoff.plan.search import (
     NO_CACHE,
@@ -77,6 +72,7 @@ from tradeoff.plan.search import (
     PlanGoal,
     Searcher,
     cache_choice,
+    class_replays,
     rank_key,
     version_cost,
     weigh,
@@ -464,9 +460,10 @@ def _replay(baseline_server: ServerProcess, target: Path, model: str,
         # a trace's inputs in its own order (each round from its start); a law's drawn
         sequence = tuple(int(i) for i in traffic.inputs) \
             if traffic.repeats and traffic.inputs is not None else ()
+        class_order = traffic.class_sequence() if classes else ()
         endpoints = [EndpointSpec(url, model=model, name=role, distinct_inputs=distinct,
                                   zipf=zipf, classes=classes, input_sequence=sequence,
-                                  class_sequence=traffic.class_sequence() if classes else ())
+                                  class_sequence=class_order)
                      for url, role in ((baseline_server.url, "baseline"),
                                        (plan_server.url, "plan"))]
         pools = [V2Adapter(plan_server.url, pool_name(model, p.request_class))

@@ -9,7 +9,7 @@ under its own SLA with the plan's own searcher (the tensor plan's
 :class:`~tradeoff.plan.search.Searcher`, or the engine's
 :class:`~tradeoff.plan.generative.EngineSearcher`), and the classes' deployments are
 combined within the cores (:func:`~tradeoff.plan.search.pooled`). On replay each class is
-measured against its own SLA (:func:`class_replays`).
+measured against its own SLA (:func:`~tradeoff.plan.search.class_replays`).
 """
 
 from __future__ import annotations
@@ -30,16 +30,10 @@ from tradeoff.plan.search import (
 )
 from tradeoff.plan.traffic import Traffic
 from tradeoff.repository.config import ModelConfig
-from tradeoff.results import (
-    ClassReplayed,
-    ClassSummary,
-    PlanCandidate,
-    PlanVersion,
-    ServerCounts,
-)
+from tradeoff.results import PlanCandidate, PlanVersion, ServerCounts
 from tradeoff.tune.serve_search import Knobs
 
-__all__ = ["class_replays", "hits_and_batch", "search_engine_pools", "search_pools"]
+__all__ = ["hits_and_batch", "search_engine_pools", "search_pools"]
 
 
 def search_pools(traffic: Traffic, goal: PlanGoal, config: ModelConfig,
@@ -146,18 +140,3 @@ def hits_and_batch(counts: list[ServerCounts | None]) -> tuple[float | None, flo
     looked = sum((c.cache_hits or 0) + (c.cache_misses or 0) for c in lookups)
     hit = sum(c.cache_hits or 0 for c in lookups) / looked if looked else None
     return hit, batch
-
-
-def class_replays(classes: list[ClassSummary], candidate: PlanCandidate, goal: PlanGoal
-                   ) -> list[ClassReplayed]:
-    """Each class's p99 on replay against its own SLA, and the p99 predicted for it: its
-    pool's, or the one pool's for every class."""
-    pools = {p.request_class: p.candidate.predicted for p in candidate.pools}
-    out = []
-    for c in classes:
-        p99 = c.latency("p99")
-        errors = 100.0 * c.errors / c.requests if c.requests else 0.0
-        sla = goal.sla_for(c.name)
-        out.append(ClassReplayed(c.name, sla, p99, pools.get(c.name, candidate.predicted),
-                                 errors, p99 is not None and p99 <= sla and errors <= 1.0))
-    return out
