@@ -3,7 +3,8 @@ precision (fp32, tf32, bf16, fp16), side by side in one run:
 
 * the in-process ceiling: the backend's own ``run`` (the call the server's instances make,
   host-to-device and device-to-host copies included) at batch 1 (p50 latency) and at each
-  batch size (samples/s, peak device memory), the knee found by the project's rule;
+  batch size (samples/s, peak device memory), the knee found by the project's rule, and
+  the GIL hand-offs of a batch at the knee (``gil_waits``);
 * served: `tradeoff serve` with dynamic batching and `tradeoff bench` (binary tensors)
   at concurrency 1 (p50) and at twice the knee (throughput), a server per precision
   (TF32 is a process-wide switch in PyTorch, so a TF32 model would change an FP32 one
@@ -31,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -115,15 +117,60 @@ def in_process(root: Path, name: str, shape: EncoderShape, batches: list[int],
                            "batch_ms": elapsed / runs * 1e3,
                            "peak_mb": torch.cuda.max_memory_allocated() / 2**20
                            if device == "cuda" else None})
+        good = [p for p in points if "error" not in p]
+        knee = find_knee([p["batch"] for p in good], [p["samples_per_s"] for p in good])
+        knee_batch = good[knee]["batch"] if knee is not None else good[-1]["batch"]
+        handoffs = gil_waits(backend, inputs(shape, knee_batch), seconds)
     finally:
         backend.close()
-    good = [p for p in points if "error" not in p]
-    knee = find_knee([p["batch"] for p in good], [p["samples_per_s"] for p in good])
-    knee_batch = good[knee]["batch"] if knee is not None else good[-1]["batch"]
     return {"b1_p50_ms": statistics.median(times), "b1_calls": len(times), "points": points,
             "knee_batch": knee_batch,
             "knee_samples_per_s": next(p["samples_per_s"] for p in good
-                                       if p["batch"] == knee_batch)}
+                                       if p["batch"] == knee_batch),
+            "gil_at_knee": handoffs}
+
+
+def gil_waits(backend: TorchBackend, feed: dict[str, np.ndarray],
+              seconds: float) -> dict[str, float]:
+    """A batch alone and beside a thread that runs Python without pause (an event loop
+    that never waits), at a 5 ms GIL switch interval. Each time the batch's thread gives
+    the GIL up for long enough, it waits about one interval to take it back, so the
+    difference over the interval counts the batch's GIL hand-offs, the waits that a busy
+    server's event loop makes longer (benchmarks/gil_handoff.py). The count holds where
+    the batch's own CPU threads do not share a core with that thread: a GPU host, or a CPU
+    run with one intra-op thread and a core to spare."""
+    interval = 0.005
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(interval)
+
+    def median_ms() -> float:
+        times, deadline = [], time.perf_counter() + seconds / 2
+        while time.perf_counter() < deadline or len(times) < 5:
+            started = time.perf_counter()
+            backend.run(feed, ["OUTPUT__0"])
+            times.append((time.perf_counter() - started) * 1e3)
+        return statistics.median(times)
+
+    stop = threading.Event()
+
+    def spin() -> None:
+        count = 0
+        while not stop.is_set():
+            count += 1
+
+    try:
+        alone = median_ms()
+        spinner = threading.Thread(target=spin, daemon=True)
+        spinner.start()
+        try:
+            beside = median_ms()
+        finally:
+            stop.set()
+            spinner.join()
+    finally:
+        sys.setswitchinterval(previous)
+    return {"alone_ms": alone, "beside_busy_thread_ms": beside,
+            "gil_waits_per_batch": (beside - alone) / (interval * 1e3)}
 
 
 def bench(server: ServerProcess, name: str, concurrency: int, seconds: float,
@@ -336,7 +383,8 @@ def main() -> None:
             continue
         print(f"{name} in process: b1 p50 {entry['in_process']['b1_p50_ms']:.3f} ms, knee "
               f"{entry['in_process']['knee_batch']} at "
-              f"{entry['in_process']['knee_samples_per_s']:,.0f}/s", flush=True)
+              f"{entry['in_process']['knee_samples_per_s']:,.0f}/s, GIL waits a batch "
+              f"{entry['in_process']['gil_at_knee']['gil_waits_per_batch']:.1f}", flush=True)
     if not args.skip_served:
         for precision in precisions:
             name = f"bert_{precision}"

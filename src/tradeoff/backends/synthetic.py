@@ -6,15 +6,18 @@ Its model file, ``model.json``, declares the tensors and what a batch of ``rows`
      "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1, 16],
                   "copy_of": "INPUT0"}],
      "cost": {"fixed_ms": 2.0, "per_row_ms": 0.05,
-              "slow_above_rows": 32, "per_row_ms_above": 0.2},
+              "slow_above_rows": 32, "per_row_ms_above": 0.2, "gil_releases": 1},
      "memory_per_row_bytes": 4000000}
 
 A batch takes ``fixed_ms + per_row_ms * rows`` (rows past ``slow_above_rows`` cost
 ``per_row_ms_above`` each, as a batch that spills a cache would), spent sleeping so the
-GIL is free as it is while a runtime's kernels run; it holds ``memory_per_row_bytes`` per
-row while it runs. Each output is a copy of its ``copy_of`` input, so answers can be
-checked. The throughput and memory curves are therefore known in advance, which is what
-a test of the batch-size search or of the adaptive batcher needs. Serve it with
+GIL is free as it is while a runtime's kernels run. The sleep is cut into ``gil_releases``
+equal parts, so the batch's thread gives up the GIL and takes it back that many times, as
+a GPU runtime's launches, copies and synchronisations do; beside a busy event loop each
+retake waits. It holds ``memory_per_row_bytes`` per row while it runs. Each output is a
+copy of its ``copy_of`` input, so answers can be checked. The throughput and memory curves
+are therefore known in advance, which is what a test of the batch-size search or of the
+adaptive batcher needs. Serve it with
 ``backend: "synthetic"`` in the config.
 """
 
@@ -45,6 +48,7 @@ class Cost:
     slow_above_rows: int | None = None
     per_row_ms_above: float = 0.0
     memory_per_row_bytes: int = 0
+    gil_releases: int = 1
 
     def batch_ms(self, rows: int) -> float:
         """Time one batch of ``rows`` takes."""
@@ -85,14 +89,19 @@ def read_cost(path: Path, document: dict[str, Any] | None = None) -> Cost:
     document = _read(path) if document is None else document
     try:
         cost = dict(document.get("cost", {}))
-        return Cost(fixed_ms=float(cost.get("fixed_ms", 1.0)),
-                    per_row_ms=float(cost.get("per_row_ms", 0.0)),
-                    slow_above_rows=(None if cost.get("slow_above_rows") is None
-                                     else int(cost["slow_above_rows"])),
-                    per_row_ms_above=float(cost.get("per_row_ms_above", 0.0)),
-                    memory_per_row_bytes=int(document.get("memory_per_row_bytes", 0)))
+        parsed = Cost(fixed_ms=float(cost.get("fixed_ms", 1.0)),
+                      per_row_ms=float(cost.get("per_row_ms", 0.0)),
+                      slow_above_rows=(None if cost.get("slow_above_rows") is None
+                                       else int(cost["slow_above_rows"])),
+                      per_row_ms_above=float(cost.get("per_row_ms_above", 0.0)),
+                      memory_per_row_bytes=int(document.get("memory_per_row_bytes", 0)),
+                      gil_releases=int(cost.get("gil_releases", 1)))
     except (TypeError, ValueError) as exc:
         raise ModelLoadError(f"{path}: cost: {exc}") from None
+    if parsed.gil_releases < 1:
+        raise ModelLoadError(f"{path}: cost: gil_releases must be at least 1, "
+                             f"not {parsed.gil_releases}")
+    return parsed
 
 
 class SyntheticBackend(Backend):
@@ -110,7 +119,9 @@ class SyntheticBackend(Backend):
         held = None
         if self.cost.memory_per_row_bytes:
             held = np.ones(rows * self.cost.memory_per_row_bytes, dtype=np.uint8)  # touched
-        time.sleep(self.cost.batch_ms(rows) / 1e3)
+        part = self.cost.batch_ms(rows) / 1e3 / self.cost.gil_releases
+        for _ in range(self.cost.gil_releases):
+            time.sleep(part)
         del held
         try:
             return {name: np.array(inputs[self.copy_of[name]], copy=True)

@@ -1,0 +1,179 @@
+"""What a batch's GIL hand-offs cost a served GPU model, reproduced on a CPU.
+
+On an H200, BERT-base in bf16 ran 128 rows in 7.8 ms in process but 12.1 ms inside
+`tradeoff serve` under 8,000 one-row requests/s, and 7.75 ms under 1,700 eight-row ones
+(benchmarks/results/gpu_tensor_h200_run3.json). The batch's thread gives up the GIL while
+kernels launch and while it waits on the stream, and takes it back from an event loop busy
+with requests. This script serves a stand-in with that model's shape and cost curve: the
+`synthetic` backend, whose batch sleeps (GIL free) in `gil_releases` parts. For each number
+of hand-offs per batch, and for one-row and eight-row requests, it measures the stand-in's
+batch in process (the ceiling: 128 rows over the median batch time) and served
+(`tradeoff serve` pinned to one core, the load from this process on another, at twice the
+batch in rows), interleaved and repeated, and reports served/ceiling with the server's own
+compute time per batch. The last variant runs the server with a lower GIL switch interval.
+
+    .venv/bin/python benchmarks/gil_handoff.py --duration 5 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from tradeoff.backends.registry import InstanceSpec
+from tradeoff.backends.synthetic import SyntheticBackend
+from tradeoff.bench.adapters import V2Adapter
+from tradeoff.bench.load import LoadSpec
+from tradeoff.bench.session import run_benchmark
+from tradeoff.server.process import ServerProcess
+
+MAX_BATCH = 128
+SEQUENCE = 128
+# H200 bf16 BERT-base in process: 2.03 ms at batch 1, 7.78 ms at 128 (a straight line)
+FIXED_MS, PER_ROW_MS = 1.9, 0.046
+
+CONFIG = f"""name: "NAME"
+backend: "synthetic"
+max_batch_size: {MAX_BATCH}
+input [ {{ name: "input_ids" data_type: TYPE_INT64 dims: [{SEQUENCE}] }},
+        {{ name: "attention_mask" data_type: TYPE_INT64 dims: [{SEQUENCE}] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_INT64 dims: [{SEQUENCE}] }} ]
+dynamic_batching {{ }}
+"""
+
+
+class SwitchIntervalServer(ServerProcess):
+    """``tradeoff serve`` with ``sys.setswitchinterval`` set before it starts."""
+
+    def __init__(self, repository: Path, interval_s: float, **kwargs: object) -> None:
+        super().__init__(repository, **kwargs)  # type: ignore[arg-type]
+        self.interval_s = interval_s
+
+    def command(self) -> list[str]:
+        cmd = super().command()
+        start = cmd.index("-m")
+        code = (f"import sys; sys.setswitchinterval({self.interval_s}); "
+                "sys.argv[0] = 'tradeoff'; from tradeoff.cli import main; main()")
+        return [*cmd[:start], "-c", code, *cmd[start + 2:]]
+
+
+def write_model(repository: Path, releases: int) -> str:
+    name = f"standin_gil{releases}"
+    directory = repository / name
+    (directory / "1").mkdir(parents=True)
+    (directory / "1" / "model.json").write_text(json.dumps({
+        "inputs": [{"name": n, "datatype": "INT64", "shape": [-1, SEQUENCE]}
+                   for n in ("input_ids", "attention_mask")],
+        "outputs": [{"name": "OUTPUT0", "datatype": "INT64", "shape": [-1, SEQUENCE],
+                     "copy_of": "input_ids"}],
+        "cost": {"fixed_ms": FIXED_MS, "per_row_ms": PER_ROW_MS, "gil_releases": releases}}))
+    (directory / "config.pbtxt").write_text(CONFIG.replace("NAME", name))
+    return name
+
+
+def ceiling(repository: Path, name: str, seconds: float) -> float:
+    """Samples/s of the stand-in's own run at the largest batch, in this process."""
+    backend = SyntheticBackend(InstanceSpec(name=name,
+                                            path=repository / name / "1" / "model.json"))
+    batch = {n: np.ones((MAX_BATCH, SEQUENCE), np.int64) for n in ("input_ids",
+                                                                     "attention_mask")}
+    times = []
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        start = time.perf_counter()
+        backend.run(batch, ["OUTPUT0"])
+        times.append(time.perf_counter() - start)
+    return MAX_BATCH / statistics.median(times)
+
+
+def measure(server: ServerProcess, model: str, rows: int, duration: float) -> dict:
+    concurrency = 2 * MAX_BATCH // rows
+    result, _, _ = run_benchmark(V2Adapter(server.url, model, batch_size=rows, seed=1),
+                                 LoadSpec(concurrency=concurrency, duration_s=duration,
+                                          warmup_s=1.0))
+    summary = result.summary
+    parts = summary.server_ms or {}
+    return {"samples_per_s": summary.inferences_per_s, "p50_ms": summary.latency("p50"),
+            "errors": summary.errors, "concurrency": concurrency,
+            "compute_infer_ms": (parts.get("compute_infer") or {}).get("p50"),
+            "queue_ms": (parts.get("queue") or {}).get("p50"),
+            "overhead_ms": (parts.get("overhead") or {}).get("p50")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per point")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per point (median)")
+    parser.add_argument("--releases", default="1,4,16", help="GIL hand-offs per batch")
+    parser.add_argument("--switch-interval-ms", type=float, default=0.5,
+                        help="the last variant's GIL switch interval (most hand-offs)")
+    parser.add_argument("--json", type=Path, default=Path("benchmarks/results/gil_handoff.json"))
+    args = parser.parse_args()
+    releases = [int(r) for r in args.releases.split(",")]
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        sys.exit("needs two cores: one for the server, one for the client")
+    server_cpu, client_cpu = cores[0], cores[1]
+
+    with tempfile.TemporaryDirectory() as tmp:
+        repo = Path(tmp) / "models"
+        names = {r: write_model(repo, r) for r in releases}
+        os.sched_setaffinity(0, {server_cpu})
+        ceilings = {r: ceiling(repo, names[r], 2.0) for r in releases}
+        os.sched_setaffinity(0, {client_cpu})
+        variants = [(f"{r} per batch", names[r], r, None) for r in releases]
+        most = max(releases)
+        variants.append((f"{most} per batch, switch {args.switch_interval_ms:g} ms",
+                         names[most], most, args.switch_interval_ms / 1e3))
+        runs: dict[tuple[str, int], list[dict]] = {}
+        for repeat in range(args.repeats):
+            for label, name, _, interval in variants:
+                server = ServerProcess(repo, cpus=str(server_cpu), extra_args=("--no-grpc",)) \
+                    if interval is None else \
+                    SwitchIntervalServer(repo, interval, cpus=str(server_cpu),
+                                         extra_args=("--no-grpc",))
+                with server:
+                    for rows in (1, 8):
+                        point = measure(server, name, rows, args.duration)
+                        runs.setdefault((label, rows), []).append(point)
+                        print(f"[{repeat + 1}/{args.repeats}] {label:26s} rows {rows} "
+                              f"{point['samples_per_s']:8.0f}/s compute "
+                              f"{point['compute_infer_ms']} ms errors {point['errors']}",
+                              flush=True)
+
+    table = []
+    for label, _, r, interval in variants:
+        for rows in (1, 8):
+            points = runs[(label, rows)]
+            row = {k: statistics.median(p[k] for p in points)
+                   for k in ("samples_per_s", "p50_ms", "compute_infer_ms", "queue_ms",
+                             "overhead_ms", "errors")}
+            row.update(variant=label, releases=r, switch_interval_s=interval, rows=rows,
+                       ceiling=ceilings[r], batch_ms_in_process=MAX_BATCH / ceilings[r] * 1e3,
+                       served_over_ceiling=row["samples_per_s"] / ceilings[r])
+            table.append(row)
+    print()
+    print("| GIL hand-offs | rows/request | in process, batch 128 | served compute | "
+          "queue | outside the server | served | served / ceiling |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for t in table:
+        print(f"| {t['variant']} | {t['rows']} | {t['batch_ms_in_process']:.2f} ms | "
+              f"{t['compute_infer_ms']:.2f} ms | {t['queue_ms']:.2f} ms | "
+              f"{t['overhead_ms']:.2f} ms | {t['samples_per_s']:,.0f}/s | "
+              f"**{t['served_over_ceiling']:.2f}** |")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"schema": "tradeoff.bench.gil_handoff/1",
+                                     "command": " ".join(sys.argv), "rows": table}, indent=1))
+    print(f"\nwritten: {args.json}")
+
+
+if __name__ == "__main__":
+    main()

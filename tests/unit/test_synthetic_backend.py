@@ -1,0 +1,46 @@
+"""The synthetic backend's cost: what a batch sleeps, and in how many GIL-free parts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tradeoff.backends import synthetic
+from tradeoff.backends.registry import InstanceSpec
+from tradeoff.backends.synthetic import SyntheticBackend, read_cost
+from tradeoff.errors import ModelLoadError
+
+
+def model_file(tmp_path: Path, cost: dict[str, object]) -> Path:
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps({
+        "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [-1, 4]}],
+        "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1, 4]}],
+        "cost": cost}))
+    return path
+
+
+def test_a_batch_sleeps_its_cost_in_gil_releases_parts(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    path = model_file(tmp_path, {"fixed_ms": 2.0, "per_row_ms": 0.5, "gil_releases": 4})
+    slept: list[float] = []
+    monkeypatch.setattr(synthetic.time, "sleep", slept.append)
+    backend = SyntheticBackend(InstanceSpec(name="s", path=path))
+    rows = np.arange(24, dtype=np.float32).reshape(6, 4)
+    out = backend.run({"INPUT0": rows}, ["OUTPUT0"])
+    assert slept == pytest.approx([0.00125] * 4)  # (2 + 6 x 0.5) ms in four parts
+    np.testing.assert_array_equal(out["OUTPUT0"], rows)
+
+
+def test_one_gil_release_unless_told(tmp_path: Path) -> None:
+    assert read_cost(model_file(tmp_path, {"fixed_ms": 1.0})).gil_releases == 1
+
+
+@pytest.mark.parametrize("value", [0, -3, "many"])
+def test_gil_releases_below_one_or_not_a_number_is_refused(tmp_path: Path,
+                                                           value: object) -> None:
+    with pytest.raises(ModelLoadError, match="cost"):
+        read_cost(model_file(tmp_path, {"gil_releases": value}))
