@@ -7,10 +7,11 @@ kernels launch and while it waits on the stream, and takes it back from an event
 with requests. This script serves a stand-in with that model's shape and cost curve: the
 `synthetic` backend, whose batch sleeps (GIL free) in `gil_releases` parts. For each number
 of hand-offs per batch, and for one-row and eight-row requests, it measures the stand-in's
-batch in process (the ceiling: 128 rows over the median batch time) and served
-(`tradeoff serve` pinned to one core, the load from this process on another, at twice the
-batch in rows), interleaved and repeated, and reports served/ceiling with the server's own
-compute time per batch. The last variant runs the server with a lower GIL switch interval.
+batch in process (the ceiling: 128 rows over the median batch time, and the hand-offs
+counted by ``gil_waits``, which gpu_tensor.py runs on a GPU) and served (`tradeoff serve`
+pinned to one core, the load from this process on another, at twice the batch in rows),
+interleaved and repeated, and reports served/ceiling with the server's own compute time
+per batch. The last variant runs the server with a lower GIL switch interval.
 
     .venv/bin/python benchmarks/gil_handoff.py --duration 5 --repeats 3
 """
@@ -23,11 +24,13 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 
+from tradeoff.backends.base import Backend
 from tradeoff.backends.registry import InstanceSpec
 from tradeoff.backends.synthetic import SyntheticBackend
 from tradeoff.bench.adapters import V2Adapter
@@ -79,19 +82,58 @@ def write_model(repository: Path, releases: int) -> str:
     return name
 
 
-def ceiling(repository: Path, name: str, seconds: float) -> float:
-    """Samples/s of the stand-in's own run at the largest batch, in this process."""
+def in_process(repository: Path, name: str, seconds: float) -> dict[str, float]:
+    """The stand-in's own run at the largest batch, in this process: alone (the ceiling)
+    and beside a busy thread (its GIL hand-offs counted)."""
     backend = SyntheticBackend(InstanceSpec(name=name,
                                             path=repository / name / "1" / "model.json"))
     batch = {n: np.ones((MAX_BATCH, SEQUENCE), np.int64) for n in ("input_ids",
                                                                      "attention_mask")}
-    times = []
-    deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline:
-        start = time.perf_counter()
-        backend.run(batch, ["OUTPUT0"])
-        times.append(time.perf_counter() - start)
-    return MAX_BATCH / statistics.median(times)
+    waits = gil_waits(backend, batch, ["OUTPUT0"], seconds)
+    return {**waits, "ceiling": MAX_BATCH / waits["alone_ms"] * 1e3}
+
+
+def gil_waits(backend: Backend, feed: dict[str, np.ndarray], outputs: list[str],
+              seconds: float) -> dict[str, float]:
+    """A batch alone and beside a thread that runs Python without pause (an event loop
+    that never waits), at a 5 ms GIL switch interval. Each time the batch's thread gives
+    the GIL up for long enough, it waits about one interval to take it back, so the
+    difference over the interval counts the batch's GIL hand-offs, the waits that a busy
+    server's event loop makes longer. The count holds where
+    the batch's own CPU threads do not share a core with that thread: a GPU host, or a CPU
+    run with one intra-op thread and a core to spare."""
+    interval = 0.005
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(interval)
+
+    def median_ms() -> float:
+        times, deadline = [], time.perf_counter() + seconds / 2
+        while time.perf_counter() < deadline or len(times) < 5:
+            started = time.perf_counter()
+            backend.run(feed, outputs)
+            times.append((time.perf_counter() - started) * 1e3)
+        return statistics.median(times)
+
+    stop = threading.Event()
+
+    def spin() -> None:
+        count = 0
+        while not stop.is_set():
+            count += 1
+
+    try:
+        alone = median_ms()
+        spinner = threading.Thread(target=spin, daemon=True)
+        spinner.start()
+        try:
+            beside = median_ms()
+        finally:
+            stop.set()
+            spinner.join()
+    finally:
+        sys.setswitchinterval(previous)
+    return {"alone_ms": alone, "beside_busy_thread_ms": beside,
+            "gil_waits_per_batch": (beside - alone) / (interval * 1e3)}
 
 
 def measure(server: ServerProcess, model: str, rows: int, duration: float) -> dict:
@@ -126,8 +168,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "models"
         names = {r: write_model(repo, r) for r in releases}
-        os.sched_setaffinity(0, {server_cpu})
-        ceilings = {r: ceiling(repo, names[r], 2.0) for r in releases}
+        # the batch and the busy thread of the count each on a core of their own
+        os.sched_setaffinity(0, {server_cpu, client_cpu})
+        alone = {r: in_process(repo, names[r], 4.0) for r in releases}
         os.sched_setaffinity(0, {client_cpu})
         variants = [(f"{r} per batch", names[r], r, None) for r in releases]
         most = max(releases)
@@ -157,21 +200,24 @@ def main() -> None:
                    for k in ("samples_per_s", "p50_ms", "compute_infer_ms", "queue_ms",
                              "overhead_ms", "errors")}
             row.update(variant=label, releases=r, switch_interval_s=interval, rows=rows,
-                       ceiling=ceilings[r], batch_ms_in_process=MAX_BATCH / ceilings[r] * 1e3,
-                       served_over_ceiling=row["samples_per_s"] / ceilings[r])
+                       ceiling=alone[r]["ceiling"], batch_ms_in_process=alone[r]["alone_ms"],
+                       gil_waits_counted=alone[r]["gil_waits_per_batch"],
+                       served_over_ceiling=row["samples_per_s"] / alone[r]["ceiling"])
             table.append(row)
     print()
-    print("| GIL hand-offs | rows/request | in process, batch 128 | served compute | "
+    print("| GIL hand-offs | counted | rows/request | in process, batch 128 | served compute | "
           "queue | outside the server | served | served / ceiling |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for t in table:
-        print(f"| {t['variant']} | {t['rows']} | {t['batch_ms_in_process']:.2f} ms | "
+        print(f"| {t['variant']} | {t['gil_waits_counted']:.1f} | {t['rows']} | "
+              f"{t['batch_ms_in_process']:.2f} ms | "
               f"{t['compute_infer_ms']:.2f} ms | {t['queue_ms']:.2f} ms | "
               f"{t['overhead_ms']:.2f} ms | {t['samples_per_s']:,.0f}/s | "
               f"**{t['served_over_ceiling']:.2f}** |")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"schema": "tradeoff.bench.gil_handoff/1",
-                                     "command": " ".join(sys.argv), "rows": table}, indent=1))
+                                     "command": " ".join(sys.argv), "rows": table},
+                                    indent=1))
     print(f"\nwritten: {args.json}")
 
 

@@ -32,13 +32,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from gil_handoff import gil_waits
 
 from tradeoff.backends.pytorch import TorchBackend
 from tradeoff.models.torch_models import EncoderShape, write_encoder
@@ -120,7 +120,7 @@ def in_process(root: Path, name: str, shape: EncoderShape, batches: list[int],
         good = [p for p in points if "error" not in p]
         knee = find_knee([p["batch"] for p in good], [p["samples_per_s"] for p in good])
         knee_batch = good[knee]["batch"] if knee is not None else good[-1]["batch"]
-        handoffs = gil_waits(backend, inputs(shape, knee_batch), seconds)
+        handoffs = gil_waits(backend, inputs(shape, knee_batch), ["OUTPUT__0"], seconds)
     finally:
         backend.close()
     return {"b1_p50_ms": statistics.median(times), "b1_calls": len(times), "points": points,
@@ -128,49 +128,6 @@ def in_process(root: Path, name: str, shape: EncoderShape, batches: list[int],
             "knee_samples_per_s": next(p["samples_per_s"] for p in good
                                        if p["batch"] == knee_batch),
             "gil_at_knee": handoffs}
-
-
-def gil_waits(backend: TorchBackend, feed: dict[str, np.ndarray],
-              seconds: float) -> dict[str, float]:
-    """A batch alone and beside a thread that runs Python without pause (an event loop
-    that never waits), at a 5 ms GIL switch interval. Each time the batch's thread gives
-    the GIL up for long enough, it waits about one interval to take it back, so the
-    difference over the interval counts the batch's GIL hand-offs, the waits that a busy
-    server's event loop makes longer (benchmarks/gil_handoff.py). The count holds where
-    the batch's own CPU threads do not share a core with that thread: a GPU host, or a CPU
-    run with one intra-op thread and a core to spare."""
-    interval = 0.005
-    previous = sys.getswitchinterval()
-    sys.setswitchinterval(interval)
-
-    def median_ms() -> float:
-        times, deadline = [], time.perf_counter() + seconds / 2
-        while time.perf_counter() < deadline or len(times) < 5:
-            started = time.perf_counter()
-            backend.run(feed, ["OUTPUT__0"])
-            times.append((time.perf_counter() - started) * 1e3)
-        return statistics.median(times)
-
-    stop = threading.Event()
-
-    def spin() -> None:
-        count = 0
-        while not stop.is_set():
-            count += 1
-
-    try:
-        alone = median_ms()
-        spinner = threading.Thread(target=spin, daemon=True)
-        spinner.start()
-        try:
-            beside = median_ms()
-        finally:
-            stop.set()
-            spinner.join()
-    finally:
-        sys.setswitchinterval(previous)
-    return {"alone_ms": alone, "beside_busy_thread_ms": beside,
-            "gil_waits_per_batch": (beside - alone) / (interval * 1e3)}
 
 
 def bench(server: ServerProcess, name: str, concurrency: int, seconds: float,
