@@ -1,5 +1,6 @@
-"""A BERT-base-shaped encoder at sequence length 128 through the pytorch backend, by
-precision (fp32, tf32, bf16, fp16), side by side in one run:
+"""A BERT-base-shaped encoder at sequence length 128 (or, with ``--shape resnet50``, a
+ResNet-50-shaped classifier at 224x224) through the pytorch backend, by precision (fp32,
+tf32, bf16, fp16), side by side in one run:
 
 * the in-process ceiling: the backend's own ``run`` (the call the server's instances make,
   host-to-device and device-to-host copies included) at batch 1 (p50 latency) and at each
@@ -8,12 +9,20 @@ precision (fp32, tf32, bf16, fp16), side by side in one run:
 * served: `tradeoff serve` with dynamic batching and `tradeoff bench` (binary tensors)
   at concurrency 1 (p50) and at twice the knee (throughput), a server per precision
   (TF32 is a process-wide switch in PyTorch, so a TF32 model would change an FP32 one
-  served beside it);
+  served beside it); ``--also 8:v2`` adds requests of 8 rows, ``--switch-interval-ms``
+  a server with a lower GIL switch interval;
 * `tradeoff tune batch-size --device cuda` on the FP32 model: its knee and its memory per
   sample against the figures torch.cuda reported here.
 
     # on a GPU host (about 3-4 minutes on one H200):
     python benchmarks/gpu_tensor.py --device cuda --out gpu-out
+    # what is still open there: the GIL hand-offs and the switch interval on the fast
+    # precisions, and the classifier
+    python benchmarks/gpu_tensor.py --device cuda --out gpu-out --precisions bf16,fp16 \
+        --served-instances 1 --also 8:v2 --switch-interval-ms 0.5 --skip-checks \
+        --skip-tune --compile ""
+    python benchmarks/gpu_tensor.py --device cuda --out gpu-resnet --shape resnet50 \
+        --precisions fp32,bf16 --skip-checks --compile ""
     # a CPU smoke run of the same script on a small encoder:
     python benchmarks/gpu_tensor.py --device cpu --shape tiny --out /tmp/gpu-tensor \\
         --batches 1,2,4,8 --seconds 1
@@ -38,38 +47,54 @@ from typing import Any
 
 import numpy as np
 import torch
-from gil_handoff import gil_waits
+from gil_handoff import SwitchIntervalServer, gil_waits
 
 from tradeoff.backends.pytorch import TorchBackend
-from tradeoff.models.torch_models import EncoderShape, write_encoder
+from tradeoff.models.torch_models import EncoderShape, ResNetShape, write_encoder, write_resnet
 from tradeoff.repository.repository import ModelRepository
 from tradeoff.server.process import ServerProcess
 from tradeoff.stats.knee import find_knee
 
-SHAPES = {"base": EncoderShape(max_batch=256),
-          "tiny": EncoderShape(vocab=1000, hidden=64, layers=2, heads=4, intermediate=128,
-                               sequence=32, max_batch=16)}
+SHAPES: dict[str, EncoderShape | ResNetShape] = {
+    "base": EncoderShape(max_batch=256),
+    "tiny": EncoderShape(vocab=1000, hidden=64, layers=2, heads=4, intermediate=128,
+                         sequence=32, max_batch=16),
+    "resnet50": ResNetShape(max_batch=256),
+    "resnet-tiny": ResNetShape(blocks=(1, 1), width=8, classes=10, image=32, max_batch=16)}
 
 
-def build(root: Path, shape: EncoderShape, precisions: list[str], kind: str) -> None:
-    """bert_fp32 written once; every other precision a model of its own on the same file
+def family(shape: EncoderShape | ResNetShape) -> str:
+    """The models' name prefix: ``bert`` or ``resnet``."""
+    return "bert" if isinstance(shape, EncoderShape) else "resnet"
+
+
+def build(root: Path, shape: EncoderShape | ResNetShape, precisions: list[str],
+          kind: str) -> None:
+    """FAMILY_fp32 written once; every other precision a model of its own on the same file
     (its version directory a link), differing only in its parameters."""
-    write_encoder(root, "bert_fp32", shape, kind=kind)
-    base = (root / "bert_fp32" / "config.pbtxt").read_text()
+    first = f"{family(shape)}_fp32"
+    if isinstance(shape, EncoderShape):
+        write_encoder(root, first, shape, kind=kind)
+    else:
+        write_resnet(root, first, shape, kind=kind)
+    base = (root / first / "config.pbtxt").read_text()
     for precision in precisions:
-        name = f"bert_{precision}"
-        if name == "bert_fp32":
+        name = f"{family(shape)}_{precision}"
+        if name == first:
             continue
         (root / name).mkdir()
-        (root / name / "1").symlink_to((root / "bert_fp32" / "1").resolve())
+        (root / name / "1").symlink_to((root / first / "1").resolve())
         (root / name / "config.pbtxt").write_text(
-            base.replace('name: "bert_fp32"', f'name: "{name}"')
+            base.replace(f'name: "{first}"', f'name: "{name}"')
             + f'parameters {{ key: "precision" value: {{ string_value: "{precision}" }} }}\n'
             + 'parameters { key: "precision_mode" value: { string_value: "cast" } }\n')
 
 
-def inputs(shape: EncoderShape, rows: int) -> dict[str, np.ndarray]:
+def inputs(shape: EncoderShape | ResNetShape, rows: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(rows)
+    if isinstance(shape, ResNetShape):
+        return {"INPUT__0": rng.standard_normal((rows, 3, shape.image, shape.image),
+                                                dtype=np.float32)}
     return {"INPUT__0": rng.integers(0, shape.vocab, (rows, shape.sequence), dtype=np.int64),
             "INPUT__1": np.ones((rows, shape.sequence), np.int64)}
 
@@ -79,7 +104,7 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def in_process(root: Path, name: str, shape: EncoderShape, batches: list[int],
+def in_process(root: Path, name: str, shape: EncoderShape | ResNetShape, batches: list[int],
                seconds: float, device: str) -> dict[str, Any]:
     """The backend's run at batch 1 (p50 of individual calls) and per batch size."""
     source = ModelRepository(root).read(name)
@@ -87,16 +112,21 @@ def in_process(root: Path, name: str, shape: EncoderShape, batches: list[int],
                                        kind="KIND_GPU" if device == "cuda" else "KIND_CPU",
                                        device_id=0)
     backend = TorchBackend(spec)
-    try:
-        one = inputs(shape, 1)
-        for _ in range(20):
-            backend.run(one, ["OUTPUT__0"])
-        times = []
+    one = inputs(shape, 1)
+
+    def b1_p50_ms() -> float:
+        times: list[float] = []
         deadline = time.perf_counter() + seconds
         while time.perf_counter() < deadline or len(times) < 20:
             started = time.perf_counter()
             backend.run(one, ["OUTPUT__0"])
             times.append((time.perf_counter() - started) * 1e3)
+        return statistics.median(times)
+
+    try:
+        for _ in range(20):
+            backend.run(one, ["OUTPUT__0"])
+        b1 = b1_p50_ms()
         points = []
         for rows in batches:
             feed = inputs(shape, rows)
@@ -121,9 +151,12 @@ def in_process(root: Path, name: str, shape: EncoderShape, batches: list[int],
         knee = find_knee([p["batch"] for p in good], [p["samples_per_s"] for p in good])
         knee_batch = good[knee]["batch"] if knee is not None else good[-1]["batch"]
         handoffs = gil_waits(backend, inputs(shape, knee_batch), ["OUTPUT__0"], seconds)
+        # a served instance has run every batch size by the time batch 1 arrives: a
+        # TorchScript executor that specialised on the first shapes it saw is slower now
+        b1_after = b1_p50_ms()
     finally:
         backend.close()
-    return {"b1_p50_ms": statistics.median(times), "b1_calls": len(times), "points": points,
+    return {"b1_p50_ms": b1, "b1_p50_ms_after_sweep": b1_after, "points": points,
             "knee_batch": knee_batch,
             "knee_samples_per_s": next(p["samples_per_s"] for p in good
                                        if p["batch"] == knee_batch),
@@ -156,10 +189,12 @@ def bench(server: ServerProcess, name: str, concurrency: int, seconds: float,
 
 
 def served(root: Path, name: str, knee: int, seconds: float, out: Path, workers: int,
-           instances: int, extra: list[tuple[int, str]]) -> dict[str, Any]:
+           instances: int, extra: list[tuple[int, str]],
+           switch_interval_s: float | None = None) -> dict[str, Any]:
     """A server holding ``name`` alone, its max_batch_size the knee and ``instances``
     instances (each its own stream: one copies and prepares while another computes),
-    benched at c1 and at twice the knee (a batch running, the next one queued)."""
+    benched at c1 and at twice the knee (a batch running, the next one queued); with
+    ``switch_interval_s``, served again at the knee with that GIL switch interval."""
     alone = Path(tempfile.mkdtemp(prefix="gpu-tensor-one-"))
     (alone / name).mkdir()
     (alone / name / "1").symlink_to((root / name / "1").resolve())
@@ -169,19 +204,33 @@ def served(root: Path, name: str, knee: int, seconds: float, out: Path, workers:
     (alone / name / "config.pbtxt").write_text(config)
     server = ServerProcess(alone, extra_args=("--log-level", "warning")).start(timeout=600)
     try:
-        runs = {"max_batch_size": knee, "instances": instances,
-                "c1": bench(server, name, 1, seconds, out, workers),
-                "knee": bench(server, name, max(2 * knee, 2), seconds, out, workers)}
+        runs: dict[str, Any] = {"max_batch_size": knee, "instances": instances,
+                                "c1": bench(server, name, 1, seconds, out, workers),
+                                "knee": bench(server, name, max(2 * knee, 2), seconds, out,
+                                              workers)}
         for rows, protocol in extra:  # where the served path's own ceiling lies
             runs[f"knee_r{rows}_{protocol}"] = bench(
                 server, name, max(2 * knee // rows, 2), seconds, out, workers, rows, protocol)
-        return runs
     finally:
-        server.stop()
-        log = server.close_log()
-        if "Traceback" in log or "ERROR" in log:
-            (out / f"serve_{name}.log").write_text(log[-20000:])
-        shutil.rmtree(alone, ignore_errors=True)
+        stop(server, out, name)
+    if switch_interval_s is not None:
+        server = SwitchIntervalServer(alone, switch_interval_s,
+                                      extra_args=("--log-level", "warning")).start(timeout=600)
+        try:
+            runs[f"knee_switch_{switch_interval_s * 1e3:g}ms"] = bench(
+                server, name, max(2 * knee, 2), seconds, out, workers)
+        finally:
+            stop(server, out, f"{name}_switch")
+    shutil.rmtree(alone, ignore_errors=True)
+    return runs
+
+
+def stop(server: ServerProcess, out: Path, name: str) -> None:
+    """Stop ``server``, keeping its log under ``out`` when it logged an error."""
+    server.stop()
+    log = server.close_log()
+    if "Traceback" in log or "ERROR" in log:
+        (out / f"serve_{name}.log").write_text(log[-20000:])
 
 
 def tune(root: Path, name: str, device: str, out: Path, max_memory: str) -> dict[str, Any]:
@@ -297,6 +346,8 @@ def main() -> None:
     parser.add_argument("--also", default="",
                         help="more served runs at the knee: ROWS:PROTOCOL,... e.g. "
                              "8:v2,1:v2-grpc (ROWS per request)")
+    parser.add_argument("--switch-interval-ms", type=float, default=None,
+                        help="also serve at the knee with this GIL switch interval")
     parser.add_argument("--skip-checks", action="store_true")
     parser.add_argument("--knees", default="",
                         help="PRECISION=BATCH,... the served max_batch_size instead of the "
@@ -331,20 +382,22 @@ def main() -> None:
         "torch": torch.__version__, "checks": report_checks, "precisions": {}}
     # fp32 first: tf32, once on, stays on in this process
     for precision in precisions:
-        name = f"bert_{precision}"
+        name = f"{family(shape)}_{precision}"
         entry: dict[str, Any] = {"in_process": guarded(
             f"{name} in process", in_process, root, name, shape, batches, args.seconds,
             args.device)}
         report["precisions"][precision] = entry
         if "error" in entry["in_process"]:
             continue
-        print(f"{name} in process: b1 p50 {entry['in_process']['b1_p50_ms']:.3f} ms, knee "
+        print(f"{name} in process: b1 p50 {entry['in_process']['b1_p50_ms']:.3f} ms "
+              f"({entry['in_process']['b1_p50_ms_after_sweep']:.3f} after every batch "
+              f"size), knee "
               f"{entry['in_process']['knee_batch']} at "
               f"{entry['in_process']['knee_samples_per_s']:,.0f}/s, GIL waits a batch "
               f"{entry['in_process']['gil_at_knee']['gil_waits_per_batch']:.1f}", flush=True)
     if not args.skip_served:
         for precision in precisions:
-            name = f"bert_{precision}"
+            name = f"{family(shape)}_{precision}"
             entry = report["precisions"][precision]
             if "error" in entry["in_process"]:
                 continue
@@ -352,12 +405,14 @@ def main() -> None:
             knee = int(given.get(precision, entry["in_process"]["knee_batch"]))
             entry["served"] = guarded(f"{name} served", served, root, name, knee,
                                       args.seconds, scratch, args.workers,
-                                      args.served_instances, extra)
+                                      args.served_instances, extra,
+                                      None if args.switch_interval_ms is None
+                                      else args.switch_interval_ms / 1e3)
             print(f"{name} served: {json.dumps(entry['served'])}", flush=True)
     (args.out / "gpu_tensor.json").write_text(json.dumps(report, indent=2))
     if not args.skip_tune and time.perf_counter() - began < args.budget_s:
-        report["tune_fp32"] = guarded("tune", tune, root, "bert_fp32", args.device, scratch,
-                                      args.max_memory)
+        report["tune_fp32"] = guarded("tune", tune, root, f"{family(shape)}_fp32",
+                                      args.device, scratch, args.max_memory)
         print(report["tune_fp32"].get("stdout_tail") or report["tune_fp32"], flush=True)
     if args.compile and time.perf_counter() - began < args.budget_s:
         report["compile_check"] = guarded("compile", checks, args.device, args.compile)
