@@ -34,9 +34,11 @@ import numpy as np
 
 from tradeoff.backends.base import Backend, TensorSpec
 from tradeoff.backends.registry import InstanceSpec, TensorBackendType
-from tradeoff.errors import InvalidInput, ModelLoadError
+from tradeoff.errors import InvalidInput, ModelLoadError, shown
 
-__all__ = ["BACKEND", "Cost", "SyntheticBackend", "describe", "read_cost"]
+__all__ = ["BACKEND", "MAX_GIL_RELEASES", "Cost", "SyntheticBackend", "describe", "read_cost"]
+
+MAX_GIL_RELEASES = 10_000  # parts of one batch's sleep
 
 
 @dataclass(frozen=True)
@@ -95,12 +97,14 @@ def read_cost(path: Path, document: dict[str, Any] | None = None) -> Cost:
                                        else int(cost["slow_above_rows"])),
                       per_row_ms_above=float(cost.get("per_row_ms_above", 0.0)),
                       memory_per_row_bytes=int(document.get("memory_per_row_bytes", 0)),
-                      gil_releases=int(cost.get("gil_releases", 1)))
+                      gil_releases=cost.get("gil_releases", 1))
     except (TypeError, ValueError) as exc:
         raise ModelLoadError(f"{path}: cost: {exc}") from None
-    if parsed.gil_releases < 1:
-        raise ModelLoadError(f"{path}: cost: gil_releases must be at least 1, "
-                             f"not {parsed.gil_releases}")
+    releases = parsed.gil_releases
+    if isinstance(releases, bool) or not isinstance(releases, int) \
+            or not 1 <= releases <= MAX_GIL_RELEASES:
+        raise ModelLoadError(f"{path}: cost: gil_releases must be a whole number from 1 to "
+                             f"{MAX_GIL_RELEASES}, not {shown(releases)}")
     return parsed
 
 
