@@ -27,6 +27,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -56,8 +57,8 @@ dynamic_batching {{ }}
 class SwitchIntervalServer(ServerProcess):
     """``tradeoff serve`` with ``sys.setswitchinterval`` set before it starts."""
 
-    def __init__(self, repository: Path, interval_s: float, **kwargs: object) -> None:
-        super().__init__(repository, **kwargs)  # type: ignore[arg-type]
+    def __init__(self, repository: Path, interval_s: float, **kwargs: Any) -> None:
+        super().__init__(repository, **kwargs)
         self.interval_s = interval_s
 
     def command(self) -> list[str]:
@@ -99,9 +100,9 @@ def gil_waits(backend: Backend, feed: dict[str, np.ndarray], outputs: list[str],
     that never waits), at a 5 ms GIL switch interval. Each time the batch's thread gives
     the GIL up for long enough, it waits about one interval to take it back, so the
     difference over the interval counts the batch's GIL hand-offs, the waits that a busy
-    server's event loop makes longer. The count holds where
-    the batch's own CPU threads do not share a core with that thread: a GPU host, or a CPU
-    run with one intra-op thread and a core to spare."""
+    server's event loop makes longer. The count holds where the batch's own CPU threads do
+    not share a core with that thread: a GPU host, or a CPU run with one intra-op thread
+    and a core to spare."""
     interval = 0.005
     previous = sys.getswitchinterval()
     sys.setswitchinterval(interval)

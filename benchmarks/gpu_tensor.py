@@ -114,19 +114,19 @@ def in_process(root: Path, name: str, shape: EncoderShape | ResNetShape, batches
     backend = TorchBackend(spec)
     one = inputs(shape, 1)
 
-    def b1_p50_ms() -> float:
+    def b1_times_ms() -> list[float]:
         times: list[float] = []
         deadline = time.perf_counter() + seconds
         while time.perf_counter() < deadline or len(times) < 20:
             started = time.perf_counter()
             backend.run(one, ["OUTPUT__0"])
             times.append((time.perf_counter() - started) * 1e3)
-        return statistics.median(times)
+        return times
 
     try:
         for _ in range(20):
             backend.run(one, ["OUTPUT__0"])
-        b1 = b1_p50_ms()
+        b1 = b1_times_ms()
         points = []
         for rows in batches:
             feed = inputs(shape, rows)
@@ -153,10 +153,11 @@ def in_process(root: Path, name: str, shape: EncoderShape | ResNetShape, batches
         handoffs = gil_waits(backend, inputs(shape, knee_batch), ["OUTPUT__0"], seconds)
         # a served instance has run every batch size by the time batch 1 arrives: a
         # TorchScript executor that specialised on the first shapes it saw is slower now
-        b1_after = b1_p50_ms()
+        b1_after = statistics.median(b1_times_ms())
     finally:
         backend.close()
-    return {"b1_p50_ms": b1, "b1_p50_ms_after_sweep": b1_after, "points": points,
+    return {"b1_p50_ms": statistics.median(b1), "b1_calls": len(b1),
+            "b1_p50_ms_after_sweep": b1_after, "points": points,
             "knee_batch": knee_batch,
             "knee_samples_per_s": next(p["samples_per_s"] for p in good
                                        if p["batch"] == knee_batch),
@@ -202,27 +203,31 @@ def served(root: Path, name: str, knee: int, seconds: float, out: Path, workers:
     config = re.sub(r"max_batch_size: \d+", f"max_batch_size: {knee}", config)
     config = config.replace("count: 1 kind:", f"count: {instances} kind:")
     (alone / name / "config.pbtxt").write_text(config)
-    server = ServerProcess(alone, extra_args=("--log-level", "warning")).start(timeout=600)
     try:
-        runs: dict[str, Any] = {"max_batch_size": knee, "instances": instances,
-                                "c1": bench(server, name, 1, seconds, out, workers),
-                                "knee": bench(server, name, max(2 * knee, 2), seconds, out,
-                                              workers)}
-        for rows, protocol in extra:  # where the served path's own ceiling lies
-            runs[f"knee_r{rows}_{protocol}"] = bench(
-                server, name, max(2 * knee // rows, 2), seconds, out, workers, rows, protocol)
-    finally:
-        stop(server, out, name)
-    if switch_interval_s is not None:
-        server = SwitchIntervalServer(alone, switch_interval_s,
-                                      extra_args=("--log-level", "warning")).start(timeout=600)
+        server = ServerProcess(alone, extra_args=("--log-level", "warning")).start(timeout=600)
         try:
-            runs[f"knee_switch_{switch_interval_s * 1e3:g}ms"] = bench(
-                server, name, max(2 * knee, 2), seconds, out, workers)
+            runs: dict[str, Any] = {"max_batch_size": knee, "instances": instances,
+                                    "c1": bench(server, name, 1, seconds, out, workers),
+                                    "knee": bench(server, name, max(2 * knee, 2), seconds,
+                                                  out, workers)}
+            for rows, protocol in extra:  # where the served path's own ceiling lies
+                runs[f"knee_r{rows}_{protocol}"] = bench(
+                    server, name, max(2 * knee // rows, 2), seconds, out, workers, rows,
+                    protocol)
         finally:
-            stop(server, out, f"{name}_switch")
-    shutil.rmtree(alone, ignore_errors=True)
-    return runs
+            stop(server, out, name)
+        if switch_interval_s is not None:
+            server = SwitchIntervalServer(alone, switch_interval_s,
+                                          extra_args=("--log-level", "warning")
+                                          ).start(timeout=600)
+            try:
+                runs[f"knee_switch_{switch_interval_s * 1e3:g}ms"] = bench(
+                    server, name, max(2 * knee, 2), seconds, out, workers)
+            finally:
+                stop(server, out, f"{name}_switch")
+        return runs
+    finally:
+        shutil.rmtree(alone, ignore_errors=True)
 
 
 def stop(server: ServerProcess, out: Path, name: str) -> None:
