@@ -25,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from tradeoff.errors import InvalidValue
+from tradeoff.errors import InvalidValue, shown
+from tradeoff.repository.router import class_name_problem
 
 __all__ = [
     "ORDER_LENGTH",
@@ -72,7 +73,11 @@ class RequestClass:
             key, sep, value = item.partition("=")
             if not sep or not key:
                 raise InvalidValue(f"--mix {text!r}: {item!r} is not param=value")
-            parameters[key.strip()] = _value(value.strip())
+            key = key.strip()  # a class is a name, even one of digits
+            parameters[key] = value.strip() if key == "class" else _value(value.strip())
+        for request_class in (name.strip(), parameters.get("class")):
+            if request_class is not None and (problem := class_name_problem(request_class)):
+                raise InvalidValue(f"--mix {shown(text)}: {problem}")
         return cls(name.strip(), weight, parameters)
 
     def to_dict(self) -> dict[str, Any]:

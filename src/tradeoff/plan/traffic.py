@@ -22,21 +22,32 @@ for a generative model the mean prompt and answer lengths.
 from __future__ import annotations
 
 import csv
+import hashlib
 import math
+from array import array
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import orjson
 
 from tradeoff.bench.mix import first_sight_ratio, lru_hit_ratio, zipf_probabilities
-from tradeoff.errors import InvalidValue, local_resource
+from tradeoff.errors import InvalidValue, local_resource, shown
+from tradeoff.repository.router import class_name_problem
 
-__all__ = ["ARRIVALS", "Traffic", "fit_zipf"]
+__all__ = ["ARRIVALS", "MAX_TRACE_LINE_BYTES", "MAX_TRACE_REQUESTS", "MAX_TRACE_SPAN_S",
+           "Traffic", "check_classes", "fit_zipf"]
 
 ARRIVALS = ("poisson", "constant")
+MAX_TRACE_REQUESTS = 5_000_000  # about 2.8 hours at 500 requests/s
+MAX_TRACE_LINE_BYTES = 1 << 20  # one JSON line: its input is digested, not kept
+MAX_TRACE_SPAN_S = 31 * 86400
+MAX_TOKENS = 2**31 - 1  # a line's prompt_tokens or output_tokens
 _TIME_KEYS = ("timestamp", "time", "t")
+_LENGTH_KEYS = ("prompt_tokens", "output_tokens")
 
 
 @dataclass(frozen=True)
@@ -74,6 +85,7 @@ class Traffic:
         if zipf is not None and distinct_inputs is None:
             raise InvalidValue("--zipf draws from --distinct-inputs: give both")
         shares = dict(classes or {})
+        check_classes(shares, "--class-share")
         if any(not (share > 0 and math.isfinite(share)) for share in shares.values()):
             raise InvalidValue("a class's share must be a positive number")
         total = sum(shares.values())
@@ -87,11 +99,11 @@ class Traffic:
         """A trace: a ``bench --records`` CSV or JSON lines (see the module docstring)."""
         path = Path(path)
         with local_resource(f"cannot read the trace {path}"):
-            text = path.read_text()
-        if path.suffix == ".csv":
-            times, inputs, classes = _read_records(text, path)
-            return cls.measured(times, inputs, classes, str(path))
-        times, inputs, classes, lengths = _read_json_lines(text, path)
+            if path.suffix == ".csv":
+                times, inputs, classes = _read_records(path)
+                lengths: dict[str, float] = {}
+            else:
+                times, inputs, classes, lengths = _read_json_lines(path)
         return replace(cls.measured(times, inputs, classes, str(path)),
                        prompt_tokens=lengths.get("prompt_tokens"),
                        output_tokens=lengths.get("output_tokens"))
@@ -108,11 +120,15 @@ class Traffic:
             raise InvalidValue(f"{source}: a trace needs at least two requests at "
                                "different times")
         duration = float(offsets[-1])
+        if not duration <= MAX_TRACE_SPAN_S:
+            raise InvalidValue(f"{source}: the trace spans {duration:.3g} s, more than "
+                               f"{MAX_TRACE_SPAN_S / 86400:g} days, the most a trace may "
+                               "span: give a part of it, or check its time unit (seconds)")
         rate = (offsets.size - 1) / duration
         gaps = np.diff(offsets)
         burstiness = float(gaps.std() / gaps.mean())
         if duration >= 2:
-            per_second = np.bincount(offsets.astype(np.int64))
+            _, per_second = np.unique(offsets.astype(np.int64), return_counts=True)
             peak = float(per_second[:-1].max()) if per_second.size > 1 else rate
         else:
             peak = rate
@@ -126,10 +142,10 @@ class Traffic:
         shares: dict[str, float] = {}
         per_request = None
         if classes is not None:
-            per_request = np.asarray(classes, dtype=object)[order].astype(str)
-            names, counts = np.unique(per_request, return_counts=True)
-            shares = {str(n): float(c / offsets.size) for n, c in zip(names, counts,
-                                                                     strict=True)}
+            per_request = np.asarray(classes, dtype=object)[order]
+            seen = Counter(per_request.tolist())
+            check_classes(seen, source)
+            shares = {name: seen[name] / offsets.size for name in sorted(seen)}
         return cls(source, rate, max(peak, rate), "trace", burstiness, duration, offsets,
                    ids, distinct, zipf, shares, per_request)
 
@@ -239,63 +255,150 @@ def fit_zipf(counts: np.ndarray) -> float:
     return float(max(0.0, -slope))
 
 
-def _read_records(text: str, path: Path
-                  ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-    rows = list(csv.reader(text.splitlines()))
-    if not rows or "scheduled_ms" not in rows[0]:
-        raise InvalidValue(f"{path}: not a `tradeoff bench --records` CSV (no scheduled_ms "
-                           "column); a JSON lines trace ends in .jsonl")
-    header = rows[0]
-    table = np.array(rows[1:], dtype=object)
-    if table.size == 0:
-        raise InvalidValue(f"{path}: the trace holds no requests")
-    try:
-        times = table[:, header.index("scheduled_ms")].astype(np.float64) / 1e3
-        inputs = table[:, header.index("request")].astype(np.int64) \
-            if "request" in header else None
-    except ValueError as exc:
-        raise InvalidValue(f"{path}: a value is not a number ({exc})") from None
+class _Columns:
+    """A trace's columns as its lines are read, a few bytes per request: send times, a
+    64-bit digest of each input, the index of each class."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.times = array("d")
+        self.inputs = array("q")
+        self.classes = array("q")
+        self.class_names: dict[str, int] = {}
+        self.lengths = {key: array("q") for key in _LENGTH_KEYS}
+
+    def fail(self, number: int, problem: str) -> NoReturn:
+        raise InvalidValue(f"{self.path}:{number}: {problem}")
+
+    def time(self, number: int, seconds: float) -> None:
+        if not math.isfinite(seconds):
+            self.fail(number, f"the time must be a finite number of seconds, got {seconds}")
+        if len(self.times) >= MAX_TRACE_REQUESTS:
+            raise InvalidValue(f"{self.path}: more than {MAX_TRACE_REQUESTS:,} requests, the "
+                               "most a trace may hold: give a part of it")
+        self.times.append(seconds)
+
+    def input(self, encoded: bytes) -> None:
+        digest = hashlib.blake2b(encoded, digest_size=8).digest()
+        self.inputs.append(int.from_bytes(digest, "little", signed=True))
+
+    def request_class(self, number: int, name: object) -> None:
+        index = self.class_names.get(name) if isinstance(name, str) else None
+        if index is None:
+            if problem := class_name_problem(name):
+                self.fail(number, problem)
+            assert isinstance(name, str)
+            index = self.class_names[name] = len(self.class_names)
+        self.classes.append(index)
+
+    def length(self, number: int, key: str, value: object) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or \
+                not 1 <= value <= MAX_TOKENS:
+            self.fail(number, f"'{key}' must be a whole number from 1 to {MAX_TOKENS:,}")
+        self.lengths[key].append(value)
+
+    def columns(self) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None,
+                               dict[str, float]]:
+        """Times, input digests, classes (shared name objects) and mean lengths, each
+        checked to be on every line or none."""
+        count = len(self.times)
+        if not count:
+            raise InvalidValue(f"{self.path}: the trace holds no requests")
+        named = [("input", self.inputs), ("class", self.classes), *self.lengths.items()]
+        for what, values in named:
+            if values and len(values) != count:
+                raise InvalidValue(f"{self.path}: '{what}' is on some lines only; give it "
+                                   "on every line or none")
+        classes = None
+        if self.classes:
+            classes = np.asarray(list(self.class_names), dtype=object)[
+                np.frombuffer(self.classes, dtype=np.int64)]
+        return (np.frombuffer(self.times, dtype=np.float64),
+                np.frombuffer(self.inputs, dtype=np.int64) if self.inputs else None,
+                classes,
+                {key: float(np.mean(values)) for key, values in self.lengths.items()
+                 if values})
+
+
+def check_classes(names: Iterable[str], source: str) -> None:
+    """InvalidValue unless every class name is a plain one (``CLASS_PATTERN``) and no two
+    name the same pool (they differ in letter case only: one folder on some file
+    systems)."""
+    folded: dict[str, str] = {}
+    for name in names:
+        if problem := class_name_problem(name):
+            raise InvalidValue(f"{source}: {problem}")
+        other = folded.setdefault(name.casefold(), name)
+        if other != name:
+            raise InvalidValue(f"{source}: classes {other!r} and {name!r} differ only in "
+                               "letter case and would share a pool's folder: rename one")
+
+
+def _read_records(path: Path) -> tuple[np.ndarray, np.ndarray | None, None]:
+    columns = _Columns(path)
+    with path.open(newline="") as file:
+        rows = csv.reader(file)
+        try:
+            header = next(rows, [])
+            if "scheduled_ms" not in header:
+                raise InvalidValue(f"{path}: not a `tradeoff bench --records` CSV (no "
+                                   "scheduled_ms column); a JSON lines trace ends in .jsonl")
+            at = header.index("scheduled_ms")
+            request = header.index("request") if "request" in header else None
+            for row in rows:
+                number = rows.line_num
+                if len(row) != len(header):
+                    columns.fail(number, f"{len(row)} fields where the header has "
+                                 f"{len(header)}")
+                columns.time(number, _number(row[at], float, number, columns) / 1e3)
+                if request is not None:
+                    value = _number(row[request], int, number, columns)
+                    if not 0 <= value < 2**63:
+                        columns.fail(number, f"'request' {shown(value)} is not a whole "
+                                     "number from 0 to 2**63 - 1")
+                    columns.inputs.append(value)
+        except (csv.Error, UnicodeDecodeError) as exc:
+            columns.fail(rows.line_num + 1, f"not CSV text ({exc})")
+    times, inputs, _, _ = columns.columns()
     return times, inputs, None
 
 
-def _read_json_lines(text: str, path: Path) -> tuple[
+def _number(text: str, kind: type[int] | type[float], number: int,
+            columns: _Columns) -> Any:
+    try:
+        return kind(text)
+    except ValueError:
+        columns.fail(number, f"{shown(text)} is not a "
+                     f"{'whole number' if kind is int else 'number'}")
+
+
+def _read_json_lines(path: Path) -> tuple[
         np.ndarray, np.ndarray | None, np.ndarray | None, dict[str, float]]:
-    times: list[float] = []
-    inputs: list[bytes] = []
-    classes: list[str] = []
-    lengths: dict[str, list[int]] = {"prompt_tokens": [], "output_tokens": []}
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            entry = orjson.loads(line)
-        except orjson.JSONDecodeError as exc:
-            raise InvalidValue(f"{path}:{number}: not JSON ({exc})") from None
-        if not isinstance(entry, dict):
-            raise InvalidValue(f"{path}:{number}: expected an object per line")
-        stamp = next((entry[k] for k in _TIME_KEYS if k in entry), None)
-        if not isinstance(stamp, int | float) or isinstance(stamp, bool):
-            raise InvalidValue(f"{path}:{number}: needs a numeric 'timestamp' (seconds)")
-        times.append(float(stamp))
-        if "input" in entry:
-            inputs.append(orjson.dumps(entry["input"], option=orjson.OPT_SORT_KEYS))
-        if "class" in entry:
-            classes.append(str(entry["class"]))
-        for key, values in lengths.items():
-            if key in entry:
-                value = entry[key]
-                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                    raise InvalidValue(f"{path}:{number}: '{key}' must be a whole number "
-                                       ">= 1")
-                values.append(value)
-    if not times:
-        raise InvalidValue(f"{path}: the trace holds no requests")
-    named: list[tuple[str, list[Any]]] = [("input", inputs), ("class", classes),
-                                           *lengths.items()]
-    for what, values in named:
-        if values and len(values) != len(times):
-            raise InvalidValue(f"{path}: '{what}' is on some lines only; give it on every "
-                               "line or none")
-    return (np.array(times), np.array(inputs, dtype=object) if inputs else None,
-            np.array(classes, dtype=object) if classes else None,
-            {key: float(np.mean(values)) for key, values in lengths.items() if values})
+    columns = _Columns(path)
+    with path.open("rb") as file:
+        number = 0
+        while line := file.readline(MAX_TRACE_LINE_BYTES + 1):
+            number += 1
+            if len(line) > MAX_TRACE_LINE_BYTES:
+                columns.fail(number, f"a line is longer than {MAX_TRACE_LINE_BYTES:,} "
+                             "bytes, the most a trace's line may hold")
+            if not line.strip():
+                continue
+            try:
+                entry = orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                columns.fail(number, f"not JSON ({exc})")
+            if not isinstance(entry, dict):
+                columns.fail(number, "expected an object per line")
+            stamp = next((entry[k] for k in _TIME_KEYS if k in entry), None)
+            if not isinstance(stamp, int | float) or isinstance(stamp, bool):
+                columns.fail(number, "needs a numeric 'timestamp' (seconds)")
+            columns.time(number, float(stamp))
+            if "input" in entry:
+                columns.input(orjson.dumps(entry["input"], option=orjson.OPT_SORT_KEYS))
+            if "class" in entry:
+                columns.request_class(number, entry["class"])
+            for key in _LENGTH_KEYS:
+                if key in entry:
+                    columns.length(number, key, entry[key])
+    return columns.columns()

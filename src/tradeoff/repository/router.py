@@ -23,15 +23,17 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tradeoff.errors import ConfigError
+from tradeoff.errors import ConfigError, shown
 from tradeoff.repository.safe_yaml import read_yaml
 
 __all__ = [
+    "CLASS_PATTERN",
     "CONDITIONS",
     "MAX_WEIGHT",
     "ROUTE_FIELDS",
@@ -44,6 +46,7 @@ __all__ = [
     "Shadow",
     "Signature",
     "Target",
+    "class_name_problem",
     "common_signature",
     "sticky_point",
 ]
@@ -54,6 +57,20 @@ PRIORITY_LIMIT = 2**31  # a route's priority lies in [-PRIORITY_LIMIT, PRIORITY_
 CONDITIONS = ("class", "deadline_ms_below")
 TARGET_FIELDS = ("model", "version", "weight")
 MAX_WEIGHT = 1e6  # an arm's weight: a sum of any number of them stays finite
+# A request class: it names pools, files and metrics, so it is a plain word everywhere
+CLASS_PATTERN = "[A-Za-z0-9_.-]{1,64}"
+_CLASS_NAME = re.compile(CLASS_PATTERN)
+
+
+def class_name_problem(name: object) -> str | None:
+    """Why ``name`` cannot be a request class, or None when it can: 1 to 64 letters,
+    digits, '_', '.' or '-' (``CLASS_PATTERN``)."""
+    if not isinstance(name, str):
+        return f"a request class must be a string, got {type(name).__name__}"
+    if _CLASS_NAME.fullmatch(name) is None:
+        return (f"request class {shown(name)} is not a plain name: use 1 to 64 letters, "
+                "digits, '_', '.' or '-'")
+    return None
 
 
 def _hint(value: str, choices: Sequence[str]) -> str:
@@ -225,8 +242,8 @@ def _route(raw: Any, source: str, where: str, router: str | None) -> Route:
                               f"{', '.join(CONDITIONS)}")
         _known(condition, CONDITIONS, source, f"{where}when.")
         request_class = condition.get("class")
-        if request_class is not None and not isinstance(request_class, str):
-            raise ConfigError(source, f"{where}when.class", "must be a string")
+        if request_class is not None and (problem := class_name_problem(request_class)):
+            raise ConfigError(source, f"{where}when.class", problem)
         bound = condition.get("deadline_ms_below")
         if bound is not None and (isinstance(bound, bool) or not isinstance(bound, (int, float))
                                   or bound <= 0):

@@ -22,7 +22,7 @@ import numpy as np
 from tradeoff import dtypes
 from tradeoff.errors import InferenceFailed, InvalidInput, NotFound, RequestError, Unavailable
 from tradeoff.protocol.v2 import TensorOutput
-from tradeoff.repository.router import Decision, RouterConfig, Signature, Target
+from tradeoff.repository.router import Decision, RouterConfig, Signature, Target, class_name_problem
 
 __all__ = ["SHADOW_IN_FLIGHT", "RoutedModel", "RouterStats", "ShadowStats", "T"]
 
@@ -152,10 +152,12 @@ class RoutedModel:
     def decide(self, parameters: dict[str, Any]) -> Decision:
         """Where a request with these parameters goes (``class``; ``timeout`` in µs)."""
         request_class = parameters.get("class")
+        if request_class is not None and (problem := class_name_problem(request_class)):
+            raise InvalidInput(problem)
         timeout = parameters.get("timeout")
         deadline_ms = timeout / 1000 if isinstance(timeout, int) and timeout > 0 else None
-        return self.config.decide(request_class if isinstance(request_class, str) else None,
-                                  deadline_ms, parameters, self._random.random())
+        return self.config.decide(request_class, deadline_ms, parameters,
+                                  self._random.random())
 
     def candidates(self, decision: Decision) -> list[Target]:
         """The target the rules chose, then each fallback not already that one."""
