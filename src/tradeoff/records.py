@@ -14,9 +14,13 @@ as lists, integer dict keys as strings (as JSON has them). A ``schema`` and a ``
 class attribute, where a document has them, come first. Reading follows each field's
 annotation back: a nested record, a list or dict of records, a tuple, an integer key; a
 field without a default must be there, else :class:`ResultFormatError` names the file and the
-field. A figure derived from the others that the document also records is a field with
-``init=False`` set in ``__post_init__``: written, never read. :func:`written` says how the
-rest differ.
+field. Each value read is checked against its annotation on the way: an ``int`` is an
+integer and not a boolean, a ``float`` any number, a ``str`` a string, a ``bool`` true or
+false, an integer key a number, ``Any`` anything (null stays allowed wherever it was). A
+result file passed between people cannot put a string where the report prints a number; the
+error names the file, the field and the value, cut short. A figure derived from the others
+that the document also records is a field with ``init=False`` set in ``__post_init__``:
+written, never read. :func:`written` says how the rest differ.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from tradeoff.errors import ResultFormatError
+from tradeoff.errors import ResultFormatError, shown
 
 __all__ = ["Fields", "Record", "written"]
 
@@ -58,7 +62,15 @@ class Fields:
         return key in self.data
 
     def sub(self, key: str) -> Fields:
-        return Fields(self(key), f"{self.where}.{key}")
+        return Fields(self(key), _key_where(self.where, key))
+
+    def typed(self, key: str, hint: Any) -> Any:
+        """The field ``key`` read as the annotation ``hint`` has it, its type checked (a
+        reader written by hand checks its fields as the generic one does)::
+
+            name = f.typed("name", str)
+        """
+        return _read(hint, self(key), _key_where(self.where, key))
 
 
 @dataclass(frozen=True)
@@ -165,24 +177,71 @@ def _plain(value: Any) -> Any:
 
 def _read(hint: Any, value: Any, where: str) -> Any:
     """``value`` as the annotation ``hint`` has it (JSON's lists, dicts and strings back to
-    records, tuples and integer keys)."""
+    records, tuples and integer keys), its type checked on the way."""
     if value is None:
         return None
     hint = _without_none(hint)
     origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return value
     if isinstance(hint, type) and issubclass(hint, Record):
         return hint.read(Fields(value, where))
     if origin is list:
-        if not isinstance(value, list):
-            raise ResultFormatError(f"{where}: expected a list")
-        return [_read(args[0], v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return [_read(args[0], v, f"{where}[{i}]") for i, v in enumerate(_list(value, where))]
     if origin is tuple:
-        return tuple(value)
+        items = _list(value, where)
+        if not args or args[-1] is Ellipsis:
+            return tuple(_read(args[0] if args else Any, v, f"{where}[{i}]")
+                         for i, v in enumerate(items))
+        if len(items) != len(args):
+            raise ResultFormatError(f"{where}: expected {len(args)} items, got {len(items)}")
+        return tuple(_read(a, v, f"{where}[{i}]")
+                     for i, (a, v) in enumerate(zip(args, items, strict=True)))
     if origin is dict:
-        key = int if args[0] is int else None
-        return {key(k) if key else k: _read(args[1], v, f"{where}.{k}")
+        return {_key(args[0], k, where): _read(args[1], v, _key_where(where, k))
                 for k, v in Fields(value, where).data.items()}
+    return _checked(hint, value, where)
+
+
+# what a plain annotation takes from JSON, and how an error names it; a boolean is no number
+_PLAIN: dict[Any, tuple[tuple[type, ...], str]] = {
+    bool: ((bool,), "true or false"), int: ((int,), "an integer"),
+    float: ((int, float), "a number"), str: ((str,), "a string")}
+
+
+def _checked(hint: Any, value: Any, where: str) -> Any:
+    """``value`` itself, once it is of the plain type ``hint`` names."""
+    if hint not in _PLAIN:
+        raise TypeError(f"a Record field annotated {hint!r} has no reader")
+    kinds, name = _PLAIN[hint]
+    if not isinstance(value, kinds) or (hint is not bool and isinstance(value, bool)):
+        raise ResultFormatError(f"{where}: expected {name}, got {shown(value)}")
     return value
+
+
+def _list(value: Any, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise ResultFormatError(f"{where}: expected a list, got {type(value).__name__}")
+    return value
+
+
+def _key(hint: Any, key: str, where: str) -> Any:
+    """A JSON object's key as the dict's key annotation has it (an integer back from its
+    text)."""
+    if hint is not int:
+        return key
+    try:
+        return int(key)
+    except ValueError:
+        raise ResultFormatError(f"{where}: key {shown(key)} is not an integer") from None
+
+
+def _key_where(where: str, key: str) -> str:
+    """Where a key's value sits, for an error: ``where.key``, or ``where['odd key']`` when
+    the key would not read as one plain word (a file's key is shown, never echoed)."""
+    plain = isinstance(key, str) and key.isascii() and len(key) <= 40 and \
+        key.replace("_", "").replace("-", "").isalnum()
+    return f"{where}.{key}" if plain else f"{where}[{shown(key)}]"
 
 
 def _without_none(hint: Any) -> Any:

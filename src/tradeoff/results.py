@@ -36,7 +36,7 @@ from typing import Any, TypeVar, Union
 
 import numpy as np
 
-from tradeoff.errors import ResultFormatError, local_resource
+from tradeoff.errors import ResultFormatError, local_resource, shown
 from tradeoff.records import Fields, Record, written
 
 __all__ = [
@@ -497,8 +497,8 @@ class Ratios(Record):
 
     @classmethod
     def read(cls, f: Fields) -> Ratios:
-        return cls(f("name"), {k: Ratio.read(Fields(v, f"{f.where}.{k}"))
-                               for k, v in f.data.items() if k != "name"})
+        return cls(f.typed("name", str), {k: Ratio.read(f.sub(k)) for k in f.data
+                                          if k != "name"})
 
 
 @dataclass(frozen=True)
@@ -740,11 +740,11 @@ class _TuneDocuments:
 
     @staticmethod
     def read(f: Fields) -> BatchSizeTune | ServeTune:
-        search = f("search")
+        search = f.typed("search", str)
         kinds: dict[str, Any] = {"batch-size": BatchSizeTune, "serve": ServeTune}
         if search not in kinds:
-            raise ResultFormatError(f"{f.where}.search: {search!r} is not a tune search this "
-                                    f"version reads ({', '.join(kinds)})")
+            raise ResultFormatError(f"{f.where}.search: {shown(search)} is not a tune search "
+                                    f"this version reads ({', '.join(kinds)})")
         document: BatchSizeTune | ServeTune = kinds[search].read(f)
         return document
 
@@ -934,7 +934,7 @@ def load_result(source: str | Path | Mapping[str, Any] | ResultDocument,
     if reader is None:
         known = ", ".join(READERS)
         raise ResultFormatError(f"{where}: not a tradeoff result this version reads (schema "
-                                f"{schema!r}; known: {known})")
+                                f"{shown(schema)}; known: {known})")
     document: ResultDocument = reader.read(f)
     return document
 

@@ -141,3 +141,35 @@ def test_derived_figures_follow_a_replaced_field() -> None:
     assert (faster.best_batch, faster.best_throughput) == (16, 90.0)
     assert list(version.to_dict())[5:8] == ["throughput_by_batch", "best_batch",
                                             "best_throughput"]
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda d: d.update(name=["s"]), "shape.name: expected a string, got ['s']"),
+    (lambda d: d["points"][0].update(x=1.5), "shape.points[0].x: expected an integer, got 1.5"),
+    (lambda d: d["points"][0].update(x=True), "shape.points[0].x: expected an integer"),
+    (lambda d: d["points"][1].update(pair=[1.0]), "shape.points[1].pair: expected 2 items"),
+    (lambda d: d["points"][1].update(pair=[1.0, "2"]),
+     "shape.points[1].pair[1]: expected a number, got '2'"),
+    (lambda d: d.update(by_size={"eight": 1.0}), "shape.by_size: key 'eight' is not an integer"),
+    (lambda d: d.update(by_size={"8": "fast"}), "shape.by_size.8: expected a number"),
+    (lambda d: d.update(tag={"a": 1}), "shape.tag: expected a string, got {'a': 1}"),
+], ids=["str-list", "int-float", "int-bool", "tuple-length", "tuple-item", "int-key",
+        "float-str", "str-object"])
+def test_a_value_of_the_wrong_type_is_refused_by_name(change: object, message: str) -> None:
+    data = json.loads(json.dumps(_shape().to_dict()))
+    change(data)  # type: ignore[operator]
+    with pytest.raises(ResultFormatError) as caught:
+        Shape.read(Fields(data, "shape"))
+    assert str(caught.value).startswith(message), str(caught.value)
+
+
+def test_a_wrong_typed_value_under_an_odd_key_is_named_without_echoing_it() -> None:
+    @dataclass(frozen=True)
+    class Scores(Record):
+        by_name: dict[str, float]
+
+    key = "a\nb" + "x" * 100
+    with pytest.raises(ResultFormatError) as caught:
+        Scores.read(Fields({"by_name": {key: "high"}}, "s.json"))
+    text = str(caught.value)
+    assert "\n" not in text and text.startswith("s.json.by_name['a\\nb") and "..." in text
