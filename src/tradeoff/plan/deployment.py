@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+import shlex
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -27,7 +28,7 @@ from tradeoff.results import PlanCandidate
 from tradeoff.tune.serve_search import Knobs
 
 __all__ = ["WRITTEN_BY", "pool_name", "pool_routes", "serve_flags", "serve_script",
-           "write_deployment", "write_router"]
+           "write_deployment", "write_router", "written_by"]
 
 WRITTEN_BY = "# written by tradeoff plan"
 
@@ -66,8 +67,8 @@ def write_router(target: Path, model: str, plan: str, routes: list[dict[str, Any
     """``target/MODEL/router.yaml`` with these routes, marked as the plan's."""
     router = target / model
     router.mkdir(parents=True)
-    (router / ROUTER_FILE).write_text(f"{WRITTEN_BY}: {plan}\n"
-                                      + yaml.safe_dump({"routes": routes}, sort_keys=False))
+    (router / ROUTER_FILE).write_text(written_by(plan) + yaml.safe_dump(
+        {"routes": routes}, sort_keys=False))
 
 
 def pool_name(model: str, request_class: str) -> str:
@@ -89,8 +90,7 @@ def _write_model(target: Path, candidates: Path, candidate: PlanCandidate,
         if not extra.name.isdigit() and extra.name not in (PBTXT, *YAML_FILES):
             copy = shutil.copytree if extra.is_dir() else shutil.copy2
             copy(extra, model_dir / extra.name)
-    (model_dir / PBTXT).write_text(f"{WRITTEN_BY}: {candidate.name}\n"
-                                   + config_text(document))
+    (model_dir / PBTXT).write_text(written_by(candidate.name) + config_text(document))
 
 
 def serve_flags(candidate: PlanCandidate) -> list[str]:
@@ -103,7 +103,16 @@ def serve_flags(candidate: PlanCandidate) -> list[str]:
 
 
 def serve_script(repository: Path, candidate: PlanCandidate) -> str:
-    """``serve.sh``: the `tradeoff serve` line that starts the deployment."""
-    flags = " ".join(["--model-repository", str(repository.resolve()),
-                      *serve_flags(candidate)])
-    return f"#!/bin/sh\n{WRITTEN_BY}: {candidate.name}\nexec tradeoff serve {flags} \"$@\"\n"
+    """``serve.sh``: the `tradeoff serve` line that starts the deployment, every word
+    quoted for the shell."""
+    words = ["tradeoff", "serve", "--model-repository", str(repository.resolve()),
+             *serve_flags(candidate)]
+    return (f"#!/bin/sh\n{written_by(candidate.name)}"
+            f"exec {' '.join(shlex.quote(word) for word in words)} \"$@\"\n")
+
+
+def written_by(plan: str) -> str:
+    """The comment line that marks a file as the plan's: one line whatever the plan's
+    name holds (a character that could end a line or a comment is shown as '?')."""
+    shown_name = "".join(c if c.isprintable() else "?" for c in plan)
+    return f"{WRITTEN_BY}: {shown_name}\n"

@@ -54,7 +54,7 @@ from tradeoff.plan.continuous import (
     StepCost,
     simulate_engine,
 )
-from tradeoff.plan.deployment import WRITTEN_BY, pool_routes, write_router
+from tradeoff.plan.deployment import pool_routes, write_router, written_by
 from tradeoff.plan.search import PlanGoal, class_replays, rank_key, weigh
 from tradeoff.plan.traffic import Traffic
 from tradeoff.repository.repository import GENERATIVE_FILE
@@ -475,7 +475,7 @@ def _write_engine(model_dir: Path, source: Path, candidate: PlanCandidate, plan:
     if candidate.knobs.get("threads"):
         doc["threads"] = candidate.knobs["threads"]
     shutil.copytree(source, model_dir, ignore=shutil.ignore_patterns(GENERATIVE_FILE))
-    (model_dir / GENERATIVE_FILE).write_text(f"{WRITTEN_BY}: {plan}\n"
+    (model_dir / GENERATIVE_FILE).write_text(written_by(plan)
                                              + yaml.safe_dump(doc, sort_keys=False))
 
 

@@ -1,0 +1,63 @@
+"""The files `tradeoff plan` writes carry user text (class names, folder names) only
+quoted: `serve.sh` runs the one command it names, its comments stay comments."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tradeoff.plan.deployment import serve_script, write_router, written_by
+from tradeoff.repository.safe_yaml import read_yaml
+from tradeoff.results import PlanCandidate, Prediction
+
+HOSTILE_NAME = "bulk\n%x ;touch PWNED\n---\n#"
+
+
+def _candidate(name: str, cache_bytes: int = 0) -> PlanCandidate:
+    return PlanCandidate(name=name, version=1, precision="fp32", drop=0.0,
+                         knobs={"max_batch_size": 8}, cache_bytes=cache_bytes, cores=1,
+                         predicted=Prediction(1.0, 2.0, 1.0, 0.0, 0.5),
+                         cost_per_million=None, meets_sla=True, changes=0)
+
+
+@pytest.mark.parametrize("folder", ["My Models", "m$(touch PWNED)-plan-mlp", "it's `id`"])
+def test_serve_sh_runs_one_command_with_its_arguments_whole(tmp_path: Path,
+                                                            folder: str) -> None:
+    """serve.sh run by the shell, with a `tradeoff` on PATH that prints its arguments."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "tradeoff"
+    fake.write_text(f"#!{sys.executable}\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n")
+    fake.chmod(0o755)
+    repository = tmp_path / folder
+    repository.mkdir()
+    script = tmp_path / "serve.sh"
+    script.write_text(serve_script(repository, _candidate(HOSTILE_NAME, cache_bytes=3 << 20)))
+    run = subprocess.run(["sh", str(script), "--port", "9000"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=30,
+                         env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == (
+        '["serve", "--model-repository", ' + json.dumps(str(repository.resolve())) +
+        ', "--cache", "local,size=3MiB,tenant_size=3MiB", "--port", "9000"]')
+    assert not list(tmp_path.rglob("PWNED"))
+    assert script.read_text().count("\n") == 3  # shebang, one comment, the command
+
+
+def test_a_written_comment_is_one_line_whatever_the_name_holds() -> None:
+    for separator in ("\n", "\r", "\x0b", "\x0c", "\x1c", "\x85", "\u2028", "\u2029", "\x00"):
+        line = written_by(f"a{separator}b")
+        assert line.endswith("\n") and len(line.splitlines()) == 1 and "\x00" not in line
+
+
+def test_router_yaml_keeps_its_comment_a_comment(tmp_path: Path) -> None:
+    write_router(tmp_path, "mlp", HOSTILE_NAME, [{"to": "mlp_bulk"}])
+    text = (tmp_path / "mlp" / "router.yaml").read_text()
+    assert text.splitlines()[0].startswith("# written by tradeoff plan: bulk?%x ;touch")
+    assert read_yaml(tmp_path / "mlp" / "router.yaml") == {"routes": [{"to": "mlp_bulk"}]}
+
