@@ -36,7 +36,7 @@ def test_classes_that_would_share_a_pool_are_refused_when_read(tmp_path: Path) -
                   {"timestamp": 1, "class": "bulk"}, {"timestamp": 2, "class": "bulk"})
     with pytest.raises(InvalidValue, match="'Bulk' and 'bulk' differ only in letter case"):
         Traffic.read(path)
-    with pytest.raises(InvalidValue, match="--class-share: .*'a b'"):
+    with pytest.raises(InvalidValue, match=r"--class-share: .*'a b'"):
         Traffic.law(100, classes={"a b": 1, "a_b": 1})
 
 
