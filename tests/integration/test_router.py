@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.grpc as triton_grpc
+from tritonclient.utils import InferenceServerException
 
 from tradeoff.models import build_repository
 from tradeoff.server.process import ServerProcess
@@ -109,6 +110,27 @@ def test_class_header_and_deadline_choose_the_route(server: ServerProcess) -> No
         assert result.get_response().parameters["routed_to"].string_param == "small"
     finally:
         grpc.close()
+
+
+def test_a_class_that_is_not_a_plain_name_is_refused_by_name(server: ServerProcess) -> None:
+    """Clients choose their class, and classes end up in traces, plans and file names."""
+    hostile = "bulk\n%x ;touch PWNED"
+    answer = ask(server, **{"class": hostile})
+    assert answer.status == 400 and "is not a plain name" in answer.json()["error"]
+    rows = [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1.0] * 4}]
+    by_header = request(server.url, "POST", "/v2/models/front/infer", post_body(rows),
+                        {"X-Tradeoff-Class": "a b;rm", "Content-Type": "application/json"})
+    assert by_header.status == 400 and "'a b;rm'" in by_header.json()["error"]
+    assert ask(server, **{"class": 7}).status == 400
+    grpc = triton_grpc.InferenceServerClient(server.grpc_url)
+    try:
+        tensor = triton_grpc.InferInput("INPUT0", [1, 4], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+        with pytest.raises(InferenceServerException, match="not a plain name"):
+            grpc.infer("front", [tensor], parameters={"class": "x" * 65})
+    finally:
+        grpc.close()
+    assert routed(ask(server, **{"class": "latency"})) == "small"
 
 
 def post_body(rows: list[dict]) -> bytes:
@@ -236,6 +258,9 @@ def test_a_router_of_generative_models_is_an_alias_that_streams(alias_server: Se
                                         ).completions.create(model="chat", prompt="x",
                                                              max_tokens=2, temperature=0)
         assert by_header.model == "tinyllama_b"
+        with pytest.raises(openai.BadRequestError, match="not a plain name"):
+            client.completions.create(model="chat", prompt="x", max_tokens=1,
+                                      extra_body={"class": "a b"})
         # tinyllama_b is the same model, asked greedily: the shadow chooses alike, but for
         # near ties that batching with other sequences can tip (random weights)
         wait_for(lambda: request(alias_server.url, "GET", "/v2/models/chat/stats").json()[
