@@ -8,6 +8,7 @@
     num_blocks: 512             # KV cache blocks ...
     block_size: 16              # ... of this many tokens
     scheduling: fcfs            # fcfs | priority
+    priority_aging_steps: 200   # priority: a request this many steps old goes first
     batching: continuous        # continuous | static (the baseline)
     device: auto                # auto (cuda when torch sees a GPU) | cpu | cuda | cuda:N
     prefix_caching: true        # share the KV blocks of prompt prefixes seen before
@@ -20,7 +21,7 @@
 Validated like ``config.pbtxt``: an error names the file, the field and what is wrong,
 with "did you mean" for a misspelt field or value. The sizes have upper bounds
 (``SIZE_LIMITS``: max_num_seqs 4,096, max_num_batched_tokens and num_blocks 2^20,
-max_num_queued_requests 1,000,000, block_size 1,024).
+max_num_queued_requests and priority_aging_steps 1,000,000, block_size 1,024).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import Any
 
 from tradeoff.backends.registry import default_registry
 from tradeoff.errors import ConfigError, shown
+from tradeoff.generate.iteration import AGING_STEPS
 from tradeoff.repository.repository import GENERATIVE_FILE
 from tradeoff.repository.safe_yaml import read_yaml
 
@@ -44,7 +46,7 @@ _CHOICES = {"scheduling": ("fcfs", "priority"), "batching": ("continuous", "stat
 # the sizes and their upper bounds (each is at least 1)
 SIZE_LIMITS = {"max_num_seqs": 4096, "max_num_batched_tokens": 1 << 20,
                "max_num_queued_requests": 1_000_000, "num_blocks": 1 << 20,
-               "block_size": 1024}
+               "block_size": 1024, "priority_aging_steps": 1_000_000}
 MAX_THREADS = 1024
 
 
@@ -65,6 +67,7 @@ class GenerativeConfig:
     num_blocks: int = 512
     block_size: int = 16
     scheduling: str = "fcfs"
+    priority_aging_steps: int = AGING_STEPS  # see generate/iteration.py
     batching: str = "continuous"
     device: str = "auto"
     prefix_caching: bool = True

@@ -25,6 +25,7 @@ from tradeoff.backends.decoding import Decoder, SequenceStep
 from tradeoff.errors import InvalidInput
 from tradeoff.generate.decode_step import DecodeStep
 from tradeoff.generate.iteration import (
+    AGING_STEPS,
     GenSequence,
     IterationScheduler,
     PrefillPacer,
@@ -94,7 +95,7 @@ class GenerationEngine:
     def __init__(self, decoder: Decoder, *, num_blocks: int = 512, block_size: int = 16,
                  max_num_seqs: int = 16, max_num_batched_tokens: int = 512,
                  max_num_queued: int = 256, policy: str = "fcfs", mode: str = "continuous",
-                 prefix_caching: bool = False,
+                 priority_aging_steps: int = AGING_STEPS, prefix_caching: bool = False,
                  detokenize: Callable[[Sequence[int]], str] | None = None,
                  cuda_graphs: bool | None = None, prefill_stretch: float = 0.0,
                  threads: int = 0) -> None:
@@ -105,7 +106,7 @@ class GenerationEngine:
         self.scheduler = IterationScheduler(
             self.blocks, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, max_num_queued=max_num_queued,
-            policy=policy, mode=mode)
+            policy=policy, mode=mode, aging_steps=priority_aging_steps)
         self.detokenize = detokenize
         # continuous batching only: a static batch prefills before anything decodes
         self.pacer = PrefillPacer(prefill_stretch if mode == "continuous" else 0.0,

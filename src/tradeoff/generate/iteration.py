@@ -7,12 +7,20 @@ Every step, in order:
    its one token, then those still prefilling get the next chunk of their prompt from
    what is left of the budget (so a long prompt never delays the others' next token by
    more than one step of ``max_num_batched_tokens``). A sequence whose new tokens need
-   a KV block when none is free preempts the most recently admitted running sequence
-   (lowest priority first): its blocks are freed and it goes back to the front of the
-   waiting queue, to be recomputed later (preemption by recompute).
-2. **Waiting sequences** are admitted (FCFS, or by priority then arrival) while fewer than
+   a KV block when none is free preempts the running sequence served last (FCFS: the
+   most recently admitted other one; by priority: the last in the order below, which
+   may be the sequence itself, so none evicts one served before it): its blocks are
+   freed and it goes back to the waiting queue, to be recomputed later (preemption by
+   recompute).
+2. **Waiting sequences** are admitted (FCFS, or in the order below) while fewer than
    ``max_num_seqs`` run, the step's ``max_num_batched_tokens`` budget lasts and free
    blocks hold their prompt chunk. A prompt longer than the budget is prefilled in chunks.
+
+The order by priority ages: a sequence that arrived ``aging_steps`` steps ago or more
+(preempted or not) is served ahead of every younger one, older first; the younger ones
+by priority (lower first), then arrival. A stream of urgent requests therefore delays a
+less urgent one by about ``aging_steps`` steps, never for ever, and an aged sequence is
+evicted only for an older one.
 
 Finished sequences are retired by the engine at once, so their slots and blocks serve the
 next step. With prefix caching, an admitted sequence first takes the cached blocks of the
@@ -27,12 +35,16 @@ from __future__ import annotations
 import enum
 import itertools
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tradeoff.errors import InvalidValue, Unavailable
 from tradeoff.generate.kv_blocks import BlockAllocator, BlockKey, block_key
 
-__all__ = ["GenSequence", "IterationScheduler", "PrefillPacer", "SeqState", "StepPlan"]
+__all__ = ["AGING_STEPS", "GenSequence", "IterationScheduler", "PrefillPacer", "SeqState",
+           "StepPlan"]
+
+AGING_STEPS = 200  # steps after its arrival when a sequence goes ahead of younger ones
 
 
 class SeqState(enum.Enum):
@@ -60,6 +72,7 @@ class GenSequence:
     cached_tokens: int = 0     # prompt tokens found in the prefix cache at admission
     block_keys: list[BlockKey] = field(default_factory=list)  # keys of its full blocks
     seq_id: int = field(default_factory=lambda: next(_ids))
+    arrived: int = 0           # the scheduler's step count when it was queued
 
     @property
     def tokens(self) -> list[int]:
@@ -97,17 +110,24 @@ class IterationScheduler:
 
     def __init__(self, blocks: BlockAllocator, *, max_num_seqs: int = 16,
                  max_num_batched_tokens: int = 512, max_num_queued: int = 256,
-                 policy: str = "fcfs", mode: str = "continuous") -> None:
+                 policy: str = "fcfs", mode: str = "continuous",
+                 aging_steps: int = AGING_STEPS) -> None:
         if policy not in ("fcfs", "priority"):
             raise InvalidValue(f"scheduling policy must be fcfs or priority, got {policy!r}")
         if mode not in ("continuous", "static"):
             raise InvalidValue(f"batching mode must be continuous or static, got {mode!r}")
+        if isinstance(aging_steps, bool) or not isinstance(aging_steps, int) or \
+                aging_steps < 1:
+            raise InvalidValue(f"aging_steps must be a whole number of steps >= 1, got "
+                               f"{aging_steps!r}")
         self.blocks = blocks
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_queued = max_num_queued
         self.policy = policy
         self.mode = mode
+        self.aging_steps = aging_steps
+        self.steps = 0  # schedule() calls: the clock sequences age by
         self.waiting: deque[GenSequence] = deque()
         self.running: list[GenSequence] = []
         self.preemptions = 0
@@ -124,6 +144,7 @@ class IterationScheduler:
             raise Unavailable(f"a prompt of {len(seq.prompt)} tokens with max_tokens "
                               f"{seq.max_tokens} does not fit the KV cache "
                               f"({self.blocks.num_blocks} blocks of {self.blocks.block_size})")
+        seq.arrived = self.steps
         self.waiting.append(seq)
 
     def finish(self, seq: GenSequence, reason: str) -> None:
@@ -192,15 +213,35 @@ class IterationScheduler:
             seq.block_keys.append(key)
             self.blocks.register(seq.blocks[index], key)
 
-    def _victim_order(self) -> list[GenSequence]:
-        """Running sequences, the first to give way first: lowest priority (highest
-        number), then the most recently admitted."""
-        order = list(reversed(self.running))
+    def _rank(self) -> Callable[[GenSequence], tuple[int, int, int]]:
+        """The order of service under priority, as a sort key (lowest first): aged
+        sequences (arrived ``aging_steps`` ago or more) first, oldest first; then the
+        others by priority, then arrival."""
+        aged = self.steps - self.aging_steps
+
+        def rank(seq: GenSequence) -> tuple[int, int, int]:
+            if seq.arrived <= aged:
+                return (0, 0, seq.seq_id)
+            return (1, seq.priority, seq.seq_id)
+
+        return rank
+
+    def _victim(self, seq: GenSequence, work: list[tuple[GenSequence, int]]) -> GenSequence:
+        """The running sequence that gives way so that ``seq`` grows, of those this step
+        has not planned yet. FCFS: the most recently admitted other one (``seq`` itself
+        when there is none). By priority: the last in the order of service, ``seq``
+        included, so no sequence evicts one served before it."""
+        planned = {id(w) for w, _ in work}
         if self.policy == "priority":
-            order.sort(key=lambda s: -s.priority)
-        return order
+            return max((v for v in self.running if id(v) not in planned),
+                       key=self._rank())
+        return next((v for v in reversed(self.running)
+                     if v is not seq and id(v) not in planned), seq)
 
     def schedule(self) -> StepPlan:
+        """The next step's plan: what each running sequence computes, the waiting
+        sequences admitted, and those preempted."""
+        self.steps += 1
         budget = self.max_num_batched_tokens
         decodes = sum(1 for seq in self.running if seq.pending == 1)
         # prompt tokens: what the decodes leave, within the prefill limit when one is set
@@ -219,11 +260,7 @@ class IterationScheduler:
             if n <= 0:
                 continue
             while not self._grow(seq, n):
-                victims = [v for v in self._victim_order() if v is not seq
-                           and all(v is not w for w, _ in work)]
-                if not victims:
-                    victims = [seq]
-                victim = victims[0]
+                victim = self._victim(seq, work)
                 self._preempt(victim)
                 preempted.append(victim)
                 if victim is seq:
@@ -234,10 +271,10 @@ class IterationScheduler:
                 if seq.pending > 1:
                     prompts -= n
         admit = self.mode == "continuous" or not self.running
-        if admit and not preempted:
+        if admit and not preempted and self.waiting and \
+                len(self.running) < self.max_num_seqs:
             if self.policy == "priority":
-                self.waiting = deque(sorted(self.waiting, key=lambda s: (s.priority,
-                                                                         s.seq_id)))
+                self.waiting = deque(sorted(self.waiting, key=self._rank()))
             while self.waiting and len(self.running) < self.max_num_seqs and \
                     min(budget, prompts) > 0:
                 seq = self.waiting[0]

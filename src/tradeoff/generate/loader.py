@@ -32,6 +32,7 @@ def new_engine(config: GenerativeConfig, decoder: Decoder, tokenizer: Tokenizer)
         decoder, num_blocks=config.num_blocks, block_size=config.block_size,
         max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
         max_num_queued=config.max_num_queued_requests, policy=config.scheduling,
-        mode=config.batching, prefix_caching=config.prefix_caching,
+        priority_aging_steps=config.priority_aging_steps, mode=config.batching,
+        prefix_caching=config.prefix_caching,
         detokenize=tokenizer.decode, cuda_graphs=None if config.cuda_graphs else False,
         prefill_stretch=config.prefill_stretch, threads=config.threads)
