@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import click
 
 from tradeoff.cli.options import DURATION, Duration, Number, json_option, save_result, step_progress
+from tradeoff.cli.signals import RaiseOnSignal, Stopped
 
 __all__ = ["plan"]
 
@@ -202,10 +204,14 @@ def plan(model_dir: Path, sla_p99_ms: float | None, sla_ttft_ms: float | None,
     try:
         if server_cpus is not None:  # this process generates the load: the other cores
             os.sched_setaffinity(0, set(available[server_cores:]))
-        with step_progress(console) as say:
+        with RaiseOnSignal(), step_progress(console) as say:
             result = make_plan(PlanRequest(
                 model_dir, traffic, goal, variants, output, seconds, server_cpus,
                 lengths), say)
+    except Stopped as stop:
+        click.echo(f"plan: stopped by {stop}; its servers are stopped and its scratch "
+                   "removed", err=True)
+        sys.exit(128 + stop.signum)
     finally:
         if server_cpus is not None:
             os.sched_setaffinity(0, set(available))

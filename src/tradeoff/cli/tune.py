@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,8 +23,9 @@ from tradeoff.cli.options import (
     take_endpoint,
     take_load,
 )
+from tradeoff.cli.signals import SignalStop, Stopped
 
-__all__ = ["SignalStop", "Stopped", "batch_size", "serve", "tune"]
+__all__ = ["batch_size", "serve", "tune"]
 
 
 @click.group()
@@ -92,50 +92,6 @@ def batch_size(model_dir: Path, device: str, max_memory: str | None,
         result = tune_batch_size(model_dir, plan, say)
     print_batch_size_tune(result, console)
     save_result(result, json_path, console, "tune result")
-
-
-class Stopped(KeyboardInterrupt):
-    """SIGINT, SIGTERM or SIGHUP during ``tune serve``: unwinds the search so the server
-    gets its config back."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-class SignalStop:
-    """While entered, the first SIGINT, SIGTERM or SIGHUP stops the load run in progress
-    and makes :meth:`check` raise :class:`Stopped`; later ones are ignored while the
-    server's config is put back. The handler itself raises nothing (see
-    :func:`~tradeoff.bench.runner.stop_runs`): the search stops at its own points."""
-
-    WANTED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self._previous: dict[int, Any] = {}
-
-    def check(self) -> None:
-        if self.signum is not None:
-            raise Stopped(self.signum)
-
-    def _handle(self, signum: int, _frame: object) -> None:
-        from tradeoff.bench.runner import stop_runs
-
-        if self.signum is None:
-            self.signum = signum
-            stop_runs()
-
-    def __enter__(self) -> SignalStop:
-        self._previous = {sig: signal.signal(sig, self._handle) for sig in self.WANTED}
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        from tradeoff.bench.runner import resume_runs
-
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        resume_runs()
 
 
 def _values(text: str, option: str, least: int) -> tuple[int, ...]:
