@@ -59,6 +59,13 @@ def test_a_route_may_set_the_priority_of_what_it_sends(tmp_path: Path) -> None:
     assert example(tmp_path).routes[0].priority is None  # the request's own
 
 
+def test_a_router_may_hide_its_targets(tmp_path: Path) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_text("routes: [{to: engine}]\nhide_targets: true\n")
+    assert RouterConfig.read(path).hide_targets is True
+    assert example(tmp_path).hide_targets is False  # they answer direct calls too
+
+
 def test_first_matching_route_wins(tmp_path: Path) -> None:
     config = example(tmp_path)
     assert config.decide("latency", None, {}, 0.5).target == Target("mlp_small")
@@ -98,6 +105,7 @@ def test_weights_hold_within_two_percent_over_ten_thousand_requests(tmp_path: Pa
     ("routes: [{to: a}]\nfallback: [{model: b, weight: 3}]", "fallback[0].weight",
      "unknown field"),
     ("routes: [{to: a}]\nidempotent: maybe", "idempotent", "true or false"),
+    ("routes: [{to: a}]\nhide_targets: 1", "hide_targets", "true or false"),
     ("routes: [{to: a, priority: high}]", "routes[0].priority", "integer"),
     ("routes: [{to: a, priority: 1.5}]", "routes[0].priority", "integer"),
     ("routes: [{to: a, priority: 4294967296}]", "routes[0].priority", "2**31 - 1"),

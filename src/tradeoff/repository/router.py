@@ -14,6 +14,7 @@ that sends each request to one of its targets.
     fallback: [mlp_small]                    # when the chosen target refuses or is not ready
     shadow: {to: mlp_int8, fraction: 0.05}   # a copy of some requests, answer not waited for
     idempotent: false                        # true: a failed request may be tried again
+    hide_targets: false                      # true: its targets answer only through it
 
 This module reads and checks the file and decides where a request goes; serving it is
 the server's. Errors name the file and the field, with "did you mean" for a misspelling.
@@ -51,7 +52,7 @@ __all__ = [
     "sticky_point",
 ]
 
-TOP_FIELDS = ("routes", "fallback", "shadow", "idempotent")
+TOP_FIELDS = ("routes", "fallback", "shadow", "idempotent", "hide_targets")
 ROUTE_FIELDS = ("when", "to", "sticky", "priority")
 PRIORITY_LIMIT = 2**31  # a route's priority lies in [-PRIORITY_LIMIT, PRIORITY_LIMIT)
 CONDITIONS = ("class", "deadline_ms_below")
@@ -161,6 +162,7 @@ class RouterConfig:
     fallback: tuple[Target, ...] = ()
     shadow: Shadow | None = None
     idempotent: bool = False
+    hide_targets: bool = False  # direct calls to its targets are refused while it serves
 
     @classmethod
     def read(cls, path: Path) -> RouterConfig:
@@ -200,7 +202,10 @@ class RouterConfig:
         idempotent = doc.get("idempotent", False)
         if not isinstance(idempotent, bool):
             raise ConfigError(source, "idempotent", "must be true or false")
-        return cls(routes, fallback, shadow, idempotent)
+        hide = doc.get("hide_targets", False)
+        if not isinstance(hide, bool):
+            raise ConfigError(source, "hide_targets", "must be true or false")
+        return cls(routes, fallback, shadow, idempotent, hide)
 
     def models(self) -> list[str]:
         """Every model the router may send to, each once, in order of appearance."""
