@@ -2,11 +2,17 @@
 from any mix of bench, sweep, soak, compare and optimize results.
 
     report = write_report([load_result(p) for p in paths], Path("report.html"))
+
+Result files are passed between people, so nothing a file holds is markup here: every value
+reaches the page through :func:`_e` (text and attribute values escaped, quotes included),
+:func:`_num` or :func:`_fixed` (a number formatted, anything else escaped), and the only
+script is the report's own. A plot's labels go through ``plots.label``.
 """
 
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -68,7 +74,8 @@ document.querySelectorAll('figure.plot svg').forEach(function (svg) {
 
 
 def _e(value: Any) -> str:
-    return html.escape(str(value))
+    """``value`` as HTML text, safe in an element and in a quoted attribute alike."""
+    return html.escape(str(value), quote=True)
 
 
 def _num(value: Any, digits: int = 2) -> str:
@@ -77,6 +84,18 @@ def _num(value: Any, digits: int = 2) -> str:
     if isinstance(value, float):
         return f"{value:,.{digits}f}"
     return _e(value)
+
+
+def _fixed(value: Any, spec: str = "g") -> str:
+    """``value`` formatted by ``spec`` when it is a number, else escaped as text (a figure
+    of an open-ended dict a result file holds, such as its goal or traffic)."""
+    return _e(plots.number(value, spec))
+
+
+def _file_name(name: str) -> str:
+    """A plot's name as one plain part of a file name: a model named ``../m`` or ``a/b``
+    still writes its PNG into the --png folder."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip(".")[:80] or "plot"
 
 
 def _table(header: list[str], rows: list[list[str]], classes: list[str] | None = None,
@@ -105,7 +124,7 @@ class Report:
         self._figures += 1
         plots.tidy(figure)
         if self.png_dir is not None:
-            path = self.png_dir / f"{self._figures:02d}-{name}.png"
+            path = self.png_dir / f"{self._figures:02d}-{_file_name(name)}.png"
             with local_resource(f"--png: cannot write {path}"):
                 self.png_dir.mkdir(parents=True, exist_ok=True)
                 figure.savefig(path, dpi=150)
@@ -148,7 +167,7 @@ def _sweep_section(report: Report, sweeps: list[SweepResult]) -> None:
             sla = sweep.sla
             sla_text = ""
             if sla:
-                sla_text = (f"<p>SLA p99 &le; {sla.p99_ms:g} ms: highest load meeting it "
+                sla_text = (f"<p>SLA p99 &le; {_fixed(sla.p99_ms)} ms: highest load meeting it "
                             f"<b>{_num(sla.best_load)}</b></p>")
             name = _e(sweep.label)
             tables.append(
@@ -157,7 +176,8 @@ def _sweep_section(report: Report, sweeps: list[SweepResult]) -> None:
                      *(["tok/s", "TTFT p50", "TTFT p99", "TPOT p50"] if generated else []),
                      "p50 ms", "p99 ms", "errors %"], rows, classes)
                 + "<p class='muted'>knee: "
-                + (f"{_e(mode)} {knee.load:g} ({knee.throughput_rps:,.0f} req/s, p99 "
+                + (f"{_e(mode)} {_fixed(knee.load)} ({_fixed(knee.throughput_rps, ',.0f')} "
+                   "req/s, p99 "
                    f"{_num(knee.p99_ms)} ms)" if knee else "not reached")
                 + f"; stopped: {_e(sweep.stop_reason)}</p>" + sla_text)
         rule = (f"<p class='muted'>Knee rule: {_e(KNEE_RULE)}.</p>")
@@ -192,7 +212,7 @@ def _compare_section(report: Report, compare: CompareResult) -> None:
                       "SLA"], [
         [_num(c["rank"]), _e(c["name"]), _num(c["throughput_rps"], 1), _num(c["p99_ms"]),
          _num(c["cost_per_million"], 4), _num(c["score"], 3),
-         "met" if c["meets_sla"] else _e("; ".join(c["sla_misses"]))]
+         "met" if c["meets_sla"] else _e("; ".join(map(str, c["sla_misses"])))]
         for c in compare.ranking], left=2)
     how = (f"{compare.rounds} interleaved round(s)" if compare.fairness.interleaved
            else "from result files")
@@ -201,14 +221,16 @@ def _compare_section(report: Report, compare: CompareResult) -> None:
                + report.figure(plots.comparison(compare), "comparison",
                                "Bars: pooled figures; whiskers: 95% bootstrap interval.")
                + "</div>" + table + "<h3>Fairness</h3>" + checks + "<h3>Endpoint profiles</h3>"
-               + profiles + f"<h3>Cost and score (alpha {compare.score['alpha']:g})</h3>"
+               + profiles
+               + f"<h3>Cost and score (alpha {_fixed(compare.score.get('alpha'))})</h3>"
                + ranking)
 
 
 def _ratio_html(value: Ratio) -> str:
     text = _num(value.ratio, 3)
     if value.ci95:
-        text += f" <span class='muted'>[{value.ci95[0]:.3f}, {value.ci95[1]:.3f}]</span>"
+        text += (f" <span class='muted'>[{_fixed(value.ci95[0], '.3f')}, "
+                 f"{_fixed(value.ci95[1], '.3f')}]</span>")
     return text
 
 
@@ -242,8 +264,8 @@ def _generation_table(benches: list[BenchResult]) -> str:
                      *(_num(dist.get(q)) for dist in d for q in ("p50", "p99")),
                      _num(g.goodput_rps, 2),
                      "yes" if length.honoured else
-                     f"<span class='bad'>{length.shorter} short, {length.longer} long"
-                     "</span>"])
+                     f"<span class='bad'>{_e(length.shorter)} short, {_e(length.longer)} "
+                     "long</span>"])
     return _table(["endpoint", "req/s", "tok/s", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99",
                    "TPOT p50", "TPOT p99", "goodput", "lengths as asked"], rows, left=1)
 
@@ -282,7 +304,7 @@ def _optimize_section(report: Report, result: OptimizeResult) -> None:
                       rows, classes, left=3)
                + f"<p class='muted'>In process, {_e(result.environment.get('intra_op_threads'))}"
                f" thread(s); accuracy on {_e(result.validation['samples'])} samples from "
-               f"{_e(result.validation['source'])}; max drop {result.max_drop:g} "
+               f"{_e(result.validation['source'])}; max drop {_fixed(result.max_drop)} "
                "(marked rows lose more).</p>")
 
 
@@ -308,7 +330,7 @@ def _batch_size_section(report: Report, result: BatchSizeTune) -> None:
     report.add(f"Batch size of {result.model}",
                report.figure(plots.batch_size_curve(result), f"batch-size-{result.model}",
                              "Samples per second (left) and batch p99 (right) by batch size.")
-               + f"<p>Recommended batch size: <b>{result.recommended}</b>: "
+               + f"<p>Recommended batch size: <b>{_e(result.recommended)}</b>: "
                f"{_e(result.why)}. Stopped: {_e(result.stop_reason)}.</p>"
                + _table(["batch", "samples/s", "p50 ms", "p99 ms", "peak MB", ""], rows,
                         left=0)
@@ -337,10 +359,10 @@ def _serve_tune_section(report: Report, result: ServeTune) -> None:
                              "p99 against throughput of each configuration tried.")
                + _table(["configuration", "req/s", "p50 ms", "p99 ms", "errors %", "$/1M",
                          ""], rows, classes, left=1)
-               + f"<p class='muted'>SLA p99 &le; {goal['sla_p99_ms']:g} ms, "
-               f"{_e(goal['objective'])}, {_e(goal['strategy'])} search: "
-               f"{len(result.trials)} of {result.grid_size} configurations in "
-               f"{result.elapsed_s:,.0f} s; {_e(result.stop_reason)}.</p>")
+               + f"<p class='muted'>SLA p99 &le; {_fixed(goal.get('sla_p99_ms'))} ms, "
+               f"{_e(goal.get('objective'))}, {_e(goal.get('strategy'))} search: "
+               f"{len(result.trials)} of {_e(result.grid_size)} configurations in "
+               f"{_fixed(result.elapsed_s, ',.0f')} s; {_e(result.stop_reason)}.</p>")
 
 
 def _plan_section(report: Report, result: PlanResult) -> None:
@@ -357,9 +379,10 @@ def _plan_section(report: Report, result: PlanResult) -> None:
         p = c.predicted
         rows.append([_e(c.name), _e(c.cores), _num(p.p50_ms), _num(p.p99_ms),
                      *([_num(p.tpot_p99_ms)] if generative else []),
-                     _num(p.mean_batch, 1), f"{p.hit_ratio:.0%}"
+                     _num(p.mean_batch, 1), _fixed(p.hit_ratio, ".0%")
                      if c.cache_bytes or c.knobs.get("prefix_caching") else "-",
-                     f"{c.drop:.2%}", _num(c.cost_per_million, 3), _e(", ".join(marks))])
+                     _fixed(c.drop, ".2%"), _num(c.cost_per_million, 3),
+                     _e(", ".join(marks))])
         classes.append("ok" if c.name == result.chosen and not starting else
                        "bad" if not c.meets_sla else "")
     levers = [[_e(lever.lever), "taken" if lever.taken else "left", _e(lever.why)]
@@ -372,11 +395,12 @@ def _plan_section(report: Report, result: PlanResult) -> None:
                          if generative else ""),
                       f"{_num(r.mean_batch, 1)} ({_num(r.predicted.mean_batch, 1)})",
                       "-" if r.hit_ratio is None else
-                      f"{r.hit_ratio:.0%} ({r.predicted.hit_ratio:.0%})",
+                      f"{_fixed(r.hit_ratio, '.0%')} ({_fixed(r.predicted.hit_ratio, '.0%')})",
                       _num(r.throughput_rps, 1), _num(r.error_percent, 1),
                       _num(r.cost_per_million, 3), "met" if r.meets_sla else "missed"])
-        proof += [[_e(f"class {c.request_class} (p99 ≤ {c.sla_p99_ms:g} ms"
-                      + (f", TPOT ≤ {c.sla_tpot_ms:g} ms)" if c.sla_tpot_ms else ")")),
+        proof += [[_e(f"class {c.request_class} (p99 ≤ {plots.number(c.sla_p99_ms)} ms"
+                      + (f", TPOT ≤ {plots.number(c.sla_tpot_ms)} ms)" if c.sla_tpot_ms
+                         else ")")),
                    f"{_num(c.p99_ms)} ({_num(c.predicted.p99_ms)})"
                    + (f"; TPOT {_num(c.tpot_p99_ms)} ({_num(c.predicted.tpot_p99_ms)})"
                       if c.sla_tpot_ms else ""), "", "", "",
@@ -388,11 +412,13 @@ def _plan_section(report: Report, result: PlanResult) -> None:
                              "Predicted p99 against cost of each deployment kept, by the "
                              "accuracy its version lost; crosses: measured on replay.")
                + f"<p><b>{_e(result.verdict)}</b></p>"
-               + (f"<p class='muted'>SLA TTFT p99 &le; {goal['sla_p99_ms']:g} ms, TPOT p99 "
-                  f"&le; {goal['sla_tpot_ms']:g} ms; traffic " if generative else
-                  f"<p class='muted'>SLA p99 &le; {goal['sla_p99_ms']:g} ms; traffic ")
-               + f"{_e(traffic['source'])}: {traffic['rate_rps']:,.1f} req/s, peak "
-               f"{traffic['peak_rps']:,.0f}/s, burstiness {traffic['burstiness']:.2f}; "
+               + (f"<p class='muted'>SLA TTFT p99 &le; {_fixed(goal.get('sla_p99_ms'))} ms, "
+                  f"TPOT p99 &le; {_fixed(goal.get('sla_tpot_ms'))} ms; traffic " if generative
+                  else f"<p class='muted'>SLA p99 &le; {_fixed(goal.get('sla_p99_ms'))} ms; "
+                  "traffic ")
+               + f"{_e(traffic.get('source'))}: {_fixed(traffic.get('rate_rps'), ',.1f')} req/s, "
+               f"peak {_fixed(traffic.get('peak_rps'), ',.0f')}/s, burstiness "
+               f"{_fixed(traffic.get('burstiness'), '.2f')}; "
                f"{_e(result.stop_reason)}; deployment written to {_e(result.output)}.</p>"
                + _table(["deployment", "cores", "TTFT p50", "TTFT p99", "TPOT p99", "seqs",
                          "prefix hits", "perplexity rise", "$/1M tokens", ""] if generative
@@ -413,7 +439,7 @@ def _findings_section(report: Report, documents: Sequence[ResultDocument]) -> No
         kind = doc.schema.removeprefix("tradeoff.").split("/")[0]
         source = f"{kind} #{number}"
         for f in diagnose(doc):
-            rows.append([f"<span class='sev {f.severity}'>{_e(f.severity)}</span>",
+            rows.append([f"<span class='sev {_e(f.severity)}'>{_e(f.severity)}</span>",
                          _e(source), _e(f.subject), _e(f.title), _e(f.action)])
     report.add("Findings", _table(["severity", "from", "subject", "finding", "what to do"],
                                   rows, left=5)

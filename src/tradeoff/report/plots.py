@@ -1,7 +1,9 @@
 """The report's plots, drawn with matplotlib (no browser-side code, no CDN).
 
 Each function returns a Figure; ``to_svg`` inlines it in the HTML report and ``--png``
-saves the same figure as a file.
+saves the same figure as a file. Every text a result file gave (a name, a mode, a model)
+goes through :func:`label`, so matplotlib draws it as written and never parses it as
+mathtext; :func:`number` formats a figure from an open-ended dict without failing on text.
 """
 
 from __future__ import annotations
@@ -34,8 +36,10 @@ __all__ = [
     "comparison",
     "frontier",
     "generation_vs_load",
+    "label",
     "latency_cdf",
     "latency_vs_load",
+    "number",
     "over_the_run",
     "pareto",
     "plan_front",
@@ -66,6 +70,25 @@ def _pyplot() -> Any:
                          "legend.fontsize": 9, "axes.spines.top": False,
                          "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.3})
     return plt
+
+
+def label(text: object) -> str:
+    """``text`` as matplotlib draws it literally: every ``$`` escaped, so a name such as
+    ``$\\foo$`` is neither mathtext nor a parse error (matplotlib shows ``\\$`` as ``$``).
+
+        axes.set_title(label(f"{result.model}: configurations tried"))
+    """
+    return str(text).replace("$", "\\$")
+
+
+def number(value: object, spec: str = "g") -> str:
+    """``value`` formatted by ``spec`` when it is a number; any other value (a string in an
+    open-ended dict of a result file) as its text, so a label is written, not a crash."""
+    return format(value, spec) if _is_number(value) else str(value)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def require() -> None:
@@ -107,13 +130,13 @@ def throughput_vs_load(sweeps: list[SweepResult]) -> Figure:
     for color, sweep in zip(cycle(COLORS), sweeps):
         rows = sweep.rows
         axes.plot([r.load for r in rows], [r.work_rate for r in rows], "o-",
-                  color=color, label=sweep.label)
+                  color=color, label=label(sweep.label))
         if sweep.knee:
             _knee_marker(axes, sweep.knee.load, sweep.knee.work_rate, color)
     axes.set_xscale("log", base=2)
     axes.set_xlabel("concurrency" if mode == "concurrency" else "offered rate (req/s)")
     axes.set_ylabel("output tokens/s" if tokens else "throughput (req/s)")
-    axes.set_title(f"Throughput vs {mode}")
+    axes.set_title(label(f"Throughput vs {mode}"))
     axes.legend()
     return figure
 
@@ -125,16 +148,16 @@ def latency_vs_load(sweeps: list[SweepResult]) -> Figure:
         rows = [r for r in sweep.rows if r.p99_ms is not None]
         loads = [r.load for r in rows]
         axes.plot(loads, [r.p50_ms for r in rows], "o-", color=color,
-                  label=f"{sweep.label} p50")
+                  label=label(f"{sweep.label} p50"))
         axes.plot(loads, [r.p99_ms for r in rows], "s--", color=color, alpha=0.7,
-                  label=f"{sweep.label} p99")
+                  label=label(f"{sweep.label} p99"))
         if sweep.knee:
             _knee_marker(axes, sweep.knee.load, sweep.knee.p99_ms, color)
     axes.set_xscale("log", base=2)
     axes.set_yscale("log")
     axes.set_xlabel("concurrency" if mode == "concurrency" else "offered rate (req/s)")
     axes.set_ylabel("latency (ms)")
-    axes.set_title(f"p50 and p99 latency vs {mode}")
+    axes.set_title(label(f"p50 and p99 latency vs {mode}"))
     axes.legend()
     return figure
 
@@ -145,9 +168,9 @@ def frontier(sweeps: list[SweepResult]) -> Figure:
     for color, sweep in zip(cycle(COLORS), sweeps):
         rows = [r for r in sweep.rows if r.p99_ms is not None]
         axes.plot([r.throughput_rps for r in rows], [r.p99_ms for r in rows], "o-",
-                  color=color, label=sweep.label)
+                  color=color, label=label(sweep.label))
         for r in rows:
-            axes.annotate(f"{r.load:g}", (r.throughput_rps, r.p99_ms), fontsize=8,
+            axes.annotate(number(r.load), (r.throughput_rps, r.p99_ms), fontsize=8,
                           textcoords="offset points", xytext=(3, 3), color=color)
         if sweep.knee:
             _knee_marker(axes, sweep.knee.throughput_rps, sweep.knee.p99_ms, color)
@@ -176,7 +199,8 @@ def batch_size_curve(result: BatchSizeTune) -> Figure:
     chosen = result.point(result.recommended)
     if chosen is not None and chosen.samples_per_s is not None:
         axes.plot([chosen.batch_size], [chosen.samples_per_s], marker="*", markersize=14,
-                  color=COLORS[2], linestyle="none", label=f"recommended ({chosen.batch_size})")
+                  color=COLORS[2], linestyle="none",
+                  label=label(f"recommended ({chosen.batch_size})"))
     latency = axes.twinx()
     latency.plot([p.batch_size for p in doubling],
                  [(p.latency_ms or {}).get("p99") for p in doubling], "s--", color=COLORS[1],
@@ -187,7 +211,7 @@ def batch_size_curve(result: BatchSizeTune) -> Figure:
     _plain_log_axis(axes)
     axes.set_xlabel("batch size")
     axes.set_ylabel("samples/s")
-    axes.set_title(f"{result.model}: throughput and latency by batch size")
+    axes.set_title(label(f"{result.model}: throughput and latency by batch size"))
     lines, labels = axes.get_legend_handles_labels()
     more, more_labels = latency.get_legend_handles_labels()
     axes.legend(lines + more, labels + more_labels)
@@ -199,11 +223,11 @@ def pareto(result: ServeTune) -> Figure:
     SLA drawn, the winner starred."""
     figure, axes = _figure()
     measured = [t for t in result.trials if t.status == "measured" and t.p99_ms]
-    for meets, color, label in ((True, COLORS[0], "meets the SLA"),
-                                (False, COLORS[6], "misses the SLA")):
+    for meets, color, kind in ((True, COLORS[0], "meets the SLA"),
+                               (False, COLORS[6], "misses the SLA")):
         chosen = [t for t in measured if t.meets_sla == meets]
         axes.plot([t.throughput_rps for t in chosen], [t.p99_ms for t in chosen], "o",
-                  color=color, alpha=0.8, label=label)
+                  color=color, alpha=0.8, label=kind)
     front = sorted((t for t in measured if t.pareto), key=lambda t: t.throughput_rps or 0)
     axes.plot([t.throughput_rps for t in front], [t.p99_ms for t in front], "-",
               color=COLORS[2], label="Pareto front")
@@ -211,12 +235,11 @@ def pareto(result: ServeTune) -> Figure:
     if winner is not None:
         axes.plot([winner.throughput_rps], [winner.p99_ms], marker="*", markersize=16,
                   color=COLORS[2], linestyle="none", label="winner")
-    axes.axhline(result.goal["sla_p99_ms"], color=COLORS[1], linestyle=":",
-                 label=f"SLA p99 {result.goal['sla_p99_ms']:g} ms")
+    _sla_line(axes, result.goal.get("sla_p99_ms"))
     axes.set_yscale("log")
     axes.set_xlabel("throughput (req/s)")
     axes.set_ylabel("p99 latency (ms)")
-    axes.set_title(f"{result.model}: configurations tried")
+    axes.set_title(label(f"{result.model}: configurations tried"))
     axes.legend()
     return figure
 
@@ -231,7 +254,8 @@ def plan_front(result: PlanResult) -> Figure:
     for color, drop in zip(cycle(COLORS), sorted({c.drop for c in finite})):
         chosen = [c for c in finite if c.drop == drop]
         axes.plot([c.cost for c in chosen], [c.predicted.p99_ms for c in chosen], "o",
-                  color=color, alpha=0.6, label=f"predicted, {drop:.2%} accuracy lost")
+                  color=color, alpha=0.6,
+                  label=label(f"predicted, {number(drop, '.2%')} accuracy lost"))
     front = sorted((c for c in finite if c.pareto), key=lambda c: c.cost)
     axes.plot([c.cost for c in front], [c.predicted.p99_ms for c in front], "-",
               color=COLORS[2], label="Pareto front")
@@ -248,14 +272,14 @@ def plan_front(result: PlanResult) -> Figure:
         if source is not None and replayed.p99_ms is not None:
             axes.plot([source.cost], [replayed.p99_ms], marker="x", markersize=10,
                       color=COLORS[1] if replayed.role == "baseline" else COLORS[3],
-                      linestyle="none", label=f"{replayed.role}, replayed")
-    axes.axhline(result.goal["sla_p99_ms"], color=COLORS[1], linestyle=":",
-                 label=f"SLA p99 {result.goal['sla_p99_ms']:g} ms")
+                      linestyle="none", label=label(f"{replayed.role}, replayed"))
+    _sla_line(axes, result.goal.get("sla_p99_ms"))
     priced = any(c.cost_per_million is not None for c in result.candidates)
     axes.set_yscale("log")
     axes.set_xlabel("cost per 1M requests" if priced else "cores")
     axes.set_ylabel("p99 latency (ms)")
-    axes.set_title(f"{result.model}: deployments for {result.traffic['rate_rps']:,.0f} req/s")
+    axes.set_title(label(f"{result.model}: deployments for "
+                         f"{number(result.traffic.get('rate_rps'), ',.0f')} req/s"))
     handles, labels = axes.get_legend_handles_labels()
     unique = dict(zip(labels, handles, strict=True))
     axes.legend(unique.values(), unique.keys())
@@ -276,7 +300,7 @@ def latency_cdf(named: list[tuple[str, Summary]]) -> Figure:
             points = [(latency["min"], 0.0)] + [(latency[k], q / 100) for k, q in
                                                 PERCENTILES.items()] + [(latency["max"], 1.0)]
             xs, ys, style = [p[0] for p in points], [p[1] for p in points], "o--"
-        axes.plot(xs, ys, style, color=color, label=name, markersize=3)
+        axes.plot(xs, ys, style, color=color, label=label(name), markersize=3)
     axes.set_xscale("log")
     axes.set_xlabel("latency (ms)")
     axes.set_ylabel("fraction of requests")
@@ -294,11 +318,11 @@ def over_the_run(named: list[tuple[str, Summary]]) -> Figure:
         line = summary.timeline or {}
         bin_s = line.get("bin_s", 1.0)
         ends = [bin_s * (i + 1) for i in range(len(line.get("throughput_rps", [])))]
-        top.plot(ends, line["throughput_rps"], "-", color=color, label=name)
+        top.plot(ends, line["throughput_rps"], "-", color=color, label=label(name))
         for key, style in (("p50_ms", "-"), ("p99_ms", "--")):
             values = [float("nan") if v is None else v for v in line[key]]
             bottom.plot(ends, values, style, color=color,
-                        label=f"{name} {key.removesuffix('_ms')}")
+                        label=label(f"{name} {key.removesuffix('_ms')}"))
     top.set_ylabel("req/s")
     top.set_title("Over the run (each point: the requests that ended in its bin)")
     top.legend()
@@ -345,9 +369,9 @@ def generation_vs_load(sweeps: list[SweepResult]) -> Figure:
         loads = [load for load, _ in rows]
         for axes, key in ((left, "ttft"), (right, "tpot")):
             axes.plot(loads, [getattr(t, f"{key}_p50_ms") for _, t in rows], "o-",
-                      color=color, label=f"{sweep.label} p50")
+                      color=color, label=label(f"{sweep.label} p50"))
             axes.plot(loads, [getattr(t, f"{key}_p99_ms") for _, t in rows], "s--",
-                      color=color, alpha=0.7, label=f"{sweep.label} p99")
+                      color=color, alpha=0.7, label=label(f"{sweep.label} p99"))
     for axes, title in ((left, "time to first token (ms)"),
                         (right, "time per output token (ms)")):
         axes.set_xscale("log", base=2)
@@ -361,7 +385,7 @@ def generation_vs_load(sweeps: list[SweepResult]) -> Figure:
 def comparison(compare: CompareResult) -> Figure:
     """Pooled figures per endpoint with the 95% interval of each ratio to the baseline:
     throughput and p99, or for generations tokens/s, TTFT p50/p99 and TPOT p50."""
-    names = [e.name for e in compare.endpoints]
+    names = [label(e.name) for e in compare.endpoints]
     summaries = [e.result.summary for e in compare.endpoints]
     panels: list[tuple[str, Callable[[Summary], float | None], str]]
     if all(s.generation for s in summaries):
@@ -395,6 +419,13 @@ def comparison(compare: CompareResult) -> Figure:
                  capsize=4)
         axes.set_title(title)
     return figure
+
+
+def _sla_line(axes: Any, sla_p99_ms: object) -> None:
+    """The SLA's p99 bound across the plot, when the goal gives it as a number."""
+    if _is_number(sla_p99_ms):
+        axes.axhline(sla_p99_ms, color=COLORS[1], linestyle=":",
+                     label=label(f"SLA p99 {number(sla_p99_ms)} ms"))
 
 
 def _generation_figure(summary: Summary, distribution: str, key: str) -> float | None:
