@@ -92,6 +92,10 @@ class Hostile:
     async def _infer(self, writer: asyncio.StreamWriter, mode: str) -> None:
         if mode == "infer-huge":
             await lazily(writer, GIB, b"0")
+        elif mode == "infer-chunked":  # 1 GiB in chunks: no length said before
+            await lazily(writer, GIB, b"0", framing="chunked")
+        elif mode == "infer-unended":  # 1 GiB without a length: the body ends at the close
+            await lazily(writer, GIB, b"0", framing="close")
         elif mode == "infer-garbage":
             send(writer, 200, b"\x00\xffnot an answer")
         elif mode == "infer-drip":  # the answer, a byte every 10 ms
@@ -145,14 +149,24 @@ async def drip(writer: asyncio.StreamWriter, body: bytes, every_s: float) -> Non
         await asyncio.sleep(every_s)
 
 
-async def lazily(writer: asyncio.StreamWriter, size: int, pattern: bytes) -> None:
-    """A body of ``size`` bytes, made a MiB at a time as the client reads it."""
+async def lazily(writer: asyncio.StreamWriter, size: int, pattern: bytes,
+                 framing: str = "length") -> None:
+    """A body of ``size`` bytes, made a MiB at a time as the client reads it; ``framing``:
+    a Content-Length, chunks, or nothing (the body ends when the connection closes)."""
     chunk = (pattern * (2**20 // len(pattern) + 1))[:2**20]
-    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: %d\r\n\r\n" % size)
-    for _ in range(size // len(chunk)):
+    head = {"length": b"Content-Length: %d\r\n" % size,
+            "chunked": b"Transfer-Encoding: chunked\r\n",
+            "close": b"Connection: close\r\n"}[framing]
+    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n%s\r\n" % head)
+    if framing == "chunked":
+        chunk = b"%x\r\n%s\r\n" % (len(chunk), chunk)
+    for _ in range(size // 2**20):
         writer.write(chunk)
         await writer.drain()
+    if framing == "chunked":
+        writer.write(b"0\r\n\r\n")
+    elif framing == "close":
+        writer.close()
 
 
 async def serve() -> None:
@@ -295,8 +309,9 @@ def test_an_endless_or_dripping_stream_ends_with_the_run(hostile: str, tmp_path:
     assert wall < 2 + 2 + 2 + SLACK_S, (wall, out)
     summary = result["summary"]
     assert summary["requests"] >= 2 and summary["successes"] == 0
-    assert summary["errors_by_class"].get("timeout", 0) + \
-        summary["errors_by_class"].get("other", 0) == summary["requests"]
+    # a stream read as fast as it comes passes --max-response-size in time: too_large
+    assert sum(summary["errors_by_class"].get(kind, 0)
+               for kind in ("timeout", "other", "too_large")) == summary["requests"]
 
 
 def test_requests_in_flight_are_cut_at_the_grace_and_counted(hostile: str) -> None:
@@ -358,7 +373,7 @@ def test_a_huge_answer_is_an_error_and_is_not_held(hostile: str, tmp_path: Path)
     assert run.returncode == 0, run.stdout + run.stderr
     result = json.loads(out.read_text())
     summary = result["summary"]
-    assert summary["successes"] == 0 and summary["errors_by_class"] == {"other": 2}
+    assert summary["successes"] == 0 and summary["errors_by_class"] == {"too_large": 2}
     assert any("passed 67,108,864 bytes (--max-response-size)" in note
                for note in result["client"]["notes"]), result["client"]
     assert run.peak_rss_kib < 1_000_000  # type: ignore[attr-defined]  # KiB, 1 GiB sent
@@ -366,6 +381,66 @@ def test_a_huge_answer_is_an_error_and_is_not_held(hostile: str, tmp_path: Path)
     result, _, _ = bench(tmp_path, f"{hostile}/infer-huge", "--requests", "2",
                          "--max-response-size", "1MiB")
     assert any("passed 1,048,576 bytes" in note for note in result["client"]["notes"])
+
+
+@pytest.mark.parametrize("mode", ["infer-huge", "infer-chunked", "infer-unended"])
+def test_answers_over_the_bound_are_too_large_and_memory_stays_bounded(
+        hostile: str, tmp_path: Path, mode: str) -> None:
+    """Twenty answers of 1 GiB (a Content-Length, chunks, or a body that ends at the
+    close): each is a ``too_large`` error, and the client's peak memory is its start
+    (about 65 MB) and a few --max-response-size at most, whatever the count of them."""
+    out = tmp_path / "huge.json"
+    run, wall = tradeoff("bench", f"{hostile}/{mode}", "--model", "m", "--requests", "20",
+                         "--json", str(out), limit_s=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+    summary = json.loads(out.read_text())["summary"]
+    assert summary["successes"] == 0 and summary["errors_by_class"] == {"too_large": 20}
+    shown = " ".join(run.stdout.split())
+    assert "too_large: 20 (answers over --max-response-size)" in shown, run.stdout
+    # 64 MiB held for every answer that failed made 1.4 GB of twenty
+    assert run.peak_rss_kib < 400_000  # type: ignore[attr-defined]
+    assert wall < 20 + SLACK_S
+
+
+def test_an_announced_length_over_the_bound_fails_before_the_body(hostile: str,
+                                                                  tmp_path: Path) -> None:
+    result, _, _ = bench(tmp_path, f"{hostile}/infer-huge", "--requests", "2")
+    notes = result["client"]["notes"]
+    assert any("its Content-Length is 1,073,741,824" in note for note in notes), notes
+
+
+def test_a_grpc_answer_over_the_bound_is_refused_from_its_length() -> None:
+    """The channel's largest message is --max-response-size: a 2 MiB answer against a
+    1 MiB bound fails as too large, and so its class is ``too_large``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import grpc
+
+    from tradeoff.bench.grpc_adapter import GrpcConnection
+    from tradeoff.bench.http_client import ResponseTooLarge
+    from tradeoff.bench.records import OUTCOME_NAMES, classify
+
+    handler = grpc.method_handlers_generic_handler("inference.GRPCInferenceService", {
+        "ModelInfer": grpc.unary_unary_rpc_method_handler(lambda _, __: b"0" * (2 << 20))})
+    server = grpc.server(ThreadPoolExecutor(1))
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+
+    async def once() -> BaseException:
+        connection = GrpcConnection(f"127.0.0.1:{port}", 10.0, max_bytes=1 << 20)
+        try:
+            with pytest.raises(ResponseTooLarge, match="passed 1,048,576 bytes") as raised:
+                await connection.request(b"")
+            return raised.value
+        finally:
+            assert connection.channel is not None
+            await connection.channel.close()
+
+    try:
+        assert OUTCOME_NAMES[classify(asyncio.run(once()))] == "too_large"
+    finally:
+        server.stop(None)
 
 
 def test_an_undecodable_answer_is_an_error(hostile: str, tmp_path: Path) -> None:

@@ -11,16 +11,19 @@ from typing import Any
 import orjson
 import pytest
 from click.testing import CliRunner
+from rich.console import Console
 
 from tradeoff.analysis.diagnose import diagnose
 from tradeoff.bench.adapters import V2Adapter
 from tradeoff.bench.endpoint import make_adapter
-from tradeoff.bench.http_client import Response
+from tradeoff.bench.http_client import Response, ResponseTooLarge
 from tradeoff.bench.load import LOAD_DEFAULTS, LoadSpec
 from tradeoff.bench.openai_stream import MAX_EVENT_BYTES, StreamReader
+from tradeoff.bench.records import OUTCOME_NAMES, classify
 from tradeoff.bench.result import client_check
 from tradeoff.cli import main
 from tradeoff.cli import options as cli_options
+from tradeoff.report.terminal import print_bench_result
 from tradeoff.results import BenchResult, load_as
 
 from .result_factory import bench_result
@@ -98,6 +101,19 @@ def test_max_response_size_reaches_the_adapter_and_reads_sizes(
     result = CliRunner().invoke(main, ["bench", "http://127.0.0.1:9", "--model", "m",
                                        "--max-response-size", "lots"])
     assert result.exit_code == 2 and "'lots' is not a size" in result.output
+
+
+def test_an_answer_over_the_bound_is_a_class_of_its_own() -> None:
+    assert OUTCOME_NAMES[classify(ResponseTooLarge.over(1 << 20))] == "too_large"
+    assert OUTCOME_NAMES[classify(ConnectionResetError("closed"))] == "reset"
+    assert OUTCOME_NAMES[classify(ConnectionError("malformed HTTP response"))] == "other"
+    doc = bench_result(requests=10, errors=3).to_dict()
+    doc["summary"]["errors_by_class"] = {"too_large": 3}
+    result = load_as(BenchResult, doc)
+    assert result.to_dict()["summary"]["errors_by_class"] == {"too_large": 3}
+    console = Console(record=True, width=200)
+    print_bench_result(result, console)
+    assert "too_large: 3 (answers over --max-response-size)" in console.export_text()
 
 
 def test_the_grace_is_the_timeout_at_most_the_stop_grace() -> None:

@@ -9,8 +9,12 @@ prebuilt request bytes and lets httptools' C parser read the response.
 
 Every request has one deadline for all of it (connect, send, the answer to its last byte),
 not a timer per read that a dripping endpoint restarts with every byte, and an answer
-longer than ``max_bytes`` fails before it is held. :func:`get` does the same for the few
-blocking reads around a run (an endpoint's metadata, a server's ``/metrics``).
+longer than ``max_bytes`` fails before it is held: at its head when its Content-Length says
+so, else at the byte that passes the bound (chunks, or a body that ends at the close). The
+connection then stops reading and closes, and what had come of the body is dropped at once,
+so a client's memory is a few ``max_bytes`` at most however many answers fail. :func:`get`
+does the same for the few blocking reads around a run (an endpoint's metadata, a server's
+``/metrics``).
 """
 
 from __future__ import annotations
@@ -46,8 +50,11 @@ class ResponseTooLarge(ConnectionError):
     """An answer longer than the client's bound on answers."""
 
     @classmethod
-    def over(cls, limit: int) -> ResponseTooLarge:
-        return cls(f"the answer passed {limit:,} bytes (--max-response-size)")
+    def over(cls, limit: int, announced: int | None = None) -> ResponseTooLarge:
+        """The error of an answer past ``limit``; ``announced``: its Content-Length, when
+        that alone said so."""
+        said = "" if announced is None else f": its Content-Length is {announced:,}"
+        return cls(f"the answer passed {limit:,} bytes (--max-response-size){said}")
 
 
 @dataclass(slots=True)
@@ -76,15 +83,18 @@ class _ResponseProtocol(asyncio.Protocol):
         self.sink: Callable[[int, bytes], None] | None = None  # streams the body when set
         self.received = 0  # bytes of the answer under way, head and framing included
         self.limit = DEFAULT_MAX_RESPONSE_BYTES
+        self.stopped = False  # an answer past the limit: nothing more is read or kept
 
     # asyncio callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
+        if self.stopped:
+            return
         self.received += len(data)
         if self.received > self.limit:
-            self._fail(ResponseTooLarge.over(self.limit))
+            self._stop(ResponseTooLarge.over(self.limit))
             return
         try:
             self.parser.feed_data(data)
@@ -99,7 +109,17 @@ class _ResponseProtocol(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers[name.lower()] = value
 
+    def on_headers_complete(self) -> None:
+        try:
+            announced = int(self._headers.get(b"content-length", b""))
+        except ValueError:  # none: chunks, or a body to the close, counted as they come
+            return
+        if announced > self.limit:
+            self._stop(ResponseTooLarge.over(self.limit, announced))
+
     def on_body(self, body: bytes) -> None:
+        if self.stopped:  # the rest of the piece that passed the limit
+            return
         if self.sink is not None:
             self.sink(self.parser.get_status_code(), body)
         else:
@@ -115,9 +135,17 @@ class _ResponseProtocol(asyncio.Protocol):
             waiter.set_result(response)
 
     def _fail(self, exc: BaseException) -> None:
+        self._body = []  # a failed answer's pieces go now, not when the protocol goes
         waiter, self.waiter = self.waiter, None
         if waiter is not None and not waiter.done():
             waiter.set_exception(exc)
+
+    def _stop(self, exc: ResponseTooLarge) -> None:
+        """An answer past the limit: read no more of it, and close the connection."""
+        self.stopped = True
+        self._fail(exc)
+        if self.transport is not None:
+            self.transport.abort()
 
 
 class Connection:
@@ -174,6 +202,9 @@ class Connection:
         finally:
             timer.cancel()
             protocol.sink = None
+            # the error's traceback holds this frame, and the waiter holds the error: a
+            # cycle, which only Python's rare full collections would free
+            del waiter
         if response.headers.get(b"connection", b"").lower() == b"close":
             self.close()
         return response
@@ -227,6 +258,8 @@ def get(url: str, *, timeout_s: float, max_bytes: int = DEFAULT_MAX_RESPONSE_BYT
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         connection.request("GET", path, headers=headers or {})
         answer = connection.getresponse()
+        if answer.length is not None and answer.length > max_bytes:
+            raise ResponseTooLarge.over(max_bytes, answer.length)
         body = bytearray()
         while chunk := answer.read1(1 << 16):
             if len(body) + len(chunk) > max_bytes:

@@ -14,20 +14,24 @@ from pathlib import Path
 
 import numpy as np
 
+from tradeoff.bench.http_client import ResponseTooLarge
 from tradeoff.errors import MissingDependency, local_resource
 
 __all__ = ["OUTCOME_NAMES", "SERVER_PARTS", "Generated", "RecordBuffer", "Records", "classify"]
 
 # Outcome classes. 0 is success; HTTP error statuses are kept in ``status``. STREAM: a
-# streamed answer that began (200) but failed or broke off before its end.
-OK, HTTP_ERROR, TIMEOUT, REFUSED, RESET, OTHER, STREAM = range(7)
+# streamed answer that began (200) but failed or broke off before its end. TOO_LARGE: an
+# answer past --max-response-size (said by its Content-Length, or counted as it came).
+OK, HTTP_ERROR, TIMEOUT, REFUSED, RESET, OTHER, STREAM, TOO_LARGE = range(8)
 OUTCOME_NAMES = {OK: "ok", HTTP_ERROR: "http", TIMEOUT: "timeout", REFUSED: "refused",
-                 RESET: "reset", OTHER: "other", STREAM: "stream"}
+                 RESET: "reset", OTHER: "other", STREAM: "stream", TOO_LARGE: "too_large"}
 SERVER_PARTS = ("queue", "compute_input", "compute_infer", "compute_output")
 
 
 def classify(exc: BaseException) -> int:
     """The outcome class of a failed request."""
+    if isinstance(exc, ResponseTooLarge):  # a ConnectionError, yet no fault of the link
+        return TOO_LARGE
     if isinstance(exc, TimeoutError):
         return TIMEOUT
     if isinstance(exc, ConnectionRefusedError):

@@ -43,6 +43,10 @@ __all__ = [
     "soak_memory_text",
 ]
 
+# what an error class's name does not say by itself (names: bench/records.py OUTCOME_NAMES)
+_CLASS_NOTES = {"too_large": " (answers over --max-response-size)"}
+
+
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
@@ -112,7 +116,7 @@ def print_bench_result(result: BenchResult, console: Console) -> None:
     if mix and mix.get("draw") == "zipf":
         table.add_row("inputs", f"{mix['distinct_inputs']:,} distinct, Zipf s={mix['zipf_s']:g}")
     if s.errors_by_class:
-        table.add_row("errors by class", ", ".join(f"{k}: {v}"
+        table.add_row("errors by class", ", ".join(f"{k}: {v}{_CLASS_NOTES.get(k, '')}"
                                                    for k, v in s.errors_by_class.items()))
     table.add_row("bytes sent / received", f"{s.bytes_sent:,} / {s.bytes_received:,}")
     table.add_row("cold start ms", _ms(result.cold_start_ms))
