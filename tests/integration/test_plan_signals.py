@@ -91,3 +91,22 @@ def test_a_signal_stops_the_plans_servers_and_removes_its_scratch(
     planner, text, _ = _stop_at_first_server(command, signal.SIGINT)
     assert planner.returncode == 128 + signal.SIGINT, text
     assert not output.exists() or not any(output.iterdir())
+
+
+def test_a_killed_plan_leaves_no_server_and_its_scratch_does_not_block_a_rerun(
+        tmp_path: Path) -> None:
+    model = write_synthetic_model(tmp_path / "repo", fixed_ms=2.0, per_row_ms=0.05,
+                                  max_batch_size=16)
+    output = tmp_path / "plan"
+    command = [sys.executable, "-m", "tradeoff", "plan", str(model), "--sla-p99-ms", "15",
+               "--rate", "200", "--precision", "none", "--budget", "2m", "--replay", "5s",
+               "-o", str(output)]
+    planner, _, servers = _stop_at_first_server(command, signal.SIGKILL)
+    assert planner.returncode == -signal.SIGKILL
+    # SIGKILL runs no clean-up: the servers see their parent gone and stop themselves
+    wait_for(lambda: not any(_alive(pid) for pid in servers), "the orphaned servers to stop",
+             30)
+    assert (output / ".work").is_dir()
+    planner, text, _ = _stop_at_first_server(command, signal.SIGINT)
+    assert planner.returncode == 128 + signal.SIGINT, text
+    assert not output.exists() or not any(output.iterdir())

@@ -99,6 +99,8 @@ Progress = Callable[[str], None]
 ATTEMPTS = 3  # candidates replayed at most, while each misses the SLA
 KEPT_CANDIDATES = 20  # the best ranked kept in the document, beside the Pareto front
 MAX_REPLAY_PROMPTS = 1 << 16  # a generative replay's prompts file (round-robin past it)
+WORK = ".work"  # the scratch inside the output folder, removed when the plan ends
+OWNER = "owner"  # in WORK: the pid of the plan that made it
 
 
 @dataclass(frozen=True)
@@ -126,8 +128,20 @@ def _check_output(output: Path, model_dir: Path) -> None:
     if resolved == repository or repository in resolved.parents:
         raise InvalidValue(f"--output {output} is inside the model's repository "
                            f"{repository}: the plan is written beside it, never in it")
+    if resolved.exists() and [p.name for p in resolved.iterdir()] == [WORK]:
+        _remove_abandoned_work(resolved / WORK)
     if resolved.exists() and any(resolved.iterdir()):
         raise InvalidValue(f"--output {output} exists and is not empty: give a new folder")
+
+
+def _remove_abandoned_work(work: Path) -> None:
+    """The scratch of a plan that was killed (SIGKILL: no clean-up ran) is removed; a
+    running plan's is kept (its ``owner`` file names the pid that made it)."""
+    try:
+        owner = int((work / OWNER).read_text())
+        os.kill(owner, 0)
+    except (OSError, ValueError):  # no owner named, or it is gone
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def make_plan(request: PlanRequest, say: Progress = lambda _: None) -> PlanResult:
@@ -151,10 +165,12 @@ def make_plan(request: PlanRequest, say: Progress = lambda _: None) -> PlanResul
     output = request.output or default_output(model_dir)
     _check_output(output, model_dir)
     created = not output.exists()
-    work = output / ".work"
+    work = output / WORK
     try:
         with local_resource(f"cannot write into {output}"):
             output.mkdir(parents=True, exist_ok=True)
+            work.mkdir()
+            (work / OWNER).write_text(str(os.getpid()))
             shutil.copytree(model_dir, work / "candidates" / name)
             shutil.copytree(model_dir, work / "baseline" / name)
         if kind == GENERATIVE:
@@ -198,7 +214,7 @@ def _plan_generative(request: PlanRequest, config: GenerativeConfig, output: Pat
                      started: float, say: Progress) -> PlanResult:
     """A generative model's plan (:mod:`tradeoff.plan.generative`): its precision and
     engine settings for a TTFT and a TPOT SLA."""
-    goal, work, model_dir = request.goal, output / ".work", Path(request.model_dir)
+    goal, work, model_dir = request.goal, output / WORK, Path(request.model_dir)
     name, traffic = model_dir.name, request.traffic
     lengths = request.lengths or Lengths(128, 64)
     say("measuring every version (tradeoff optimize)")
@@ -297,7 +313,7 @@ def _conclude(attempts: list[Attempt], ranked: list[PlanCandidate], output: Path
 
 def _plan(request: PlanRequest, config: ModelConfig, output: Path, started: float,
           say: Progress) -> PlanResult:
-    goal, name, work = request.goal, config.name, output / ".work"
+    goal, name, work = request.goal, config.name, output / WORK
     say("measuring every version (tradeoff optimize)")
     optimized = optimize_model(work / "candidates" / name, OptimizePlan(
         variants=request.variants, max_drop=goal.max_drop,

@@ -27,6 +27,7 @@ from typing import NoReturn
 from tradeoff.errors import ServerStartError
 
 __all__ = [
+    "PARENT_PID_ENV",
     "RAY_DEFAULT_PORTS",
     "LocalRayCluster",
     "ServerProcess",
@@ -34,6 +35,10 @@ __all__ = [
     "free_ports",
     "source_tree",
 ]
+
+
+# set for a server this module starts: it stops once that process is gone (server/runner.py)
+PARENT_PID_ENV = "TRADEOFF_PARENT_PID"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -118,6 +123,7 @@ class ServerProcess:
         """Start and wait until ready; on failure the child is stopped, its log closed,
         and RuntimeError carries the log's end."""
         env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
+        env[PARENT_PID_ENV] = str(os.getpid())
         self.process = subprocess.Popen(self.command(), stdout=self.log, stderr=subprocess.STDOUT,
                                         env=env)
         deadline = time.monotonic() + timeout

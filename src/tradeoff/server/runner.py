@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import socket
 import ssl
+import threading
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
@@ -29,6 +32,7 @@ from tradeoff.server.metrics import make_registry
 from tradeoff.server.models import ModelManager
 from tradeoff.server.options import ServeOptions, TransportLimits
 from tradeoff.server.origins import OriginPolicy
+from tradeoff.server.process import PARENT_PID_ENV
 from tradeoff.server.transport import guarded_protocol, raise_open_files_limit
 
 __all__ = ["make_app", "make_dataplane", "serve"]
@@ -51,6 +55,33 @@ class _GracefulServer(uvicorn.Server):
         self.should_exit = True
         if self.on_signal is not None:
             self.on_signal()
+
+
+def _exit_with_parent() -> None:
+    """A server started by another tradeoff process (``ServerProcess``: a plan, a tuner, a
+    benchmark) stops as on SIGTERM once that process is gone, even killed with SIGKILL:
+    ``$TRADEOFF_PARENT_PID`` names it, and a thread looks for it every half second."""
+    parent = os.environ.pop(PARENT_PID_ENV, "")  # for this process, not its children
+    if not parent.isdigit():
+        return
+    if os.getppid() != int(parent):
+        try:
+            os.kill(int(parent), 0)
+        except ProcessLookupError:
+            pass  # gone before this server started: the watch below stops it at once
+        except OSError:
+            return
+        else:
+            return  # an ancestor's, left in the environment: not this server's parent
+
+    def watch() -> None:
+        while os.getppid() == int(parent):
+            time.sleep(0.5)
+        log.warning("the process that started this server (pid %s) is gone: stopping",
+                    parent)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="tradeoff-parent-watch", daemon=True).start()
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -133,6 +164,7 @@ def make_app(options: ServeOptions, dataplane: DataPlane, transport: TransportLi
 
 def serve(options: ServeOptions) -> None:
     """Run the server in this process until it is told to stop."""
+    _exit_with_parent()
     install_rate_limit()
     tls = None
     if options.tls_cert is not None or options.tls_key is not None:
