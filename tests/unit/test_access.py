@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tradeoff.errors import Forbidden, NotFound, Unauthorized
+from tradeoff.errors import Forbidden, InvalidValue, NotFound, Unauthorized
 from tradeoff.server.access import Access, read_keys
 
 API, ADMIN = "api-key-123456", "admin-key-123456"
@@ -92,3 +92,44 @@ def test_a_call_says_which_key_made_it() -> None:
     assert access.check("Bearer another-key-0123", admin=False) not in (mine, b"")
     assert access.check(f"Bearer {ADMIN}", admin=True) not in (mine, b"")
     assert Access().check(None, admin=False) == b""  # open: nobody in particular
+
+
+def test_a_generation_s_priority_is_held_to_what_its_key_allows() -> None:
+    """By default a caller may only make itself less urgent (priority 0 or above); a
+    key given KEY=N may ask down to N, an admin key anything; --priority-floor moves
+    the default, and never takes from a key allowed more."""
+    trusted = "trusted-key-0123="  # a key may end in '=': the last one splits
+    access = Access([API], [ADMIN], priority_keys={trusted: -10})
+    ordinary = access.check(f"Bearer {API}", admin=False)
+    allowed = access.check(f"Bearer {trusted}", admin=False)  # an inference key too
+    admin = access.check(f"Bearer {ADMIN}", admin=False)
+    assert access.priority(ordinary, -(2**31)) == 0
+    assert access.priority(ordinary, 3) == 3  # less urgent: as asked
+    assert access.priority(allowed, -(2**31)) == -10 and access.priority(allowed, -4) == -4
+    assert access.priority(admin, -(2**31)) == -(2**31)
+    assert Access().priority(b"", -1) == 0  # open: the same floor for everyone
+    assert Access(priority_floor=-(2**31)).priority(b"", -(2**31)) == -(2**31)
+    lower = Access([API], priority_keys={trusted: -10}, priority_floor=-20)
+    assert lower.priority(lower.check(f"Bearer {trusted}", admin=False), -50) == -20
+    with pytest.raises(InvalidValue, match="priority floor"):
+        Access(priority_floor=2**31)
+
+
+def test_priority_keys_are_read_as_key_equals_n_without_showing_the_key(tmp_path: Path
+                                                                         ) -> None:
+    from tradeoff.server.access import read_priority_keys
+
+    keys = tmp_path / "priority.txt"
+    keys.write_text("# key=most urgent priority\nfile-key-0123456=-3\n\n")
+    assert read_priority_keys(["cli-key-0123==-5", " spaced-key-0123 = 2 "], [keys]) == {
+        "cli-key-0123=": -5, "spaced-key-0123": 2, "file-key-0123456": -3}
+    for bad in ("secret-key-0123", "secret-key-0123=high", "secret-key-0123=2147483648",
+                "=5", "secret-key-0123=1.5"):
+        with pytest.raises(InvalidValue, match="KEY=N") as refused:
+            read_priority_keys([bad], [])
+        assert "secret" not in str(refused.value)
+    keys.write_text("secret-key-0123 -3\n")
+    with pytest.raises(InvalidValue, match="line 1"):
+        read_priority_keys([], [keys])
+    with pytest.raises(InvalidValue, match="at least 8"):
+        read_priority_keys(["short=1"], [])

@@ -143,6 +143,19 @@ def _default(options: type, name: str, text: Callable[[Any], str] | None = None
                    " also --admin-key-file and $TRADEOFF_ADMIN_KEY).")
 @click.option("--admin-key-file", "admin_key_files", multiple=True,
               type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--priority-floor", default=0, show_default=True,
+              type=click.IntRange(-(2**31), 2**31 - 1),
+              help="The most urgent priority a generation may ask for itself (lower is "
+                   "served first): a lower one is served at this. Keys of "
+                   "--api-key-priority and admin keys may ask more; a router's route "
+                   "priorities always hold. -2147483648: every request's own holds.")
+@click.option("--api-key-priority", "priority_keys", multiple=True, metavar="KEY=N",
+              help="An inference key whose generations may ask for priorities down to N "
+                   "(repeatable; also --api-key-priority-file).")
+@click.option("--api-key-priority-file", "priority_key_files", multiple=True,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="A file of KEY=N lines, as --api-key-priority (keeps keys out of the "
+                   "process list).")
 @click.option("--metrics-key", "metrics_keys", multiple=True,
               help="Require 'Authorization: Bearer KEY' (this key or an admin key) to scrape "
                    "/metrics (repeatable; also $TRADEOFF_METRICS_KEY). Without it /metrics "
@@ -202,7 +215,8 @@ def serve(repository: Path, host: str, http_port: int, metrics_port: int, no_met
           inline_batch_us: int, api_keys: tuple[str, ...],
           api_key_files: tuple[Path, ...],
           admin_keys: tuple[str, ...], admin_key_files: tuple[Path, ...],
-          metrics_keys: tuple[str, ...],
+          priority_floor: int, priority_keys: tuple[str, ...],
+          priority_key_files: tuple[Path, ...], metrics_keys: tuple[str, ...],
           tls_cert: Path | None, tls_key: Path | None, allow_fault_injection: bool,
           strict_readiness: bool, ray_address: str | None, replicas: int,
           autoscale: str | None, target_ongoing_requests: float, upscale_delay: float,
@@ -231,7 +245,9 @@ def serve(repository: Path, host: str, http_port: int, metrics_port: int, no_met
 
     setup_logging(log_level)
     access = Access.from_sources(api_keys, api_key_files, admin_keys, admin_key_files,
-                                 os.environ, metrics_keys)
+                                 os.environ, metrics_keys, priority_keys=priority_keys,
+                                 priority_key_files=priority_key_files,
+                                 priority_floor=priority_floor)
     if (tls_cert is None) != (tls_key is None):
         raise click.UsageError("TLS needs both --tls-cert and --tls-key")
     from tradeoff.server.cache import CacheSpec

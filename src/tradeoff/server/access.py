@@ -7,8 +7,14 @@ metrics keys are set, then it takes a metrics or an admin key. Keys are compared
 constant time, never logged, and a refusal says only what to send, never what was wrong
 with the key sent.
 
+A generation's own ``priority`` (lower is served first) is honoured only as far as its
+key allows: down to ``priority_floor`` (0: a request may only make itself less urgent)
+for any caller, down to N for a key given as ``KEY=N`` (``--api-key-priority``), and
+without bound for an admin key. A more urgent priority is served at the allowance.
+
     access = Access.from_sources(["k1"], [key_file], env=os.environ)
     tenant = access.check(authorization_header, admin=False)  # or Unauthorized / Forbidden
+    priority = access.priority(tenant, asked)                 # held to the key's allowance
 """
 
 from __future__ import annotations
@@ -20,12 +26,14 @@ from pathlib import Path
 
 from tradeoff.errors import Forbidden, InvalidValue, Unauthorized
 
-__all__ = ["ADMIN_KEY_ENV", "API_KEY_ENV", "METRICS_KEY_ENV", "TENANT", "Access", "read_keys"]
+__all__ = ["ADMIN_KEY_ENV", "API_KEY_ENV", "METRICS_KEY_ENV", "PRIORITY_LIMIT", "TENANT",
+           "Access", "read_keys", "read_priority_keys"]
 
 API_KEY_ENV = "TRADEOFF_API_KEY"
 ADMIN_KEY_ENV = "TRADEOFF_ADMIN_KEY"
 METRICS_KEY_ENV = "TRADEOFF_METRICS_KEY"
 TENANT = "tradeoff.tenant"  # the ASGI scope's entry for who made the call (check's answer)
+PRIORITY_LIMIT = 2**31  # a generation's priority lies in [-PRIORITY_LIMIT, PRIORITY_LIMIT)
 
 
 def read_keys(values: Iterable[str], files: Iterable[Path], env_value: str | None
@@ -46,6 +54,35 @@ def read_keys(values: Iterable[str], files: Iterable[Path], env_value: str | Non
     if any(len(k) < 8 for k in keys):
         raise InvalidValue("API keys must be at least 8 characters long")
     return keys
+
+
+def _priority_pair(item: str, where: str) -> tuple[str, int]:
+    """``KEY=N`` as (key, N); the error names where it was, never the key."""
+    key, sep, value = item.strip().rpartition("=")  # a key may end in '=' (base64)
+    try:
+        priority = int(value.strip()) if sep and key.strip() else None
+    except ValueError:
+        priority = None
+    if priority is None or not -PRIORITY_LIMIT <= priority < PRIORITY_LIMIT:
+        raise InvalidValue(f"{where}: expected KEY=N, N an integer from -2**31 to "
+                           "2**31 - 1 (the most urgent priority the key may ask for)")
+    return key.strip(), priority
+
+
+def read_priority_keys(values: Iterable[str], files: Iterable[Path]) -> dict[str, int]:
+    """Keys allowed a priority: ``KEY=N`` pairs given on the command line and one per
+    line in files (``#`` comments); each key may ask for priorities down to N."""
+    pairs = [_priority_pair(v, f"--api-key-priority #{i + 1}") for i, v in enumerate(values)]
+    for path in files:
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise InvalidValue(f"cannot read key file {path}: {exc.strerror}") from None
+        pairs += [_priority_pair(line, f"{path} line {number}")
+                  for number, line in enumerate(text.splitlines(), 1)
+                  if line.strip() and not line.lstrip().startswith("#")]
+    read_keys([key for key, _ in pairs], (), None)  # the same rules as other keys
+    return dict(pairs)
 
 
 def _digest(key: bytes) -> bytes:
@@ -74,18 +111,45 @@ class Access:
     """The server's keys and the check every protected call goes through."""
 
     def __init__(self, api_keys: Sequence[str] = (), admin_keys: Sequence[str] = (),
-                 metrics_keys: Sequence[str] = ()) -> None:
-        self.api_keys = [_digest(k.encode()) for k in api_keys]
+                 metrics_keys: Sequence[str] = (), *,
+                 priority_keys: Mapping[str, int] | None = None,
+                 priority_floor: int = 0) -> None:
+        """``priority_keys``: inference keys, each with the most urgent priority it may
+        ask for (a lower ``priority_floor`` applies to them too); ``priority_floor``:
+        the most urgent any other caller may ask for."""
+        if not -PRIORITY_LIMIT <= priority_floor < PRIORITY_LIMIT:
+            raise InvalidValue(f"the priority floor must be an integer from -2**31 to "
+                               f"2**31 - 1, got {priority_floor}")
+        priority_keys = priority_keys or {}
+        self.api_keys = [_digest(k.encode()) for k in [*api_keys, *priority_keys]]
         self.admin_keys = [_digest(k.encode()) for k in admin_keys]
         self.metrics_keys = [_digest(k.encode()) for k in metrics_keys]
+        self.priority_floor = priority_floor
+        # who made a call (check's answer) -> the most urgent priority it may ask for
+        self._floors = {_digest(k.encode()): min(n, priority_floor)
+                        for k, n in priority_keys.items()}
+        self._floors.update((key, -PRIORITY_LIMIT) for key in self.admin_keys)
 
     @classmethod
     def from_sources(cls, api_keys: Sequence[str], api_key_files: Sequence[Path],
                      admin_keys: Sequence[str], admin_key_files: Sequence[Path],
-                     env: Mapping[str, str], metrics_keys: Sequence[str] = ()) -> Access:
+                     env: Mapping[str, str], metrics_keys: Sequence[str] = (), *,
+                     priority_keys: Sequence[str] = (),
+                     priority_key_files: Sequence[Path] = (),
+                     priority_floor: int = 0) -> Access:
+        """Keys from the command line, files and the environment (``priority_keys``:
+        ``KEY=N`` pairs, see :func:`read_priority_keys`)."""
         return cls(read_keys(api_keys, api_key_files, env.get(API_KEY_ENV)),
                    read_keys(admin_keys, admin_key_files, env.get(ADMIN_KEY_ENV)),
-                   read_keys(metrics_keys, (), env.get(METRICS_KEY_ENV)))
+                   read_keys(metrics_keys, (), env.get(METRICS_KEY_ENV)),
+                   priority_keys=read_priority_keys(priority_keys, priority_key_files),
+                   priority_floor=priority_floor)
+
+    def priority(self, tenant: bytes, asked: int) -> int:
+        """The priority a generation is queued at: ``asked``, but no more urgent (no
+        lower) than the allowance of the key that sent it (``tenant``: :meth:`check`'s
+        answer; b"", an open call, gets ``priority_floor``)."""
+        return max(asked, self._floors.get(tenant, self.priority_floor))
 
     def check_metrics(self, headers: Iterable[tuple[bytes, bytes]]) -> None:
         """Allow a scrape of /metrics: open unless metrics keys are set, then a metrics
@@ -103,8 +167,10 @@ class Access:
         return bool(self.api_keys or self.admin_keys)
 
     def describe(self) -> str:
+        floors = (f"; a generation may ask for priority {self.priority_floor} or above "
+                  "unless its key allows more")
         return (f"{len(self.api_keys)} inference key(s), {len(self.admin_keys)} admin key(s)"
-                if self.enabled else "open (no API keys)")
+                if self.enabled else "open (no API keys)") + floors
 
     def check(self, authorization: bytes | str | None, admin: bool) -> bytes:
         """Allow the call, and say who made it: the digest of the key it presented (b""

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from tradeoff.errors import (
+    Forbidden,
     InferenceFailed,
     InvalidInput,
     NotFound,
@@ -307,6 +308,7 @@ class DataPlane:
         if isinstance(served, RoutedModel):
             served.check_takes_tensors()
             return served
+        self.check_direct(name)
         return self.manager.as_tensor(served)
 
     def submit(self, target: TensorTarget, request: V2Request, on_done: Answered
@@ -425,9 +427,19 @@ class DataPlane:
     # ------------------------------------------------------------ generation
 
     def generative_models(self) -> list[GenerativeModel]:
-        """The generative models that serve now."""
+        """The generative models that serve now and take calls by their own name (none
+        a router hides)."""
         return [m for m in self.manager.generative_versions()
-                if self.manager.models[m.name].latest is m]
+                if self.manager.models[m.name].latest is m and m.name not in
+                self.manager.hidden]
+
+    def check_direct(self, name: str) -> None:
+        """Forbidden (403) when a router hides model ``name`` (its ``hide_targets``):
+        only that router sends to it."""
+        router = self.manager.hidden.get(name)
+        if router is not None:
+            raise Forbidden(f"model {name!r} answers only through router {router!r} (its "
+                            f"router.yaml hides its targets): send the request to {router!r}")
 
     async def route_generation(self, routed: RoutedModel, parameters: dict[str, Any]
                                ) -> tuple[str, int | None]:
@@ -466,6 +478,8 @@ class DataPlane:
             route, shadow = name, routed
             if route_priority is not None:
                 priority = route_priority
+        else:
+            self.check_direct(name)
         model = self.manager.generative(name)
         for _ in range(3):  # a reload may replace the version while the prompt is tokenized
             model.check_accepting()  # the cheap refusals before the tokenizer's work

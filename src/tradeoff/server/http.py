@@ -105,7 +105,7 @@ class HttpApp:
         self.body_bytes_held = 0  # charged to limits.max_body_memory
         self.router = Router(ROUTES)
         self._openapi = orjson.dumps(openapi.document(ROUTES))
-        openai = OpenAIApi(dataplane, self._read_json)
+        openai = OpenAIApi(dataplane, self._read_json, self.access)
         handlers = {name: getattr(self, name, None) or getattr(openai, name)
                     for name in {route.handler for route in ROUTES}}
         self._handlers: dict[str, Callable[[Scope, Receive, Send, Params],

@@ -263,6 +263,8 @@ class ModelManager:
         self.drain_timeout_s = drain_timeout_s  # generations still running then end
         self.cache_enabled = False  # the server runs with --cache
         self.models: dict[str, ModelEntry] = {}
+        # a model -> the serving router whose router.yaml hides it (hide_targets)
+        self.hidden: dict[str, str] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._stopping: set[asyncio.Task] = set()
         self._cancels: dict[str, threading.Event] = {}  # loads in progress, by model
@@ -356,6 +358,7 @@ class ModelManager:
             entry.latest = versions[max(versions)]
             entry.state = ModelState.READY
             entry.reason = ""
+            self._hide_targets()
             for old_version in old.values():  # they finish what they accepted
                 await old_version.stop()
             return entry
@@ -491,6 +494,7 @@ class ModelManager:
                 return
             entry.state = ModelState.UNLOADING
             versions, entry.versions, entry.latest = entry.versions, {}, None
+            self._hide_targets()
             for version in versions.values():
                 await version.stop(drain_timeout_s)
             entry.state = ModelState.UNAVAILABLE
@@ -561,6 +565,14 @@ class ModelManager:
         if ready_only:
             rows = [r for r in rows if r["state"] == "READY"]
         return rows
+
+    def _hide_targets(self) -> None:
+        """Which models answer only through a router: the targets of every serving
+        router with ``hide_targets`` (after each load and unload)."""
+        self.hidden = {model: entry.name for entry in self.models.values()
+                       if isinstance(entry.latest, RoutedModel)
+                       and entry.latest.config.hide_targets
+                       for model in entry.latest.config.models()}
 
     def served_versions(self) -> list[Served]:
         return [v for e in self.models.values() for _, v in sorted(e.versions.items())]

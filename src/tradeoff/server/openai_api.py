@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 
 from tradeoff.errors import InvalidInput, RequestError
-from tradeoff.server.access import TENANT
+from tradeoff.server.access import TENANT, Access
 from tradeoff.server.asgi import (
     DisconnectWatch,
     Receive,
@@ -79,7 +79,9 @@ GENERATION_FIELDS: dict[str, Any] = {
     "class": {"type": "string", "description": "a router's request class"},
     "priority": {"type": "integer", "minimum": -(2**31), "maximum": 2**31 - 1,
                  "description": "the engine's order under scheduling: priority (lower "
-                                "first, as vLLM's); a router's route may set it"},
+                                "first, as vLLM's); below the key's allowance (serve "
+                                "--priority-floor, 0 by default) it is served at the "
+                                "allowance; a router's route may set it"},
     "n": {"type": "integer", "enum": [1]},
     "best_of": {"type": "integer", "enum": [1]},
 }
@@ -139,9 +141,11 @@ class OpenAIApi:
     """The ``/v1`` handlers of the HTTP app (the route table names them)."""
 
     def __init__(self, dataplane: DataPlane,
-                 read_json: Callable[[Scope, Receive], Awaitable[dict[str, Any]]]) -> None:
+                 read_json: Callable[[Scope, Receive], Awaitable[dict[str, Any]]],
+                 access: Access | None = None) -> None:
         self.dataplane = dataplane
         self._json = read_json  # the body as a JSON object, within --max-body-memory
+        self.access = access or Access()  # whose priority is honoured how far
 
     async def openai_models(self, scope: Scope, receive: Receive, send: Send,
                             params: dict[str, str]) -> None:
@@ -190,6 +194,9 @@ class OpenAIApi:
         priority = _number(doc, "priority", 0, int)
         if not -(2**31) <= priority < 2**31:
             raise InvalidInput("'priority' must be an integer from -2**31 to 2**31 - 1")
+        # a caller may make itself less urgent, more only as far as its key allows (a
+        # router's route priority, the operator's, replaces it whatever it is)
+        priority = self.access.priority(scope.get(TENANT, b""), priority)
         generation = await self.dataplane.generate(
             name, prompt, params, priority=priority, cache=cacheable,
             route_parameters=_route_parameters(doc, scope), tenant=scope.get(TENANT, b""))
