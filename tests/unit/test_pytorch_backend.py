@@ -15,11 +15,13 @@ from tradeoff import dtypes  # noqa: E402
 from tradeoff.backends.pytorch import (  # noqa: E402
     TorchBackend,
     batch_sizes_to_warm,
+    check_code_file,
     describe,
     input_positions,
     output_keys,
+    torchscript_quietly,
 )
-from tradeoff.errors import ConfigError, InferenceFailed  # noqa: E402
+from tradeoff.errors import ConfigError, InferenceFailed, ModelLoadError  # noqa: E402
 from tradeoff.models.torch_models import EncoderShape, encoder_module, write_encoder  # noqa: E402
 from tradeoff.repository.repository import ModelRepository  # noqa: E402
 
@@ -223,3 +225,34 @@ def test_optimize_refuses_int8_for_a_pytorch_model_and_says_why(tmp_path: Path) 
 def test_a_thread_count_that_is_not_a_number_is_refused_by_name(repo: Path) -> None:
     with pytest.raises(ConfigError, match=r"parameters\.intra_op_thread_count"):
         instance(repo, "pt", intra_op_thread_count="many")
+
+
+class _AddOne(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+
+@pytest.mark.parametrize("what", ["file", "version folder", "model folder"])
+def test_a_model_file_others_can_write_is_refused_naming_the_fix(tmp_path: Path,
+                                                                 what: str) -> None:
+    """Loading TorchScript runs its code: a file any user could have replaced is refused."""
+    model_dir = tmp_path / "reader"
+    (model_dir / "1").mkdir(parents=True)
+    path = model_dir / "1" / "model.pt"
+    with torchscript_quietly():
+        torch.jit.save(torch.jit.script(_AddOne()), str(path))
+    (model_dir / "config.pbtxt").write_text(
+        'backend: "pytorch"\nmax_batch_size: 4\n'
+        'input [{ name: "INPUT__0" data_type: TYPE_FP32 dims: [2] }]\n'
+        'output [{ name: "OUTPUT__0" data_type: TYPE_FP32 dims: [2] }]\n')
+    writable = {"file": path, "version folder": path.parent, "model folder": model_dir}[what]
+    writable.chmod(writable.stat().st_mode | 0o002)
+    with pytest.raises(ModelLoadError, match=rf"{writable}.* is writable by every user .*"
+                                             r"`chmod o-w`"):
+        instance(tmp_path, "reader")
+    with pytest.raises(ModelLoadError, match="writable by every user"):
+        check_code_file(path)
+    writable.chmod(writable.stat().st_mode & ~0o002)
+    answer = instance(tmp_path, "reader").run({"INPUT__0": np.zeros((1, 2), np.float32)},
+                                              ["OUTPUT__0"])
+    assert answer["OUTPUT__0"].tolist() == [[1.0, 1.0]]

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import re
+import stat
 import threading
 import time
 import warnings
@@ -52,6 +53,7 @@ __all__ = [
     "TorchBackend",
     "TorchSettings",
     "batch_sizes_to_warm",
+    "check_code_file",
     "describe",
     "forward_names",
     "input_positions",
@@ -118,7 +120,26 @@ def is_exported(path: Path) -> bool:
     return path.suffix == EXPORTED_SUFFIX
 
 
+def check_code_file(path: Path) -> None:
+    """ModelLoadError when a model file that runs code as it loads (TorchScript and
+    torch.export archives unpickle) could have been written by any user of this machine:
+    the file, or a folder of the model holding it, writable by others. A repository is
+    trusted code, as an installed package is; this keeps it the operator's."""
+    real = path.resolve()
+    for item in (real, real.parent, real.parent.parent):
+        try:
+            mode = item.stat().st_mode
+        except OSError:
+            continue
+        if mode & stat.S_IWOTH and not (item.is_dir() and mode & stat.S_ISVTX):
+            raise ModelLoadError(
+                f"{path}: {item} is writable by every user of this machine, and loading a "
+                "PyTorch model runs the code it holds: `chmod o-w` it (a model repository "
+                "is trusted code, docs/pytorch.md)")
+
+
 def load_exported(path: Path) -> Any:
+    check_code_file(path)
     torch = _torch()
     try:
         return torch.export.load(str(path))
@@ -293,6 +314,7 @@ class TorchBackend(Backend):
         return torch.device("cuda", index)
 
     def _load_script(self, path: Path) -> Any:
+        check_code_file(path)
         try:
             with torchscript_quietly():
                 return self.torch.jit.load(str(path), map_location=self.device)

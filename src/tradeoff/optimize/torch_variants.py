@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tradeoff.backends.pytorch import (
+    check_code_file,
     forward_names,
     input_positions,
     is_exported,
@@ -52,6 +53,7 @@ def make_torch_variant(source: Path, target: Path, variant: Variant,
     dtype = torch.float16 if variant.kind == FP16 else torch.bfloat16
     target.parent.mkdir(parents=True, exist_ok=True)
     if not is_exported(source):
+        check_code_file(source)
         with torchscript_quietly():
             module = torch.jit.load(str(source), map_location="cpu")
             torch.jit.save(module.to(dtype), str(target))
