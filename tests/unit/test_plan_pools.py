@@ -114,6 +114,7 @@ def test_pools_are_written_behind_a_router_under_the_models_name(tmp_path: Path)
         ["latency", None]  # what names no known class goes to the largest class's pool
     assert [r.arms[0].model for r in router.routes] == \
         [pool_name("synthetic", "latency"), pool_name("synthetic", "bulk")]
+    assert router.hide_targets  # the pools answer only through the router
     repository = ModelRepository(target)
     assert repository.kind("synthetic") == "router"
     latency = repository.read("synthetic_latency").config

@@ -59,5 +59,6 @@ def test_router_yaml_keeps_its_comment_a_comment(tmp_path: Path) -> None:
     write_router(tmp_path, "mlp", HOSTILE_NAME, [{"to": "mlp_bulk"}])
     text = (tmp_path / "mlp" / "router.yaml").read_text()
     assert text.splitlines()[0].startswith("# written by tradeoff plan: bulk?%x ;touch")
-    assert read_yaml(tmp_path / "mlp" / "router.yaml") == {"routes": [{"to": "mlp_bulk"}]}
+    assert read_yaml(tmp_path / "mlp" / "router.yaml") == {"routes": [{"to": "mlp_bulk"}],
+                                                           "hide_targets": True}
 

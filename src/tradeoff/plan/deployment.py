@@ -64,11 +64,13 @@ def pool_routes(model: str, candidate: PlanCandidate,
 
 
 def write_router(target: Path, model: str, plan: str, routes: list[dict[str, Any]]) -> None:
-    """``target/MODEL/router.yaml`` with these routes, marked as the plan's."""
+    """``target/MODEL/router.yaml`` with these routes, marked as the plan's; its targets
+    answer only through it (a client calling a pool or an engine by its own name would
+    skip the priority and the pool its class is given)."""
     router = target / model
     router.mkdir(parents=True)
     (router / ROUTER_FILE).write_text(written_by(plan) + yaml.safe_dump(
-        {"routes": routes}, sort_keys=False))
+        {"routes": routes, "hide_targets": True}, sort_keys=False))
 
 
 def pool_name(model: str, request_class: str) -> str:
