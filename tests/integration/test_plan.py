@@ -223,7 +223,7 @@ def test_a_generative_model_gets_the_engine_batch_its_rate_needs(tmp_path: Path)
 
 def test_two_classes_of_generations_get_their_priority_in_one_engine(tmp_path: Path) -> None:
     # a step costs 20 ms + 2 ms a token (sleeping): four sequences keep TPOT under 55 ms,
-    # and at 4 requests/s they run full, so the waiting queue's order decides who waits.
+    # and at 5 requests/s they run full, so the waiting queue's order decides who waits.
     # First come first served, chat's TTFT p99 is predicted over its 300 ms; put first,
     # under it (the others wait longer, within their 2 s).
     from tradeoff.models.generative import write_synthetic_llm
@@ -234,7 +234,7 @@ def test_two_classes_of_generations_get_their_priority_in_one_engine(tmp_path: P
                                 max_num_seqs=4)
     run = CliRunner().invoke(main, [
         "plan", str(model), "--sla-ttft-ms", "2000", "--sla-tpot-ms", "55",
-        "--class-sla", "chat=300", "--rate", "4", "--class-share", "chat=0.3",
+        "--class-sla", "chat=300", "--rate", "5", "--class-share", "chat=0.3",
         "--class-share", "batch=0.7", "--prompt-words", "4", "--output-tokens", "8",
         "--precision", "none", "--replay", "8s", "--seconds", "1s", "--budget", "4m",
         "--json", str(tmp_path / "plan.json")])
