@@ -10,7 +10,7 @@ PIP := $(PY) -m pip install --quiet --disable-pip-version-check $(if $(CONSTRAIN
 STAMP := $(VENV)/.installed-test
 DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: demo test install constraints proto bench perf-analyzer chromium clean
+.PHONY: demo test test-fast install constraints proto bench perf-analyzer chromium clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -64,6 +64,10 @@ test: $(STAMP)
 	$(VENV)/bin/mypy src
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
+
+# The unit tests alone (no server started): what to ask while working
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not integration"
 
 # Regenerate the protobuf code from the project's .proto files.
 proto: $(STAMP)
