@@ -34,7 +34,6 @@ from rich.table import Table
 
 from tradeoff.bench.endpoint import EndpointSpec, make_adapter
 from tradeoff.bench.load import LoadSpec
-from tradeoff.bench.mix import first_sight_ratio, lru_hit_ratio, zipf_probabilities
 from tradeoff.bench.session import run_benchmark
 from tradeoff.dtypes import numpy_dtype
 from tradeoff.models import build_repository
@@ -42,6 +41,7 @@ from tradeoff.protocol.v2 import TensorOutput
 from tradeoff.results import BenchResult
 from tradeoff.server.cache import CHECK_BYTES, KEY_BYTES, LocalStore, encode_outputs
 from tradeoff.server.process import ServerProcess, free_port
+from tradeoff.stats.popularity import first_sight_ratio, lru_hit_ratio, zipf_probabilities
 
 EXPONENTS = (0.8, 1.0, 1.2)
 KINDS = ("none", "local", "redis")

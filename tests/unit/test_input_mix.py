@@ -7,13 +7,8 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 
-from tradeoff.bench.mix import (
-    InputMix,
-    RequestClass,
-    first_sight_ratio,
-    lru_hit_ratio,
-    zipf_probabilities,
-)
+from tradeoff.bench.mix import InputMix, RequestClass
+from tradeoff.stats.popularity import first_sight_ratio, lru_hit_ratio, zipf_probabilities
 
 
 def test_round_robin_has_no_order_and_says_so() -> None:

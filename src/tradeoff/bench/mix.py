@@ -8,7 +8,6 @@ every request after the first round a hit).
 
     mix = InputMix(zipf=1.0)
     order = mix.order(1000, seed=0)              # request indices, most popular first
-    lru_hit_ratio(zipf_probabilities(1000, 1.0), capacity=100)   # ~0.56: what to expect
 
 ``--mix NAME=WEIGHT[,param=value...]`` adds request classes: each request is drawn to a
 class by weight (from the same schedule), and carries that class's request parameters;
@@ -27,23 +26,15 @@ import numpy as np
 
 from tradeoff.errors import InvalidValue, shown
 from tradeoff.repository.router import class_name_problem
+from tradeoff.stats.popularity import zipf_probabilities
 
 __all__ = [
     "ORDER_LENGTH",
     "InputMix",
     "RequestClass",
-    "first_sight_ratio",
-    "lru_hit_ratio",
-    "zipf_probabilities",
 ]
 
 ORDER_LENGTH = 1 << 20  # draws made up front, then reused in the same order
-
-
-def zipf_probabilities(count: int, s: float) -> np.ndarray:
-    """P(k-th input) ∝ 1/k**s for k = 1..count (s = 0: uniform)."""
-    weights = np.arange(1, count + 1, dtype=np.float64) ** -s
-    return weights / weights.sum()
 
 
 @dataclass(frozen=True)
@@ -146,35 +137,3 @@ class InputMix:
             out["classes"] = [c.to_dict() for c in self.classes]
             out["class_draw"] = "sequence" if self.class_sequence else "weights"
         return out
-
-
-def lru_hit_ratio(probabilities: np.ndarray, capacity: int) -> float:
-    """Steady-state hit ratio of an LRU cache holding ``capacity`` answers under
-    independent draws with these probabilities (Che's approximation: the characteristic
-    time T solves sum(1 - exp(-p T)) = capacity; the hit ratio is sum(p (1 - exp(-p T))))."""
-    p = np.asarray(probabilities, dtype=np.float64)
-    if capacity >= p.size:
-        return 1.0
-    if capacity <= 0:
-        return 0.0
-    low, high = 0.0, 1.0
-    while np.sum(-np.expm1(-p * high)) < capacity:
-        high *= 2
-    for _ in range(100):
-        middle = (low + high) / 2
-        if np.sum(-np.expm1(-p * middle)) < capacity:
-            low = middle
-        else:
-            high = middle
-    return float(np.sum(p * -np.expm1(-p * high)))
-
-
-def first_sight_ratio(probabilities: np.ndarray, draws: int, before: int = 0) -> float:
-    """The expected share of ``draws`` requests, sent after ``before`` others, that ask for
-    an input never asked before: each is a miss even for a cache that holds everything."""
-    p = np.asarray(probabilities, dtype=np.float64)
-    if not draws or not p.size:
-        return 0.0
-    unseen = np.log1p(-p)  # log of P(not drawn) per draw
-    new = np.sum(np.exp(before * unseen) - np.exp((before + draws) * unseen))
-    return float(new / draws)

@@ -34,9 +34,9 @@ from typing import Any, NoReturn
 import numpy as np
 import orjson
 
-from tradeoff.bench.mix import first_sight_ratio, lru_hit_ratio, zipf_probabilities
 from tradeoff.errors import InvalidValue, local_resource, shown
 from tradeoff.repository.router import class_name_problem
+from tradeoff.stats.popularity import first_sight_ratio, lru_hit_ratio, zipf_probabilities
 
 __all__ = ["ARRIVALS", "MAX_TRACE_LINE_BYTES", "MAX_TRACE_REQUESTS", "MAX_TRACE_SPAN_S",
            "Traffic", "check_classes", "fit_zipf"]
