@@ -14,6 +14,7 @@ from tradeoff.bench.mix import InputMix
 from tradeoff.bench.records import HTTP_ERROR, OK, TIMEOUT, RecordBuffer, Records
 from tradeoff.bench.result import build_result
 from tradeoff.bench.runner import RunOutcome, WindowReport, is_stable, window_report
+from tradeoff.errors import InvalidValue
 from tradeoff.stats.distribution import distribution
 
 
@@ -40,6 +41,11 @@ def test_trace_files_gaps_and_offsets(tmp_path: Path) -> None:
     offsets.write_text("# offsets\n0\n2000\n1000\n")
     with pytest.raises(ValueError, match="must not decrease"):
         read_intervals(offsets)
+    for bad in ("nan", "inf", "-5", "1e300", "soon"):
+        gaps.write_text(f"0\n1000\n{bad}\n")
+        with pytest.raises(InvalidValue, match=rf"gaps\.txt:3: '{bad}' is not a number of "
+                                               "microseconds from 0 to 31 days"):
+            read_intervals(gaps)
     spec = LoadSpec(intervals=(0.0, 0.001), duration_s=1)
     assert list(itertools.islice(arrival_offsets_ns(spec), 4)) == [0, 1_000_000, 2_000_000,
                                                                     3_000_000]

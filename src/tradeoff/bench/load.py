@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tradeoff.errors import InvalidValue
+from tradeoff.errors import InvalidValue, shown
 
 __all__ = [
     "DURATION_FORMS",
@@ -35,6 +35,7 @@ _DURATION = re.compile(r"(?P<number>[-+]?(?:\d+\.?\d*|\.\d+))\s*(?P<unit>ms|s|m|
                        re.IGNORECASE)
 _SECONDS_PER_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 DURATION_FORMS = "90 (seconds), 1.5, 500ms, 90s, 5m or 1h"
+MAX_INTERVAL_US = 31 * 86400e6  # one gap or offset of an --intervals trace
 
 
 def parse_duration(text: str | float, *, allow_zero: bool = False) -> float:
@@ -207,16 +208,21 @@ def read_intervals(path: Path) -> tuple[float, ...]:
         text = path.read_text()
     except OSError as exc:
         raise InvalidValue(f"--intervals {path}: {exc.strerror}") from None
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    as_offsets = bool(lines) and lines[0].lower().startswith("# offsets")
-    try:
-        values = np.array([float(line) for line in lines if not line.startswith("#")])
-    except ValueError as exc:
-        raise InvalidValue(f"--intervals {path}: {exc}") from None
+    lines = [(number, line.strip()) for number, line in enumerate(text.splitlines(), 1)
+             if line.strip()]
+    as_offsets = bool(lines) and lines[0][1].lower().startswith("# offsets")
+    numbered = [(number, line) for number, line in lines if not line.startswith("#")]
+    values = np.empty(len(numbered))
+    for index, (number, line) in enumerate(numbered):
+        try:
+            values[index] = float(line)
+        except ValueError:
+            values[index] = np.nan
+        if not 0 <= values[index] < MAX_INTERVAL_US:
+            raise InvalidValue(f"--intervals {path}:{number}: {shown(line)} is not a number "
+                               "of microseconds from 0 to 31 days")
     if values.size == 0:
         raise InvalidValue(f"--intervals {path}: no intervals in the file")
-    if (values < 0).any():
-        raise InvalidValue(f"--intervals {path}: values must not be negative")
     seconds = values / 1e6
     if as_offsets:
         if (np.diff(seconds) < 0).any():
