@@ -54,6 +54,16 @@ def _serving(pid: int) -> set[int]:
     return out
 
 
+def _plan_command(tmp_path: Path) -> tuple[list[str], Path]:
+    """`tradeoff plan` of a synthetic model into ``tmp_path/plan``: long enough to stop."""
+    model = write_synthetic_model(tmp_path / "repo", fixed_ms=2.0, per_row_ms=0.05,
+                                  max_batch_size=16)
+    output = tmp_path / "plan"
+    return [sys.executable, "-m", "tradeoff", "plan", str(model), "--sla-p99-ms", "15",
+            "--rate", "200", "--precision", "none", "--budget", "2m", "--replay", "5s",
+            "-o", str(output)], output
+
+
 def _stop_at_first_server(command: list[str], sig: signal.Signals
                           ) -> tuple[subprocess.Popen[str], str, set[int]]:
     planner = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -76,12 +86,7 @@ def _stop_at_first_server(command: list[str], sig: signal.Signals
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_a_signal_stops_the_plans_servers_and_removes_its_scratch(
         tmp_path: Path, sig: signal.Signals) -> None:
-    model = write_synthetic_model(tmp_path / "repo", fixed_ms=2.0, per_row_ms=0.05,
-                                  max_batch_size=16)
-    output = tmp_path / "plan"
-    command = [sys.executable, "-m", "tradeoff", "plan", str(model), "--sla-p99-ms", "15",
-               "--rate", "200", "--precision", "none", "--budget", "2m", "--replay", "5s",
-               "-o", str(output)]
+    command, output = _plan_command(tmp_path)
     planner, text, servers = _stop_at_first_server(command, sig)
     assert planner.returncode == 128 + sig, text
     assert f"plan: stopped by {sig.name}" in text and "Traceback" not in text
@@ -95,12 +100,7 @@ def test_a_signal_stops_the_plans_servers_and_removes_its_scratch(
 
 def test_a_killed_plan_leaves_no_server_and_its_scratch_does_not_block_a_rerun(
         tmp_path: Path) -> None:
-    model = write_synthetic_model(tmp_path / "repo", fixed_ms=2.0, per_row_ms=0.05,
-                                  max_batch_size=16)
-    output = tmp_path / "plan"
-    command = [sys.executable, "-m", "tradeoff", "plan", str(model), "--sla-p99-ms", "15",
-               "--rate", "200", "--precision", "none", "--budget", "2m", "--replay", "5s",
-               "-o", str(output)]
+    command, output = _plan_command(tmp_path)
     planner, _, servers = _stop_at_first_server(command, signal.SIGKILL)
     assert planner.returncode == -signal.SIGKILL
     # SIGKILL runs no clean-up: the servers see their parent gone and stop themselves
