@@ -39,7 +39,9 @@ from tradeoff.dtypes import numpy_dtype
 from tradeoff.models import build_repository
 from tradeoff.protocol.v2 import TensorOutput
 from tradeoff.results import BenchResult
-from tradeoff.server.cache import CHECK_BYTES, KEY_BYTES, LocalStore, encode_outputs
+from tradeoff.server.cache.keys import CHECK_BYTES, KEY_BYTES
+from tradeoff.server.cache.stores import LocalStore
+from tradeoff.server.cache.values import encode_outputs
 from tradeoff.server.process import ServerProcess, free_port
 from tradeoff.stats.popularity import first_sight_ratio, lru_hit_ratio, zipf_probabilities
 

@@ -15,7 +15,9 @@ import pytest
 
 from tradeoff.models import build_repository
 from tradeoff.protocol.v2 import TensorOutput
-from tradeoff.server.cache import MAC_BYTES, REDIS_PREFIX, Keys, encode_outputs
+from tradeoff.server.cache.keys import MAC_BYTES, Keys
+from tradeoff.server.cache.stores import REDIS_PREFIX
+from tradeoff.server.cache.values import encode_outputs
 from tradeoff.server.process import ServerProcess, free_port
 
 from .helpers import (

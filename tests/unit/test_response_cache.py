@@ -13,18 +13,11 @@ from hypothesis import strategies as st
 
 from tradeoff.generate.sampling import SamplingParams
 from tradeoff.protocol.v2 import TensorOutput
-from tradeoff.server.cache import (
-    CHECK_BYTES,
-    MAC_BYTES,
-    SECRET_ENV,
-    CacheSpec,
-    Keys,
-    LocalStore,
-    ResponseCache,
-    decode_outputs,
-    encode_generation,
-    encode_outputs,
-)
+from tradeoff.server.cache import ResponseCache
+from tradeoff.server.cache.keys import CHECK_BYTES, MAC_BYTES, Keys
+from tradeoff.server.cache.spec import SECRET_ENV, CacheSpec
+from tradeoff.server.cache.stores import LocalStore
+from tradeoff.server.cache.values import decode_outputs, encode_generation, encode_outputs
 
 SECRET = b"unit-test-secret-0123456789"
 KEYS = Keys(SECRET)

@@ -113,7 +113,7 @@ class ByteSize(click.ParamType):
                 ctx: click.Context | None) -> int:
         if isinstance(value, int):
             return value
-        from tradeoff.server.cache import parse_size
+        from tradeoff.server.cache.spec import parse_size
 
         try:
             size = parse_size(str(value), "size")

@@ -250,7 +250,7 @@ def serve(repository: Path, host: str, http_port: int, metrics_port: int, no_met
                                  priority_floor=priority_floor)
     if (tls_cert is None) != (tls_key is None):
         raise click.UsageError("TLS needs both --tls-cert and --tls-key")
-    from tradeoff.server.cache import CacheSpec
+    from tradeoff.server.cache.spec import CacheSpec
 
     try:
         cache_spec = CacheSpec.parse(cache) if cache is not None else None

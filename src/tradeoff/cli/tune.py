@@ -80,7 +80,7 @@ def batch_size(model_dir: Path, device: str, max_memory: str | None,
     from rich.console import Console
 
     from tradeoff.report.terminal import print_batch_size_tune
-    from tradeoff.server.cache import parse_size
+    from tradeoff.server.cache.spec import parse_size
     from tradeoff.tune.batch_size import BatchSizePlan, tune_batch_size
 
     console = Console()

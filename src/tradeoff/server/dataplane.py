@@ -35,7 +35,8 @@ from tradeoff.scheduling.request import InferenceRequest, Timings
 from tradeoff.scheduling.scheduler import Outputs
 from tradeoff.scheduling.stats import merge_model_stats
 from tradeoff.server.asgi import OFF_LOOP_BYTES
-from tradeoff.server.cache import Expected, ResponseCache
+from tradeoff.server.cache import ResponseCache
+from tradeoff.server.cache.values import Expected
 from tradeoff.server.generation import Generation
 from tradeoff.server.models import ModelManager, ModelVersion
 from tradeoff.server.router import RoutedModel

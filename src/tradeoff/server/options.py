@@ -12,7 +12,7 @@ from tradeoff.protocol.limits import DEFAULT_LIMITS, RequestLimits
 from tradeoff.server.access import Access
 
 if TYPE_CHECKING:
-    from tradeoff.server.cache import CacheSpec
+    from tradeoff.server.cache.spec import CacheSpec
 
 __all__ = ["DEFAULT_MAX_REQUEST_BYTES", "RayOptions", "ServeOptions", "TransportLimits"]
 
