@@ -6,7 +6,9 @@ from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.console import Console, Group
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from tradeoff.results import (
     BatchSizeTune,
@@ -47,6 +49,22 @@ __all__ = [
 _CLASS_NOTES = {"too_large": " (answers over --max-response-size)"}
 
 
+def _t(value: object) -> str:
+    """``value`` as text inside markup: a name, a label or an endpoint's error text comes
+    from outside (a shared result file, a server) and may hold brackets that rich would
+    read as tags.
+
+    Escaped, and fenced by an empty style (``none``) so that the value always ends where
+    a tag begins: an unclosed ``[link=...`` in one value cannot pair with a ``]`` in the
+    next, and its trailing backslashes, doubled, show as written instead of escaping the
+    tag printed after them.
+    """
+    text = str(value)
+    body = text.rstrip("\\")
+    trailing = "\\" * 2 * (len(text) - len(body))
+    return f"[none]{escape(body)}{trailing}[/none]"
+
+
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
@@ -65,7 +83,7 @@ def _class_table(result: BenchResult, console: Console) -> None:
     for c in classes:
         per_token = [f"{_ms((d or {}).get('p50'))} / {_ms((d or {}).get('p99'))}"
                      for d in (c.ttft_ms, c.tpot_ms)] if generated else []
-        table.add_row(c.name, f"{c.weight / total:.0%}",
+        table.add_row(_t(c.name), f"{c.weight / total:.0%}",
                       f"{c.requests:,}", f"{c.throughput_rps:,.1f}", _ms(c.latency("p50")),
                       _ms(c.latency("p99")), _ms(c.latency("p999")), *per_token,
                       f"{c.errors:,}")
@@ -79,12 +97,12 @@ def print_bench_result(result: BenchResult, console: Console) -> None:
     load = result.load
     what = endpoint.get("model") or endpoint["url"]
     if load["mode"] == "closed":
-        offered = f"concurrency {load['concurrency']}"
+        offered = f"concurrency {_t(load['concurrency'])}"
     elif load["mode"] == "open":
-        offered = f"{load['arrival']} arrivals at {load['rate']:g}/s"
+        offered = f"{_t(load['arrival'])} arrivals at {load['rate']:g}/s"
     else:
-        offered = f"trace of {load['intervals']} requests"
-    table = Table(title=f"{what} ({endpoint['protocol']}), {offered}")
+        offered = f"trace of {_t(load['intervals'])} requests"
+    table = Table(title=f"{_t(what)} ({_t(endpoint['protocol'])}), {offered}")
     table.add_column("metric")
     table.add_column("value", justify="right")
     table.add_row("requests (errors)", f"{s.requests:,} ({s.errors:,})")
@@ -105,7 +123,7 @@ def print_bench_result(result: BenchResult, console: Console) -> None:
             if "p99" in values:
                 cell += f"  p99 {_ms(values['p99'])}"
             table.add_row(f"server {part} ms", cell)
-        table.add_row("server breakdown from", server["source"])
+        table.add_row("server breakdown from", _t(server["source"]))
     counts = s.server_counts
     if counts is not None and counts.cache_hit_ratio is not None:
         table.add_row("server cache hit ratio",
@@ -116,15 +134,15 @@ def print_bench_result(result: BenchResult, console: Console) -> None:
     if mix and mix.get("draw") == "zipf":
         table.add_row("inputs", f"{mix['distinct_inputs']:,} distinct, Zipf s={mix['zipf_s']:g}")
     if s.errors_by_class:
-        table.add_row("errors by class", ", ".join(f"{k}: {v}{_CLASS_NOTES.get(k, '')}"
-                                                   for k, v in s.errors_by_class.items()))
+        table.add_row("errors by class", _t(", ".join(f"{k}: {v}{_CLASS_NOTES.get(k, '')}"
+                                                      for k, v in s.errors_by_class.items())))
     table.add_row("bytes sent / received", f"{s.bytes_sent:,} / {s.bytes_received:,}")
     table.add_row("cold start ms", _ms(result.cold_start_ms))
     table.add_row("warmup requests", f"{result.warmup.requests:,}")
     stable = result.stable
     table.add_row("windows", f"{len(result.windows)}, "
                              + ("stable" if stable else "unstable" if stable is False else
-                                "stability not checked") + f" ({result.stop_reason})")
+                                "stability not checked") + f" ({_t(result.stop_reason)})")
     client = result.client
     table.add_row("client CPU", f"{client.cpu_percent:.0f}%")
     if client.send_lag_ms:
@@ -136,10 +154,10 @@ def print_bench_result(result: BenchResult, console: Console) -> None:
         _class_table(result, console)
     if client.client_bound:
         console.print("[bold yellow]client_bound[/]: the load generator could not keep up ("
-                      + "; ".join(client.reasons) + "); the figures understate the "
+                      + _t("; ".join(client.reasons)) + "); the figures understate the "
                       "endpoint. Try --workers N or a faster client machine.")
     if stable is False:
-        console.print(f"[yellow]unstable[/]: {result.stop_reason}; last windows disagree "
+        console.print(f"[yellow]unstable[/]: {_t(result.stop_reason)}; last windows disagree "
                       f"by more than {load['stability_percent']:g}%.")
     length = s.generation.output_length if s.generation else None
     if length and not length.honoured:
@@ -149,7 +167,7 @@ def print_bench_result(result: BenchResult, console: Console) -> None:
                       + (" despite ignore_eos" if length.ignore_eos else "")
                       + "; tokens/s and TPOT compare unequal work.")
     for note in client.notes:
-        console.print(f"[yellow]note[/]: {note}")
+        console.print(f"[yellow]note[/]: {_t(note)}")
 
 
 def _generation_rows(g: Generation, table: Table) -> None:
@@ -175,15 +193,15 @@ def _generation_rows(g: Generation, table: Table) -> None:
                       f"{length.exact:,} of {length.asked:,} exact, "
                       f"{length.shorter:,} shorter, {length.longer:,} longer")
     if g.goodput_rps is not None:
-        bounds = ", ".join(f"{k} <= {v:g}" for k, v in (g.slo or {}).items())
+        bounds = ", ".join(f"{_t(k)} <= {v:g}" for k, v in (g.slo or {}).items())
         table.add_row("goodput", f"{g.goodput_rps:,.2f} req/s ({bounds})")
 
 
 def print_sweep(sweep: SweepResult, console: Console) -> None:
     """The sweep's points, the knee highlighted, and why it stopped."""
     knee = sweep.knee
-    mode = sweep.mode
-    table = Table(title=f"{sweep.label}: sweep over {mode}")
+    mode = _t(sweep.mode)  # shown only: a column's header and the lines below
+    table = Table(title=f"{_t(sweep.label)}: sweep over {mode}")
     priced = any(row.cost_per_million is not None for row in sweep.rows)
     generated = any(row.tokens for row in sweep.rows)
     columns = ([mode, "req/s", "tok/s", "TTFT p50", "TTFT p99", "TPOT p99", "p99 ms",
@@ -214,10 +232,10 @@ def print_sweep(sweep: SweepResult, console: Console) -> None:
     if knee:
         rate = (f" ({knee.tokens.output_tokens_per_s:,.1f} tok/s)" if knee.tokens else "")
         console.print(f"knee at {mode} {knee.load:g}: {knee.throughput_rps:,.1f} req/s"
-                      f"{rate}, p99 {_ms(knee.p99_ms)} ms ({knee.rule})")
+                      f"{rate}, p99 {_ms(knee.p99_ms)} ms ({_t(knee.rule)})")
     else:
         console.print("knee not reached: throughput was still growing")
-    console.print(f"stopped: {sweep.stop_reason}")
+    console.print(f"stopped: {_t(sweep.stop_reason)}")
     anchors = sweep.plan.get("profile")
     if anchors:
         console.print(f"profile: {anchors['synchronous_rps']:,.2f} req/s one at a time, "
@@ -245,7 +263,7 @@ def _ratio_cell(value: Ratio | None) -> str:
 
 def print_compare(compare: CompareResult, console: Console) -> None:
     """Side by side: figures, ratios to the baseline with 95% intervals, fairness, cost."""
-    table = Table(title=f"Comparison: baseline {compare.baseline}, "
+    table = Table(title=f"Comparison: baseline {_t(compare.baseline)}, "
                         + (f"{compare.rounds} interleaved round(s) each"
                            if compare.fairness.interleaved else "from result files"))
     for column in ("endpoint", "req/s", "x base", "p50 ms", "p99 ms", "x base", "errors"):
@@ -255,7 +273,8 @@ def print_compare(compare: CompareResult, console: Console) -> None:
     for entry in compare.endpoints:
         s = entry.result.summary
         r = compare.ratios_of(entry.name).metrics
-        table.add_row(entry.name, f"{s.throughput_rps:,.1f}", _ratio_cell(r.get("throughput")),
+        table.add_row(_t(entry.name), f"{s.throughput_rps:,.1f}",
+                      _ratio_cell(r.get("throughput")),
                       _ms(s.latency("p50")), _ms(s.latency("p99")), _ratio_cell(r.get("p99")),
                       f"{s.errors:,}")
     console.print(table)
@@ -268,7 +287,7 @@ def print_compare(compare: CompareResult, console: Console) -> None:
         for entry in compare.endpoints:
             g, r = entry.result.summary.generation, compare.ratios_of(entry.name).metrics
             ttft, tpot = (g.ttft_ms or {}, g.tpot_ms or {}) if g else ({}, {})
-            tokens.add_row(entry.name, f"{g.output_tokens_per_s if g else 0:,.1f}",
+            tokens.add_row(_t(entry.name), f"{g.output_tokens_per_s if g else 0:,.1f}",
                            _ratio_cell(r["output_tokens_per_s"]),
                            _ms(ttft.get("p99")), _ratio_cell(r["ttft_p99"]),
                            _ms(tpot.get("p50")), _ratio_cell(r["tpot_p50"]))
@@ -276,17 +295,17 @@ def print_compare(compare: CompareResult, console: Console) -> None:
     profiles = Table(title="Endpoint profiles (unknown: not revealed, not given)")
     profiles.add_column("")
     for entry in compare.endpoints:
-        profiles.add_column(entry.name)
+        profiles.add_column(_t(entry.name))
     for key in ("format", "precision", "server", "batching", "instances", "hardware"):
-        profiles.add_row(key, *(str(e.profile["checklist"][key]) for e in compare.endpoints))
+        profiles.add_row(key, *(_t(e.profile["checklist"][key]) for e in compare.endpoints))
     extra = sorted({k for e in compare.endpoints for k in e.profile.get("facts", {})})
     for key in extra:
-        profiles.add_row(key, *(str(e.profile["facts"].get(key, "unknown"))
-                                for e in compare.endpoints))
+        profiles.add_row(_t(key), *(_t(e.profile["facts"].get(key, "unknown"))
+                                    for e in compare.endpoints))
     console.print(profiles)
     for check in compare.fairness.checks:
         mark = {True: "[green]ok[/]", False: "[red]differs[/]", None: "[dim]n/a[/]"}[check.ok]
-        console.print(f"  fairness: {check.check}: {mark} ({check.detail})")
+        console.print(f"  fairness: {_t(check.check)}: {mark} ({_t(check.detail)})")
     print_ranking(compare.ranking, compare.score, console)
 
 
@@ -295,7 +314,7 @@ def print_ranking(ranking: list[dict[str, Any]], score: dict[str, Any],
     """Cost per million requests and the cost-performance score."""
     basis = next((c["score_basis"] for c in ranking if c.get("score_basis")),
                  "requests per dollar")
-    table = Table(title=f"Cost and score ({score['alpha']:g} x {basis} + "
+    table = Table(title=f"Cost and score ({score['alpha']:g} x {_t(basis)} + "
                         f"{1 - score['alpha']:g} x 1/p99, each relative to the best)"
                         + (f", SLA p99 <= {score['sla_p99_ms']:g} ms"
                            if score.get("sla_p99_ms") else ""))
@@ -304,11 +323,11 @@ def print_ranking(ranking: list[dict[str, Any]], score: dict[str, Any],
                          no_wrap=column == "endpoint")
     for c in ranking:
         cost = c["cost_per_million"]
-        table.add_row("-" if c["rank"] is None else str(c["rank"]), c["name"],
+        table.add_row("-" if c["rank"] is None else _t(c["rank"]), _t(c["name"]),
                       f"{c['throughput_rps']:,.1f}", _ms(c["p99_ms"]),
                       "-" if cost is None else f"{cost:,.4f}",
                       "-" if c["score"] is None else f"{c['score']:.3f}",
-                      "met" if c["meets_sla"] else "; ".join(c["sla_misses"]))
+                      "met" if c["meets_sla"] else _t("; ".join(c["sla_misses"])))
     console.print(table)
 
 
@@ -324,8 +343,8 @@ def print_findings(findings: list[Any], console: Console) -> None:
     for column in ("severity", "subject", "finding", "what to do"):
         table.add_column(column)
     for f in findings:
-        table.add_row(f"[{SEVERITY_STYLE.get(f.severity, '')}]{f.severity}[/]", f.subject,
-                      f.title, f.action)
+        table.add_row(Text.styled(f.severity, SEVERITY_STYLE.get(f.severity, "")),
+                      _t(f.subject), _t(f.title), _t(f.action))
     console.print(table)
 
 
@@ -349,26 +368,26 @@ def print_soak(soak: SoakResult, console: Console) -> None:
     """The soak's windows and its verdict."""
     table = Table(title=f"Soak at {soak.rate_rps:,.1f} req/s "
                         f"({soak.plan['fraction']:.0%} of {soak.max_rate['rps']:,.1f}, "
-                        f"{soak.max_rate['source']})")
+                        f"{_t(soak.max_rate['source'])})")
     for column in ("window", "req/s", "p50 ms", "p99 ms", "errors"):
         table.add_column(column, justify="right")
     for w in soak.result.windows:
         table.add_row(str(w.index + 1), f"{w.throughput_rps:,.1f}", _ms(w.p50_ms),
-                      _ms(w.p99_ms), str(w.errors))
+                      _ms(w.p99_ms), _t(w.errors))
     console.print(table)
     verdict = soak.verdict
     memory = verdict.trends.get("memory")
     if memory:
         flagged = any(r["kind"] == "memory_growth" for r in verdict.reasons)
-        console.print(soak_memory_text(memory, flagged))
+        console.print(_t(soak_memory_text(memory, flagged)))
     if verdict.stable:
         console.print("[bold green]stable[/]: no drift, error burst or memory growth")
     else:
         console.print("[bold red]unstable[/]:")
         for reason in verdict.reasons:
-            console.print(f"  - {reason['text']}")
+            console.print(f"  - {_t(reason['text'])}")
     for note in verdict.notes:
-        console.print(f"  note: {note}")
+        console.print(f"  note: {_t(note)}")
 
 
 def accuracy_cell(result: OptimizeResult, version: int) -> str:
@@ -396,29 +415,31 @@ def print_optimize(result: OptimizeResult, console: Console) -> None:
     """Each version of the model side by side: size, speed in process, what it lost."""
     base = result.source_version
     env = result.environment
-    runtime = f"onnxruntime {env['onnxruntime']}" if "onnxruntime" in env else \
-        f"torch {env.get('torch', '?')}"
-    table = Table(title=f"{result.model}: versions in process "
-                        f"({env.get('intra_op_threads', 1)} thread, {runtime})",
+    runtime = f"onnxruntime {_t(env['onnxruntime'])}" if "onnxruntime" in env else \
+        f"torch {_t(env.get('torch', '?'))}"
+    table = Table(title=f"{_t(result.model)}: versions in process "
+                        f"({_t(env.get('intra_op_threads', 1))} thread, {runtime})",
                   box=box.SIMPLE_HEAD)
     for column in ("v", "precision", "MB", "batch 1 p50 ms", "best throughput", "accuracy"):
         table.add_column(column, justify="left" if column in ("precision", "accuracy")
                          else "right")
     for v in result.versions:
         latency_ratio, throughput_ratio = result.speedup(v)
-        accuracy = accuracy_cell(result, v.version)
+        accuracy = _t(accuracy_cell(result, v.version))
         if result.over_max_drop(v):
             accuracy = f"[red]{accuracy}: over max drop[/red]"
-        table.add_row(str(v.version), v.precision, f"{v.size_bytes / 1e6:.1f}",
+        table.add_row(_t(v.version), _t(v.precision), f"{v.size_bytes / 1e6:.1f}",
                       f"{_ms(v.latency_ms['p50'])} ({latency_ratio:.2f}x)",
                       f"{v.best_throughput:,.0f}/s @{v.best_batch} ({throughput_ratio:.2f}x)",
                       accuracy)
     console.print(table)
-    console.print(f"(x: speed against v{base}, higher is faster; @: best batch size)")
+    console.print(f"(x: speed against v{_t(base)}, higher is faster; @: best batch size)")
     for v in result.versions:
-        console.print(f"  v{v.version}{f' ({v.model})' if v.model else ''}: {v.method}")
-    console.print(f"accuracy: against v{base} on {result.validation['samples']} samples "
-                  f"from {result.validation['source']}; max drop {result.max_drop:g}")
+        console.print(f"  v{_t(v.version)}{f' ({_t(v.model)})' if v.model else ''}: "
+                      f"{_t(v.method)}")
+    console.print(f"accuracy: against v{_t(base)} on {_t(result.validation['samples'])} "
+                  f"samples from {_t(result.validation['source'])}; max drop "
+                  f"{result.max_drop:g}")
 
 
 def _mb(value: float | None) -> str:
@@ -428,8 +449,9 @@ def _mb(value: float | None) -> str:
 def print_batch_size_tune(result: BatchSizeTune, console: Console) -> None:
     """The doubling search: each batch size, the knee, the recommendation and why."""
     plan = result.plan
-    table = Table(title=f"{result.model}: batch size in process ({result.device}, "
-                        f"{plan.get('intra_op_threads', 1)} thread(s))", box=box.SIMPLE_HEAD)
+    table = Table(title=f"{_t(result.model)}: batch size in process ({_t(result.device)}, "
+                        f"{_t(plan.get('intra_op_threads', 1))} thread(s))",
+                  box=box.SIMPLE_HEAD)
     for column in ("batch", "samples/s", "batch p50 ms", "batch p99 ms", "ms/sample",
                    "peak MB"):
         table.add_column(column, justify="right")
@@ -444,7 +466,7 @@ def print_batch_size_tune(result: BatchSizeTune, console: Console) -> None:
         if p.role == "memory":
             mark.append("memory probe")
         if p.error:
-            mark.append(f"[red]failed: {p.error}[/red]")
+            mark.append(f"[red]failed: {_t(p.error)}[/red]")
         elif not p.fits:
             mark.append("[red]over --max-memory[/red]")
         per_sample = latency.get("p50", 0) / p.batch_size if latency else None
@@ -453,16 +475,17 @@ def print_batch_size_tune(result: BatchSizeTune, console: Console) -> None:
                       _ms(latency.get("p50")), _ms(latency.get("p99")), _ms(per_sample),
                       _mb(p.memory_bytes), ", ".join(mark))
     console.print(table)
-    console.print(f"recommended batch size: [bold]{result.recommended}[/bold] ({result.why})")
+    console.print(f"recommended batch size: [bold]{_t(result.recommended)}[/bold] "
+                  f"({_t(result.why)})")
     console.print("what this optimises: the model's own throughput per batch, in process "
                   "with no server or queue; `tune serve` chooses a served config under a "
                   "latency SLA, where max_batch_size is only a ceiling on the batches the "
                   "queue forms, so it may keep a larger one")
-    console.print(f"stopped: {result.stop_reason}")
+    console.print(f"stopped: {_t(result.stop_reason)}")
     m = result.memory
     per = "not measurable (memory did not grow with the batch)" if m.per_sample_bytes is None \
         else f"{m.per_sample_bytes / 1e6:,.3f} MB per sample"
-    console.print(f"memory ({m.source}): model {m.weights_bytes / 1e6:,.1f} MB, {per}")
+    console.print(f"memory ({_t(m.source)}): model {m.weights_bytes / 1e6:,.1f} MB, {per}")
     if m.max_memory_bytes is not None:
         estimate = "-" if m.estimated_max_batch is None else f"{m.estimated_max_batch:,}"
         fit = "none" if m.largest_fit is None else f"{m.largest_fit:,}"
@@ -475,7 +498,7 @@ def print_serve_tune(result: ServeTune, console: Console) -> None:
     goal = result.goal
     asked = (f"at {goal['rate']:g} req/s" if goal["rate"] is not None
              else "highest throughput")
-    table = Table(title=f"{result.model}: serving configs tried ({asked}, p99 <= "
+    table = Table(title=f"{_t(result.model)}: serving configs tried ({asked}, p99 <= "
                         f"{goal['sla_p99_ms']:g} ms)", box=box.SIMPLE_HEAD)
     for column in ("configuration", "req/s", "p50 ms", "p99 ms", "errors", "$/1M", ""):
         table.add_column(column, justify="left" if column in ("configuration", "")
@@ -491,18 +514,19 @@ def print_serve_tune(result: ServeTune, console: Console) -> None:
         if len(t.measurements) > 1:
             marks.append(f"median of {len(t.measurements)}")
         if t.status != "measured":
-            marks.append(f"[red]{t.status}: {t.reason}[/red]")
+            marks.append(f"[red]{_t(t.status)}: {_t(t.reason)}[/red]")
         elif not t.meets_sla:
             marks.append("[yellow]misses SLA[/yellow]")
         money = "-" if t.cost_per_million is None else f"{t.cost_per_million:,.3f}"
-        table.add_row(t.name, "-" if t.throughput_rps is None else f"{t.throughput_rps:,.1f}",
+        table.add_row(_t(t.name),
+                      "-" if t.throughput_rps is None else f"{t.throughput_rps:,.1f}",
                       _ms(t.p50_ms), _ms(t.p99_ms),
                       "-" if t.error_percent is None else f"{t.error_percent:.1f}%", money,
                       ", ".join(marks))
     console.print(table)
     console.print(f"{len(result.trials)} of {result.grid_size} configurations of the grid "
-                  f"tried in {result.elapsed_s:,.0f} s ({goal['strategy']}); stopped: "
-                  f"{result.stop_reason}")
+                  f"tried in {result.elapsed_s:,.0f} s ({_t(goal['strategy'])}); stopped: "
+                  f"{_t(result.stop_reason)}")
     winner, baseline = result.trial(result.winner), result.trial(result.baseline)
     if winner is None:
         console.print("[red]no configuration met the SLA[/red]")
@@ -511,14 +535,14 @@ def print_serve_tune(result: ServeTune, console: Console) -> None:
     if baseline and baseline.throughput_rps and winner.throughput_rps and \
             goal["rate"] is None:
         gain = f" ({winner.throughput_rps / baseline.throughput_rps:.2f}x the server's config)"
-    console.print(f"winner: [bold]{winner.name}[/bold]: {winner.throughput_rps or 0:,.1f} "
+    console.print(f"winner: [bold]{_t(winner.name)}[/bold]: {winner.throughput_rps or 0:,.1f} "
                   f"req/s at p99 {_ms(winner.p99_ms)} ms{gain}")
     console.print("what this optimises: served throughput (or the cost at the asked rate) "
                   "with p99 under the SLA, batching, queueing and the network included; "
                   "`tune batch-size` measures the model alone in process, so its batch size "
                   "can differ: max_batch_size here only caps the batches the queue forms")
     if result.written:
-        console.print(f"config.pbtxt of the winner: {result.written}")
+        console.print(f"config.pbtxt of the winner: {_t(result.written)}")
 
 
 def _money(value: float | None) -> str:
@@ -528,10 +552,10 @@ def _money(value: float | None) -> str:
 def _candidate_row(c: PlanCandidate, generative: bool) -> list[str]:
     p = c.predicted
     if generative:  # p99: time to first token; batch: sequences a step; hits: prefix cache
-        return [c.name, _ms(p.p99_ms), _ms(p.tpot_p99_ms), f"{p.mean_batch:.1f}",
+        return [_t(c.name), _ms(p.p99_ms), _ms(p.tpot_p99_ms), f"{p.mean_batch:.1f}",
                 f"{p.hit_ratio:.0%}" if c.knobs.get("prefix_caching") else "-",
                 f"{p.utilisation:.0%}", _money(c.cost_per_million)]
-    return [c.name, _ms(p.p99_ms), f"{p.mean_batch:.1f}",
+    return [_t(c.name), _ms(p.p99_ms), f"{p.mean_batch:.1f}",
             f"{p.hit_ratio:.0%}" if c.cache_bytes else "-", f"{p.utilisation:.0%}",
             _money(c.cost_per_million)]
 
@@ -546,7 +570,7 @@ def print_plan(result: PlanResult, console: Console) -> None:
     class_tpots = goal.get("class_tpot_ms") or {}
     generative = goal.get("sla_tpot_ms") is not None
     classes = "".join(
-        f", {name} {share:.0%} ({'TTFT ' if generative else ''}p99 <= "
+        f", {_t(name)} {share:.0%} ({'TTFT ' if generative else ''}p99 <= "
         f"{class_slas.get(name, goal['sla_p99_ms']):g} ms"
         + (f", TPOT <= {class_tpots.get(name, goal['sla_tpot_ms']):g} ms" if generative
            else "") + ")"
@@ -554,18 +578,19 @@ def print_plan(result: PlanResult, console: Console) -> None:
         if len(t.get("classes") or {}) > 1 else ""
     c = result.calibration
     if generative:
-        repeats = (f"prompts of {t['prompt_tokens']} tokens ({t['shared_prefix_tokens']} "
-                   f"shared), answers of {t['output_tokens']}")
+        repeats = (f"prompts of {_t(t['prompt_tokens'])} tokens "
+                   f"({_t(t['shared_prefix_tokens'])} shared), answers of "
+                   f"{_t(t['output_tokens'])}")
         sla = f"TTFT p99 <= {goal['sla_p99_ms']:g} ms, TPOT p99 <= {goal['sla_tpot_ms']:g} ms"
     else:
         sla = f"p99 <= {goal['sla_p99_ms']:g} ms"
-    console.print(f"[bold]{result.model}[/bold]: {sla}, traffic "
-                  f"{t['source']}: {t['rate_rps']:,.1f} req/s (peak {t['peak_rps']:,.0f}/s, "
-                  f"burstiness {t['burstiness']:.2f}), {repeats}{classes}; {goal['cores']} "
+    console.print(f"[bold]{_t(result.model)}[/bold]: {sla}, traffic "
+                  f"{_t(t['source'])}: {t['rate_rps']:,.1f} req/s (peak {t['peak_rps']:,.0f}/s, "
+                  f"burstiness {t['burstiness']:.2f}), {repeats}{classes}; {_t(goal['cores'])} "
                   f"core(s) for the server")
     if generative:
         console.print(f"measured on the starting deployment, one request at a time "
-                      f"({c['requests']} answers): its prompt steps take "
+                      f"({_t(c['requests'])} answers): its prompt steps take "
                       f"{c['prefill_scale']:.2f}x and its decode steps {c['decode_scale']:.2f}x "
                       "the in-process timings"
                       + (f"; under the load, {c['load_scale']:.2f}x more, and "
@@ -585,11 +610,11 @@ def print_plan(result: PlanResult, console: Console) -> None:
         versions.add_column(column, justify="left" if column in ("precision", "") else "right")
     for v in result.versions:
         largest = max(v.batch_ms)
-        versions.add_row(str(v.version), v.precision,
+        versions.add_row(_t(v.version), _t(v.precision),
                          f"{v.drop:+.2%}" if generative else f"{v.drop:.2%}",
                          _ms(v.batch_ms[min(v.batch_ms)]),
                          f"{_ms(v.batch_ms[largest])} @{largest}",
-                         v.why if v.kept else f"[yellow]left out: {v.why}[/yellow]")
+                         _t(v.why) if v.kept else f"[yellow]left out: {_t(v.why)}[/yellow]")
     console.print(versions)
     table = Table(title="deployments predicted: version, s max_num_seqs, t "
                         "max_num_batched_tokens, pc prefix caching, prio priority by class"
@@ -610,10 +635,10 @@ def print_plan(result: PlanResult, console: Console) -> None:
     table.add_row(*_candidate_row(result.baseline, generative), "starting")
     console.print(table)
     console.print(f"{len(result.candidates)} kept of the deployments predicted; stopped: "
-                  f"{result.stop_reason}")
+                  f"{_t(result.stop_reason)}")
     for lever in result.levers:
         mark = "[green]taken[/green]" if lever.taken else "left"
-        console.print(f"  {lever.lever}: {mark}: {lever.why}")
+        console.print(f"  {_t(lever.lever)}: {mark}: {_t(lever.why)}")
     if result.proof:
         proof = Table(title="replayed side by side (measured, predicted in brackets)",
                       box=box.SIMPLE_HEAD)
@@ -625,7 +650,8 @@ def print_plan(result: PlanResult, console: Console) -> None:
         for r in result.proof:
             if generative:
                 proof.add_row(
-                    f"{r.role}: {r.name}", f"{_ms(r.p99_ms)} ({_ms(r.predicted.p99_ms)})",
+                    f"{_t(r.role)}: {_t(r.name)}",
+                    f"{_ms(r.p99_ms)} ({_ms(r.predicted.p99_ms)})",
                     f"{_ms(r.tpot_p99_ms)} ({_ms(r.predicted.tpot_p99_ms)})",
                     ("-" if r.hit_ratio is None else f"{r.hit_ratio:.0%}")
                     + f" ({r.predicted.hit_ratio:.0%})",
@@ -635,7 +661,8 @@ def print_plan(result: PlanResult, console: Console) -> None:
                     "[green]met[/green]" if r.meets_sla else "[red]missed[/red]")
                 for each in r.classes:
                     proof.add_row(
-                        f"  class {each.request_class} (TTFT <= {each.sla_p99_ms:g}, TPOT <= "
+                        f"  class {_t(each.request_class)} (TTFT <= {each.sla_p99_ms:g}, "
+                        "TPOT <= "
                         f"{each.sla_tpot_ms or 0:g} ms)",
                         f"{_ms(each.p99_ms)} ({_ms(each.predicted.p99_ms)})",
                         f"{_ms(each.tpot_p99_ms)} ({_ms(each.predicted.tpot_p99_ms)})", "",
@@ -645,13 +672,14 @@ def print_plan(result: PlanResult, console: Console) -> None:
             hits = "-" if r.hit_ratio is None else f"{r.hit_ratio:.0%}"
             batch = "-" if r.mean_batch is None else f"{r.mean_batch:.1f}"
             proof.add_row(
-                f"{r.role}: {r.name}", _ms(r.p99_ms) if r.classes else  # each class's below
+                f"{_t(r.role)}: {_t(r.name)}", _ms(r.p99_ms) if r.classes else  # each class's below
                 f"{_ms(r.p99_ms)} ({_ms(r.predicted.p99_ms)})",
                 f"{batch} ({r.predicted.mean_batch:.1f})",
                 f"{hits} ({r.predicted.hit_ratio:.0%})", f"{r.error_percent:.1f}%",
                 "[green]met[/green]" if r.meets_sla else "[red]missed[/red]")
             for each in r.classes:
-                proof.add_row(f"  class {each.request_class} (p99 <= {each.sla_p99_ms:g} ms)",
+                proof.add_row(f"  class {_t(each.request_class)} "
+                              f"(p99 <= {each.sla_p99_ms:g} ms)",
                               f"{_ms(each.p99_ms)} ({_ms(each.predicted.p99_ms)})", "", "",
                               f"{each.error_percent:.1f}%",
                               "[green]met[/green]" if each.meets_sla else "[red]missed[/red]")
@@ -661,25 +689,25 @@ def print_plan(result: PlanResult, console: Console) -> None:
                       f"{'output tokens' if generative else 'requests'}: "
                       f"plan {_money(plan.cost_per_million)}, starting "
                       f"{_money(result.proof[-2].cost_per_million)}")
-    console.print(result.verdict)
+    console.print(_t(result.verdict))
     if result.output and result.chosen:
-        console.print(f"deployment: {result.output}/repository; start it with "
-                      f"{result.output}/serve.sh")
+        console.print(f"deployment: {_t(result.output)}/repository; start it with "
+                      f"{_t(result.output)}/serve.sh")
 
 
 def live_view(models: list[ModelRow], generations: list[GenerationRow], source: str,
               seconds: float | None = None, window: str | None = None) -> Group:
     """``tradeoff top``'s screen: one row per model over the last interval (``seconds``)
     or a PromQL ``window``."""
-    span = f"last {seconds:.1f} s" if seconds is not None else f"rates over {window}"
-    table = Table(title=f"{source}: {span}", box=box.SIMPLE_HEAD, pad_edge=False,
+    span = f"last {seconds:.1f} s" if seconds is not None else f"rates over {_t(window)}"
+    table = Table(title=f"{_t(source)}: {span}", box=box.SIMPLE_HEAD, pad_edge=False,
                   collapse_padding=True)
     for column in ("model", "v", "req/s", "p50 ms", "p99 ms", "queue", "inflight",
                    "exec/s", "batch", "fail/s"):
         table.add_column(column, justify="left" if column == "model" else "right",
                          no_wrap=True, min_width=len(column))
     for m in models:
-        table.add_row(m.model, m.version, f"{m.requests_per_s:,.1f}", _ms(m.p50_ms),
+        table.add_row(_t(m.model), _t(m.version), f"{m.requests_per_s:,.1f}", _ms(m.p50_ms),
                       _ms(m.p99_ms), f"{m.queue_depth:,.0f}", f"{m.in_flight:,.0f}",
                       f"{m.executions_per_s:,.1f}",
                       "-" if m.mean_batch is None else f"{m.mean_batch:.1f}",
@@ -694,7 +722,7 @@ def live_view(models: list[ModelRow], generations: list[GenerationRow], source: 
             tokens.add_column(column, justify="left" if column == "model" else "right",
                               no_wrap=True, min_width=len(column))
         for g in generations:
-            tokens.add_row(g.model, f"{g.output_tokens_per_s:,.1f}",
+            tokens.add_row(_t(g.model), f"{g.output_tokens_per_s:,.1f}",
                            f"{g.requests_per_s:,.2f}", f"{g.running:,.0f}",
                            f"{g.waiting:,.0f}", f"{g.kv_usage:.0%}", _ms(g.ttft_p50_ms),
                            _ms(g.ttft_p99_ms))
