@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
@@ -224,7 +225,7 @@ def _generative_demo(url: str, names: tuple[str, ...], console: Console
                 host, "/v1", body, chat=True), chat=True))
         answers[name] = _timing_doc(timing)
         if timing.error:
-            table.add_row(name, f"[red]{timing.error}[/]", "-", "-", "-")
+            table.add_row(name, f"[red]{escape(timing.error)}[/]", "-", "-", "-")
             continue
         shown = "".join(c if c.isprintable() else "·" for c in timing.text.strip())[:40]
         label = f"{name} (random weights)" if name == "tinyllama" else name

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 from rich.console import Console
+from rich.markup import escape
 
 from tradeoff.analysis.profile import build_profile, profile
 from tradeoff.bench.adapters import Adapter
@@ -363,7 +364,7 @@ def run_compare(endpoints: list[EndpointSpec], spec: LoadSpec, rounds: int = 3,
     for round_no in range(rounds):
         for i, adapter in enumerate(adapters):
             if console:
-                console.print(f"[bold]round {round_no + 1}/{rounds}: {names[i]}[/]")
+                console.print(f"[bold]round {round_no + 1}/{rounds}: {escape(names[i])}[/]")
             result, records, start_ns = run_benchmark(adapter, spec, console)
             per_round[i].append(result.named(names[i]))
             measured[i].append(_measured(adapter, records, start_ns, spec,

@@ -96,10 +96,11 @@ def optimize(model_dir: Path, int8: str | None, per_channel: bool, exclude: tupl
         console.print(f"new models {', '.join(str(v.model) for v in made)} beside "
                       f"{model_dir}; a running server serves them after "
                       f"curl -X POST localhost:8000/v2/repository/models/MODEL/load "
-                      "(or a restart)")
+                      "(or a restart)", markup=False)
     elif made:
         console.print(f"new versions {', '.join(str(v.version) for v in made)} in "
                       f"{model_dir}; the config serves all versions. A running server "
                       f"serves them after: curl -X POST "
-                      f"localhost:8000/v2/repository/models/{name}/load (or a restart)")
+                      f"localhost:8000/v2/repository/models/{name}/load (or a restart)",
+                      markup=False)
     save_result(result, json_path, console, "optimize result")

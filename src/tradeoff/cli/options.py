@@ -422,7 +422,7 @@ def save_summary(result: SweepResult | CompareResult, path: Path | None,
     if path is None:
         return
     write_summary(result, path)
-    console.print(f"summary table: {path}")
+    console.print(f"summary table: {path}", markup=False)
 
 
 def save_result(document: ResultDocument, path: Path | None, console: Console,
@@ -433,7 +433,7 @@ def save_result(document: ResultDocument, path: Path | None, console: Console,
     if path is None:
         return
     write_json(document, path)
-    console.print(f"{what}: {path}")
+    console.print(f"{what}: {path}", markup=False)
 
 
 @contextmanager
@@ -447,12 +447,14 @@ def step_progress(console: Console, first: str = "starting") -> Iterator[Callabl
         started = time.monotonic()
 
         def say(step: str) -> None:
-            console.print(f"[{time.monotonic() - started:6.1f}s] {step}", highlight=False)
+            console.print(f"[{time.monotonic() - started:6.1f}s] {step}", highlight=False,
+                          markup=False)
 
         say(first)
         yield say
         return
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+    with Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False),
+                  TimeElapsedColumn(),
                   console=console, transient=True) as progress:
         task = progress.add_task(first, total=None)
         yield lambda step: progress.update(task, description=step)
