@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from tradeoff.bench.sweep import knee_of, point_summary
@@ -68,3 +69,24 @@ def sweep_result(points: list[BenchResult], mode: str = "concurrency") -> SweepR
                        rows=[point_summary(p) for p in points], knee=knee_of(points),
                        stop_reason="last level reached", sla=None, price=None, ranking=None,
                        score={"alpha": 0.5, "sla_p99_ms": None, "max_error_percent": 1.0})
+
+
+def with_payloads(value: Any, payloads: Iterator[str], seen: dict[str, str], *,
+                  form: str = "{payload} {value}", kept: frozenset[str] = frozenset(
+                      {"schema", "search"}), keyed: frozenset[str] = frozenset(),
+                  key: str = "") -> Any:
+    """A result document (as read from JSON) with every string written in ``form`` around
+    the next payload: one string always the same way, so a name still finds what it
+    names. Fields in ``kept`` (what the readers branch on) stay as written; the keys of
+    fields in ``keyed`` (names from outside: error classes, facts) take payloads too."""
+    if key in kept:
+        return value
+    if isinstance(value, str):
+        return seen.setdefault(value, form.format(payload=next(payloads), value=value))
+    again = {"payloads": payloads, "seen": seen, "form": form, "kept": kept, "keyed": keyed}
+    if isinstance(value, list):
+        return [with_payloads(v, **again) for v in value]
+    if isinstance(value, dict):
+        return {(with_payloads(k, **again) if key in keyed else k):
+                with_payloads(v, **again, key=k) for k, v in value.items()}
+    return value

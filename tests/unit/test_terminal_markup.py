@@ -43,11 +43,11 @@ from tradeoff.results import (
     load_result,
 )
 
+from .result_factory import with_payloads
+
 DATA = Path(__file__).parent.parent / "data" / "results"
 FIXTURES = sorted(DATA.glob("*.json"))
 PAYLOADS = ("[/x]", "[bold red]boom[/]", "[link=https://example.invalid]click[/link]")
-# what the readers branch on, left as written so every section is drawn
-KEPT = {"schema", "search"}
 # dicts whose keys are names from outside too: error classes, facts, SLO metrics, classes
 KEYED = {"errors_by_class", "facts", "slo", "classes"}
 PRINTERS: dict[type, Callable[[Any, Console], None]] = {
@@ -56,19 +56,11 @@ PRINTERS: dict[type, Callable[[Any, Console], None]] = {
     BatchSizeTune: print_batch_size_tune, ServeTune: print_serve_tune, PlanResult: print_plan}
 
 
-def _hostile(value: Any, payloads: Any, seen: dict[str, str], key: str = "") -> Any:
-    """``value`` with every string in it led by a payload and ended by a backslash (which
-    would escape a closing tag printed after it), one string always the same way."""
-    if key in KEPT:
-        return value
-    if isinstance(value, str):
-        return seen.setdefault(value, f"{next(payloads)} {value}\\")
-    if isinstance(value, list):
-        return [_hostile(v, payloads, seen) for v in value]
-    if isinstance(value, dict):
-        return {(_hostile(k, payloads, seen) if key in KEYED else k):
-                _hostile(v, payloads, seen, k) for k, v in value.items()}
-    return value
+def _poisoned(value: Any, payloads: Any, seen: dict[str, str]) -> Any:
+    """Every string led by a payload and ended by a backslash (which would escape a
+    closing tag printed after it); names from outside used as keys too."""
+    return with_payloads(value, payloads, seen, form="{payload} {value}\\",
+                         keyed=frozenset(KEYED))
 
 
 def _widened(data: dict[str, Any]) -> dict[str, Any]:
@@ -106,7 +98,7 @@ def _assert_literal(text: str) -> None:
 @pytest.mark.parametrize("path", FIXTURES, ids=[p.name for p in FIXTURES])
 def test_every_string_of_a_result_reaches_the_terminal_as_text(path: Path) -> None:
     payloads, seen = cycle(PAYLOADS), dict[str, str]()
-    document = load_result(_hostile(_widened(json.loads(path.read_text())), payloads, seen),
+    document = load_result(_poisoned(_widened(json.loads(path.read_text())), payloads, seen),
                            path.name)
     console = _console()
     PRINTERS[type(document)](document, console)
@@ -121,7 +113,7 @@ def test_all_payloads_reach_the_terminal_across_the_results() -> None:
     console = _console()
     for path in FIXTURES:
         document = load_result(
-            _hostile(_widened(json.loads(path.read_text())), payloads, seen), path.name)
+            _poisoned(_widened(json.loads(path.read_text())), payloads, seen), path.name)
         PRINTERS[type(document)](document, console)
     text = _text(console)
     _assert_literal(text)
