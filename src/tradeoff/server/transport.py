@@ -40,7 +40,7 @@ import logging
 import resource
 from collections import Counter
 from collections.abc import Callable
-from typing import Any, Protocol, cast
+from typing import Any, ClassVar, Protocol, cast
 
 import orjson
 from uvicorn.protocols.http.httptools_impl import (
@@ -56,6 +56,7 @@ __all__ = [
     "UVICORN_ATTRIBUTES",
     "UVICORN_METHODS",
     "DirectRoutes",
+    "GuardedHttpProtocol",
     "Respond",
     "guarded_protocol",
     "raise_open_files_limit",
@@ -183,337 +184,364 @@ class DirectRoutes(Protocol):
                      body: bytes, respond: Respond) -> Callable[[], None]: ...
 
 
-def guarded_protocol(limits: TransportLimits,
-                     direct: DirectRoutes | None = None) -> type[HttpToolsProtocol]:
-    """uvicorn's httptools protocol with ``limits`` applied (pass it as ``http=``); with
-    ``direct``, the routes it takes are answered without ASGI."""
-    clients: Counter[str] = Counter()
-    wanted = direct.direct_headers if direct is not None else frozenset()
+class GuardedHttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the limits of the module's docstring; uvicorn
+    makes one per connection. It serves through a subclass from :func:`guarded_protocol`,
+    whose class attributes are what one server's connections share."""
 
-    class GuardedHttpProtocol(HttpToolsProtocol):
-        _head_left = limits.max_header_bytes
-        _in_head = True
-        _timer: asyncio.TimerHandle | None = None  # the head's or the body's deadline
-        _raw_transport: Any = None
-        _client_host: str | None = None
-        _body_open = False  # a request's head arrived, its body has not ended
-        _heads_done = 0
-        _trailer_left = limits.max_header_bytes
-        _lingering = False
-        _linger_timer: asyncio.TimerHandle | None = None
-        _direct: _DirectCycle | None = None  # started, not yet answered
-        _direct_cancel: Callable[[], None] | None = None  # the request runs: to drop it
-        _after_drain: Callable[[], None] | None = None  # answered, the client not reading
-        _kept: dict[bytes, bytes]  # this head's values of the direct headers
-        _idle_since: float | None = None  # the last answer, when nothing came after it
+    # bound by guarded_protocol: read as class attributes, set once per server
+    _limits: ClassVar[TransportLimits]
+    _routes: ClassVar[DirectRoutes | None]  # the app's routes answered without ASGI
+    _wanted: ClassVar[frozenset[bytes]]  # the direct headers whose values a head keeps
+    _clients: ClassVar[Counter[str]]  # open connections per client address, all of them
 
-        def connection_made(self, transport: Any) -> None:
-            self._raw_transport = transport
-            self._kept = {}
-            super().connection_made(cast(asyncio.Transport, _LingeringTransport(transport, self)))
-            host = self.client[0] if self.client else ""
-            if len(self.connections) > limits.max_connections:
-                self._refuse(503, f"the server holds its limit of {limits.max_connections} "
-                                  "connections (--max-connections); retry later")
-            elif clients[host] >= limits.max_connections_per_client:
-                self._refuse(503, f"{host} holds its limit of "
-                                  f"{limits.max_connections_per_client} connections "
-                                  "(--max-connections-per-client); reuse them")
-            else:
-                clients[host] += 1
-                self._client_host = host
-                self._arm(limits.header_timeout_s, self._head_timed_out)
+    _head_left: int  # bytes the head being read may still take
+    _in_head = True
+    _timer: asyncio.TimerHandle | None = None  # the head's or the body's deadline
+    _raw_transport: Any = None
+    _client_host: str | None = None
+    _body_open = False  # a request's head arrived, its body has not ended
+    _heads_done = 0
+    _trailer_left: int  # bytes the trailers of a chunked body may still take
+    _lingering = False
+    _linger_timer: asyncio.TimerHandle | None = None
+    _direct: _DirectCycle | None = None  # started, not yet answered
+    _direct_cancel: Callable[[], None] | None = None  # the request runs: to drop it
+    _after_drain: Callable[[], None] | None = None  # answered, the client not reading
+    _kept: dict[bytes, bytes]  # this head's values of the direct headers
+    _idle_since: float | None = None  # the last answer, when nothing came after it
 
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
-            if self.timeout_keep_alive_task is not None:
-                self.timeout_keep_alive_task.cancel()
-                self.timeout_keep_alive_task = None
-            if self._direct_cancel is not None:
-                self._direct_cancel()
-                self._direct_cancel = None
-            self._direct = self._after_drain = None
-            if self._linger_timer is not None:
-                self._linger_timer.cancel()
-            if self._client_host is not None:
-                clients[self._client_host] -= 1
-                if not clients[self._client_host]:
-                    del clients[self._client_host]
-                self._client_host = None
-            super().connection_lost(exc)
+    def connection_made(self, transport: Any) -> None:
+        limits = self._limits
+        clients = self._clients
+        self._raw_transport = transport
+        self._kept = {}
+        self._head_left = self._trailer_left = limits.max_header_bytes
+        super().connection_made(cast(asyncio.Transport, _LingeringTransport(transport, self)))
+        host = self.client[0] if self.client else ""
+        if len(self.connections) > limits.max_connections:
+            self._refuse(503, f"the server holds its limit of {limits.max_connections} "
+                              "connections (--max-connections); retry later")
+        elif clients[host] >= limits.max_connections_per_client:
+            self._refuse(503, f"{host} holds its limit of "
+                              f"{limits.max_connections_per_client} connections "
+                              "(--max-connections-per-client); reuse them")
+        else:
+            clients[host] += 1
+            self._client_host = host
+            self._arm(limits.header_timeout_s, self._head_timed_out)
 
-        def data_received(self, data: bytes) -> None:
-            if self._lingering:
-                return  # the rest of a refused body: dropped
-            # a read longer than what the head may still take is fed in pieces: the
-            # parser buffers a header line whole, so it must never see more than that
-            while self._in_head and len(data) > self._head_left:
-                heads = self._heads_done
-                cut = self._head_left
-                super().data_received(data[:cut])
-                data = data[cut:]
-                if self._raw_transport.is_closing():
-                    return
-                if self._in_head and self._heads_done == heads:  # one head, too long
-                    self._head_too_large()
-                    return
-                if self._in_head:  # a head ended in the piece and the next one began
-                    self._head_left = limits.max_header_bytes
-            if not data:
-                return
-            if self._in_head:
-                self._head_left -= len(data)
-            super().data_received(data)
-            # timers only for what is left waiting: a whole request in one read sets none
-            if self._body_open:
-                self._arm(limits.body_timeout_s, self._body_timed_out)  # from its last byte
-            elif self._in_head and self._head_left < limits.max_header_bytes and \
-                    self._timer is None:
-                self._arm(limits.header_timeout_s, self._head_timed_out)  # from its start
-
-        def on_message_begin(self) -> None:
-            super().on_message_begin()
-            self._kept = {}
-
-        def on_headers_complete(self) -> None:
-            self._in_head = False
-            self._body_open = True
-            self._heads_done += 1
-            self._trailer_left = limits.max_header_bytes
-            self._disarm()
-            if not self._take_direct():
-                super().on_headers_complete()
-
-        def _take_direct(self) -> bool:
-            """Whether the app's direct route takes this head's request; if so it becomes
-            the current cycle, started now or queued behind a pipelined one."""
-            parser = self.parser
-            url = self.url
-            # origin-form paths with nothing to unquote, as uvicorn would read them
-            if direct is None or parser.get_method() != b"POST" \
-                    or parser.should_upgrade() or self.limit_concurrency is not None or \
-                    self.root_path or url[:1] != b"/" or not url.isascii() or \
-                    b"?" in url or b"%" in url or b"#" in url:
-                return False
-            scope = self.scope
-            scope["method"] = "POST"
-            scope["path"] = url.decode("ascii")
-            version = parser.get_http_version()
-            if version != "1.1":
-                scope["http_version"] = version
-            existing = self.cycle
-            busy = existing is not None and not existing.response_complete
-            # Expect: 100-continue is answered at once, so only when no earlier request
-            # on this connection still owes its answer (the 100 must come after it)
-            if self.expect_100_continue and busy:
-                return False
-            target = direct.direct_route(scope, self._kept)
-            if target is None:
-                return False
-            cycle = _DirectCycle(scope, target, self._kept,
-                                 version != "1.0" and parser.should_keep_alive())
-            self.cycle = cast(RequestResponseCycle, cycle)
-            if self.expect_100_continue:  # curl waits for it before sending the body
-                self.expect_100_continue = False
-                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            if not busy:
-                self._direct = cycle
-            else:  # answered when the earlier requests are (on_response_complete)
-                self.flow.pause_reading()
-                self.pipeline.appendleft((cast(RequestResponseCycle, cycle), self.app))
-            return True
-
-        def on_body(self, body: bytes) -> None:
-            cycle = self.cycle
-            if cycle.__class__ is _DirectCycle:  # declared, at most FREE_BODY_BYTES
-                cycle.body += body
-            else:
-                super().on_body(body)
-
-        def on_header(self, name: bytes, value: bytes) -> None:
-            if not self._in_head:  # a trailer of a chunked body: bounded like a head
-                self._trailer_left -= len(name) + len(value) + 4
-                if self._trailer_left < 0:
-                    if self.cycle is not None and not self.cycle.response_started:
-                        self._refuse(431, "the request's trailers are over the limit of "
-                                          f"{limits.max_header_bytes} bytes "
-                                          "(--max-header-bytes)")
-                    else:
-                        self._raw_transport.close()
-                    return
-            # uvicorn's own on_header, written out: it runs for every header
-            name = name.lower()
-            if name == b"expect" and value.lower() == b"100-continue":
-                self.expect_100_continue = True
-            self.headers.append((name, value))
-            # the last value of a repeated header, but the first Authorization: what the
-            # ASGI path's checks read
-            if name in wanted and self._in_head and \
-                    (name != b"authorization" or name not in self._kept):
-                self._kept[name] = value.strip(b" \t")  # optional whitespace, as _headers
-
-        def on_message_complete(self) -> None:
-            self._body_open = False
-            self._disarm()
-            cycle = self.cycle
-            if cycle.__class__ is _DirectCycle:
-                cycle.more_body = False
-                if cycle is self._direct and self._direct_cancel is None:
-                    self._run_direct()
-            else:
-                super().on_message_complete()
-            self._in_head = True  # the next request's head, if any, starts here
-            self._head_left = limits.max_header_bytes
-            if self.cycle is not None and self.cycle.response_complete:
-                # the body ended after its answer (an early refusal): uvicorn's keep-alive
-                # timer is gone, so the next head has --header-timeout to start
-                self._arm(limits.header_timeout_s, self._head_timed_out)
-
-        def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
-            if cycle.__class__ is not _DirectCycle:
-                super()._start_asgi_task(cycle, app)
-                return
-            self._direct = cast(_DirectCycle, cycle)  # a pipelined one, started in turn
-            if not cycle.more_body:  # whole already
-                self._run_direct()
-
-        def _run_direct(self) -> None:
-            cycle = self._direct
-            assert cycle is not None and direct is not None
-            body = bytes(cycle.body)
-            cycle.body = bytearray()
-
-            def respond(status: int, payload: bytes, headers: list[tuple[bytes, bytes]]) -> None:
-                self._respond(cycle, status, payload, headers)
-
-            self._direct_cancel = _nothing  # running: a disconnect from here on cancels
-            cancel = direct.infer_direct(cycle.scope, cycle.target, cycle.headers, body,
-                                         respond)
-            if self._direct is cycle:  # not answered at once
-                self._direct_cancel = cancel
-
-        def _respond(self, cycle: _DirectCycle, status: int, payload: bytes,
-                     headers: list[tuple[bytes, bytes]]) -> None:
-            """Write a direct answer in one write, then what uvicorn does when an ASGI
-            response ends (close, or keep alive and start a pipelined request)."""
-            if self._direct is not cycle or cycle.disconnected:
-                return
-            self._direct = None
-            self._direct_cancel = None
-            head = [STATUS_LINE[status]]
-            for name, value in headers:
-                head += (name, b": ", value, b"\r\n")
-            head.append(b"content-length: %d\r\n" % len(payload))
-            if not cycle.keep_alive:
-                head.append(b"connection: close\r\n")
-            head += (b"\r\n", payload)
-            cycle.response_started = cycle.response_complete = True
-            self.transport.write(b"".join(head))
-            if not cycle.keep_alive:
-                self.transport.close()
-            if self.flow.write_paused:  # the next pipelined request waits for the reader
-                self._after_drain = self.on_response_complete
-            else:
-                self.on_response_complete()
-
-        # uvicorn arms a keep-alive timer after every answer and cancels it when the next
-        # request's bytes arrive; here one timer stays armed and checks, when it fires,
-        # whether the connection has been idle for the whole timeout
-
-        def _unset_keepalive_if_required(self) -> None:
-            self._idle_since = None  # bytes arrived: not idle
-
-        def on_response_complete(self) -> None:
-            self.server_state.total_requests += 1
-            if self.transport.is_closing():
-                return
-            self._idle_since = None
-            self.flow.resume_reading()
-            if self.pipeline:
-                cycle, app = self.pipeline.pop()
-                self._start_asgi_task(cycle, app)
-                return
-            self._idle_since = self.loop.time()
-            if self.timeout_keep_alive_task is None:
-                self.timeout_keep_alive_task = self.loop.call_later(
-                    self.timeout_keep_alive, self._keep_alive_due)
-
-        def _keep_alive_due(self) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        if self.timeout_keep_alive_task is not None:
+            self.timeout_keep_alive_task.cancel()
             self.timeout_keep_alive_task = None
-            if self._idle_since is None:
-                return  # busy: the next answer arms the timer again
-            left = self._idle_since + self.timeout_keep_alive - self.loop.time()
-            if left > 0:
-                self.timeout_keep_alive_task = self.loop.call_later(left, self._keep_alive_due)
-            else:
-                self.timeout_keep_alive_handler()
+        if self._direct_cancel is not None:
+            self._direct_cancel()
+            self._direct_cancel = None
+        self._direct = self._after_drain = None
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+        if self._client_host is not None:
+            clients = self._clients
+            clients[self._client_host] -= 1
+            if not clients[self._client_host]:
+                del clients[self._client_host]
+            self._client_host = None
+        super().connection_lost(exc)
 
-        def resume_writing(self) -> None:
-            super().resume_writing()
-            after, self._after_drain = self._after_drain, None
-            if after is not None:
-                after()
+    def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            return  # the rest of a refused body: dropped
+        limits = self._limits
+        # a read longer than what the head may still take is fed in pieces: the
+        # parser buffers a header line whole, so it must never see more than that
+        while self._in_head and len(data) > self._head_left:
+            heads = self._heads_done
+            cut = self._head_left
+            super().data_received(data[:cut])
+            data = data[cut:]
+            if self._raw_transport.is_closing():
+                return
+            if self._in_head and self._heads_done == heads:  # one head, too long
+                self._head_too_large()
+                return
+            if self._in_head:  # a head ended in the piece and the next one began
+                self._head_left = limits.max_header_bytes
+        if not data:
+            return
+        if self._in_head:
+            self._head_left -= len(data)
+        super().data_received(data)
+        # timers only for what is left waiting: a whole request in one read sets none
+        if self._body_open:
+            self._arm(limits.body_timeout_s, self._body_timed_out)  # from its last byte
+        elif self._in_head and self._head_left < limits.max_header_bytes and \
+                self._timer is None:
+            self._arm(limits.header_timeout_s, self._head_timed_out)  # from its start
 
-        def _head_too_large(self) -> None:
-            url = getattr(self, "url", b"")
-            if len(url) >= limits.max_header_bytes // 2 and not self.headers:
-                self._refuse(414, f"the URL is over the limit of {limits.max_header_bytes} "
-                                  "bytes (--max-header-bytes)")
-            else:
-                self._refuse(431, f"the request line and headers are over the limit of "
-                                  f"{limits.max_header_bytes} bytes (--max-header-bytes)")
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._kept = {}
 
-        def _arm(self, seconds: float, callback: Any) -> None:
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer = self.loop.call_later(seconds, callback)
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._body_open = True
+        self._heads_done += 1
+        self._trailer_left = self._limits.max_header_bytes
+        self._disarm()
+        if not self._take_direct():
+            super().on_headers_complete()
 
-        def _disarm(self) -> None:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-
-        def _waiting_on_us(self, callback: Any, seconds: float) -> bool:
-            """Whether the server, not the client, is why nothing arrives (an earlier
-            pipelined request is being answered, or reading is paused): wait again."""
-            if self.pipeline or self.flow.read_paused:
-                self._arm(seconds, callback)
-                return True
+    def _take_direct(self) -> bool:
+        """Whether the app's direct route takes this head's request; if so it becomes
+        the current cycle, started now or queued behind a pipelined one."""
+        direct = self._routes
+        parser = self.parser
+        url = self.url
+        # origin-form paths with nothing to unquote, as uvicorn would read them
+        if direct is None or parser.get_method() != b"POST" \
+                or parser.should_upgrade() or self.limit_concurrency is not None or \
+                self.root_path or url[:1] != b"/" or not url.isascii() or \
+                b"?" in url or b"%" in url or b"#" in url:
             return False
+        scope = self.scope
+        scope["method"] = "POST"
+        scope["path"] = url.decode("ascii")
+        version = parser.get_http_version()
+        if version != "1.1":
+            scope["http_version"] = version
+        existing = self.cycle
+        busy = existing is not None and not existing.response_complete
+        # Expect: 100-continue is answered at once, so only when no earlier request
+        # on this connection still owes its answer (the 100 must come after it)
+        if self.expect_100_continue and busy:
+            return False
+        target = direct.direct_route(scope, self._kept)
+        if target is None:
+            return False
+        cycle = _DirectCycle(scope, target, self._kept,
+                             version != "1.0" and parser.should_keep_alive())
+        self.cycle = cast(RequestResponseCycle, cycle)
+        if self.expect_100_continue:  # curl waits for it before sending the body
+            self.expect_100_continue = False
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        if not busy:
+            self._direct = cycle
+        else:  # answered when the earlier requests are (on_response_complete)
+            self.flow.pause_reading()
+            self.pipeline.appendleft((cast(RequestResponseCycle, cycle), self.app))
+        return True
 
-        def _head_timed_out(self) -> None:
-            self._timer = None
-            if not self._in_head or self._raw_transport.is_closing() or \
-                    self._waiting_on_us(self._head_timed_out, limits.header_timeout_s):
+    def on_body(self, body: bytes) -> None:
+        cycle = self.cycle
+        if cycle.__class__ is _DirectCycle:  # declared, at most FREE_BODY_BYTES
+            cycle.body += body
+        else:
+            super().on_body(body)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if not self._in_head:  # a trailer of a chunked body: bounded like a head
+            self._trailer_left -= len(name) + len(value) + 4
+            if self._trailer_left < 0:
+                if self.cycle is not None and not self.cycle.response_started:
+                    self._refuse(431, "the request's trailers are over the limit of "
+                                      f"{self._limits.max_header_bytes} bytes "
+                                      "(--max-header-bytes)")
+                else:
+                    self._raw_transport.close()
                 return
-            if self._head_left < limits.max_header_bytes:  # part of a head arrived
-                self._refuse(408, f"the request head did not arrive within "
-                                  f"{limits.header_timeout_s:g} s (--header-timeout)")
-            else:
-                self._raw_transport.close()
+        # uvicorn's own on_header, written out: it runs for every header
+        name = name.lower()
+        if name == b"expect" and value.lower() == b"100-continue":
+            self.expect_100_continue = True
+        self.headers.append((name, value))
+        # the last value of a repeated header, but the first Authorization: what the
+        # ASGI path's checks read
+        if name in self._wanted and self._in_head and \
+                (name != b"authorization" or name not in self._kept):
+            self._kept[name] = value.strip(b" \t")  # optional whitespace, as _headers
 
-        def _body_timed_out(self) -> None:
-            """No body bytes for --body-timeout: 408 if nothing was answered yet (the app
-            sees the client gone), then close; what the body held is released."""
+    def on_message_complete(self) -> None:
+        self._body_open = False
+        self._disarm()
+        cycle = self.cycle
+        if cycle.__class__ is _DirectCycle:
+            cycle.more_body = False
+            if cycle is self._direct and self._direct_cancel is None:
+                self._run_direct()
+        else:
+            super().on_message_complete()
+        limits = self._limits
+        self._in_head = True  # the next request's head, if any, starts here
+        self._head_left = limits.max_header_bytes
+        if self.cycle is not None and self.cycle.response_complete:
+            # the body ended after its answer (an early refusal): uvicorn's keep-alive
+            # timer is gone, so the next head has --header-timeout to start
+            self._arm(limits.header_timeout_s, self._head_timed_out)
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        if cycle.__class__ is not _DirectCycle:
+            super()._start_asgi_task(cycle, app)
+            return
+        self._direct = cast(_DirectCycle, cycle)  # a pipelined one, started in turn
+        if not cycle.more_body:  # whole already
+            self._run_direct()
+
+    def _run_direct(self) -> None:
+        cycle = self._direct
+        direct = self._routes
+        assert cycle is not None and direct is not None
+        body = bytes(cycle.body)
+        cycle.body = bytearray()
+
+        def respond(status: int, payload: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+            self._respond(cycle, status, payload, headers)
+
+        self._direct_cancel = _nothing  # running: a disconnect from here on cancels
+        cancel = direct.infer_direct(cycle.scope, cycle.target, cycle.headers, body,
+                                     respond)
+        if self._direct is cycle:  # not answered at once
+            self._direct_cancel = cancel
+
+    def _respond(self, cycle: _DirectCycle, status: int, payload: bytes,
+                 headers: list[tuple[bytes, bytes]]) -> None:
+        """Write a direct answer in one write, then what uvicorn does when an ASGI
+        response ends (close, or keep alive and start a pipelined request)."""
+        if self._direct is not cycle or cycle.disconnected:
+            return
+        self._direct = None
+        self._direct_cancel = None
+        head = [STATUS_LINE[status]]
+        for name, value in headers:
+            head += (name, b": ", value, b"\r\n")
+        head.append(b"content-length: %d\r\n" % len(payload))
+        if not cycle.keep_alive:
+            head.append(b"connection: close\r\n")
+        head += (b"\r\n", payload)
+        cycle.response_started = cycle.response_complete = True
+        self.transport.write(b"".join(head))
+        if not cycle.keep_alive:
+            self.transport.close()
+        if self.flow.write_paused:  # the next pipelined request waits for the reader
+            self._after_drain = self.on_response_complete
+        else:
+            self.on_response_complete()
+
+    # uvicorn arms a keep-alive timer after every answer and cancels it when the next
+    # request's bytes arrive; here one timer stays armed and checks, when it fires,
+    # whether the connection has been idle for the whole timeout
+
+    def _unset_keepalive_if_required(self) -> None:
+        self._idle_since = None  # bytes arrived: not idle
+
+    def on_response_complete(self) -> None:
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self._idle_since = None
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+            return
+        self._idle_since = self.loop.time()
+        if self.timeout_keep_alive_task is None:
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self._keep_alive_due)
+
+    def _keep_alive_due(self) -> None:
+        self.timeout_keep_alive_task = None
+        if self._idle_since is None:
+            return  # busy: the next answer arms the timer again
+        left = self._idle_since + self.timeout_keep_alive - self.loop.time()
+        if left > 0:
+            self.timeout_keep_alive_task = self.loop.call_later(left, self._keep_alive_due)
+        else:
+            self.timeout_keep_alive_handler()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        after, self._after_drain = self._after_drain, None
+        if after is not None:
+            after()
+
+    def _head_too_large(self) -> None:
+        url = getattr(self, "url", b"")
+        limits = self._limits
+        if len(url) >= limits.max_header_bytes // 2 and not self.headers:
+            self._refuse(414, f"the URL is over the limit of {limits.max_header_bytes} "
+                              "bytes (--max-header-bytes)")
+        else:
+            self._refuse(431, f"the request line and headers are over the limit of "
+                              f"{limits.max_header_bytes} bytes (--max-header-bytes)")
+
+    def _arm(self, seconds: float, callback: Any) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self.loop.call_later(seconds, callback)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
             self._timer = None
-            if not self._body_open or self._raw_transport.is_closing() or \
-                    self._waiting_on_us(self._body_timed_out, limits.body_timeout_s):
-                return
-            if self.cycle is not None and not self.cycle.response_started:
-                self._refuse(408, f"the request body stalled: no bytes for "
-                                  f"{limits.body_timeout_s:g} s (--body-timeout)")
-            else:
-                self._raw_transport.close()
 
-        def _refuse(self, status: int, message: str) -> None:
-            self._in_head = False
-            self._disarm()
-            if status != 503:
-                log.debug("%s: %d %s", self.client, status, message)
-            self._raw_transport.write(raw_response(status, message))
+    def _waiting_on_us(self, callback: Any, seconds: float) -> bool:
+        """Whether the server, not the client, is why nothing arrives (an earlier
+        pipelined request is being answered, or reading is paused): wait again."""
+        if self.pipeline or self.flow.read_paused:
+            self._arm(seconds, callback)
+            return True
+        return False
+
+    def _head_timed_out(self) -> None:
+        self._timer = None
+        limits = self._limits
+        if not self._in_head or self._raw_transport.is_closing() or \
+                self._waiting_on_us(self._head_timed_out, limits.header_timeout_s):
+            return
+        if self._head_left < limits.max_header_bytes:  # part of a head arrived
+            self._refuse(408, f"the request head did not arrive within "
+                              f"{limits.header_timeout_s:g} s (--header-timeout)")
+        else:
             self._raw_transport.close()
 
-    return GuardedHttpProtocol
+    def _body_timed_out(self) -> None:
+        """No body bytes for --body-timeout: 408 if nothing was answered yet (the app
+        sees the client gone), then close; what the body held is released."""
+        self._timer = None
+        limits = self._limits
+        if not self._body_open or self._raw_transport.is_closing() or \
+                self._waiting_on_us(self._body_timed_out, limits.body_timeout_s):
+            return
+        if self.cycle is not None and not self.cycle.response_started:
+            self._refuse(408, f"the request body stalled: no bytes for "
+                              f"{limits.body_timeout_s:g} s (--body-timeout)")
+        else:
+            self._raw_transport.close()
+
+    def _refuse(self, status: int, message: str) -> None:
+        self._in_head = False
+        self._disarm()
+        if status != 503:
+            log.debug("%s: %d %s", self.client, status, message)
+        self._raw_transport.write(raw_response(status, message))
+        self._raw_transport.close()
+
+
+def guarded_protocol(limits: TransportLimits,
+                     direct: DirectRoutes | None = None) -> type[GuardedHttpProtocol]:
+    """uvicorn's httptools protocol with ``limits`` applied (pass it as ``http=``); with
+    ``direct``, the routes it takes are answered without ASGI. Each call makes a class of
+    its own, so the connections one server counts are its own."""
+
+    class ServerHttpProtocol(GuardedHttpProtocol):
+        _limits = limits
+        _routes = direct
+        _wanted = direct.direct_headers if direct is not None else frozenset()
+        _clients: ClassVar[Counter[str]] = Counter()
+
+    return ServerHttpProtocol
 
 
 def _nothing() -> None:
