@@ -131,7 +131,7 @@ def check_code_file(path: Path) -> None:
             mode = item.stat().st_mode
         except OSError:
             continue
-        if mode & stat.S_IWOTH and not (item.is_dir() and mode & stat.S_ISVTX):
+        if mode & stat.S_IWOTH and not (stat.S_ISDIR(mode) and mode & stat.S_ISVTX):
             raise ModelLoadError(
                 f"{path}: {item} is writable by every user of this machine, and loading a "
                 "PyTorch model runs the code it holds: `chmod o-w` it (a model repository "

@@ -37,6 +37,7 @@ __all__ = [
     "CLASS_PATTERN",
     "CONDITIONS",
     "MAX_WEIGHT",
+    "PRIORITY_LIMIT",
     "ROUTE_FIELDS",
     "TARGET_FIELDS",
     "TOP_FIELDS",
@@ -54,7 +55,8 @@ __all__ = [
 
 TOP_FIELDS = ("routes", "fallback", "shadow", "idempotent", "hide_targets")
 ROUTE_FIELDS = ("when", "to", "sticky", "priority")
-PRIORITY_LIMIT = 2**31  # a route's priority lies in [-PRIORITY_LIMIT, PRIORITY_LIMIT)
+PRIORITY_LIMIT = 2**31  # a generation's priority, a route's or a request's, lies in
+# [-PRIORITY_LIMIT, PRIORITY_LIMIT)
 CONDITIONS = ("class", "deadline_ms_below")
 TARGET_FIELDS = ("model", "version", "weight")
 MAX_WEIGHT = 1e6  # an arm's weight: a sum of any number of them stays finite

@@ -25,15 +25,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from tradeoff.errors import Forbidden, InvalidValue, Unauthorized
+from tradeoff.repository.router import PRIORITY_LIMIT
 
-__all__ = ["ADMIN_KEY_ENV", "API_KEY_ENV", "METRICS_KEY_ENV", "PRIORITY_LIMIT", "TENANT",
+__all__ = ["ADMIN_KEY_ENV", "API_KEY_ENV", "METRICS_KEY_ENV", "TENANT",
            "Access", "read_keys", "read_priority_keys"]
 
 API_KEY_ENV = "TRADEOFF_API_KEY"
 ADMIN_KEY_ENV = "TRADEOFF_ADMIN_KEY"
 METRICS_KEY_ENV = "TRADEOFF_METRICS_KEY"
 TENANT = "tradeoff.tenant"  # the ASGI scope's entry for who made the call (check's answer)
-PRIORITY_LIMIT = 2**31  # a generation's priority lies in [-PRIORITY_LIMIT, PRIORITY_LIMIT)
 
 
 def read_keys(values: Iterable[str], files: Iterable[Path], env_value: str | None

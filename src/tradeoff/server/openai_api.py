@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 
 from tradeoff.errors import InvalidInput, RequestError
+from tradeoff.repository.router import PRIORITY_LIMIT
 from tradeoff.server.access import TENANT, Access
 from tradeoff.server.asgi import (
     DisconnectWatch,
@@ -192,7 +193,7 @@ class OpenAIApi:
         # only whole answers that the same request always gets again are cached
         cacheable = wants_cache and not stream and params.deterministic
         priority = _number(doc, "priority", 0, int)
-        if not -(2**31) <= priority < 2**31:
+        if not -PRIORITY_LIMIT <= priority < PRIORITY_LIMIT:
             raise InvalidInput("'priority' must be an integer from -2**31 to 2**31 - 1")
         # a caller may make itself less urgent, more only as far as its key allows (a
         # router's route priority, the operator's, replaces it whatever it is)

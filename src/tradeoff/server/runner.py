@@ -61,27 +61,31 @@ def _exit_with_parent() -> None:
     """A server started by another tradeoff process (``ServerProcess``: a plan, a tuner, a
     benchmark) stops as on SIGTERM once that process is gone, even killed with SIGKILL:
     ``$TRADEOFF_PARENT_PID`` names it, and a thread looks for it every half second."""
-    parent = os.environ.pop(PARENT_PID_ENV, "")  # for this process, not its children
-    if not parent.isdigit():
+    named = os.environ.pop(PARENT_PID_ENV, "")  # for this process, not its children
+    if not named.isdigit():
         return
-    if os.getppid() != int(parent):
-        try:
-            os.kill(int(parent), 0)
-        except ProcessLookupError:
-            pass  # gone before this server started: the watch below stops it at once
-        except OSError:
-            return
-        else:
-            return  # an ancestor's, left in the environment: not this server's parent
+    parent = int(named)
+    if os.getppid() != parent and _alive(parent):
+        return  # an ancestor's, left in the environment: not this server's parent
 
-    def watch() -> None:
-        while os.getppid() == int(parent):
+    def watch() -> None:  # a parent gone before the server started: it stops at once
+        while os.getppid() == parent:
             time.sleep(0.5)
         log.warning("the process that started this server (pid %s) is gone: stopping",
                     parent)
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, name="tradeoff-parent-watch", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's: alive
+        pass
+    return True
 
 
 def _bind(host: str, port: int) -> socket.socket:
