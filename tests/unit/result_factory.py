@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from tradeoff.bench.sweep import knee_of, point_summary
 from tradeoff.results import BenchResult, SweepResult, load_as
+
+# one document of every kind, as the current version writes it
+RESULTS = Path(__file__).parent.parent / "data" / "results"
+RESULT_FILES = sorted(RESULTS.glob("*.json"))
 
 
 def bench_result(*, load: float = 8, mode: str = "closed", throughput: float = 1000.0,

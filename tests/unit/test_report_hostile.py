@@ -25,10 +25,8 @@ from tradeoff.results import (
     load_result,
 )
 
-from .result_factory import with_payloads
+from .result_factory import RESULT_FILES, RESULTS, with_payloads
 
-DATA = Path(__file__).parent.parent / "data" / "results"
-FIXTURES = sorted(DATA.glob("*.json"))
 SCRIPT = "<script>alert(1)</script>"
 IMG = '"><img src=x onerror=alert(2)>'
 PAYLOADS = (SCRIPT, IMG, "'><svg onload=alert(3)>", "</script><!--",
@@ -88,7 +86,7 @@ def test_every_string_of_every_result_reaches_the_html_as_text() -> None:
     payloads, seen = cycle(PAYLOADS), dict[str, str]()
     documents = [load_result(with_payloads(json.loads(p.read_text()), payloads, seen,
                                            form=f"{{payload}} {MATHTEXT} {{value}}"), p.name)
-                 for p in FIXTURES]
+                 for p in RESULT_FILES]
     page, _ = build_report(documents, title=SCRIPT)
     _assert_inert(page)
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
@@ -99,9 +97,9 @@ def test_numbers_of_the_wrong_type_built_in_code_are_still_escaped() -> None:
     pytest.importorskip("matplotlib")
     from tradeoff.report.html import build_report
 
-    batch = load_as(BatchSizeTune, DATA / "tune-batch-size.json")
-    serve = load_as(ServeTune, DATA / "tune-serve.json")
-    bench = load_as(BenchResult, DATA / "bench-openai.json")
+    batch = load_as(BatchSizeTune, RESULTS / "tune-batch-size.json")
+    serve = load_as(ServeTune, RESULTS / "tune-serve.json")
+    bench = load_as(BenchResult, RESULTS / "bench-openai.json")
     generation = bench.summary.generation
     assert generation is not None
     length = dataclasses.replace(generation.output_length, honoured=False, shorter=SCRIPT,
@@ -117,7 +115,7 @@ def test_an_endpoint_named_like_mathtext_is_drawn_as_written() -> None:
     pytest.importorskip("matplotlib")
     from tradeoff.report import plots
 
-    compare = load_as(CompareResult, DATA / "compare.json")
+    compare = load_as(CompareResult, RESULTS / "compare.json")
     names = {"batched": "$\\foo$", "nobatch": "$x^{$ costs $5"}
     renamed = dataclasses.replace(
         compare, baseline=names[compare.baseline],
@@ -131,7 +129,7 @@ def test_a_model_named_like_a_path_keeps_its_png_in_the_folder(tmp_path: Path) -
     pytest.importorskip("matplotlib")
     from tradeoff.report.html import build_report
 
-    batch = load_as(BatchSizeTune, DATA / "tune-batch-size.json")
+    batch = load_as(BatchSizeTune, RESULTS / "tune-batch-size.json")
     _, report = build_report([dataclasses.replace(batch, model="../../outside/m")],
                              png_dir=tmp_path / "png")
     assert report.pngs and all(p.parent == tmp_path / "png" and p.exists()
@@ -173,7 +171,7 @@ WRONG = [
 def test_a_field_of_the_wrong_type_is_refused_by_name(name: str, keys: list[str | int],
                                                        value: Any, message: str) -> None:
     with pytest.raises(ResultFormatError) as caught:
-        load_result(_with(DATA / name, keys, value), name)
+        load_result(_with(RESULTS / name, keys, value), name)
     text = str(caught.value)
     assert text.startswith(f"{name}.") and message in text, text
     assert "\n" not in text
@@ -183,7 +181,7 @@ def test_a_field_of_the_wrong_type_is_refused_by_name(name: str, keys: list[str 
 def test_the_report_command_refuses_a_wrong_typed_field_in_one_line(
         tmp_path: Path, keys: list[str | int]) -> None:
     bad = tmp_path / "shared.json"
-    bad.write_text(json.dumps(_with(DATA / "tune-batch-size.json", keys, SCRIPT)))
+    bad.write_text(json.dumps(_with(RESULTS / "tune-batch-size.json", keys, SCRIPT)))
     run = CliRunner().invoke(main, ["report", str(bad), "-o", str(tmp_path / "r.html")])
     assert run.exit_code == 1, run.output
     assert run.exception is None or isinstance(run.exception, SystemExit), run.exception

@@ -37,8 +37,8 @@ from tradeoff.results import (
     write_json,
 )
 
-DATA = Path(__file__).parent.parent / "data" / "results"
-FIXTURES = sorted(DATA.glob("*.json"))
+from .result_factory import RESULT_FILES, RESULTS
+
 KINDS = {"bench-tensor": BenchResult, "bench-openai": BenchResult, "bench-mix": BenchResult,
          "sweep": SweepResult, "sweep-sla": SweepResult, "soak": SoakResult,
          "compare": CompareResult, "optimize": OptimizeResult,
@@ -52,10 +52,10 @@ def _text(document: object) -> str:
 
 
 def test_there_is_a_fixture_of_every_kind() -> None:
-    assert {p.stem for p in FIXTURES} == set(KINDS)
+    assert {p.stem for p in RESULT_FILES} == set(KINDS)
 
 
-@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", RESULT_FILES, ids=lambda p: p.stem)
 def test_fixture_loads_and_writes_back_the_same_json(path: Path, tmp_path: Path) -> None:
     document = load_result(path)
     assert isinstance(document, KINDS[path.stem])
@@ -67,24 +67,24 @@ def test_fixture_loads_and_writes_back_the_same_json(path: Path, tmp_path: Path)
 
 
 def test_typed_fields_of_the_fixtures() -> None:
-    llm = load_as(BenchResult, DATA / "bench-openai.json")
+    llm = load_as(BenchResult, RESULTS / "bench-openai.json")
     assert llm.summary.generation is not None
     assert llm.summary.generation.output_length.honoured
     assert llm.summary.generation.slo == {"ttft_ms": 150.0, "tpot_ms": 30.0}
-    tensor = load_as(BenchResult, DATA / "bench-tensor.json")
+    tensor = load_as(BenchResult, RESULTS / "bench-tensor.json")
     assert tensor.summary.generation is None and tensor.label == "tiny"
     assert tensor.windows[0].server_ms is not None
-    sweep = load_as(SweepResult, DATA / "sweep.json")
+    sweep = load_as(SweepResult, RESULTS / "sweep.json")
     assert [r.load for r in sweep.rows] == [1, 2] and all(r.priced for r in sweep.rows)
     assert sweep.point_at(2) is sweep.points[1]
-    compare = load_as(CompareResult, DATA / "compare.json")
+    compare = load_as(CompareResult, RESULTS / "compare.json")
     assert compare.fairness.interleaved and compare.endpoints[0].result.merged_rounds == 2
     assert compare.ratios_of("nobatch").metrics["p99"].ci95 is not None
-    soak = load_as(SoakResult, DATA / "soak.json")
+    soak = load_as(SoakResult, RESULTS / "soak.json")
     assert soak.verdict.stable and len(soak.result.windows) == 7
 
 
-@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", RESULT_FILES, ids=lambda p: p.stem)
 def test_consumers_accept_every_fixture(path: Path) -> None:
     document = load_result(path)
     assert isinstance(diagnose(document), list)
@@ -101,14 +101,14 @@ def test_html_report_of_every_fixture() -> None:
     pytest.importorskip("matplotlib")
     from tradeoff.report.html import build_report
 
-    page, _ = build_report([load_result(p) for p in FIXTURES])
+    page, _ = build_report([load_result(p) for p in RESULT_FILES])
     assert "Sweep over concurrency" in page and "Soak" in page and "Comparison" in page
     assert "Plan for mlp" in page and "Levers" in page
 
 
 def test_compare_of_two_bench_fixtures() -> None:
-    compare = compare_results([("tensor", load_as(BenchResult, DATA / "bench-tensor.json")),
-                               ("llm", load_as(BenchResult, DATA / "bench-openai.json"))])
+    compare = compare_results([("tensor", load_as(BenchResult, RESULTS / "bench-tensor.json")),
+                               ("llm", load_as(BenchResult, RESULTS / "bench-openai.json"))])
     assert [e.name for e in compare.endpoints] == ["tensor", "llm"]
     assert _text(load_result(compare.to_dict()).to_dict()) == _text(compare.to_dict())
 
@@ -121,7 +121,7 @@ def test_unknown_schema_names_the_file(tmp_path: Path) -> None:
 
 
 def test_missing_field_names_the_file_and_field(tmp_path: Path) -> None:
-    document = json.loads((DATA / "sweep.json").read_text())
+    document = json.loads((RESULTS / "sweep.json").read_text())
     del document["points"][1]["summary"]["throughput_rps"]
     path = tmp_path / "cut.json"
     path.write_text(json.dumps(document))
@@ -139,7 +139,7 @@ def test_a_file_that_is_not_json_is_named(tmp_path: Path) -> None:
 
 def test_load_as_refuses_another_kind() -> None:
     with pytest.raises(ResultFormatError, match=r"sweep\.json: a tradeoff\.sweep/1 document, not"):
-        load_as(BenchResult, DATA / "sweep.json")
+        load_as(BenchResult, RESULTS / "sweep.json")
 
 
 def test_a_format_error_is_in_the_error_tree_and_a_value_error() -> None:
@@ -167,7 +167,7 @@ def test_findings_say_which_result_they_came_from() -> None:
     pytest.importorskip("matplotlib")
     from tradeoff.report.html import build_report
 
-    page, _ = build_report([load_result(DATA / "bench-tensor.json"),
-                            load_result(DATA / "sweep.json")])
+    page, _ = build_report([load_result(RESULTS / "bench-tensor.json"),
+                            load_result(RESULTS / "sweep.json")])
     findings = page.split("Findings")[1]
     assert "bench #1" in findings and "sweep #2" in findings

@@ -43,10 +43,8 @@ from tradeoff.results import (
     load_result,
 )
 
-from .result_factory import with_payloads
+from .result_factory import RESULT_FILES, with_payloads
 
-DATA = Path(__file__).parent.parent / "data" / "results"
-FIXTURES = sorted(DATA.glob("*.json"))
 PAYLOADS = ("[/x]", "[bold red]boom[/]", "[link=https://example.invalid]click[/link]")
 # dicts whose keys are names from outside too: error classes, facts, SLO metrics, classes
 KEYED = {"errors_by_class", "facts", "slo", "classes"}
@@ -95,7 +93,7 @@ def _assert_literal(text: str) -> None:
     assert text.count("[/]") == text.count("boom[/]"), text
 
 
-@pytest.mark.parametrize("path", FIXTURES, ids=[p.name for p in FIXTURES])
+@pytest.mark.parametrize("path", RESULT_FILES, ids=[p.name for p in RESULT_FILES])
 def test_every_string_of_a_result_reaches_the_terminal_as_text(path: Path) -> None:
     payloads, seen = cycle(PAYLOADS), dict[str, str]()
     document = load_result(_poisoned(_widened(json.loads(path.read_text())), payloads, seen),
@@ -111,7 +109,7 @@ def test_every_string_of_a_result_reaches_the_terminal_as_text(path: Path) -> No
 def test_all_payloads_reach_the_terminal_across_the_results() -> None:
     payloads, seen = cycle(PAYLOADS), dict[str, str]()
     console = _console()
-    for path in FIXTURES:
+    for path in RESULT_FILES:
         document = load_result(
             _poisoned(_widened(json.loads(path.read_text())), payloads, seen), path.name)
         PRINTERS[type(document)](document, console)
