@@ -30,8 +30,8 @@ from tradeoff.errors import InvalidInput, RequestError, Unauthorized, Unavailabl
 from tradeoff.protocol.v2 import TensorOutput, V2Request, decode_request, encode_response
 from tradeoff.scheduling.request import InferenceRequest, Timings
 from tradeoff.server.asgi import JSON_HEADERS, Headers, Scope
+from tradeoff.server.catalog import ModelVersion
 from tradeoff.server.dataplane import Admission, DataPlane, TensorTarget
-from tradeoff.server.models import ModelVersion
 
 __all__ = [
     "InferCall",

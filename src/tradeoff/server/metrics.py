@@ -16,8 +16,9 @@ from prometheus_client.registry import Collector
 
 from tradeoff.generate.bridge import TOKEN_BUCKETS_S, GenerativeModel
 from tradeoff.scheduling.stats import LATENCY_BUCKETS_S
+from tradeoff.server.catalog import ModelVersion
 from tradeoff.server.dataplane import DataPlane
-from tradeoff.server.models import ModelManager, ModelVersion
+from tradeoff.server.models import ModelManager
 from tradeoff.server.router import RoutedModel
 
 __all__ = [
