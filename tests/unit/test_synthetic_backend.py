@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tradeoff.backends import synthetic
+from tradeoff.backends.clock import ModelledClock
 from tradeoff.backends.registry import InstanceSpec
 from tradeoff.backends.synthetic import MAX_GIL_RELEASES, SyntheticBackend, read_cost
 from tradeoff.errors import ModelLoadError
@@ -27,12 +28,23 @@ def test_a_batch_sleeps_its_cost_in_gil_releases_parts(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     path = model_file(tmp_path, {"fixed_ms": 2.0, "per_row_ms": 0.5, "gil_releases": 4})
     slept: list[float] = []
-    monkeypatch.setattr(synthetic.time, "sleep", slept.append)
+    monkeypatch.setattr(time, "sleep", slept.append)
     backend = SyntheticBackend(InstanceSpec(name="s", path=path))
     rows = np.arange(24, dtype=np.float32).reshape(6, 4)
     out = backend.run({"INPUT0": rows}, ["OUTPUT0"])
     assert slept == pytest.approx([0.00125] * 4)  # (2 + 6 x 0.5) ms in four parts
     np.testing.assert_array_equal(out["OUTPUT0"], rows)
+
+
+def test_on_a_modelled_clock_a_batch_advances_the_clock_by_its_cost_without_sleeping(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = model_file(tmp_path, {"fixed_ms": 2.0, "per_row_ms": 0.5, "gil_releases": 4})
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    clock = ModelledClock()
+    backend = SyntheticBackend(InstanceSpec(name="s", path=path, clock=clock))
+    backend.run({"INPUT0": np.zeros((6, 4), dtype=np.float32)}, ["OUTPUT0"])
+    assert clock.now() == pytest.approx(0.005) and slept == []
 
 
 def test_one_gil_release_unless_told(tmp_path: Path) -> None:

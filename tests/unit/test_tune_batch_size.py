@@ -1,4 +1,7 @@
-"""The doubling search on a synthetic model whose throughput and memory curves are known."""
+"""The doubling search on a synthetic model whose throughput and memory curves are known.
+
+Its batches are timed on a modelled clock: each takes exactly its set cost, so the
+searches below come out the same however busy the machine is."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from tradeoff.backends.clock import ModelledClock
 from tradeoff.cli import main
 from tradeoff.results import BatchSizeTune, load_result
 from tradeoff.tune.batch_size import (
@@ -30,11 +34,12 @@ def test_the_search_finds_the_knee_backs_off_and_sizes_memory(tmp_path: Path) ->
     model = write_synthetic_model(tmp_path, fixed_ms=2.0, per_row_ms=0.05, slow_above_rows=32,
                                   per_row_ms_above=0.2, memory_per_row_bytes=1_000_000,
                                   max_batch_size=8)
-    # 0.3 s per size: enough batches that a busy machine's stalls do not hide the knee
     result = tune_batch_size(model, BatchSizePlan(max_memory_bytes=100_000_000,
-                                                  seconds_per_batch=0.3))
+                                                  seconds_per_batch=0.03),
+                             clock=ModelledClock())
     assert result.knee == KNEE and result.recommended == RECOMMENDED
     assert [p.batch_size for p in result.doubling] == [1, 2, 4, 8, 16, 32, 64, 128]
+    assert result.point(32).samples_per_s == pytest.approx(32 / 3.6e-3)  # the modelled cost
     assert result.point(RECOMMENDED) is not None and result.point(RECOMMENDED).role == "back-off"
     assert not result.point(128).fits and "over --max-memory" in result.stop_reason
     memory = result.memory
@@ -49,7 +54,8 @@ def test_a_curve_that_never_drops_stops_at_max_batch_and_probes_memory(tmp_path:
     model = write_synthetic_model(tmp_path, fixed_ms=5.0, per_row_ms=0.01,
                                   memory_per_row_bytes=200_000)
     result = tune_batch_size(model, BatchSizePlan(max_batch=16, seconds_per_batch=0.03,
-                                                  max_memory_bytes=1_000_000_000))
+                                                  max_memory_bytes=1_000_000_000),
+                             clock=ModelledClock())
     assert result.knee is None and result.recommended == back_off_from(16, 0.2) == 12
     assert result.stop_reason == "--max-batch 16 reached"
     assert result.memory.largest_fit == 16  # nothing past --max-batch is tried
@@ -57,7 +63,8 @@ def test_a_curve_that_never_drops_stops_at_max_batch_and_probes_memory(tmp_path:
 
 def test_max_latency_stops_the_doubling(tmp_path: Path) -> None:
     model = write_synthetic_model(tmp_path, fixed_ms=1.0, per_row_ms=1.0)
-    result = tune_batch_size(model, BatchSizePlan(max_latency_ms=13, seconds_per_batch=0.03))
+    result = tune_batch_size(model, BatchSizePlan(max_latency_ms=13, seconds_per_batch=0.03),
+                             clock=ModelledClock())
     assert result.stop_reason.startswith("batch 16 took")
     assert result.recommended == back_off_from(8, 0.2) == 6
 
@@ -75,10 +82,13 @@ def test_the_command_prints_the_table_and_writes_json(tmp_path: Path) -> None:
     run = CliRunner().invoke(main, ["tune", "batch-size", str(model), "--seconds", "0.05",
                                     "--max-memory", "1GB", "--json", str(out)])
     assert run.exit_code == 0, run.output
-    assert "recommended batch size: 25" in run.output and "formula" in run.output
+    assert "formula" in run.output
     assert "what this optimises: the model's own throughput" in run.output
     document = load_result(out)
-    assert isinstance(document, BatchSizeTune) and document.recommended == RECOMMENDED
+    assert isinstance(document, BatchSizeTune)
+    # timed on the real clock: which batch wins moves with the machine's load, so the
+    # exact knee is the modelled-clock tests' to check; here the table and file agree
+    assert f"recommended batch size: {document.recommended}" in run.output
     assert json.loads(out.read_text())["schema"] == "tradeoff.tune/1"
     assert document.to_dict() == json.loads(out.read_text())
 

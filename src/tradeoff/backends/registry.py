@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from tradeoff.backends.base import Backend, TensorSpec
+from tradeoff.backends.clock import REAL_CLOCK, Clock
 from tradeoff.backends.decoding import Decoder, Tokenizer
 from tradeoff.errors import ConfigError, ModelLoadError
 
@@ -58,7 +59,8 @@ ENTRY_POINT_GROUPS = {TENSOR: "tradeoff.backends.tensor",
 
 @dataclass(frozen=True)
 class InstanceSpec:
-    """What a tensor backend needs to create one model instance: plain values only."""
+    """What a tensor backend needs to create one model instance: plain values, and the
+    clock a backend whose cost is modelled spends it on (the real one but in tests)."""
 
     name: str
     path: Path
@@ -73,6 +75,7 @@ class InstanceSpec:
     inputs: tuple[TensorSpec, ...] = ()
     outputs: tuple[TensorSpec, ...] = ()
     max_batch_size: int = 0
+    clock: Clock = REAL_CLOCK
 
 
 @dataclass(frozen=True)

@@ -14,17 +14,19 @@ A batch takes ``fixed_ms + per_row_ms * rows`` (rows past ``slow_above_rows`` co
 GIL is free as it is while a runtime's kernels run. The sleep is cut into ``gil_releases``
 equal parts, so the batch's thread gives up the GIL and takes it back that many times, as
 a GPU runtime's launches, copies and synchronisations do; beside a busy event loop each
-retake waits. It holds ``memory_per_row_bytes`` per row while it runs. Each output is a
-copy of its ``copy_of`` input, so answers can be checked. The throughput and memory curves
-are therefore known in advance, which is what a test of the batch-size search or of the
-adaptive batcher needs. Serve it with
-``backend: "synthetic"`` in the config.
+retake waits. It sleeps on the instance's clock (``InstanceSpec.clock``): on a
+:class:`~tradeoff.backends.clock.ModelledClock` the cost is added to the clock at once
+instead, so an in-process measurement reads it exactly, however busy the machine.
+
+It holds ``memory_per_row_bytes`` per row while it runs. Each output is a copy of its
+``copy_of`` input, so answers can be checked. The throughput and memory curves are
+therefore known in advance, which is what a test of the batch-size search or of the
+adaptive batcher needs. Serve it with ``backend: "synthetic"`` in the config.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,11 +111,13 @@ def read_cost(path: Path, document: dict[str, Any] | None = None) -> Cost:
 
 
 class SyntheticBackend(Backend):
-    """Sleeps for the batch's set cost, holding its set memory, and copies inputs out."""
+    """Spends the batch's set cost on its clock, holding its set memory, and copies
+    inputs out."""
 
     def __init__(self, spec: InstanceSpec) -> None:
         document = _read(spec.path)
         self.cost = read_cost(spec.path, document)
+        self.clock = spec.clock
         self.copy_of = {str(t["name"]): str(t.get("copy_of") or document["inputs"][0]["name"])
                         for t in document["outputs"]}
 
@@ -125,7 +129,7 @@ class SyntheticBackend(Backend):
             held = np.ones(rows * self.cost.memory_per_row_bytes, dtype=np.uint8)  # touched
         part = self.cost.batch_ms(rows) / 1e3 / self.cost.gil_releases
         for _ in range(self.cost.gil_releases):
-            time.sleep(part)
+            self.clock.sleep(part)
         del held
         try:
             return {name: np.array(inputs[self.copy_of[name]], copy=True)

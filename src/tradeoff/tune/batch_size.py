@@ -20,19 +20,23 @@ printed next to the largest doubling that actually stayed within ``--max-memory`
 
     result = tune_batch_size(Path("models/mlp"), BatchSizePlan(max_memory_bytes=4 << 30))
     result.recommended
+
+Times are read on a clock, the real one unless told: on a
+:class:`~tradeoff.backends.clock.ModelledClock` a synthetic model's batches take exactly
+their modelled cost, so a test of the search does not move with the machine's load.
 """
 
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from tradeoff.backends.base import Backend
+from tradeoff.backends.clock import REAL_CLOCK, Clock
 from tradeoff.backends.registry import InstanceSpec, TensorBackendType
 from tradeoff.errors import ModelLoadError, OptimizeError, TradeoffError, TuneError
 from tradeoff.optimize.samples import VALIDATION, Samples, builtin_samples, sample_count
@@ -106,8 +110,10 @@ class _Measurer:
     """Runs one batch size on the backend and reads the clock and the memory meter."""
 
     def __init__(self, backend: Backend, config: ModelConfig, samples: Samples,
-                 plan: BatchSizePlan, meter: MemoryMeter, baseline: int) -> None:
+                 plan: BatchSizePlan, meter: MemoryMeter, baseline: int,
+                 clock: Clock) -> None:
         self.backend = backend
+        self.clock = clock
         self.config = config
         self.samples = samples
         self.plan = plan
@@ -128,11 +134,11 @@ class _Measurer:
         try:
             self.backend.run(inputs, self.outputs)  # allocations, lazy kernels
             times: list[float] = []
-            deadline = time.perf_counter() + seconds
-            while len(times) < runs or time.perf_counter() < deadline:
-                start = time.perf_counter()
+            deadline = self.clock.now() + seconds
+            while len(times) < runs or self.clock.now() < deadline:
+                start = self.clock.now()
                 self.backend.run(inputs, self.outputs)
-                times.append(time.perf_counter() - start)
+                times.append(self.clock.now() - start)
         except TradeoffError as exc:
             return BatchPoint(size, role, None, None, None, False, str(exc))
         except Exception as exc:  # a runtime's own error: the batch cannot run
@@ -145,7 +151,7 @@ class _Measurer:
                           distribution(taken * 1e3), memory, fits)
 
 
-def _load(model_dir: Path, plan: BatchSizePlan
+def _load(model_dir: Path, plan: BatchSizePlan, clock: Clock
           ) -> tuple[ModelConfig, InstanceSpec, Samples, str, TensorBackendType]:
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
@@ -174,6 +180,7 @@ def _load(model_dir: Path, plan: BatchSizePlan
                                 parameters=parameters, intra_op_threads=threads,
                                 kind="KIND_GPU" if plan.device == "cuda" else "KIND_CPU",
                                 device_id=0)
+    spec = replace(spec, clock=clock)
     try:
         samples, where = builtin_samples(model_dir, config, VALIDATION)
     except OptimizeError as exc:
@@ -195,11 +202,12 @@ def _check_cuda(backend: str) -> None:
                         "(pip install onnxruntime-gpu, on a machine with a GPU)")
 
 
-def tune_batch_size(model_dir: Path, plan: BatchSizePlan,
-                    progress: Progress | None = None) -> BatchSizeTune:
-    """Run the doubling search on the model in ``model_dir`` (REPOSITORY/MODEL)."""
+def tune_batch_size(model_dir: Path, plan: BatchSizePlan, progress: Progress | None = None,
+                    *, clock: Clock = REAL_CLOCK) -> BatchSizeTune:
+    """Run the doubling search on the model in ``model_dir`` (REPOSITORY/MODEL), timing
+    its batches on ``clock``."""
     say = progress or (lambda _: None)
-    config, spec, samples, samples_from, backend_type = _load(model_dir, plan)
+    config, spec, samples, samples_from, backend_type = _load(model_dir, plan, clock)
     meter = memory_meter(plan.device, config.backend)
     baseline = meter.now()
     say("loading the model")
@@ -209,7 +217,7 @@ def tune_batch_size(model_dir: Path, plan: BatchSizePlan,
         raise TuneError(str(exc)) from None
     try:
         weights = max(meter.now() - baseline, 0)
-        measurer = _Measurer(backend, config, samples, plan, meter, baseline)
+        measurer = _Measurer(backend, config, samples, plan, meter, baseline, clock)
         points, stop_reason = _double(measurer, plan, say)
         good = [p for p in points if p.samples_per_s is not None and p.fits
                 and _within_latency(p, plan)]
