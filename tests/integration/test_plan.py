@@ -15,11 +15,11 @@ from click.testing import CliRunner
 from tradeoff.cli import main
 from tradeoff.models import build_repository
 from tradeoff.plan.planner import PlanRequest, make_plan
-from tradeoff.plan.search import PlanGoal
 from tradeoff.plan.traffic import Traffic
 from tradeoff.repository.repository import ModelRepository
 from tradeoff.results import PlanResult, load_as
 from tradeoff.server.process import ServerProcess
+from tradeoff.tune.goal import Goal
 
 from ..synthetic_model import write_synthetic_model
 
@@ -33,7 +33,7 @@ def _cores() -> str | None:
 
 def _plan(model_dir: Path, traffic: Traffic, sla_ms: float, **goal: float) -> PlanResult:
     return make_plan(PlanRequest(model_dir, traffic,
-                                 PlanGoal(sla_p99_ms=sla_ms, max_drop=0.01, replay_s=2.0,
+                                 Goal(sla_p99_ms=sla_ms, max_drop=0.01, replay_s=2.0,
                                           **goal),
                                  variants=(), seconds_per_version=0.5,
                                  server_cpus=_cores()))

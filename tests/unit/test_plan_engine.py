@@ -85,9 +85,9 @@ def test_the_step_cost_interpolates_and_extrapolates() -> None:
 
 def _searcher(rate: float, lengths: Lengths, tpot_ms: float = 25.0):
     from tradeoff.plan.generative import EngineSearcher, GenerationCalibration
-    from tradeoff.plan.search import PlanGoal
+    from tradeoff.tune.goal import Goal
 
-    goal = PlanGoal(sla_p99_ms=500.0, max_drop=0.05, sla_tpot_ms=tpot_ms,
+    goal = Goal(sla_p99_ms=500.0, max_drop=0.05, sla_tpot_ms=tpot_ms,
                     price_per_core_hour=0.1)
     calibration = GenerationCalibration(lengths.prompt, lengths.shared_prefix, 1.0, 1.0, 40)
     return EngineSearcher(Traffic.law(rate), lengths, goal, calibration,
@@ -222,9 +222,9 @@ def test_priority_scheduling_serves_the_urgent_class_first_when_the_engine_is_fu
 def _class_searcher(rate: float, classes: dict[str, float], class_sla: dict[str, float],
                     sla_ms: float = 100_000.0):
     from tradeoff.plan.generative import EngineSearcher, GenerationCalibration
-    from tradeoff.plan.search import PlanGoal
+    from tradeoff.tune.goal import Goal
 
-    goal = PlanGoal(sla_p99_ms=sla_ms, max_drop=0.05, sla_tpot_ms=1000.0,
+    goal = Goal(sla_p99_ms=sla_ms, max_drop=0.05, sla_tpot_ms=1000.0,
                     class_sla_ms=class_sla)
     lengths = Lengths(64, 32)
     calibration = GenerationCalibration(64, 0, 1.0, 1.0, 40)

@@ -15,10 +15,11 @@ from click.testing import CliRunner
 from tradeoff.cli import main
 from tradeoff.errors import InvalidValue
 from tradeoff.plan.deployment import pool_name, serve_flags, write_deployment
-from tradeoff.plan.search import NO_CACHE, ClassSearch, PlanGoal, Searcher, pooled, rank_key
+from tradeoff.plan.search import NO_CACHE, ClassSearch, Searcher, pooled, rank_key
 from tradeoff.plan.traffic import Traffic
 from tradeoff.repository.repository import ModelRepository
 from tradeoff.repository.router import RouterConfig
+from tradeoff.tune.goal import Goal
 from tradeoff.tune.serve_search import Knobs
 
 from ..synthetic_model import write_synthetic_model
@@ -27,7 +28,7 @@ from .test_plan_search import CONFIG, NO_SERVER_COST, _version
 START = (1, Knobs(1, 0, 1, 1, False))
 
 
-def _plan(traffic: Traffic, goal: PlanGoal) -> list:
+def _plan(traffic: Traffic, goal: Goal) -> list:
     """The shared pool's candidates and the pools', ranked together as the planner does."""
     version = _version(fixed_ms=4.0, per_row_ms=0.5)
     strictest = goal.strictest(traffic.classes)
@@ -49,7 +50,7 @@ def test_a_strict_small_class_gets_its_own_pool_when_one_pool_would_cost_more() 
     # (a request arriving during another's 4.5 ms waits for it), and the bulk class one
     # instance with batches (8 rows in 8 ms): 3 cores against 4.
     traffic = Traffic.law(350, classes={"latency": 0.05, "bulk": 0.95})
-    goal = PlanGoal(sla_p99_ms=200, max_drop=0.01, cores=4, price_per_core_hour=0.1,
+    goal = Goal(sla_p99_ms=200, max_drop=0.01, cores=4, price_per_core_hour=0.1,
                     class_sla_ms={"latency": 6})
     ranked = _plan(traffic, goal)
     best = ranked[0]
@@ -68,14 +69,14 @@ def test_a_strict_small_class_gets_its_own_pool_when_one_pool_would_cost_more() 
 
 def test_classes_with_the_same_sla_keep_one_pool() -> None:
     traffic = Traffic.law(350, classes={"latency": 0.05, "bulk": 0.95})
-    goal = PlanGoal(sla_p99_ms=200, max_drop=0.01, cores=4, price_per_core_hour=0.1)
+    goal = Goal(sla_p99_ms=200, max_drop=0.01, cores=4, price_per_core_hour=0.1)
     best = _plan(traffic, goal)[0]
     assert not best.pools and best.cores == 1
 
 
 def test_pools_that_do_not_fit_the_cores_are_not_candidates() -> None:
     traffic = Traffic.law(350, classes={"latency": 0.05, "bulk": 0.95})
-    goal = PlanGoal(sla_p99_ms=200, max_drop=0.01, cores=2, class_sla_ms={"latency": 6})
+    goal = Goal(sla_p99_ms=200, max_drop=0.01, cores=2, class_sla_ms={"latency": 6})
     assert not any(c.pools for c in _plan(traffic, goal))
 
 
@@ -104,7 +105,7 @@ def test_each_class_of_a_trace_is_its_own_traffic(tmp_path: Path) -> None:
 
 def test_pools_are_written_behind_a_router_under_the_models_name(tmp_path: Path) -> None:
     traffic = Traffic.law(350, classes={"latency": 0.05, "bulk": 0.95})
-    goal = PlanGoal(sla_p99_ms=200, max_drop=0.01, cores=4, class_sla_ms={"latency": 6})
+    goal = Goal(sla_p99_ms=200, max_drop=0.01, cores=4, class_sla_ms={"latency": 6})
     best = _plan(traffic, goal)[0]
     assert best.pools
     candidates = write_synthetic_model(tmp_path / "candidates", max_batch_size=16)
@@ -150,10 +151,10 @@ def test_a_gpu_hour_price_costs_the_gpus_the_instances_use(tmp_path: Path) -> No
                             'instance_group { kind: KIND_GPU count: 2 gpus: [0, 1] }\n',
                             source="test", default_name="m")
     assert _gpus(gpu) == 2
-    goal = PlanGoal(sla_p99_ms=5, max_drop=0.01, price_per_gpu_hour=3.0).on_gpus(2)
+    goal = Goal(sla_p99_ms=5, max_drop=0.01, price_per_gpu_hour=3.0).on_gpus(2)
     assert goal.price is not None and goal.price.per_hour == 6.0
     assert goal.cost_per_million(1, 1000) == goal.cost_per_million(4, 1000)
-    assert goal.to_dict()["price_per_gpu_hour"] == 3.0
+    assert goal.plan_dict()["price_per_gpu_hour"] == 3.0
     with pytest.raises(InvalidValue, match="runs on the CPU"):
         _gpus(CONFIG)
     # the knobs keep the instances on the GPUs the config lists

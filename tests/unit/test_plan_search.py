@@ -16,7 +16,6 @@ from tradeoff.plan.predict import BatchCost, simulate
 from tradeoff.plan.search import (
     CacheChoice,
     Calibration,
-    PlanGoal,
     Searcher,
     cache_choice,
     version_cost,
@@ -24,6 +23,7 @@ from tradeoff.plan.search import (
 from tradeoff.plan.traffic import Traffic, fit_zipf
 from tradeoff.repository.config import parse_config_text
 from tradeoff.results import PlanVersion
+from tradeoff.tune.goal import Goal
 from tradeoff.tune.serve_search import Knobs
 
 CONFIG = parse_config_text('name: "synthetic"\nbackend: "synthetic"\nmax_batch_size: 16\n'
@@ -129,7 +129,7 @@ def test_repetition_turns_the_cache_on_and_its_absence_leaves_it_off() -> None:
 
 
 def _searcher(rate: float, sla: float, cores: int = 1, **goal: float) -> Searcher:
-    return Searcher(CONFIG, Traffic.law(rate), PlanGoal(sla_p99_ms=sla, max_drop=0.01,
+    return Searcher(CONFIG, Traffic.law(rate), Goal(sla_p99_ms=sla, max_drop=0.01,
                                                          cores=cores, **goal),
                     NO_SERVER_COST, (1, Knobs(1, 0, 1, 1, False)))
 

@@ -139,10 +139,10 @@ def plan(model_dir: Path, sla_p99_ms: float | None, sla_ttft_ms: float | None,
     from tradeoff.optimize import Variant
     from tradeoff.plan.continuous import Lengths
     from tradeoff.plan.planner import PlanRequest, make_plan
-    from tradeoff.plan.search import PlanGoal
     from tradeoff.plan.traffic import Traffic
     from tradeoff.report.terminal import print_plan
     from tradeoff.stats.cost import Price
+    from tradeoff.tune.goal import Goal
 
     if (sla_ttft_ms is None) != (sla_tpot_ms is None):
         raise click.UsageError("a generative model's SLA is both --sla-ttft-ms and "
@@ -194,7 +194,7 @@ def plan(model_dir: Path, sla_p99_ms: float | None, sla_ttft_ms: float | None,
     if len(available) > server_cores:
         server_cpus = ",".join(str(c) for c in available[:server_cores])
     variants = tuple(Variant(*PRECISIONS[p]) for p in precisions if p != "none")
-    goal = PlanGoal(sla_p99_ms=sla_p99_ms or sla_ttft_ms or 0.0, max_drop=max_drop,
+    goal = Goal(sla_p99_ms=sla_p99_ms or sla_ttft_ms or 0.0, max_drop=max_drop,
                     cores=server_cores, sla_tpot_ms=sla_tpot_ms,
                     price=Price(per_hour=price_per_hour) if price_per_hour else None,
                     price_per_core_hour=price_per_core_hour,

@@ -189,8 +189,8 @@ def serve(url: str, sla_p99_ms: float | None, rate: float | None, max_throughput
     from tradeoff.errors import RunStopped
     from tradeoff.report.terminal import print_serve_tune
     from tradeoff.stats.cost import Price
+    from tradeoff.tune.goal import Goal
     from tradeoff.tune.serve_search import (
-        ServeGoal,
         ServeSearch,
         Space,
         check_apply_target,
@@ -212,12 +212,13 @@ def serve(url: str, sla_p99_ms: float | None, rate: float | None, max_throughput
                       {"both": (False, True), "off": (False,), "max": (True,)}[preferred])
         target = take_endpoint(url, shared)
         base = take_load(shared, default_duration_s=LOAD_DEFAULTS.point_duration_s)
-        goal = ServeGoal(sla_p99_ms, rate,
-                         Price(per_hour=price_per_hour) if price_per_hour else None,
-                         price_per_core_hour, budget, strategy, max_error_percent, confirm)
+        goal = Goal(sla_p99_ms, rate=rate,
+                    price=Price(per_hour=price_per_hour) if price_per_hour else None,
+                    price_per_core_hour=price_per_core_hour, budget_s=budget,
+                    strategy=strategy, max_error_percent=max_error_percent, confirm=confirm)
+        search = ServeSearch(target, base, goal, space)  # checks the arguments first
         if apply_to is not None:
             check_apply_target(apply_to, target.model or "")
-        search = ServeSearch(target, base, goal, space)
         with SignalStop() as stop, step_progress(console) as say:
             search.say, search.checkpoint = say, stop.check
             try:

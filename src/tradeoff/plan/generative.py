@@ -1,7 +1,7 @@
 """``tradeoff plan`` for a generative model: the engine settings and precision that meet a
 TTFT and a TPOT SLA at the traffic's rate, predicted, written and replayed.
 
-    make_plan(PlanRequest(Path("models/smollm2-135m"), Traffic.law(2), PlanGoal(
+    make_plan(PlanRequest(Path("models/smollm2-135m"), Traffic.law(2), Goal(
         sla_p99_ms=500, max_drop=0.05, sla_tpot_ms=60), lengths=Lengths(128, 64)))
 
 The steps mirror the tensor plan's (:mod:`tradeoff.plan.planner`), each by the lever's
@@ -55,7 +55,7 @@ from tradeoff.plan.continuous import (
     simulate_engine,
 )
 from tradeoff.plan.deployment import pool_routes, write_router, written_by
-from tradeoff.plan.search import PlanGoal, class_replays, rank_key, weigh
+from tradeoff.plan.search import class_replays, rank_key, weigh
 from tradeoff.plan.traffic import Traffic
 from tradeoff.repository.repository import GENERATIVE_FILE
 from tradeoff.repository.safe_yaml import read_yaml
@@ -70,6 +70,7 @@ from tradeoff.results import (
     VersionReport,
 )
 from tradeoff.server.process import ServerProcess
+from tradeoff.tune.goal import Goal
 
 __all__ = ["ENGINE_KNOBS", "EngineSearcher", "GenerationCalibration", "calibrate",
            "calibrate_load",
@@ -218,7 +219,7 @@ def settings_of(config: GenerativeConfig) -> EngineSettings:
                           config.scheduling)
 
 
-def class_priorities(goal: PlanGoal, classes: dict[str, float]) -> dict[str, int]:
+def class_priorities(goal: Goal, classes: dict[str, float]) -> dict[str, int]:
     """Each class's priority in one engine (0 is served first): the tightest TTFT SLA
     first, then the tightest TPOT SLA, then the smaller share."""
     def key(name: str) -> tuple[float, float, float]:
@@ -230,7 +231,7 @@ def class_priorities(goal: PlanGoal, classes: dict[str, float]) -> dict[str, int
 class EngineSearcher:
     """Predicts engine settings of one generative model under one traffic and goal."""
 
-    def __init__(self, traffic: Traffic, lengths: Lengths, goal: PlanGoal,
+    def __init__(self, traffic: Traffic, lengths: Lengths, goal: Goal,
                  calibration: GenerationCalibration, start: tuple[int, EngineSettings],
                  seed: int = 0) -> None:
         self.traffic = traffic
@@ -342,7 +343,7 @@ def replay_prompts(path: Path, lengths: Lengths, count: int = 256, seed: int = 0
 
 
 def generation_endpoint(url: str, model: str, role: str, prompts: Path, lengths: Lengths,
-                        goal: PlanGoal, classes: dict[str, float] | None = None,
+                        goal: Goal, classes: dict[str, float] | None = None,
                         class_sequence: tuple[int, ...] = ()) -> EndpointSpec:
     """The bench's view of a deployment: streamed completions of the prompts, the goal's
     SLA as the goodput's; with ``classes`` (their shares), each request drawn to one (or
@@ -370,7 +371,7 @@ def _percentiles(summary: Summary) -> tuple[float | None, ...]:
 
 
 def calibrate(server: ServerProcess, model: str, cost: StepCost, start: EngineSettings,
-              lengths: Lengths, goal: PlanGoal, prompts: Path
+              lengths: Lengths, goal: Goal, prompts: Path
               ) -> tuple[GenerationCalibration, Lengths]:
     """The traffic's prompts one at a time for 4 s (after 1 s of warm-up) on the starting
     deployment: the server's count of the prompt's tokens (the plan's lengths are words
@@ -406,7 +407,7 @@ LOAD_BUSY = 0.7  # ... at the traffic's rate, or the rate that keeps the start t
 
 
 def calibrate_load(server: ServerProcess, model: str, cost: StepCost, start: EngineSettings,
-                   calibration: GenerationCalibration, lengths: Lengths, goal: PlanGoal,
+                   calibration: GenerationCalibration, lengths: Lengths, goal: Goal,
                    traffic: Traffic, prompts: Path) -> GenerationCalibration:
     """The starting deployment at the traffic's rate (or the rate that keeps it 70%
     busy) for 8 s, after 1 s: how much longer its steps take under load than alone (its
@@ -480,7 +481,7 @@ def _write_engine(model_dir: Path, source: Path, candidate: PlanCandidate, plan:
 
 
 def replay_generation(baseline: ServerProcess, target: Path, model: str,
-                      candidate: PlanCandidate, start: PlanCandidate, goal: PlanGoal,
+                      candidate: PlanCandidate, start: PlanCandidate, goal: Goal,
                       lengths: Lengths, prompts: Path, warmup_prompts: Path, load: LoadSpec,
                       cpus: str | None, classes: dict[str, float] | None = None,
                       class_sequence: tuple[int, ...] = ()) -> list[Replayed]:

@@ -1,6 +1,6 @@
 """``tradeoff plan``: from a model, its traffic and an SLA to a deployment, replayed.
 
-    result = make_plan(PlanRequest(Path("models/mlp"), traffic, PlanGoal(sla_p99_ms=5,
+    result = make_plan(PlanRequest(Path("models/mlp"), traffic, Goal(sla_p99_ms=5,
                                                                          max_drop=0.01)))
     result.chosen, result.verdict
 
@@ -69,7 +69,6 @@ from tradeoff.plan.search import (
     NO_CACHE,
     CacheChoice,
     Calibration,
-    PlanGoal,
     Searcher,
     cache_choice,
     class_replays,
@@ -90,6 +89,7 @@ from tradeoff.results import (
 )
 from tradeoff.server.process import ServerProcess
 from tradeoff.stats.pareto import front
+from tradeoff.tune.goal import Goal
 from tradeoff.tune.serve_search import Knobs
 
 __all__ = ["PlanRequest", "default_output", "levers", "make_plan", "pareto", "replay_load",
@@ -109,7 +109,7 @@ class PlanRequest:
 
     model_dir: Path
     traffic: Traffic
-    goal: PlanGoal
+    goal: Goal
     variants: tuple[Variant, ...] = (Variant("int8-dynamic", per_channel=True),)
     output: Path | None = None  # default: REPOSITORY-plan/MODEL beside the repository
     seconds_per_version: float = 2.0
@@ -280,7 +280,7 @@ def _plan_generative(request: PlanRequest, config: GenerativeConfig, output: Pat
     chosen, shown, kept = _conclude(attempts, ranked, output)
     return PlanResult(
         model=name, repository=str(model_dir.parent), output=str(output),
-        goal=goal.to_dict(), traffic={**traffic.describe(), **served.describe()},
+        goal=goal.plan_dict(), traffic={**traffic.describe(), **served.describe()},
         environment=environment(), calibration=calibration.to_dict(), versions=versions,
         baseline=baseline, candidates=kept, chosen=chosen.name if chosen else None,
         levers=engine_levers(versions, baseline, chosen, served, searcher.priority,
@@ -352,7 +352,7 @@ def _plan(request: PlanRequest, config: ModelConfig, output: Path, started: floa
     chosen, shown, kept = _conclude(attempts, ranked, output)
     return PlanResult(
         model=name, repository=str(Path(request.model_dir).parent), output=str(output),
-        goal=goal.to_dict(), traffic=request.traffic.describe(), environment=environment(),
+        goal=goal.plan_dict(), traffic=request.traffic.describe(), environment=environment(),
         calibration=calibration.to_dict(), versions=versions, baseline=baseline,
         candidates=kept, chosen=chosen.name if chosen else None,
         levers=levers(versions, original, baseline, chosen, cache, pools_why,
@@ -364,7 +364,7 @@ def _plan(request: PlanRequest, config: ModelConfig, output: Path, started: floa
 Attempt = tuple[PlanCandidate, list[Replayed], Path]
 
 
-def _prove(ranked: list[PlanCandidate], goal: PlanGoal, sla_ms: float, started: float,
+def _prove(ranked: list[PlanCandidate], goal: Goal, sla_ms: float, started: float,
            attempt: Callable[[int, PlanCandidate], tuple[list[Replayed], Path]],
            say: Progress) -> tuple[list[Attempt], str]:
     """Write and replay the best ranked (``attempt``: the written deployment's replay,
@@ -394,7 +394,7 @@ def _prove(ranked: list[PlanCandidate], goal: PlanGoal, sla_ms: float, started: 
     return attempts, stop + (f" ({ATTEMPTS} attempts)" if len(attempts) == ATTEMPTS else "")
 
 
-def _and_tpot(goal: PlanGoal) -> str:
+def _and_tpot(goal: Goal) -> str:
     return "" if goal.sla_tpot_ms is None else f" (TTFT) and TPOT <= {goal.sla_tpot_ms:g} ms"
 
 
@@ -442,7 +442,7 @@ def pareto(ranked: list[PlanCandidate]) -> set[str]:
     return {c.name for c in front(finite, lambda c: (c.cost, c.predicted.p99_ms, c.drop))}
 
 
-def _replay_seconds(goal: PlanGoal) -> float:
+def _replay_seconds(goal: Goal) -> float:
     return 2 * 2 * (goal.replay_s + 1) + 10  # two rounds of two deployments, and a start
 
 
@@ -549,7 +549,7 @@ def _shown(p99_ms: float | None) -> str:
     return "no answer" if p99_ms is None else f"{p99_ms:.2f} ms"
 
 
-def verdict(proof: list[Replayed], goal: PlanGoal) -> str:
+def verdict(proof: list[Replayed], goal: Goal) -> str:
     """One line: did the written deployment meet the SLA on replay (``proof``: the start's
     replay and its own), against the start; with classes, each class against its own."""
     if not proof:

@@ -23,7 +23,6 @@ from tradeoff.plan.search import (
     MAX_POOLED_CLASSES,
     Calibration,
     ClassSearch,
-    PlanGoal,
     Searcher,
     cache_choice,
     pooled,
@@ -31,12 +30,13 @@ from tradeoff.plan.search import (
 from tradeoff.plan.traffic import Traffic
 from tradeoff.repository.config import ModelConfig
 from tradeoff.results import PlanCandidate, PlanVersion, ServerCounts
+from tradeoff.tune.goal import Goal
 from tradeoff.tune.serve_search import Knobs
 
 __all__ = ["hits_and_batch", "search_engine_pools", "search_pools"]
 
 
-def search_pools(traffic: Traffic, goal: PlanGoal, config: ModelConfig,
+def search_pools(traffic: Traffic, goal: Goal, config: ModelConfig,
                  versions: list[PlanVersion], calibration: Calibration,
                  start: tuple[int, Knobs], say: Callable[[str], None] = lambda _: None
                  ) -> tuple[list[PlanCandidate], str]:
@@ -61,7 +61,7 @@ def search_pools(traffic: Traffic, goal: PlanGoal, config: ModelConfig,
     return _combined(parts, goal, traffic.rate_rps, named)
 
 
-def _not_pooled(traffic: Traffic, goal: PlanGoal, named: str) -> str | None:
+def _not_pooled(traffic: Traffic, goal: Goal, named: str) -> str | None:
     """Why the classes get no pool each (None: they may)."""
     classes = traffic.classes
     if len(classes) < 2:
@@ -75,7 +75,7 @@ def _not_pooled(traffic: Traffic, goal: PlanGoal, named: str) -> str | None:
     return None
 
 
-def _combined(parts: list[ClassSearch], goal: PlanGoal, rate: float, named: str
+def _combined(parts: list[ClassSearch], goal: Goal, rate: float, named: str
               ) -> tuple[list[PlanCandidate], str]:
     """Each class's own deployments combined into a pool each within the cores, or why
     none was; ``rate``: what the cost is per (requests, or output tokens, per second)."""
@@ -91,7 +91,7 @@ def _combined(parts: list[ClassSearch], goal: PlanGoal, rate: float, named: str
         "for all (which must meet the strictest SLA)"
 
 
-def search_engine_pools(traffic: Traffic, goal: PlanGoal, versions: list[PlanVersion],
+def search_engine_pools(traffic: Traffic, goal: Goal, versions: list[PlanVersion],
                         costs: dict[int, StepCost], lengths: Lengths,
                         start: tuple[int, EngineSettings],
                         calibrate: Callable[[int], GenerationCalibration],

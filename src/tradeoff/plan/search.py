@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -34,78 +34,17 @@ from tradeoff.results import (
     Prediction,
     VersionReport,
 )
-from tradeoff.stats.cost import Price
+from tradeoff.tune.goal import Goal
 from tradeoff.tune.serve_search import Knobs
 
 __all__ = ["DELAYS_US", "MAX_POOLED_CLASSES", "NO_CACHE", "CacheChoice", "Calibration",
-           "ClassSearch", "PlanGoal", "Searcher", "answer_bytes", "cache_choice",
+           "ClassSearch", "Searcher", "answer_bytes", "cache_choice",
            "class_replays", "label",
            "pooled", "rank_key", "version_cost", "weigh"]
 
 DELAYS_US = (0, 100, 500, 1000, 2000, 5000, 10000)
 MIN_HIT_RATIO = 0.02  # a cache predicted to answer less costs more than it saves
 ENTRY_OVERHEAD_BYTES = 256  # key, header and check of one stored answer
-
-
-@dataclass(frozen=True)
-class PlanGoal:
-    """What the plan must meet and what it may spend. For a generative model
-    ``sla_p99_ms`` is the p99 time to first token, and ``sla_tpot_ms`` the p99 time per
-    output token after it."""
-
-    sla_p99_ms: float
-    max_drop: float
-    cores: int = 1  # cores the server may use
-    price: Price | None = None  # the deployment per hour
-    price_per_core_hour: float | None = None
-    price_per_gpu_hour: float | None = None  # times the GPUs the model's instances use
-    budget_s: float = 600.0
-    replay_s: float = 20.0
-    simulated_requests: int = 10_000
-    class_sla_ms: dict[str, float] = field(default_factory=dict)  # p99 of a class; the
-    # others have sla_p99_ms
-    sla_tpot_ms: float | None = None
-    class_tpot_ms: dict[str, float] = field(default_factory=dict)  # TPOT p99 of a class
-
-    def sla_for(self, request_class: str) -> float:
-        """The p99 (TTFT for a generative model) one class of requests must meet."""
-        return self.class_sla_ms.get(request_class, self.sla_p99_ms)
-
-    def tpot_for(self, request_class: str) -> float | None:
-        """The TPOT p99 one class of a generative model's requests must meet."""
-        return self.class_tpot_ms.get(request_class, self.sla_tpot_ms)
-
-    def strictest(self, classes: Iterable[str]) -> float:
-        """The SLA a pool serving all these classes must meet: the tightest of theirs."""
-        slas = [self.sla_for(c) for c in classes]
-        return min(slas) if slas else self.sla_p99_ms
-
-    def replay_requests(self, rate_rps: float) -> int:
-        """Requests the replay sends each deployment: two rounds, each with its warmup."""
-        return max(1, int(rate_rps * 2 * (self.replay_s + 1)))
-
-    def on_gpus(self, gpus: int) -> PlanGoal:
-        """The goal for a model on ``gpus`` GPUs: a GPU-hour price becomes the deployment's
-        price per hour (instances and pools share the GPUs; more of them cost nothing)."""
-        if self.price_per_gpu_hour is None:
-            return self
-        return replace(self, price=Price(per_hour=self.price_per_gpu_hour * gpus))
-
-    def cost_per_million(self, cores: int, rate_rps: float) -> float | None:
-        if self.price_per_core_hour is not None:
-            return Price(per_hour=self.price_per_core_hour * cores).per_million(rate_rps)
-        return self.price.per_million(rate_rps) if self.price else None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"sla_p99_ms": self.sla_p99_ms, "max_drop": self.max_drop, "cores": self.cores,
-                "price": self.price.to_dict() if self.price else None,
-                "price_per_core_hour": self.price_per_core_hour, "budget_s": self.budget_s,
-                "replay_s": self.replay_s, "simulated_requests": self.simulated_requests,
-                **({"price_per_gpu_hour": self.price_per_gpu_hour}
-                   if self.price_per_gpu_hour is not None else {}),
-                **({"class_sla_ms": self.class_sla_ms} if self.class_sla_ms else {}),
-                **({"sla_tpot_ms": self.sla_tpot_ms} if self.sla_tpot_ms is not None else {}),
-                **({"class_tpot_ms": self.class_tpot_ms} if self.class_tpot_ms else {})}
 
 
 @dataclass(frozen=True)
@@ -208,7 +147,7 @@ def version_cost(version: PlanVersion) -> BatchCost:
     return BatchCost(tuple(sizes), tuple(version.batch_ms[b] for b in sizes))
 
 
-def rank_key(candidate: PlanCandidate, sla_p99_ms: float, goal: PlanGoal | None = None
+def rank_key(candidate: PlanCandidate, sla_p99_ms: float, goal: Goal | None = None
              ) -> tuple[float, ...]:
     """Meets the SLA, then cost (cores without a price), then p99 to 5% of the SLA (a
     closer difference is within what the prediction can tell), then the fewest changes
@@ -227,7 +166,7 @@ def rank_key(candidate: PlanCandidate, sla_p99_ms: float, goal: PlanGoal | None 
 class Searcher:
     """Predicts deployments of one model under one traffic and goal."""
 
-    def __init__(self, config: ModelConfig, traffic: Traffic, goal: PlanGoal,
+    def __init__(self, config: ModelConfig, traffic: Traffic, goal: Goal,
                  calibration: Calibration, start: tuple[int, Knobs], seed: int = 0) -> None:
         self.config = config
         self.start = start  # the starting deployment's version and knobs
@@ -320,7 +259,7 @@ class ClassSearch:
     ranked: list[PlanCandidate]
 
 
-def pooled(parts: list[ClassSearch], goal: PlanGoal, rate_rps: float) -> list[PlanCandidate]:
+def pooled(parts: list[ClassSearch], goal: Goal, rate_rps: float) -> list[PlanCandidate]:
     """Deployments with a pool per class behind a router: for each class, its cheapest
     deployment meeting its own SLA at each number of cores; every combination that fits
     ``goal.cores``, cheapest first. Empty when a class has no deployment meeting its SLA.
@@ -354,7 +293,7 @@ def pooled(parts: list[ClassSearch], goal: PlanGoal, rate_rps: float) -> list[Pl
     return sorted(out, key=lambda c: rank_key(c, parts[strictest].sla_p99_ms))
 
 
-def class_replays(classes: list[ClassSummary], candidate: PlanCandidate, goal: PlanGoal
+def class_replays(classes: list[ClassSummary], candidate: PlanCandidate, goal: Goal
                   ) -> list[ClassReplayed]:
     """Each class's p99 on replay against its own SLA (a generative model's: TTFT and
     TPOT p99 against both of its SLAs), beside what was predicted for it: its pool's, its

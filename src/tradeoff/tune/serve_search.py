@@ -28,7 +28,7 @@ applied it, and ``tradeoff_tune_original``: the config the server had), so the
 repository index and the model's config show that the server is on a trial config, and
 :func:`restore_original` can put the original back even after the tuner was killed.
 
-    goal = ServeGoal(sla_p99_ms=20, rate=None, budget_s=600)
+    goal = Goal(sla_p99_ms=20, rate=None, budget_s=600)
     result = ServeSearch(target, base_load, goal, Space()).run()
 """
 
@@ -59,9 +59,9 @@ from tradeoff.errors import TradeoffError, TuneError, local_resource
 from tradeoff.repository.edit import PBTXT, YAML_FILES, config_text
 from tradeoff.results import ServeTune, SweepRow, Trial, environment
 from tradeoff.server.models import TUNE_MARKER, TUNE_ORIGINAL
-from tradeoff.stats.cost import Price
 from tradeoff.stats.pareto import front
 from tradeoff.stats.progress import progress_text
+from tradeoff.tune.goal import Goal
 
 __all__ = [
     "KNOBS",
@@ -69,7 +69,6 @@ __all__ = [
     "Knobs",
     "ModelControl",
     "Progress",
-    "ServeGoal",
     "ServeSearch",
     "Space",
     "check_apply_target",
@@ -175,41 +174,6 @@ class Space:
         return list(seen)
 
 
-@dataclass(frozen=True)
-class ServeGoal:
-    """What the search optimises and how long it may take."""
-
-    sla_p99_ms: float
-    rate: float | None = None  # None: the highest throughput that meets the SLA
-    price: Price | None = None  # the deployment, per hour or per 1k requests
-    price_per_core_hour: float | None = None  # or per core the configuration occupies
-    budget_s: float = 600.0
-    strategy: str = "coordinate"
-    max_error_percent: float = 1.0
-    confirm: int = 3  # the best this many are measured again, with the server's config
-    def __post_init__(self) -> None:
-        if self.strategy not in ("coordinate", "grid"):
-            raise TuneError(f"--strategy {self.strategy!r}: use coordinate or grid")
-        if not self.sla_p99_ms > 0:
-            raise TuneError("--sla-p99-ms must be positive")
-        if self.price is not None and self.price_per_core_hour is not None:
-            raise TuneError("give one of --price-per-hour and --price-per-core-hour")
-
-    def cost_per_million(self, knobs: Knobs, throughput_rps: float) -> float | None:
-        if self.price_per_core_hour is not None:
-            return Price(per_hour=self.price_per_core_hour * knobs.cores).per_million(
-                throughput_rps)
-        return self.price.per_million(throughput_rps) if self.price else None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"sla_p99_ms": self.sla_p99_ms, "rate": self.rate,
-                "objective": "max-throughput" if self.rate is None else "rate",
-                "price": self.price.to_dict() if self.price else None,
-                "price_per_core_hour": self.price_per_core_hour, "budget_s": self.budget_s,
-                "strategy": self.strategy, "max_error_percent": self.max_error_percent,
-                "confirm": self.confirm}
-
-
 class ModelControl:
     """The server's config and repository-load calls for one model."""
 
@@ -263,9 +227,11 @@ class ModelControl:
 class ServeSearch:
     """Runs the search on one model of a live server."""
 
-    def __init__(self, target: EndpointSpec, base: LoadSpec, goal: ServeGoal, space: Space,
+    def __init__(self, target: EndpointSpec, base: LoadSpec, goal: Goal, space: Space,
                  progress: Progress | None = None, control: ModelControl | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
+        if goal.price is not None and goal.price_per_core_hour is not None:
+            raise TuneError("give one of --price-per-hour and --price-per-core-hour")
         if target.protocol != "v2":
             raise TuneError("tune serve drives a v2 HTTP endpoint (--protocol v2): it changes "
                             "the model's config through the HTTP repository extension")
@@ -362,7 +328,7 @@ class ServeSearch:
             f"{self.goal.max_error_percent:g}%)")
         return Trial(knobs.name, dataclasses.asdict(knobs), "measured", why,
                      row.throughput_rps, row.p50_ms, row.p99_ms, row.error_percent,
-                     self.goal.cost_per_million(knobs, row.throughput_rps), meets,
+                     self.goal.cost_per_million(knobs.cores, row.throughput_rps), meets,
                      seconds=seconds,
                      measurements=[{"throughput_rps": r.throughput_rps, "p50_ms": r.p50_ms,
                                     "p99_ms": r.p99_ms, "error_percent": r.error_percent}
@@ -497,7 +463,7 @@ class ServeSearch:
         trials = [dataclasses.replace(t, pareto=t.name in front) for t in self.trials.values()]
         return ServeTune(
             endpoint=make_adapter(self.target).describe(), model=self.target.model or "",
-            goal=self.goal.to_dict(), environment=environment(), trials=trials,
+            goal=self.goal.serve_dict(), environment=environment(), trials=trials,
             baseline=baseline.name, winner=winner.name if winner else None,
             stop_reason=stop, elapsed_s=self.clock() - self.started,
             grid_size=len(self.space.grid()), written=None)
