@@ -1,8 +1,9 @@
 """The OpenAPI document's request schemas come from the same field tables the handlers are
 checked against: every key a handler reads from a request document (``x.get("key")``,
-``x["key"]``, ``"key" in x``, ``_number(doc, "key", ...)``) must be a field of its table,
-or one it reads only to refuse. Read from the source: a new field a handler starts to
-accept fails here until the schema shows it."""
+``x["key"]``, ``"key" in x``) must be a field of its table, or one it reads only to
+refuse. Read from the source: a new field a handler starts to accept fails here until the
+schema shows it. The /v1 bodies are types that both check and document them: their
+handlers read no key of a document at all."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ import inspect
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import msgspec
+
 from tradeoff.protocol import v2
-from tradeoff.server import dataplane, http, openai_api, openapi, router
+from tradeoff.server import dataplane, http, openai_api, openai_requests, openapi, router
 from tradeoff.server.routes import ROUTES
 
 # what the handlers read that is not a request's JSON: ASGI messages and scopes, path
@@ -30,10 +33,6 @@ def keys_read(functions: Iterable[Callable[..., Any]]) -> set[str]:
                     isinstance(node.args[0].value, str) and \
                     isinstance(node.func, ast.Attribute) and node.func.attr == "get":
                 keys.add(node.args[0].value)
-            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
-                    node.func.id == "_number" and len(node.args) >= 2 and \
-                    isinstance(node.args[1], ast.Constant):
-                keys.add(node.args[1].value)
             elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and \
                     isinstance(node.slice.value, str) and isinstance(node.ctx, ast.Load):
                 keys.add(node.slice.value)
@@ -69,17 +68,22 @@ def test_the_infer_decoder_reads_only_the_fields_the_schema_shows() -> None:
             "class", "binary_data_output"} <= declared
 
 
-def test_the_openai_handlers_read_only_the_fields_the_schema_shows() -> None:
+def test_the_openai_bodies_are_documented_by_the_types_that_read_them() -> None:
     schemas = openapi.document(ROUTES)["components"]["schemas"]
-    declared = fields(schemas["CompletionRequest"]) | fields(schemas["ChatRequest"])
-    read = keys_read([openai_api.sampling_params, openai_api.OpenAIApi.completions,
-                      openai_api.OpenAIApi.chat_completions, openai_api.OpenAIApi._generate,
-                      openai_api._route_parameters]) - NOT_REQUEST_KEYS
-    assert read - declared - set(openai_api.REFUSED_FIELDS) == set()
+    for body in (openai_requests.CompletionRequest, openai_requests.ChatRequest):
+        documented = schemas[body.__name__]
+        assert set(documented["properties"]) == {
+            f.encode_name for f in msgspec.structs.fields(body)}
+        assert sorted(documented["required"]) == sorted(
+            f.encode_name for f in msgspec.structs.fields(body) if f.required)
+    declared = fields({name: schemas[name] for name in openai_requests.schemas()})
     for field in ("max_completion_tokens", "stream_options", "include_usage", "cache",
-                  "prompt", "messages", "role", "content"):
-        assert field in declared and field in read, field
-    assert {"user", "class"} <= declared  # a router's keys, read in a loop
+                  "prompt", "messages", "role", "content", "user", "class",
+                  *openai_requests.REFUSED_FIELDS):
+        assert field in declared, field
+    read = keys_read([openai_api.OpenAIApi.completions, openai_api.OpenAIApi.chat_completions,
+                      openai_api.OpenAIApi._generate, openai_api._route_parameters])
+    assert read - NOT_REQUEST_KEYS == set()  # every field comes through the types
 
 
 def test_the_repository_handlers_read_only_the_fields_the_schema_shows() -> None:

@@ -21,13 +21,18 @@ from dataclasses import dataclass, field
 import torch
 
 from tradeoff.errors import InvalidInput
+from tradeoff.generate.sampling_limits import (
+    MAX_STOP_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_TEMPERATURE,
+    SEED_BITS,
+    SEED_MAX,
+    SEED_MIN,
+)
 
 __all__ = [
     "FAILED",
     "GREEDY_BELOW",
-    "MAX_STOP_CHARS",
-    "MAX_STOP_STRINGS",
-    "SEED_BITS",
     "SamplingBatch",
     "SamplingParams",
     "as_seed",
@@ -38,10 +43,7 @@ __all__ = [
 ]
 
 GREEDY_BELOW = 1e-5  # a temperature this small samples the top token anyway
-MAX_STOP_STRINGS = 4  # as OpenAI's API
-MAX_STOP_CHARS = 256
 FAILED = -1  # the token of a row whose logits hold NaN or no finite value
-SEED_BITS = 64
 
 
 @dataclass(frozen=True)
@@ -64,14 +66,15 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise InvalidInput(f"max_tokens must be at least 1, got {self.max_tokens}")
-        if not 0 <= self.temperature <= 2:
-            raise InvalidInput(f"temperature must be in [0, 2], got {self.temperature}")
+        if not 0 <= self.temperature <= MAX_TEMPERATURE:
+            raise InvalidInput(f"temperature must be in [0, {MAX_TEMPERATURE:g}], got "
+                               f"{self.temperature}")
         if not 0 < self.top_p <= 1:
             raise InvalidInput(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise InvalidInput(f"top_k must be >= 0, got {self.top_k}")
-        if self.seed is not None and not -(2 ** (SEED_BITS - 1)) <= self.seed < 2 ** SEED_BITS:
-            raise InvalidInput(f"seed must be an integer from -2**63 to 2**64 - 1, got "
+        if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
+            raise InvalidInput(f"'seed' must be an integer from -2**63 to 2**64 - 1, got "
                                f"{self.seed}")
         if len(self.stop) > MAX_STOP_STRINGS:
             raise InvalidInput(f"'stop' takes at most {MAX_STOP_STRINGS} strings, got "

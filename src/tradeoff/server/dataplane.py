@@ -39,6 +39,7 @@ from tradeoff.server.cache import ResponseCache
 from tradeoff.server.cache.values import Expected
 from tradeoff.server.generation import Generation
 from tradeoff.server.models import ModelManager, ModelVersion
+from tradeoff.server.openai_requests import Message
 from tradeoff.server.router import RoutedModel
 from tradeoff.version import __version__
 
@@ -459,7 +460,7 @@ class DataPlane:
         name, _ = await routed.send(parameters, attempt, timed=False, decision=decision)
         return name, routed.config.routes[decision.route].priority
 
-    async def generate(self, name: str, prompt: str | list[dict[str, str]], params: Any,
+    async def generate(self, name: str, prompt: str | list[Message], params: Any,
                        priority: int = 0, cache: bool = False,
                        route_parameters: dict[str, Any] | None = None,
                        tenant: bytes = b"") -> Generation:
@@ -558,7 +559,7 @@ def _version(version: int | None) -> str | None:
     return None if version is None else str(version)
 
 
-def _check_prompt_size(model: GenerativeModel, prompt: str | list[dict[str, str]],
+def _check_prompt_size(model: GenerativeModel, prompt: str | list[Message],
                        max_tokens: int) -> None:
     """Refuse, before any tokenizing, a prompt that cannot fit the model's positions: one
     with more characters than the free positions times the longest token of the
@@ -581,7 +582,7 @@ def _check_prompt_size(model: GenerativeModel, prompt: str | list[dict[str, str]
                            f"holds at most {model.tokenizer.longest_token_chars} characters)")
 
 
-def _tokenize(tokenizer: Any, prompt: str | list[dict[str, str]]) -> list[int]:
+def _tokenize(tokenizer: Any, prompt: str | list[Message]) -> list[int]:
     """Token ids of a prompt, or of messages through the chat template (CPU work: called
     in a worker thread)."""
     if isinstance(prompt, str):

@@ -105,7 +105,7 @@ class HttpApp:
         self.body_bytes_held = 0  # charged to limits.max_body_memory
         self.router = Router(ROUTES)
         self._openapi = orjson.dumps(openapi.document(ROUTES))
-        openai = OpenAIApi(dataplane, self._read_json, self.access)
+        openai = OpenAIApi(dataplane, self._read_json_text, self.access)
         handlers = {name: getattr(self, name, None) or getattr(openai, name)
                     for name in {route.handler for route in ROUTES}}
         self._handlers: dict[str, Callable[[Scope, Receive, Send, Params],
@@ -255,13 +255,20 @@ class HttpApp:
     async def _read_json(self, scope: Scope, receive: Receive) -> dict[str, Any]:
         """A JSON object body (``{}`` when empty), charged to ``--max-body-memory`` for
         what decoding it holds until the request ends, decoded off the loop when large."""
-        body = await self._read_body(scope, receive)
+        body = await self._read_json_text(scope, receive)
         if not body.strip():
             return {}
-        self._charge_json(scope, len(body), tensors=False)
         doc: dict[str, Any] = await off_loop_if_large(len(body), parse_json_object, body,
                                                       "request body")
         return doc
+
+    async def _read_json_text(self, scope: Scope, receive: Receive) -> bytes:
+        """A JSON body not yet decoded, charged to ``--max-body-memory`` for what decoding
+        it holds until the request ends (the /v1 routes decode it into their types)."""
+        body = await self._read_body(scope, receive)
+        if body.strip():
+            self._charge_json(scope, len(body), tensors=False)
+        return body
 
     def _decompress(self, body: bytes, encoding: bytes) -> bytes:
         if encoding == b"gzip":

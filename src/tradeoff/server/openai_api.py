@@ -6,7 +6,8 @@ server-sent events ending in ``data: [DONE]``, ``usage`` (and, with
 
 
 Like the v2 routes, these handlers only translate: admission, API keys, readiness and
-shutdown are the data plane's (:meth:`DataPlane.generate` tokenizes and queues).
+shutdown are the data plane's (:meth:`DataPlane.generate` tokenizes and queues); the
+bodies are the types of :mod:`tradeoff.server.openai_requests`, which check them.
 """
 
 from __future__ import annotations
@@ -19,21 +20,29 @@ from typing import Any
 
 import orjson
 
-from tradeoff.errors import InvalidInput, RequestError
-from tradeoff.repository.router import PRIORITY_LIMIT
+from tradeoff.errors import RequestError
 from tradeoff.server.access import TENANT, Access
 from tradeoff.server.asgi import (
     DisconnectWatch,
     Receive,
     Scope,
     Send,
+    off_loop_if_large,
     send_json,
 )
 from tradeoff.server.dataplane import DataPlane
 from tradeoff.server.generation import Finished, Generation, TextDelta, Usage
+from tradeoff.server.openai_requests import (
+    Body,
+    ChatRequest,
+    CompletionRequest,
+    GenerationRequest,
+    Message,
+    decode,
+)
 from tradeoff.server.router import RoutedModel
 
-__all__ = ["OpenAIApi", "error_document", "sampling_params", "send_error"]
+__all__ = ["OpenAIApi", "error_document", "send_error"]
 
 log = logging.getLogger("tradeoff.server")
 # lines a client's request causes: rate limited (server/logs.py)
@@ -59,93 +68,14 @@ async def send_error(send: Send, exc: RequestError,
     await send_json(send, status, error_document(exc), headers)
 
 
-# The request fields the /v1 handlers read, with their JSON schemas: server/openapi.py
-# describes the requests from these, and tests/unit/test_request_fields.py checks that
-# every key the handlers read is one of them (or refused).
-GENERATION_FIELDS: dict[str, Any] = {
-    "model": {"type": "string"},
-    "max_tokens": {"type": "integer", "minimum": 1},
-    "max_completion_tokens": {"type": "integer", "minimum": 1,
-                              "description": "OpenAI's newer name of max_tokens"},
-    "temperature": {"type": "number", "minimum": 0},
-    "top_p": {"type": "number"},
-    "top_k": {"type": "integer", "minimum": 0},
-    "seed": {"type": "integer"},
-    "stop": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
-    "stream": {"type": "boolean"},
-    "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
-    "ignore_eos": {"type": "boolean"},
-    "cache": {"type": "boolean", "description": "false: skip the response cache"},
-    "user": {"type": "string", "description": "the end user (a router's sticky key)"},
-    "class": {"type": "string", "description": "a router's request class"},
-    "priority": {"type": "integer", "minimum": -(2**31), "maximum": 2**31 - 1,
-                 "description": "the engine's order under scheduling: priority (lower "
-                                "first, as vLLM's); below the key's allowance (serve "
-                                "--priority-floor, 0 by default) it is served at the "
-                                "allowance; a router's route may set it"},
-    "n": {"type": "integer", "enum": [1]},
-    "best_of": {"type": "integer", "enum": [1]},
-}
-COMPLETION_FIELDS: dict[str, Any] = {
-    **GENERATION_FIELDS,
-    "prompt": {"oneOf": [{"type": "string"},
-                         {"type": "array", "items": {"type": "string"}, "maxItems": 1}]},
-}
-MESSAGE_FIELDS: dict[str, Any] = {"role": {"type": "string"}, "content": {"type": "string"}}
-CHAT_FIELDS: dict[str, Any] = {
-    **GENERATION_FIELDS,
-    "messages": {"type": "array", "minItems": 1, "items": {
-        "type": "object", "required": ["role", "content"], "properties": MESSAGE_FIELDS}},
-}
-# read only to refuse them when set: not in the schema
-REFUSED_FIELDS = ("logprobs", "top_logprobs", "echo", "logit_bias", "suffix")
-
-def _number(doc: dict[str, Any], key: str, default: float, kind: type = float) -> Any:
-    value = doc.get(key, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-            (kind is int and not isinstance(value, int)):
-        raise InvalidInput(f"'{key}' must be {'an integer' if kind is int else 'a number'}")
-    return kind(value)
-
-
-def sampling_params(doc: dict[str, Any], max_default: int) -> Any:
-    from tradeoff.generate.sampling import SamplingParams
-
-    stop = doc.get("stop") or ()
-    if isinstance(stop, str):
-        stop = (stop,)
-    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
-        raise InvalidInput("'stop' must be a string or a list of strings")
-    if doc.get("n", 1) not in (1, None):
-        raise InvalidInput("only n=1 is supported")
-    for unsupported in REFUSED_FIELDS:
-        if doc.get(unsupported):  # refused rather than silently ignored
-            raise InvalidInput(f"'{unsupported}' is not supported by this server")
-    if doc.get("best_of", 1) not in (1, None):
-        raise InvalidInput("only best_of=1 is supported")
-    seed = doc.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)
-                             or not -(2**63) <= seed < 2**64):
-        raise InvalidInput("'seed' must be an integer from -2**63 to 2**64 - 1")
-    max_tokens = doc.get("max_completion_tokens", doc.get("max_tokens"))
-    return SamplingParams(
-        max_tokens=max_default if max_tokens is None else _number(
-            {"max_tokens": max_tokens}, "max_tokens", 16, int),
-        temperature=_number(doc, "temperature", 1.0), top_p=_number(doc, "top_p", 1.0),
-        top_k=_number(doc, "top_k", 0, int), seed=seed, stop=tuple(stop),
-        ignore_eos=bool(doc.get("ignore_eos", False)))
-
-
 class OpenAIApi:
     """The ``/v1`` handlers of the HTTP app (the route table names them)."""
 
     def __init__(self, dataplane: DataPlane,
-                 read_json: Callable[[Scope, Receive], Awaitable[dict[str, Any]]],
+                 read_json: Callable[[Scope, Receive], Awaitable[bytes]],
                  access: Access | None = None) -> None:
         self.dataplane = dataplane
-        self._json = read_json  # the body as a JSON object, within --max-body-memory
+        self._json = read_json  # the body's JSON text, within --max-body-memory
         self.access = access or Access()  # whose priority is honoured how far
 
     async def openai_models(self, scope: Scope, receive: Receive, send: Send,
@@ -159,63 +89,48 @@ class OpenAIApi:
 
     async def completions(self, scope: Scope, receive: Receive, send: Send,
                           params: dict[str, str]) -> None:
-        doc = await self._json(scope, receive)
-        prompt = doc.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1:
-            prompt = prompt[0]
-        if not isinstance(prompt, str):
-            raise InvalidInput("'prompt' must be a string")
-        await self._generate(doc, prompt, False, receive, send, scope)
+        request = await self._body(scope, receive, CompletionRequest)
+        await self._generate(request, request.text, False, receive, send, scope)
 
     async def chat_completions(self, scope: Scope, receive: Receive, send: Send,
                                params: dict[str, str]) -> None:
-        doc = await self._json(scope, receive)
-        messages = doc.get("messages")
-        if not isinstance(messages, list) or not messages or not all(
-                isinstance(m, dict) and isinstance(m.get("role"), str)
-                and isinstance(m.get("content"), str) for m in messages):
-            raise InvalidInput("'messages' must be a non-empty list of "
-                               "{role, content} objects with string content")
-        await self._generate(doc, messages, True, receive, send, scope)
+        request = await self._body(scope, receive, ChatRequest)
+        await self._generate(request, request.messages, True, receive, send, scope)
 
-    async def _generate(self, doc: dict[str, Any], prompt: str | list[dict[str, str]],
+    async def _body(self, scope: Scope, receive: Receive, body_type: type[Body]) -> Body:
+        body = await self._json(scope, receive)
+        request: Body = await off_loop_if_large(len(body), decode, body_type, body)
+        return request
+
+    async def _generate(self, request: GenerationRequest, prompt: str | list[Message],
                         chat: bool, receive: Receive, send: Send, scope: Scope) -> None:
-        name = doc.get("model")
-        if not isinstance(name, str):
-            raise InvalidInput("'model' must name a model (GET /v1/models lists them)")
-        params = sampling_params(doc, max_default=16)
-        stream = bool(doc.get("stream", False))
-        options = doc.get("stream_options") or {}
-        include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
-        wants_cache = doc.get("cache", True)
-        if not isinstance(wants_cache, bool):
-            raise InvalidInput("'cache' must be true or false")
+        params = request.sampling_params()
+        stream = bool(request.stream)
         # only whole answers that the same request always gets again are cached
-        cacheable = wants_cache and not stream and params.deterministic
-        priority = _number(doc, "priority", 0, int)
-        if not -PRIORITY_LIMIT <= priority < PRIORITY_LIMIT:
-            raise InvalidInput("'priority' must be an integer from -2**31 to 2**31 - 1")
+        cacheable = request.cache and not stream and params.deterministic
+        tenant = scope.get(TENANT, b"")
         # a caller may make itself less urgent, more only as far as its key allows (a
         # router's route priority, the operator's, replaces it whatever it is)
-        priority = self.access.priority(scope.get(TENANT, b""), priority)
+        priority = self.access.priority(tenant, request.priority or 0)
         generation = await self.dataplane.generate(
-            name, prompt, params, priority=priority, cache=cacheable,
-            route_parameters=_route_parameters(doc, scope), tenant=scope.get(TENANT, b""))
+            request.model, prompt, params, priority=priority, cache=cacheable,
+            route_parameters=_route_parameters(request, scope), tenant=tenant)
         reply = _Reply(generation, chat)
         async with generation:
             with DisconnectWatch(receive, generation.abort):
                 if not await generation.begin():  # a refusal raises before anything is sent
                     return  # the client left while its request waited
                 if stream:
-                    await reply.stream(send, include_usage)
+                    await reply.stream(send, request.include_usage)
                 else:
                     await reply.whole(send)
 
 
-def _route_parameters(doc: dict[str, Any], scope: Scope) -> dict[str, Any]:
+def _route_parameters(request: GenerationRequest, scope: Scope) -> dict[str, Any]:
     """What a router reads from an OpenAI request: the body's ``class`` (or the header
     X-Tradeoff-Class) and ``user`` (OpenAI's end-user id: the sticky key)."""
-    out = {key: doc[key] for key in ("class", "user") if isinstance(doc.get(key), str)}
+    out = {key: value for key, value in (("class", request.request_class),
+                                         ("user", request.user)) if value is not None}
     if "class" not in out:
         for header, value in scope["headers"]:
             if header == b"x-tradeoff-class":

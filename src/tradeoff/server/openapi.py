@@ -3,7 +3,9 @@ the route table.
 
 It describes the Open Inference Protocol v2 routes as ``tradeoff serve`` implements them
 (JSON tensors; the binary tensor extension is a header plus raw bytes, outside what
-OpenAPI can say), the OpenAI-compatible routes, and every error answer's JSON shape.
+OpenAPI can say), the OpenAI-compatible routes (their bodies' schemas made from the types
+that check them), and every error answer's JSON shape. OpenAPI 3.1: its schemas are JSON
+Schema's, as msgspec writes them.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 
 from tradeoff.dtypes import DATATYPES
 from tradeoff.protocol.v2 import REQUEST_FIELDS
-from tradeoff.server.openai_api import CHAT_FIELDS, COMPLETION_FIELDS
+from tradeoff.server import openai_requests
 from tradeoff.server.routes import Route, path_parameters
 from tradeoff.version import __version__
 
@@ -61,7 +63,7 @@ def document(routes: Sequence[Route]) -> dict[str, Any]:
         paths.setdefault(route.pattern, {})[route.method.lower()] = _operation(route)
     tensor_data = {"type": "array", "items": {}}
     return {
-        "openapi": "3.0.3",
+        "openapi": "3.1.0",
         "info": {"title": "tradeoff serve: Open Inference Protocol v2", "version": __version__,
                  "description": "KServe v2 / Triton HTTP API. Errors are JSON {\"error\": ...}"
                                 "; 503 answers carry Retry-After."},
@@ -103,10 +105,7 @@ def document(routes: Sequence[Route]) -> dict[str, Any]:
                     "error": {"type": "object", "required": ["message", "type"],
                               "properties": {"message": {"type": "string"},
                                              "type": {"type": "string"}}}}},
-                "CompletionRequest": {"type": "object", "required": ["model", "prompt"],
-                                      "properties": COMPLETION_FIELDS},
-                "ChatRequest": {"type": "object", "required": ["model", "messages"],
-                                "properties": CHAT_FIELDS},
+                **openai_requests.schemas(),
             },
         },
     }
