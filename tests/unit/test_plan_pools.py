@@ -20,7 +20,7 @@ from tradeoff.plan.traffic import Traffic
 from tradeoff.repository.repository import ModelRepository
 from tradeoff.repository.router import RouterConfig
 from tradeoff.tune.goal import Goal
-from tradeoff.tune.serve_search import Knobs
+from tradeoff.tune.knobs import Knobs
 
 from ..synthetic_model import write_synthetic_model
 from .test_plan_search import CONFIG, NO_SERVER_COST, _version

@@ -24,7 +24,7 @@ from tradeoff.plan.traffic import Traffic, fit_zipf
 from tradeoff.repository.config import parse_config_text
 from tradeoff.results import PlanVersion
 from tradeoff.tune.goal import Goal
-from tradeoff.tune.serve_search import Knobs
+from tradeoff.tune.knobs import Knobs
 
 CONFIG = parse_config_text('name: "synthetic"\nbackend: "synthetic"\nmax_batch_size: 16\n'
                            'input { name: "INPUT0" data_type: TYPE_FP32 dims: [4] }\n'

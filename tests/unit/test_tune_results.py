@@ -14,7 +14,8 @@ from tradeoff.results import (
     load_result,
     write_json,
 )
-from tradeoff.tune.serve_search import Knobs, Space, pareto_front
+from tradeoff.tune.knobs import Knobs, Space
+from tradeoff.tune.serve_search import pareto_front
 
 
 def trial(name: str, rps: float, p99: float, cost: float | None = None,

@@ -190,12 +190,9 @@ def serve(url: str, sla_p99_ms: float | None, rate: float | None, max_throughput
     from tradeoff.report.terminal import print_serve_tune
     from tradeoff.stats.cost import Price
     from tradeoff.tune.goal import Goal
-    from tradeoff.tune.serve_search import (
-        ServeSearch,
-        Space,
-        check_apply_target,
-        write_winner,
-    )
+    from tradeoff.tune.knobs import Space
+    from tradeoff.tune.serve_search import ServeSearch
+    from tradeoff.tune.winner import check_apply_target, write_winner
 
     console = Console()
     if restore:
@@ -238,7 +235,8 @@ def serve(url: str, sla_p99_ms: float | None, rate: float | None, max_throughput
 
 
 def _restore(url: str, shared: dict[str, Any]) -> None:
-    from tradeoff.tune.serve_search import ModelControl, restore_original
+    from tradeoff.bench.v2 import ModelControl
+    from tradeoff.tune.marker import restore_original
 
     target = take_endpoint(url, shared)
     if not target.model:

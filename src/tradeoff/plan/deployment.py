@@ -25,7 +25,7 @@ from tradeoff.repository.config import ModelConfig
 from tradeoff.repository.edit import PBTXT, YAML_FILES, config_text
 from tradeoff.repository.repository import ROUTER_FILE
 from tradeoff.results import PlanCandidate
-from tradeoff.tune.serve_search import Knobs
+from tradeoff.tune.knobs import Knobs
 
 __all__ = ["WRITTEN_BY", "pool_name", "pool_routes", "serve_flags", "serve_script",
            "write_deployment", "write_router", "written_by"]

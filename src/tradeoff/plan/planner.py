@@ -90,7 +90,7 @@ from tradeoff.results import (
 from tradeoff.server.process import ServerProcess
 from tradeoff.stats.pareto import front
 from tradeoff.tune.goal import Goal
-from tradeoff.tune.serve_search import Knobs
+from tradeoff.tune.knobs import Knobs
 
 __all__ = ["PlanRequest", "default_output", "levers", "make_plan", "pareto", "replay_load",
            "verdict"]

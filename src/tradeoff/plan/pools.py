@@ -31,7 +31,7 @@ from tradeoff.plan.traffic import Traffic
 from tradeoff.repository.config import ModelConfig
 from tradeoff.results import PlanCandidate, PlanVersion, ServerCounts
 from tradeoff.tune.goal import Goal
-from tradeoff.tune.serve_search import Knobs
+from tradeoff.tune.knobs import Knobs
 
 __all__ = ["hits_and_batch", "search_engine_pools", "search_pools"]
 

@@ -1,7 +1,7 @@
 """The plan's search: every deployment the levers allow, predicted, ranked.
 
 A deployment is a version of the model (a precision within the accuracy budget), serving
-knobs (``tune serve``'s :class:`~tradeoff.tune.serve_search.Knobs`: batch size, queue
+knobs (``tune serve``'s :class:`~tradeoff.tune.knobs.Knobs`: batch size, queue
 delay, instances x threads) and a response cache sized from the traffic's repetition.
 Each is predicted by :func:`tradeoff.plan.predict.simulate` over the traffic's own
 arrivals; the ones that cannot keep up (the rate they see above what they can serve) are
@@ -35,7 +35,7 @@ from tradeoff.results import (
     VersionReport,
 )
 from tradeoff.tune.goal import Goal
-from tradeoff.tune.serve_search import Knobs
+from tradeoff.tune.knobs import Knobs
 
 __all__ = ["DELAYS_US", "MAX_POOLED_CLASSES", "NO_CACHE", "CacheChoice", "Calibration",
            "ClassSearch", "Searcher", "answer_bytes", "cache_choice",
