@@ -265,6 +265,7 @@ def test_two_classes_of_generations_get_their_priority_in_one_engine(tmp_path: P
     assert "chat TTFT p99" in result.verdict
 
 
+@pytest.mark.timing  # calibrated and replayed on the real clock: at load 4-6, one engine won
 def test_a_class_whose_tpot_one_engine_cannot_keep_gets_an_engine_of_its_own(
         tmp_path: Path) -> None:
     # the same sleeping steps (20 ms + 2 ms a token) at 6 requests/s on two cores: in one
