@@ -24,6 +24,7 @@ from tradeoff.generate.config import GenerativeConfig
 from tradeoff.generate.events import Done, Event, Failed, Token
 from tradeoff.generate.loader import new_engine
 from tradeoff.generate.text_stream import full_text
+from tradeoff.scheduling.priority import DEFAULT_GENERATION_PRIORITY, GenerationPriority
 
 __all__ = ["TOKEN_BUCKETS_S", "GenerationStats", "GenerativeModel", "Handle"]
 
@@ -39,7 +40,7 @@ class Handle:
 
     prompt: list[int]
     params: Any
-    priority: int = 0
+    priority: GenerationPriority = DEFAULT_GENERATION_PRIORITY
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
     seq: Any = None
     aborted: bool = False
@@ -122,7 +123,8 @@ class GenerativeModel:
                               f"(max_num_queued_requests {self.config.max_num_queued_requests});"
                               " retry later")
 
-    def submit(self, prompt: list[int], params: Any, priority: int = 0) -> Handle:
+    def submit(self, prompt: list[int], params: Any,
+               priority: GenerationPriority = DEFAULT_GENERATION_PRIORITY) -> Handle:
         """Queue a request (:meth:`check_accepting` first)."""
         self.check_accepting()
         handle = Handle(prompt, params, priority)

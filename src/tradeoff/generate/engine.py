@@ -42,6 +42,7 @@ from tradeoff.generate.sampling import (
     sampling_kind,
 )
 from tradeoff.generate.text_stream import TextStream
+from tradeoff.scheduling.priority import DEFAULT_GENERATION_PRIORITY, GenerationPriority
 
 __all__ = ["GenerationEngine", "Launch", "StepReport"]
 
@@ -128,7 +129,8 @@ class GenerationEngine:
             scratch_block=num_blocks, graphs=cuda_graphs) \
             if hasattr(decoder, "forward_decode") else None
 
-    def add(self, prompt: list[int], params: SamplingParams, priority: int = 0) -> GenSequence:
+    def add(self, prompt: list[int], params: SamplingParams,
+            priority: GenerationPriority = DEFAULT_GENERATION_PRIORITY) -> GenSequence:
         """Queue a prompt (token ids); raises Unavailable when the queue is full and
         InvalidInput for a token id the model does not have."""
         if any(not 0 <= t < self.vocab for t in prompt):

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 from tradeoff.errors import InvalidValue, Unavailable
 from tradeoff.generate.kv_blocks import BlockAllocator, BlockKey, block_key
+from tradeoff.scheduling.priority import DEFAULT_GENERATION_PRIORITY, GenerationPriority
 
 __all__ = ["AGING_STEPS", "GenSequence", "IterationScheduler", "PrefillPacer", "SeqState",
            "StepPlan"]
@@ -62,7 +63,7 @@ class GenSequence:
 
     prompt: list[int]
     max_tokens: int
-    priority: int = 0
+    priority: GenerationPriority = DEFAULT_GENERATION_PRIORITY
     output: list[int] = field(default_factory=list)
     blocks: list[int] = field(default_factory=list)
     computed: int = 0          # tokens whose keys and values are in the cache

@@ -28,10 +28,13 @@ import numpy as np
 from tradeoff.errors import Unavailable
 from tradeoff.generate.iteration import GenSequence, IterationScheduler, PrefillPacer
 from tradeoff.generate.kv_blocks import BlockAllocator
+from tradeoff.scheduling.priority import DEFAULT_GENERATION_PRIORITY, GenerationPriority
 
-__all__ = ["EngineRun", "EngineSettings", "Lengths", "StepCost", "simulate_engine"]
+__all__ = ["MAX_LENGTH", "EngineRun", "EngineSettings", "Lengths", "StepCost",
+           "simulate_engine"]
 
 _TAIL_TOKEN = 1 << 20  # unique prompt tails: token ids no shared prefix uses
+MAX_LENGTH = 1 << 16  # words of a prompt, tokens of an answer: a plan writes its prompts out
 
 
 @dataclass(frozen=True)
@@ -158,7 +161,8 @@ def simulate_engine(arrivals_s: np.ndarray, lengths: Lengths, settings: EngineSe
     while nxt < count or scheduler.has_work():
         while nxt < count and arrivals_s[nxt] <= clock:
             seq = GenSequence(shared + [_TAIL_TOKEN + nxt] * tail, lengths.output,
-                              int(priorities[nxt]) if priorities is not None else 0)
+                              GenerationPriority(int(priorities[nxt])) if priorities is not None
+                              else DEFAULT_GENERATION_PRIORITY)
             try:
                 scheduler.add(seq)
                 index_of[seq.seq_id] = nxt

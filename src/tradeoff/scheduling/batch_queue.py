@@ -31,6 +31,7 @@ from collections.abc import Iterator
 
 from tradeoff.errors import InvalidInput, Unavailable
 from tradeoff.repository.config import DynamicBatching, QueuePolicy
+from tradeoff.scheduling.priority import TensorPriority
 from tradeoff.scheduling.request import InferenceRequest
 
 __all__ = ["BatchQueue"]
@@ -57,6 +58,8 @@ class BatchQueue:
                                else cfg.priority_queue_delay_us[level] * 1000
                                for level in range(1, self.levels + 1)]
         self.level_delays = bool(cfg.priority_queue_delay_us)
+        # a queued request's priority: its level's, by index
+        self._level_priority = [TensorPriority(level) for level in range(1, self.levels + 1)]
         self._queues: list[deque[InferenceRequest]] = [deque() for _ in range(self.levels)]
         self._delayed: list[deque[InferenceRequest]] = [deque() for _ in range(self.levels)]
         self._with_deadline = 0
@@ -65,7 +68,7 @@ class BatchQueue:
     def __len__(self) -> int:
         return self._size
 
-    def level_of(self, priority: int) -> int:
+    def level_of(self, priority: TensorPriority) -> int:
         """0-based queue index of a request ``priority``.
 
         As in Triton, 0 and levels beyond ``priority_levels`` mean the default level.
@@ -94,7 +97,7 @@ class BatchQueue:
         if timeout_us:
             request.deadline_ns = now_ns + timeout_us * 1000
             self._with_deadline += 1
-        request.priority = index + 1
+        request.priority = self._level_priority[index]
         self._queues[index].append(request)
         self._size += 1
 

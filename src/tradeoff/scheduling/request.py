@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from tradeoff.scheduling.priority import DEFAULT_TENSOR_PRIORITY, TensorPriority
+
 __all__ = ["InferenceRequest", "Timings"]
 
 
@@ -60,7 +62,7 @@ class InferenceRequest:
     inputs: dict[str, np.ndarray]
     rows: int = 1
     shape_key: tuple = ()
-    priority: int = 0
+    priority: TensorPriority = DEFAULT_TENSOR_PRIORITY
     timeout_us: int | None = None
     enqueue_ns: int = 0
     deadline_ns: int | None = None

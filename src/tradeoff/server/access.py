@@ -25,7 +25,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from tradeoff.errors import Forbidden, InvalidValue, Unauthorized
-from tradeoff.repository.router import PRIORITY_LIMIT
+from tradeoff.scheduling.priority import (
+    GENERATION_PRIORITY_MAX,
+    GENERATION_PRIORITY_MIN,
+    GenerationPriority,
+)
 
 __all__ = ["ADMIN_KEY_ENV", "API_KEY_ENV", "METRICS_KEY_ENV", "TENANT",
            "Access", "read_keys", "read_priority_keys"]
@@ -63,7 +67,7 @@ def _priority_pair(item: str, where: str) -> tuple[str, int]:
         priority = int(value.strip()) if sep and key.strip() else None
     except ValueError:
         priority = None
-    if priority is None or not -PRIORITY_LIMIT <= priority < PRIORITY_LIMIT:
+    if priority is None or not GENERATION_PRIORITY_MIN <= priority <= GENERATION_PRIORITY_MAX:
         raise InvalidValue(f"{where}: expected KEY=N, N an integer from -2**31 to "
                            "2**31 - 1 (the most urgent priority the key may ask for)")
     return key.strip(), priority
@@ -117,18 +121,19 @@ class Access:
         """``priority_keys``: inference keys, each with the most urgent priority it may
         ask for (a lower ``priority_floor`` applies to them too); ``priority_floor``:
         the most urgent any other caller may ask for."""
-        if not -PRIORITY_LIMIT <= priority_floor < PRIORITY_LIMIT:
+        if not GENERATION_PRIORITY_MIN <= priority_floor <= GENERATION_PRIORITY_MAX:
             raise InvalidValue(f"the priority floor must be an integer from -2**31 to "
                                f"2**31 - 1, got {priority_floor}")
         priority_keys = priority_keys or {}
         self.api_keys = [_digest(k.encode()) for k in [*api_keys, *priority_keys]]
         self.admin_keys = [_digest(k.encode()) for k in admin_keys]
         self.metrics_keys = [_digest(k.encode()) for k in metrics_keys]
-        self.priority_floor = priority_floor
+        self.priority_floor = GenerationPriority(priority_floor)
         # who made a call (check's answer) -> the most urgent priority it may ask for
-        self._floors = {_digest(k.encode()): min(n, priority_floor)
+        self._floors = {_digest(k.encode()): GenerationPriority(min(n, priority_floor))
                         for k, n in priority_keys.items()}
-        self._floors.update((key, -PRIORITY_LIMIT) for key in self.admin_keys)
+        self._floors.update((key, GenerationPriority(GENERATION_PRIORITY_MIN))
+                            for key in self.admin_keys)
 
     @classmethod
     def from_sources(cls, api_keys: Sequence[str], api_key_files: Sequence[Path],
@@ -145,7 +150,7 @@ class Access:
                    priority_keys=read_priority_keys(priority_keys, priority_key_files),
                    priority_floor=priority_floor)
 
-    def priority(self, tenant: bytes, asked: int) -> int:
+    def priority(self, tenant: bytes, asked: GenerationPriority) -> GenerationPriority:
         """The priority a generation is queued at: ``asked``, but no more urgent (no
         lower) than the allowance of the key that sent it (``tenant``: :meth:`check`'s
         answer; b"", an open call, gets ``priority_floor``)."""

@@ -31,6 +31,11 @@ from tradeoff.protocol.v2 import (
 )
 from tradeoff.repository.config import ModelConfig
 from tradeoff.repository.router import Target
+from tradeoff.scheduling.priority import (
+    DEFAULT_GENERATION_PRIORITY,
+    GenerationPriority,
+    tensor_priority,
+)
 from tradeoff.scheduling.request import InferenceRequest, Timings
 from tradeoff.scheduling.scheduler import Outputs
 from tradeoff.scheduling.stats import merge_model_stats
@@ -280,9 +285,7 @@ class DataPlane:
                     raise InvalidInput(f"unknown output {out.name!r} for model {name!r}; it "
                                        f"has {[t.name for t in config.outputs]}")
         params = request.parameters
-        priority = params.get("priority", 0)
-        if not isinstance(priority, int) or isinstance(priority, bool) or priority < 0:
-            raise InvalidInput("parameter 'priority' must be a non-negative integer")
+        priority = tensor_priority(params.get("priority", 0))
         if not isinstance(params.get("cache", True), bool):
             raise InvalidInput("parameter 'cache' must be true or false")
         timeout = params.get("timeout")
@@ -444,7 +447,7 @@ class DataPlane:
                             f"router.yaml hides its targets): send the request to {router!r}")
 
     async def route_generation(self, routed: RoutedModel, parameters: dict[str, Any]
-                               ) -> tuple[str, int | None]:
+                               ) -> tuple[str, GenerationPriority | None]:
         """The generative model a router sends this request to (RoutedModel.send: its
         rules' choice, or the first fallback that accepts requests now), and the priority
         its route sets (None: the request's own)."""
@@ -458,10 +461,12 @@ class DataPlane:
 
         decision = routed.decide(parameters)
         name, _ = await routed.send(parameters, attempt, timed=False, decision=decision)
-        return name, routed.config.routes[decision.route].priority
+        priority = routed.config.routes[decision.route].priority  # router.yaml's, checked
+        return name, None if priority is None else GenerationPriority(priority)
 
     async def generate(self, name: str, prompt: str | list[Message], params: Any,
-                       priority: int = 0, cache: bool = False,
+                       priority: GenerationPriority = DEFAULT_GENERATION_PRIORITY,
+                       cache: bool = False,
                        route_parameters: dict[str, Any] | None = None,
                        tenant: bytes = b"") -> Generation:
         """Tokenize a prompt (or apply the chat template to messages), check it fits the

@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 
 from tradeoff.errors import RequestError
+from tradeoff.scheduling.priority import DEFAULT_GENERATION_PRIORITY
 from tradeoff.server.access import TENANT, Access
 from tradeoff.server.asgi import (
     DisconnectWatch,
@@ -111,7 +112,8 @@ class OpenAIApi:
         tenant = scope.get(TENANT, b"")
         # a caller may make itself less urgent, more only as far as its key allows (a
         # router's route priority, the operator's, replaces it whatever it is)
-        priority = self.access.priority(tenant, request.priority or 0)
+        priority = self.access.priority(tenant,
+                                        request.priority or DEFAULT_GENERATION_PRIORITY)
         generation = await self.dataplane.generate(
             request.model, prompt, params, priority=priority, cache=cacheable,
             route_parameters=_route_parameters(request, scope), tenant=tenant)

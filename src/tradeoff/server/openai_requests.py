@@ -27,7 +27,11 @@ from tradeoff.generate.sampling_limits import (
     SEED_MAX,
     SEED_MIN,
 )
-from tradeoff.repository.router import PRIORITY_LIMIT
+from tradeoff.scheduling.priority import (
+    GENERATION_PRIORITY_MAX,
+    GENERATION_PRIORITY_MIN,
+    GenerationPriority,
+)
 
 if TYPE_CHECKING:
     from tradeoff.generate.sampling import SamplingParams
@@ -94,7 +98,8 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
     request_class: Annotated[str | None, Meta(description="a router's request class")] = \
         msgspec.field(default=None, name="class")
     priority: Annotated[
-        Annotated[int, Meta(ge=-PRIORITY_LIMIT, le=PRIORITY_LIMIT - 1)] | None,
+        Annotated[GenerationPriority, Meta(ge=GENERATION_PRIORITY_MIN,
+                                           le=GENERATION_PRIORITY_MAX)] | None,
         Meta(description="from -2**31 to 2**31 - 1, lower first (as vLLM's) under "
                          "scheduling: priority; held to the key's allowance (serve "
                          "--priority-floor, 0 by default); a router's route may set it")
