@@ -42,6 +42,7 @@ def test_concurrency_and_rate_ranges_run(perf_analyzer: Path, compat_server: Ser
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.timing  # two throughputs measured one after the other, within 10%
 def test_throughput_agrees_with_tradeoff_bench(perf_analyzer: Path,
                                                compat_server: ServerProcess,
                                                tmp_path: Path, protocol: str) -> None:

@@ -39,6 +39,7 @@ def test_request_count_equals_the_server_count(tmp_path: Path) -> None:
         assert result["total_requests_sent"] == 200 + result["warmup"]["requests"] + 1
 
 
+@pytest.mark.timing  # p50 at most 22 ms: a loaded machine wakes the 20 ms sleeps later
 def test_fixed_20ms_server_measures_20ms(tmp_path: Path) -> None:
     with ControlServer() as server:
         _, result, _ = bench(tmp_path, f"{server.url}/fixed?ms=20", "--protocol", "http",
@@ -47,6 +48,7 @@ def test_fixed_20ms_server_measures_20ms(tmp_path: Path) -> None:
     assert 20.0 <= p50 <= 22.0, p50
 
 
+@pytest.mark.timing  # 500 req/s within 10: a loaded machine sends and answers late
 def test_open_loop_holds_the_asked_rate(tmp_path: Path) -> None:
     with ControlServer() as server:
         _, result, _ = bench(tmp_path, f"{server.url}/fixed?ms=1", "--protocol", "http",
@@ -157,6 +159,7 @@ def test_bad_arguments_are_one_line(server: ServerProcess, tmp_path: Path) -> No
     assert code == 1 and "exactly one of" in output
 
 
+@pytest.mark.timing  # the open loop's 400 req/s within 8 moves with the load
 def test_workers_merge_records_exactly(tmp_path: Path) -> None:
     with ControlServer() as server:
         _, closed, _ = bench(tmp_path, f"{server.url}/fixed?ms=2", "--protocol", "http",

@@ -47,6 +47,7 @@ def generation_of(result: BenchResult) -> Generation:
     return result.summary.generation
 
 
+@pytest.mark.timing  # TTFT and ITL within 10% of the server's sleeps move with the load
 def test_timings_follow_the_servers_schedule(streaming: StreamingServer) -> None:
     result = bench(streaming.url(first=200, every=40))
     s, g = result.summary, generation_of(result)

@@ -240,6 +240,7 @@ def served(server: ServerProcess, model: str = "tiny") -> int:
     return sum(entry["inference_count"] for entry in doc["model_stats"])
 
 
+@pytest.mark.timing  # the open loop's 200 req/s within 6 moves with the load
 def test_bench_workers_on_both_nodes_merge_exactly(cluster: LocalRayCluster,
                                                    plain_server: ServerProcess,
                                                    tmp_path: Path) -> None:

@@ -58,6 +58,7 @@ def test_a_sweep_warms_up_each_level_unless_told_otherwise(tmp_path: Path) -> No
         assert all(p["load"]["warmup_s"] == 0 for p in cold["points"])
 
 
+@pytest.mark.timing  # over 120 req/s of 5 ms turns, and the knee by 2, move with the load
 def test_concurrency_sweep_of_a_server_without_batching(tmp_path: Path) -> None:
     """One request at a time, 5 ms each: throughput is flat at about 200/s from
     concurrency 1, latency grows with concurrency; the sweep stops 2 points past the knee
@@ -97,6 +98,7 @@ def test_sweep_stops_when_errors_rise(tmp_path: Path) -> None:
     assert "error rate 100.0%" in sweep["stop_reason"]
 
 
+@pytest.mark.timing  # rate 100 meeting p99 <= 30 ms moves with the load
 def test_sla_search_steps_up_then_bisects(tmp_path: Path) -> None:
     """Capacity 200 req/s: rates up to 100 meet p99 <= 30 ms, 400 cannot."""
     with ControlServer() as server:
