@@ -29,25 +29,10 @@ from tradeoff.server.build import (
     clear_finished_frames,
 )
 
-# ModelVersion (server/dataplane.py) and the TUNE_ markers (tune/serve_search.py) are
-# still imported from here
-from tradeoff.server.catalog import (
-    TUNE_MARKER,
-    TUNE_ORIGINAL,
-    ModelCatalog,
-    ModelEntry,
-    ModelState,
-    ModelVersion,
-    Served,
-)
+# ModelVersion: server/dataplane.py still imports it from here
+from tradeoff.server.catalog import ModelCatalog, ModelEntry, ModelState, ModelVersion, Served
 
-__all__ = [
-    "NO_CACHE_WARNING",
-    "TUNE_MARKER",
-    "TUNE_ORIGINAL",
-    "ModelManager",
-    "ModelVersion",
-]
+__all__ = ["NO_CACHE_WARNING", "ModelManager", "ModelVersion"]
 
 log = logging.getLogger("tradeoff.server")
 
