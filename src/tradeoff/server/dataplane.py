@@ -8,9 +8,10 @@ these methods.
 from __future__ import annotations
 
 import asyncio
+import enum
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from tradeoff.errors import (
     Forbidden,
@@ -54,6 +55,7 @@ __all__ = [
     "Admission",
     "Answered",
     "DataPlane",
+    "Dispatch",
     "Peers",
     "TensorTarget",
     "expected_outputs",
@@ -69,6 +71,14 @@ EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository", "
 
 
 TensorTarget = ModelVersion | RoutedModel  # what answers a tensor request
+
+
+class Dispatch(enum.Enum):
+    """How the data plane answers a tensor request (:meth:`DataPlane.dispatch_of`)."""
+
+    DIRECT = "direct"  # the model's scheduler, called back: no coroutine, no future
+    ROUTED = "routed"  # a router's choice, its fallbacks and its shadow copies
+    CACHED = "cached"  # the response cache: a hit, an identical request's answer, or run
 # what a tensor request's callback gets: the version that answered, its timings and the
 # outputs the client asked for; or the error
 Answered = Callable[[tuple[ModelVersion, Timings, list[TensorOutput]] | BaseException], None]
@@ -316,21 +326,28 @@ class DataPlane:
         self.check_direct(name)
         return self.manager.as_tensor(served)
 
-    def submit(self, target: TensorTarget, request: V2Request, on_done: Answered
-               ) -> InferenceRequest | None:
-        """Queue a request for a model that needs no router and no cache at once, without
-        a coroutine or a future; returns the scheduler's request (to cancel it, with
-        ``target.scheduler.cancel``), and ``on_done`` gets what :meth:`infer` returns, or
-        the error. None: the request needs :meth:`infer_target`."""
-        if self.shutting_down:
-            raise Unavailable("the server is shutting down and takes no new requests")
+    def dispatch_of(self, target: TensorTarget, request: V2Request) -> Dispatch:
+        """How a request for ``target`` is answered, decided once: through the router
+        ``target`` is; through the response cache when the server has one, the model
+        keeps answers (``response_cache``) and the request did not say ``cache: false``;
+        else directly, by the model's scheduler."""
         if isinstance(target, RoutedModel):
-            return None
-        internal = self.validate(target, request)
+            return Dispatch.ROUTED
         if self.cache is not None and target.config.response_cache and \
                 request.parameters.get("cache") is not False:
-            return None
-        config = target.config
+            return Dispatch.CACHED
+        return Dispatch.DIRECT
+
+    def submit(self, served: ModelVersion, request: V2Request, on_done: Answered
+               ) -> InferenceRequest:
+        """Queue a request that :meth:`dispatch_of` answers ``DIRECT``, without a
+        coroutine or a future; returns the scheduler's request (to cancel it, with
+        ``served.scheduler.cancel``), and ``on_done`` gets what :meth:`infer` returns, or
+        the error."""
+        if self.shutting_down:
+            raise Unavailable("the server is shutting down and takes no new requests")
+        internal = self.validate(served, request)
+        config = served.config
 
         def done(result: tuple[Timings, Outputs] | BaseException) -> None:
             if isinstance(result, BaseException):
@@ -341,9 +358,9 @@ class DataPlane:
             except Exception as exc:
                 on_done(exc)
                 return
-            on_done((target, result[0], outputs))
+            on_done((served, result[0], outputs))
 
-        target.scheduler.submit_call(internal, done)
+        served.scheduler.submit_call(internal, done)
         return internal
 
     async def infer(self, name: str, version: str | None,
@@ -351,14 +368,17 @@ class DataPlane:
         """Run one request through the model's scheduler (a router's: its target's)."""
         return await self.infer_target(self.tensor_target(name, version), request)
 
-    async def infer_target(self, target: TensorTarget, request: V2Request
+    async def infer_target(self, target: TensorTarget, request: V2Request,
+                           dispatch: Dispatch | None = None
                            ) -> tuple[ModelVersion, Timings, list[TensorOutput]]:
-        """:meth:`infer` for the target :meth:`tensor_target` returned."""
+        """:meth:`infer` for the target :meth:`tensor_target` returned, ``dispatch`` its
+        :meth:`dispatch_of` when the caller knows it already."""
         if self.shutting_down:
             raise Unavailable("the server is shutting down and takes no new requests")
-        if isinstance(target, RoutedModel):
-            return await self._route(target, request)
-        return await self._infer_served(target, request)
+        dispatch = dispatch or self.dispatch_of(target, request)
+        if dispatch is Dispatch.ROUTED:
+            return await self._route(cast(RoutedModel, target), request)
+        return await self._infer_served(cast(ModelVersion, target), request, dispatch)
 
     async def _route(self, routed: RoutedModel, request: V2Request
                      ) -> tuple[ModelVersion, Timings, list[TensorOutput]]:
@@ -393,15 +413,17 @@ class DataPlane:
 
     async def _infer_model(self, name: str, version: str | None, request: V2Request
                            ) -> tuple[ModelVersion, Timings, list[TensorOutput]]:
-        return await self._infer_served(self.manager.tensor(name, version), request)
+        served = self.manager.tensor(name, version)
+        return await self._infer_served(served, request, self.dispatch_of(served, request))
 
-    async def _infer_served(self, served: ModelVersion, request: V2Request
+    async def _infer_served(self, served: ModelVersion, request: V2Request,
+                            dispatch: Dispatch
                             ) -> tuple[ModelVersion, Timings, list[TensorOutput]]:
         internal = self.validate(served, request)
-        if self.cache is None or not served.config.response_cache or \
-                request.parameters.get("cache") is False:
+        if dispatch is Dispatch.DIRECT:
             timings, outputs = await served.scheduler.infer(internal)
             return served, timings, select_outputs(served.config, request, outputs)
+        assert self.cache is not None  # CACHED: dispatch_of found one
         return await self._infer_cached(self.cache, served, internal, request)
 
     async def _infer_cached(self, cache: ResponseCache, served: ModelVersion,

@@ -31,7 +31,7 @@ from tradeoff.protocol.v2 import TensorOutput, V2Request, decode_request, encode
 from tradeoff.scheduling.request import InferenceRequest, Timings
 from tradeoff.server.asgi import JSON_HEADERS, Headers, Scope
 from tradeoff.server.catalog import ModelVersion
-from tradeoff.server.dataplane import Admission, DataPlane, TensorTarget
+from tradeoff.server.dataplane import Admission, DataPlane, Dispatch, TensorTarget
 
 __all__ = [
     "InferCall",
@@ -97,10 +97,13 @@ class InferCall:
         try:
             if self.admission is not None:
                 self.admission.take()
-            self._internal = self.dataplane.submit(self.target, request, self._end)
-            if self._internal is None:  # a router or the cache: the data plane's coroutine
+            dispatch = self.dataplane.dispatch_of(self.target, request)
+            if dispatch is Dispatch.DIRECT:  # a model version, called back by its scheduler
+                self._internal = self.dataplane.submit(
+                    self.target, request, self._end)  # type: ignore[arg-type]
+            else:  # a router or the cache: the data plane's coroutine
                 self._task = asyncio.ensure_future(
-                    self.dataplane.infer_target(self.target, request))
+                    self.dataplane.infer_target(self.target, request, dispatch))
                 self._task.add_done_callback(self._task_done)
         except Exception as exc:
             self._end(exc)
