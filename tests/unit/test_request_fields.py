@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from tradeoff.protocol import v2
-from tradeoff.server import dataplane, http, openai_api, openai_requests, openapi, router
+from tradeoff.server import http, openai_api, openai_requests, openapi, router, validation
 from tradeoff.server.routes import ROUTES
 
 # what the handlers read that is not a request's JSON: ASGI messages and scopes, path
@@ -61,7 +61,7 @@ def fields(schema: dict[str, Any]) -> set[str]:
 def test_the_infer_decoder_reads_only_the_fields_the_schema_shows() -> None:
     schema = openapi.document(ROUTES)["components"]["schemas"]["InferRequest"]
     declared = fields(schema)
-    read = keys_read([v2._parse_header, dataplane.DataPlane.validate,
+    read = keys_read([v2._parse_header, validation.validate,
                       router.RoutedModel.decide]) - NOT_REQUEST_KEYS
     assert read - declared - set(v2.REFUSED_PARAMETERS) == set()
     assert {"binary_data_size", "binary_data", "priority", "timeout", "cache",

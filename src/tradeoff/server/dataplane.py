@@ -2,75 +2,61 @@
 unload, tensor inference, generation, statistics, shutdown, for both model kinds.
 
 Transports (HTTP, gRPC, the OpenAI-compatible API) only translate wire formats and call
-these methods.
+these methods. A tensor request is checked by :mod:`tradeoff.server.validation` and
+answered directly, through its router or through the response cache
+(:meth:`DataPlane.dispatch_of`); generations are started by the data plane's
+:class:`~tradeoff.server.generations.Generations`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, cast
 
-from tradeoff.errors import (
-    Forbidden,
-    InferenceFailed,
-    InvalidInput,
-    NotFound,
-    Overloaded,
-    RequestError,
-    Unavailable,
-)
-from tradeoff.generate.bridge import GenerativeModel, Handle
-from tradeoff.generate.events import Done, Token
+from tradeoff.errors import InvalidInput, NotFound, Overloaded, Unavailable
 from tradeoff.protocol.limits import DEFAULT_LIMITS, RequestLimits
-from tradeoff.protocol.v2 import (
-    TensorOutput,
-    V2Request,
-    parse_json_object,
-)
-from tradeoff.repository.config import ModelConfig
+from tradeoff.protocol.v2 import TensorOutput, V2Request
 from tradeoff.repository.router import Target
-from tradeoff.scheduling.priority import (
-    DEFAULT_GENERATION_PRIORITY,
-    GenerationPriority,
-    tensor_priority,
-)
+from tradeoff.scheduling.priority import DEFAULT_GENERATION_PRIORITY, GenerationPriority
 from tradeoff.scheduling.request import InferenceRequest, Timings
 from tradeoff.scheduling.scheduler import Outputs
 from tradeoff.scheduling.stats import merge_model_stats
 from tradeoff.server.asgi import OFF_LOOP_BYTES
 from tradeoff.server.cache import ResponseCache
-from tradeoff.server.cache.values import Expected
+from tradeoff.server.catalog import ModelVersion
 from tradeoff.server.generation import Generation
-from tradeoff.server.models import ModelManager, ModelVersion
-from tradeoff.server.openai_requests import Message
-from tradeoff.server.router import RoutedModel
+from tradeoff.server.generations import Generations, Prompt
+from tradeoff.server.models import ModelManager
+from tradeoff.server.router import RoutedModel, check_direct
+from tradeoff.server.validation import (
+    config_override,
+    expected_outputs,
+    select_outputs,
+    validate,
+    wanted_outputs,
+)
 from tradeoff.version import __version__
 
 __all__ = [
     "EXTENSIONS",
-    "KNOWN_HEADERS",
     "Admission",
     "Answered",
     "DataPlane",
     "Dispatch",
     "Peers",
     "TensorTarget",
-    "expected_outputs",
-    "select_outputs",
-    "wanted_outputs",
 ]
-
-# request headers remembered as valid, per model version (see validate)
-KNOWN_HEADERS = 256
 
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository", "parameters",
               "schedule_policy", "statistics"]
 
 
 TensorTarget = ModelVersion | RoutedModel  # what answers a tensor request
+# what a tensor request's callback gets: the version that answered, its timings and the
+# outputs the client asked for; or the error
+Answered = Callable[[tuple[ModelVersion, Timings, list[TensorOutput]] | BaseException], None]
 
 
 class Dispatch(enum.Enum):
@@ -79,9 +65,6 @@ class Dispatch(enum.Enum):
     DIRECT = "direct"  # the model's scheduler, called back: no coroutine, no future
     ROUTED = "routed"  # a router's choice, its fallbacks and its shadow copies
     CACHED = "cached"  # the response cache: a hit, an identical request's answer, or run
-# what a tensor request's callback gets: the version that answered, its timings and the
-# outputs the client asked for; or the error
-Answered = Callable[[tuple[ModelVersion, Timings, list[TensorOutput]] | BaseException], None]
 
 
 class Peers(Protocol):
@@ -113,6 +96,7 @@ class DataPlane:
         self.overload_refusals = 0
         self._background: set[asyncio.Task] = set()  # shadow copies in flight
         self.peers: Peers | None = None  # a replica of a Ray Serve deployment
+        self.generations = Generations(manager, cache, self._in_background)
 
     # ------------------------------------------------------------ admission
 
@@ -215,7 +199,7 @@ class DataPlane:
         (the model config as a JSON string) to use instead of the config file; any
         failure but an unknown model is a 400 naming the model and the cause. A replica
         then has every other replica load it too (``publish``)."""
-        override = _config_override(parameters or {})
+        override = config_override(parameters or {})
         try:
             await self.manager.load(name, override)
         except NotFound:
@@ -234,86 +218,6 @@ class DataPlane:
 
     # ------------------------------------------------------------ inference
 
-    def prepare(self, name: str, version: str | None,
-                request: V2Request) -> tuple[ModelVersion, InferenceRequest]:
-        """Validate a decoded request against the config of the model that serves it."""
-        served = self.manager.tensor(name, version)
-        return served, self.validate(served, request)
-
-    def validate(self, served: ModelVersion, request: V2Request) -> InferenceRequest:
-        """The scheduler's request for a decoded one, checked against ``served``'s config
-        (InvalidInput saying what does not fit)."""
-        name = served.name
-        header = request.header
-        if header is not None:
-            known = served.checked.get(header)
-            if known is not None:  # this header passed every check below already
-                shape_key, rows, priority, timeout = known
-                return InferenceRequest(
-                    inputs={t.name: t.array for t in request.inputs}, rows=rows,
-                    shape_key=shape_key, priority=priority, timeout_us=timeout)
-        config = served.config
-        expected_shapes = config.input_shapes
-        batching = config.max_batch_size > 0
-        inputs = {}
-        rows = None
-        for tensor in request.inputs:
-            spec = config.input(tensor.name)
-            if spec is None:
-                raise InvalidInput(f"unexpected input {tensor.name!r} for model {name!r}; it "
-                                   f"takes {[t.name for t in config.inputs]}")
-            if tensor.name in inputs:
-                raise InvalidInput(f"input {tensor.name!r} is given twice")
-            if tensor.datatype != spec.datatype:
-                raise InvalidInput(f"input {tensor.name!r}: datatype {tensor.datatype} does not "
-                                   f"match the model's {spec.datatype}")
-            if tensor.datatype == "BYTES" and served.check_bytes is not None:
-                served.check_bytes(tensor.name, tensor.array)  # before it joins a batch
-            shape = tensor.shape
-            expected = expected_shapes[tensor.name]
-            if len(shape) != len(expected) or any(
-                    want != -1 and got != want for got, want in zip(shape, expected, strict=True)):
-                raise InvalidInput(f"input {tensor.name!r}: shape {list(shape)} does not match "
-                                   f"the model's {list(expected)}")
-            tensor_rows = shape[0] if batching else 1
-            if batching and not 1 <= tensor_rows <= config.max_batch_size:
-                raise InvalidInput(f"input {tensor.name!r}: batch size {tensor_rows} is outside"
-                                   f" 1..{config.max_batch_size} (max_batch_size)")
-            if rows is None:
-                rows = tensor_rows
-            elif tensor_rows != rows:
-                raise InvalidInput(f"input {tensor.name!r} has batch size {tensor_rows} but "
-                                   f"other inputs have {rows}")
-            inputs[tensor.name] = tensor.array
-        if len(inputs) != len(expected_shapes):
-            missing = [t.name for t in config.inputs if t.name not in inputs and not t.optional]
-            if missing:
-                raise InvalidInput(f"model {name!r} needs inputs {missing}")
-        if request.outputs is not None:
-            for out in request.outputs:
-                if config.output(out.name) is None:
-                    raise InvalidInput(f"unknown output {out.name!r} for model {name!r}; it "
-                                       f"has {[t.name for t in config.outputs]}")
-        params = request.parameters
-        priority = tensor_priority(params.get("priority", 0))
-        if not isinstance(params.get("cache", True), bool):
-            raise InvalidInput("parameter 'cache' must be true or false")
-        timeout = params.get("timeout")
-        if timeout is not None and (not isinstance(timeout, int) or isinstance(timeout, bool)
-                                    or timeout < 0):
-            raise InvalidInput("parameter 'timeout' must be a non-negative integer "
-                               "(microseconds)")
-        # Which inputs, in config order, with their non-batch dims: only requests with
-        # equal keys can be concatenated into one batch.
-        shape_key = tuple((n, inputs[n].shape[1:] if batching else inputs[n].shape)
-                          for n in expected_shapes if n in inputs)
-        # BYTES elements are checked one by one (check_bytes): never taken as known
-        if header is not None and len(served.checked) < KNOWN_HEADERS and \
-                all(t.datatype != "BYTES" for t in request.inputs):
-            served.checked[header] = (shape_key, rows or 1, priority, timeout or None)
-        return InferenceRequest(inputs=inputs, rows=rows or 1, shape_key=shape_key,
-                                priority=priority, timeout_us=timeout or None)
-
     def tensor_target(self, name: str, version: str | None) -> TensorTarget:
         """What answers a tensor request for ``name`` (and ``version``): the model's serving
         version, or a router that sends to tensor models. The cheap checks before a body
@@ -323,7 +227,7 @@ class DataPlane:
         if isinstance(served, RoutedModel):
             served.check_takes_tensors()
             return served
-        self.check_direct(name)
+        check_direct(self.manager.hidden, name)
         return self.manager.as_tensor(served)
 
     def dispatch_of(self, target: TensorTarget, request: V2Request) -> Dispatch:
@@ -346,7 +250,7 @@ class DataPlane:
         the error."""
         if self.shutting_down:
             raise Unavailable("the server is shutting down and takes no new requests")
-        internal = self.validate(served, request)
+        internal = validate(served, request)
         config = served.config
 
         def done(result: tuple[Timings, Outputs] | BaseException) -> None:
@@ -419,7 +323,7 @@ class DataPlane:
     async def _infer_served(self, served: ModelVersion, request: V2Request,
                             dispatch: Dispatch
                             ) -> tuple[ModelVersion, Timings, list[TensorOutput]]:
-        internal = self.validate(served, request)
+        internal = validate(served, request)
         if dispatch is Dispatch.DIRECT:
             timings, outputs = await served.scheduler.infer(internal)
             return served, timings, select_outputs(served.config, request, outputs)
@@ -453,174 +357,20 @@ class DataPlane:
 
     # ------------------------------------------------------------ generation
 
-    def generative_models(self) -> list[GenerativeModel]:
-        """The generative models that serve now and take calls by their own name (none
-        a router hides)."""
-        return [m for m in self.manager.generative_versions()
-                if self.manager.models[m.name].latest is m and m.name not in
-                self.manager.hidden]
-
-    def check_direct(self, name: str) -> None:
-        """Forbidden (403) when a router hides model ``name`` (its ``hide_targets``):
-        only that router sends to it."""
-        router = self.manager.hidden.get(name)
-        if router is not None:
-            raise Forbidden(f"model {name!r} answers only through router {router!r} (its "
-                            f"router.yaml hides its targets): send the request to {router!r}")
-
-    async def route_generation(self, routed: RoutedModel, parameters: dict[str, Any]
-                               ) -> tuple[str, GenerationPriority | None]:
-        """The generative model a router sends this request to (RoutedModel.send: its
-        rules' choice, or the first fallback that accepts requests now), and the priority
-        its route sets (None: the request's own)."""
-        if not routed.generative:
-            raise InvalidInput(f"router {routed.name!r} sends to tensor models: POST "
-                               f"/v2/models/{routed.name}/infer")
-
-        async def attempt(target: Target) -> str:
-            self.manager.generative(target.model).check_accepting()
-            return target.model
-
-        decision = routed.decide(parameters)
-        name, _ = await routed.send(parameters, attempt, timed=False, decision=decision)
-        priority = routed.config.routes[decision.route].priority  # router.yaml's, checked
-        return name, None if priority is None else GenerationPriority(priority)
-
-    async def generate(self, name: str, prompt: str | list[Message], params: Any,
+    async def generate(self, name: str, prompt: Prompt, params: Any,
                        priority: GenerationPriority = DEFAULT_GENERATION_PRIORITY,
-                       cache: bool = False,
-                       route_parameters: dict[str, Any] | None = None,
+                       cache: bool = False, route_parameters: dict[str, Any] | None = None,
                        tenant: bytes = b"") -> Generation:
-        """Tokenize a prompt (or apply the chat template to messages), check it fits the
-        model, and queue it; returns the :class:`Generation` whose outputs the transport
-        formats. With ``cache`` (a whole, deterministic answer is
-        wanted) and the model's ``response_cache``, a cached answer replays instead. A
-        router of generative models sends it on by ``route_parameters`` (class, user).
-        ``tenant`` is the API key that asked (its cache entries are its own)."""
+        """Start a generation (:meth:`Generations.start`), unless the server is shutting
+        down."""
         if self.shutting_down:
             raise Unavailable("the server is shutting down and takes no new requests")
-        routed = self.manager.get(name)
-        shadow = None
-        route = ""
-        if isinstance(routed, RoutedModel):  # an alias: the answer names its target
-            name, route_priority = await self.route_generation(routed, route_parameters or {})
-            route, shadow = name, routed
-            if route_priority is not None:
-                priority = route_priority
-        else:
-            self.check_direct(name)
-        model = self.manager.generative(name)
-        for _ in range(3):  # a reload may replace the version while the prompt is tokenized
-            model.check_accepting()  # the cheap refusals before the tokenizer's work
-            _check_prompt_size(model, prompt, params.max_tokens)
-            tokens = await asyncio.to_thread(_tokenize, model.tokenizer, prompt)
-            current = self.manager.generative(name)
-            if current is model:
-                break
-            model = current
-        if not tokens:
-            raise InvalidInput("the prompt is empty")
-        limit = model.decoder.config.max_position
-        if len(tokens) + params.max_tokens > limit:
-            raise InvalidInput(f"prompt ({len(tokens)} tokens) + max_tokens "
-                               f"({params.max_tokens}) is over the model's {limit} positions")
-        if not (cache and self.cache is not None and model.config.response_cache):
-            handle = model.submit(tokens, params, priority)
-            handle.shadow, handle.route = shadow, route
-            return Generation(model, handle, len(tokens), self._generated)
-        model.check_accepting()  # a stopping model answers 503, cached or not
-        started = time.perf_counter_ns()
-        key = self.cache.generation_key(tenant, model.name, model.version, tokens, params)
-        found = await self.cache.lookup_generation(key, model.engine.vocab, params.max_tokens)
-        lookup_ns = time.perf_counter_ns() - started
-        if found is not None:
-            model.stats.cache_hit[0] += 1
-            model.stats.cache_hit[1] += lookup_ns
-            handle = Handle.replay(tokens, params, *found, model.tokenizer.decode)
-        else:
-            model.stats.cache_miss[0] += 1
-            model.stats.cache_miss[1] += lookup_ns
-            handle = model.submit(tokens, params, priority)
-            handle.cache_key, handle.cache = key, "miss"
-        handle.cache_ns = lookup_ns
-        handle.shadow, handle.route = shadow, route
-        return Generation(model, handle, len(tokens), self._generated)
-
-    def _generated(self, handle: Handle, tokens: list[int], reason: str) -> None:
-        """A whole answer ended: keep it when it was asked to be cached and ended
-        normally (never an error or an abort), and send a shadow copy of a deterministic
-        one if its router takes one."""
-        if handle.cache_key is not None and self.cache is not None and \
-                reason in ("stop", "length"):
-            self.cache.keep_generation(handle.cache_key, tokens, reason)
-        # a sampled answer differs from any other by design: only deterministic ones,
-        # streamed or whole, are compared
-        if handle.shadow is not None and reason in ("stop", "length") and \
-                handle.params.deterministic:
-            self._shadow_generation(handle.shadow, handle, tokens)
-
-    def _shadow_generation(self, routed: RoutedModel, handle: Handle,
-                           tokens: list[int]) -> None:
-        """A shadow copy of a whole generation, if the router takes one: the same prompt
-        on the shadow model in the background, and how many of the answer's tokens it
-        chose alike."""
-        def busy(shadow: Target) -> bool:
-            model = self.manager.generative(shadow.model)
-            model.check_accepting()
-            return bool(model.engine.scheduler.waiting)
-
-        async def copy(shadow: Target) -> None:
-            model = self.manager.generative(shadow.model)
-            events = model.submit(handle.prompt, handle.params, handle.priority).events
-            shadow_tokens: list[int] = []
-            while isinstance(event := await events.get(), Token):
-                shadow_tokens.append(event.token)
-            if not isinstance(event, Done):
-                raise InferenceFailed(f"the shadow generation failed: {event}")
-            routed.stats.shadow.compare_tokens(tokens, shadow_tokens)
-
-        self._in_background(routed.shadow(busy, copy))
+        return await self.generations.start(name, prompt, params, priority, cache,
+                                            route_parameters, tenant)
 
 
 def _version(version: int | None) -> str | None:
     return None if version is None else str(version)
-
-
-def _check_prompt_size(model: GenerativeModel, prompt: str | list[Message],
-                       max_tokens: int) -> None:
-    """Refuse, before any tokenizing, a prompt that cannot fit the model's positions: one
-    with more characters than the free positions times the longest token of the
-    vocabulary, or a chat with more messages than positions."""
-    free = model.decoder.config.max_position - max_tokens
-    if free < 1:
-        raise InvalidInput(f"max_tokens ({max_tokens}) leaves no room for a prompt in the "
-                           f"model's {model.decoder.config.max_position} positions")
-    if isinstance(prompt, str):
-        characters = len(prompt)
-    else:
-        if len(prompt) > free:
-            raise InvalidInput(f"{len(prompt)} messages cannot fit the model's "
-                               f"{free} free positions (max_tokens is {max_tokens})")
-        characters = sum(len(m["content"]) + len(m["role"]) for m in prompt)
-    most = free * model.tokenizer.longest_token_chars
-    if characters > most:
-        raise InvalidInput(f"the prompt ({characters} characters) cannot fit the model's "
-                           f"{free} free positions (max_tokens is {max_tokens}; a token "
-                           f"holds at most {model.tokenizer.longest_token_chars} characters)")
-
-
-def _tokenize(tokenizer: Any, prompt: str | list[Message]) -> list[int]:
-    """Token ids of a prompt, or of messages through the chat template (CPU work: called
-    in a worker thread)."""
-    if isinstance(prompt, str):
-        return list(tokenizer.encode(prompt))
-    try:
-        text = tokenizer.chat(prompt)
-    except RequestError:
-        raise
-    except Exception as exc:  # the template's own checks (raise_exception, undefined)
-        raise InvalidInput(f"the chat template refused these messages: {exc}") from None
-    return list(tokenizer.encode(text))
 
 
 class Admission:
@@ -651,51 +401,3 @@ class Admission:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
-
-
-def _config_override(parameters: dict[str, Any]) -> dict[str, Any] | None:
-    """The ``config`` load parameter parsed, or None; model files in a request are refused."""
-    unsupported = sorted(k for k in parameters if k.startswith("file:"))
-    if unsupported:
-        raise InvalidInput(f"load parameters {unsupported} (model files in the request) are "
-                           "not supported; put the files in the model repository")
-    config = parameters.get("config")
-    if config is None:
-        return None
-    if not isinstance(config, str):
-        raise InvalidInput("load parameter 'config' must be a string holding the model "
-                           "config as JSON")
-    return parse_json_object(config, "load parameter 'config'")
-
-
-def wanted_outputs(config: ModelConfig, request: V2Request) -> list[tuple[str, bool]]:
-    """The outputs the client asked for, in answer order, each with whether it is sent
-    as binary data."""
-    default_binary = request.binary_output
-    if request.outputs is None:
-        return [(t.name, default_binary) for t in config.outputs]
-    return [(o.name, default_binary if o.binary is None else o.binary)
-            for o in request.outputs]
-
-
-def expected_outputs(config: ModelConfig, wanted: list[tuple[str, bool]],
-                     rows: int) -> Expected:
-    """What a stored answer to this request must hold: each output as the config declares
-    it (the batch dimension is the request's rows)."""
-    batch = [rows] if config.max_batch_size > 0 else []
-    return [(name, tensor.datatype, binary, [*batch, *tensor.dims])
-            for name, binary in wanted
-            if (tensor := config.output(name)) is not None]
-
-
-def select_outputs(config: ModelConfig, request: V2Request,
-                   outputs: dict[str, Any]) -> list[TensorOutput]:
-    """The outputs the client asked for, each marked binary or JSON."""
-    result = []
-    for name, binary in wanted_outputs(config, request):
-        array = outputs[name]
-        datatype = config.output(name).datatype  # type: ignore[union-attr]
-        if datatype == "BYTES" and array.dtype.kind == "U":
-            array = array.astype(object)
-        result.append(TensorOutput(name, array, datatype, binary))
-    return result

@@ -86,7 +86,7 @@ class OpenAIApi:
                    if isinstance(r, RoutedModel) and r.generative]
         await send_json(send, 200, {"object": "list", "data": [
             *({"id": m.name, "object": "model", "created": m.created, "owned_by": "tradeoff"}
-              for m in self.dataplane.generative_models()), *aliases]})
+              for m in self.dataplane.generations.models()), *aliases]})
 
     async def completions(self, scope: Scope, receive: Receive, send: Send,
                           params: dict[str, str]) -> None:

@@ -13,18 +13,25 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import numpy as np
 
 from tradeoff import dtypes
-from tradeoff.errors import InferenceFailed, InvalidInput, NotFound, RequestError, Unavailable
+from tradeoff.errors import (
+    Forbidden,
+    InferenceFailed,
+    InvalidInput,
+    NotFound,
+    RequestError,
+    Unavailable,
+)
 from tradeoff.protocol.v2 import TensorOutput
 from tradeoff.repository.router import Decision, RouterConfig, Signature, Target, class_name_problem
 
-__all__ = ["SHADOW_IN_FLIGHT", "RoutedModel", "RouterStats", "ShadowStats", "T"]
+__all__ = ["SHADOW_IN_FLIGHT", "RoutedModel", "RouterStats", "ShadowStats", "T", "check_direct"]
 
 SHADOW_IN_FLIGHT = 8  # shadow copies a router holds at once; more are dropped
 
@@ -276,3 +283,12 @@ class RoutedModel:
 
     async def stop(self, timeout_s: float | None = None) -> None:
         """Nothing to release: the targets are models of their own."""
+
+
+def check_direct(hidden: Mapping[str, str], name: str) -> None:
+    """Forbidden (403) when a router hides model ``name`` (``hidden``: each hidden model's
+    router, by its ``hide_targets``): only that router sends to it."""
+    router = hidden.get(name)
+    if router is not None:
+        raise Forbidden(f"model {name!r} answers only through router {router!r} (its "
+                        f"router.yaml hides its targets): send the request to {router!r}")

@@ -1,0 +1,196 @@
+"""The data plane's generations, from a request to a :class:`Generation`: the model
+that answers (a router's choice, or the one named), the prompt checked against the
+model's positions and tokenized (the chat template for messages) off the loop, then
+queued on the model's engine or replayed from the response cache; a whole answer kept in
+the cache and shadowed (its router's copy) when it ends.
+
+    generations = Generations(manager, cache, in_background)  # the DataPlane owns one
+    generation = await generations.start(name, prompt, params, priority)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+from tradeoff.errors import InferenceFailed, InvalidInput, RequestError
+from tradeoff.generate.bridge import GenerativeModel, Handle
+from tradeoff.generate.events import Done, Token
+from tradeoff.repository.router import Target
+from tradeoff.scheduling.priority import DEFAULT_GENERATION_PRIORITY, GenerationPriority
+from tradeoff.server.cache import ResponseCache
+from tradeoff.server.generation import Generation
+from tradeoff.server.models import ModelManager
+from tradeoff.server.openai_requests import Message
+from tradeoff.server.router import RoutedModel, check_direct
+
+__all__ = ["Generations", "Prompt"]
+
+Prompt = str | list[Message]  # a prompt to continue, or a conversation to answer
+
+
+class Generations:
+    """Starts the generations of every generative model (and router of them) the
+    ``manager`` serves; ``in_background`` holds a shadow copy's task until it ends."""
+
+    def __init__(self, manager: ModelManager, cache: ResponseCache | None,
+                 in_background: Callable[[asyncio.Task[None] | None], None]) -> None:
+        self.manager = manager
+        self.cache = cache  # None: no --cache
+        self.in_background = in_background
+
+    def models(self) -> list[GenerativeModel]:
+        """The generative models that serve now and take calls by their own name (none
+        a router hides)."""
+        return [m for m in self.manager.generative_versions()
+                if self.manager.models[m.name].latest is m and m.name not in
+                self.manager.hidden]
+
+    async def route(self, routed: RoutedModel, parameters: dict[str, Any]
+                    ) -> tuple[str, GenerationPriority | None]:
+        """The generative model a router sends this request to (RoutedModel.send: its
+        rules' choice, or the first fallback that accepts requests now), and the priority
+        its route sets (None: the request's own)."""
+        if not routed.generative:
+            raise InvalidInput(f"router {routed.name!r} sends to tensor models: POST "
+                               f"/v2/models/{routed.name}/infer")
+
+        async def attempt(target: Target) -> str:
+            self.manager.generative(target.model).check_accepting()
+            return target.model
+
+        decision = routed.decide(parameters)
+        name, _ = await routed.send(parameters, attempt, timed=False, decision=decision)
+        priority = routed.config.routes[decision.route].priority  # router.yaml's, checked
+        return name, None if priority is None else GenerationPriority(priority)
+
+    async def start(self, name: str, prompt: Prompt, params: Any,
+                    priority: GenerationPriority = DEFAULT_GENERATION_PRIORITY,
+                    cache: bool = False, route_parameters: dict[str, Any] | None = None,
+                    tenant: bytes = b"") -> Generation:
+        """Tokenize a prompt (or apply the chat template to messages), check it fits the
+        model, and queue it; returns the :class:`Generation` whose outputs the transport
+        formats. With ``cache`` (a whole, deterministic answer is wanted) and the
+        model's ``response_cache``, a cached answer replays instead. A
+        router of generative models sends it on by ``route_parameters`` (class, user).
+        ``tenant`` is the API key that asked (its cache entries are its own)."""
+        routed = self.manager.get(name)
+        shadow = None
+        route = ""
+        if isinstance(routed, RoutedModel):  # an alias: the answer names its target
+            name, route_priority = await self.route(routed, route_parameters or {})
+            route, shadow = name, routed
+            if route_priority is not None:
+                priority = route_priority
+        else:
+            check_direct(self.manager.hidden, name)
+        model = self.manager.generative(name)
+        for _ in range(3):  # a reload may replace the version while the prompt is tokenized
+            model.check_accepting()  # the cheap refusals before the tokenizer's work
+            _check_prompt_size(model, prompt, params.max_tokens)
+            tokens = await asyncio.to_thread(_tokenize, model.tokenizer, prompt)
+            current = self.manager.generative(name)
+            if current is model:
+                break
+            model = current
+        if not tokens:
+            raise InvalidInput("the prompt is empty")
+        limit = model.decoder.config.max_position
+        if len(tokens) + params.max_tokens > limit:
+            raise InvalidInput(f"prompt ({len(tokens)} tokens) + max_tokens "
+                               f"({params.max_tokens}) is over the model's {limit} positions")
+        if not (cache and self.cache is not None and model.config.response_cache):
+            handle = model.submit(tokens, params, priority)
+            handle.shadow, handle.route = shadow, route
+            return Generation(model, handle, len(tokens), self._ended)
+        model.check_accepting()  # a stopping model answers 503, cached or not
+        started = time.perf_counter_ns()
+        key = self.cache.generation_key(tenant, model.name, model.version, tokens, params)
+        found = await self.cache.lookup_generation(key, model.engine.vocab, params.max_tokens)
+        lookup_ns = time.perf_counter_ns() - started
+        if found is not None:
+            model.stats.cache_hit[0] += 1
+            model.stats.cache_hit[1] += lookup_ns
+            handle = Handle.replay(tokens, params, *found, model.tokenizer.decode)
+        else:
+            model.stats.cache_miss[0] += 1
+            model.stats.cache_miss[1] += lookup_ns
+            handle = model.submit(tokens, params, priority)
+            handle.cache_key, handle.cache = key, "miss"
+        handle.cache_ns = lookup_ns
+        handle.shadow, handle.route = shadow, route
+        return Generation(model, handle, len(tokens), self._ended)
+
+    def _ended(self, handle: Handle, tokens: list[int], reason: str) -> None:
+        """A whole answer ended: keep it when it was asked to be cached and ended
+        normally (never an error or an abort), and send a shadow copy of a deterministic
+        one if its router takes one."""
+        if handle.cache_key is not None and self.cache is not None and \
+                reason in ("stop", "length"):
+            self.cache.keep_generation(handle.cache_key, tokens, reason)
+        # a sampled answer differs from any other by design: only deterministic ones,
+        # streamed or whole, are compared
+        if handle.shadow is not None and reason in ("stop", "length") and \
+                handle.params.deterministic:
+            self._shadow(handle.shadow, handle, tokens)
+
+    def _shadow(self, routed: RoutedModel, handle: Handle,
+                           tokens: list[int]) -> None:
+        """A shadow copy of a whole generation, if the router takes one: the same prompt
+        on the shadow model in the background, and how many of the answer's tokens it
+        chose alike."""
+        def busy(shadow: Target) -> bool:
+            model = self.manager.generative(shadow.model)
+            model.check_accepting()
+            return bool(model.engine.scheduler.waiting)
+
+        async def copy(shadow: Target) -> None:
+            model = self.manager.generative(shadow.model)
+            events = model.submit(handle.prompt, handle.params, handle.priority).events
+            shadow_tokens: list[int] = []
+            while isinstance(event := await events.get(), Token):
+                shadow_tokens.append(event.token)
+            if not isinstance(event, Done):
+                raise InferenceFailed(f"the shadow generation failed: {event}")
+            routed.stats.shadow.compare_tokens(tokens, shadow_tokens)
+
+        self.in_background(routed.shadow(busy, copy))
+
+
+def _check_prompt_size(model: GenerativeModel, prompt: Prompt,
+                       max_tokens: int) -> None:
+    """Refuse, before any tokenizing, a prompt that cannot fit the model's positions: one
+    with more characters than the free positions times the longest token of the
+    vocabulary, or a chat with more messages than positions."""
+    free = model.decoder.config.max_position - max_tokens
+    if free < 1:
+        raise InvalidInput(f"max_tokens ({max_tokens}) leaves no room for a prompt in the "
+                           f"model's {model.decoder.config.max_position} positions")
+    if isinstance(prompt, str):
+        characters = len(prompt)
+    else:
+        if len(prompt) > free:
+            raise InvalidInput(f"{len(prompt)} messages cannot fit the model's "
+                               f"{free} free positions (max_tokens is {max_tokens})")
+        characters = sum(len(m["content"]) + len(m["role"]) for m in prompt)
+    most = free * model.tokenizer.longest_token_chars
+    if characters > most:
+        raise InvalidInput(f"the prompt ({characters} characters) cannot fit the model's "
+                           f"{free} free positions (max_tokens is {max_tokens}; a token "
+                           f"holds at most {model.tokenizer.longest_token_chars} characters)")
+
+
+def _tokenize(tokenizer: Any, prompt: Prompt) -> list[int]:
+    """Token ids of a prompt, or of messages through the chat template (CPU work: called
+    in a worker thread)."""
+    if isinstance(prompt, str):
+        return list(tokenizer.encode(prompt))
+    try:
+        text = tokenizer.chat(prompt)
+    except RequestError:
+        raise
+    except Exception as exc:  # the template's own checks (raise_exception, undefined)
+        raise InvalidInput(f"the chat template refused these messages: {exc}") from None
+    return list(tokenizer.encode(text))
