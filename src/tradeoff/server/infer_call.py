@@ -31,7 +31,7 @@ from tradeoff.protocol.v2 import TensorOutput, V2Request, decode_request, encode
 from tradeoff.scheduling.request import InferenceRequest, Timings
 from tradeoff.server.asgi import JSON_HEADERS, Headers, Scope
 from tradeoff.server.catalog import ModelVersion
-from tradeoff.server.dataplane import Admission, DataPlane, Dispatch, TensorTarget
+from tradeoff.server.dataplane import Admission, DataPlane, TensorTarget
 
 __all__ = [
     "InferCall",
@@ -98,7 +98,7 @@ class InferCall:
             if self.admission is not None:
                 self.admission.take()
             dispatch = self.dataplane.dispatch_of(self.target, request)
-            if dispatch is Dispatch.DIRECT:  # a model version, called back by its scheduler
+            if dispatch == "direct":  # a model version, called back by its scheduler
                 self._internal = self.dataplane.submit(
                     self.target, request, self._end)  # type: ignore[arg-type]
             else:  # a router or the cache: the data plane's coroutine
