@@ -8,6 +8,13 @@ PY := $(VENV)/bin/python
 CONSTRAINTS ?= constraints.txt
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 STAMP := $(VENV)/.installed-test
+# The suite's workers (pytest-xdist): a file's tests stay on one worker, in the order
+# tests/conftest.py gives (files with slow tests first); `timing` tests run alone after.
+TEST_WORKERS ?= 3
+PARALLEL := -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+# compiled modules are kept: the suite starts hundreds of servers, and each pytest worker
+# would otherwise rewrite every test module's asserts again
+unexport PYTHONDONTWRITEBYTECODE
 DEMO_STAMP := $(VENV)/.installed-demo
 
 .PHONY: demo test test-fast install constraints proto bench perf-analyzer chromium clean
@@ -63,11 +70,13 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/mypy src
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q
+	$(PY) -m pytest $(PARALLEL) -m "not timing"
+	$(PY) -m pytest -q -m timing
 
-# The unit tests alone (no server started): what to ask while working
+# The unit tests that take seconds (no server started, nothing slow): what to ask while
+# working
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not integration"
+	$(PY) -m pytest $(PARALLEL) -m "not integration and not slow and not timing"
 
 # Regenerate the protobuf code from the project's .proto files.
 proto: $(STAMP)

@@ -201,8 +201,10 @@ def run_demo(options: DemoOptions) -> dict[str, Any]:
                           title="tradeoff demo: dynamic batching on vs off"
                           + (", continuous batching of an LLM" if llm_results else ""))
     console.print(f"\nserver exited with {exit_code} after SIGTERM")
-    console.print(f"results: {output}/ ({', '.join(p.name for p in files)})")
-    console.print(f"[bold green]report: {options.report.resolve()}[/] (open it in a browser)")
+    # paths whole (never folded mid-name), so they can be copied from any terminal
+    console.print(f"results: {output}/ ({', '.join(p.name for p in files)})", soft_wrap=True)
+    console.print(f"[bold green]report: {options.report.resolve()}[/] (open it in a browser)",
+                  soft_wrap=True)
     return {"report": options.report, "files": files, "sweeps": sweeps, "compare": compare,
             "findings": [f.to_dict() for f in findings], "figures": len(report.sections)}
 

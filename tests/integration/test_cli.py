@@ -19,6 +19,7 @@ from .control_server import ControlServer
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.slow
 def test_demo_sweeps_both_models_and_writes_the_report(tmp_path: Path) -> None:
     out = tmp_path / "demo"
     report = tmp_path / "demo-report.html"

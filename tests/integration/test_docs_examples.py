@@ -45,6 +45,7 @@ def run_shell(block: str, cwd: Path) -> None:
     assert run.returncode == 0, f"{block}\n{run.stdout[-2000:]}\n{run.stderr[-2000:]}"
 
 
+@pytest.mark.slow
 def test_the_routing_example_builds_loads_and_routes(tmp_path: Path) -> None:
     run_shell(fenced("routing.md", "sh", "The example below routes"), tmp_path)
     repo = tmp_path / "models"
@@ -184,6 +185,7 @@ def shortened(argv: list[str], server: ServerProcess) -> list[str]:
     return out
 
 
+@pytest.mark.slow
 def test_the_readmes_measuring_commands_run_as_written(tmp_path: Path) -> None:
     """bench, sweep, soak, compare, diagnose and report from the README, in order,
     against a served repository of the models they name (the README's SLA sweep used to
@@ -305,6 +307,7 @@ def page_script(page: str, server: ServerProcess, skipped: list[str]) -> str:
     return "\n".join(lines)
 
 
+@pytest.mark.slow
 def test_the_docs_pages_commands_run_as_written(tmp_path: Path) -> None:
     """Every shell block of the docs pages that measure, tune or report, run in order
     against a served example repository with shortened durations; a line that cannot run

@@ -41,6 +41,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 
 
 @pytest.mark.timing  # chat's TPOT p50 at most 30 ms (20 ms steps) moves with the load
+@pytest.mark.slow
 def test_bench_mix_reports_each_class_and_the_router_puts_chat_first(server: ServerProcess
                                                                     ) -> None:
     from tradeoff.bench.endpoint import EndpointSpec, GenerationOptions, make_adapter

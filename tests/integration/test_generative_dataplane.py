@@ -193,6 +193,7 @@ def test_reload_under_a_running_generation_loses_nothing(mixed: ServerProcess) -
     assert complete(mixed.url)[0] == 200  # the new version serves
 
 
+@pytest.mark.slow
 def test_max_inflight_counts_generations(tmp_path: Path) -> None:
     repo = tmp_path / "models"
     write_generative(repo, "tinyllama", **SMALL)

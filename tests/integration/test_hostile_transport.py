@@ -205,6 +205,7 @@ def refused_for_memory(server: ServerProcess, megabytes: int) -> bool:
     return response.status == 503 and b"--max-body-memory" in response.body
 
 
+@pytest.mark.slow
 def test_bodies_held_at_once_are_bounded_by_max_body_memory(server: ServerProcess) -> None:
     """Stalled 48 MB bodies to /v1 and /v2/repository/index used to be held without limit
     (30 of them held 1.55 GiB); bytes of bodies held at once are bounded by
@@ -530,6 +531,7 @@ def read_response(sock: socket.socket) -> bytes:
     return head + b"\r\n\r\n" + body
 
 
+@pytest.mark.slow
 def test_a_kept_alive_connection_closes_after_the_keep_alive_timeout(
         server: ServerProcess) -> None:
     """An answered connection stays open while requests keep coming (gaps shorter than

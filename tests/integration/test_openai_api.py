@@ -191,6 +191,7 @@ def test_bench_measures_our_server(server: ServerProcess, chat: bool) -> None:
     assert result.endpoint["server"]["name"] == "tradeoff"
 
 
+@pytest.mark.slow
 def test_compare_sweep_diagnose_and_report_understand_generations(
         server: ServerProcess, tmp_path: Path) -> None:
     from tradeoff.analysis.compare import run_compare

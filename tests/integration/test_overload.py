@@ -121,6 +121,7 @@ def test_a_request_whose_client_left_is_dropped_before_compute(limited: ServerPr
 
 
 @pytest.mark.timing  # p99 after the overload against the p99 before, 2 ms of slack
+@pytest.mark.slow
 def test_three_times_capacity_for_twenty_seconds(tmp_path: Path) -> None:
     """Open loop at 3x the measured capacity of ``paced``: every request gets an answer
     (success or an explicit 503), no hangs or resets, bounded memory, and light-load p99

@@ -141,6 +141,7 @@ def test_per_channel_dynamic_int8_keeps_minilm_cosine_on_real_sentences(
     assert result.versions[1].size_bytes < result.versions[0].size_bytes / 3
 
 
+@pytest.mark.slow
 def test_static_int8_of_resnet50_calibrates_on_its_own_samples(tmp_path: Path) -> None:
     from tradeoff.models import build_repository
 

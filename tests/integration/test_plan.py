@@ -39,6 +39,7 @@ def _plan(model_dir: Path, traffic: Traffic, sla_ms: float, **goal: float) -> Pl
                                  server_cpus=_cores()))
 
 
+@pytest.mark.slow
 def test_the_plan_batches_a_model_that_cannot_keep_up_alone(tmp_path: Path) -> None:
     # 2 ms per request alone: at 400/s it runs at 82% load and its p99 is far over
     # 15 ms; batches of 8 cost 2.4 ms for 8 requests
@@ -73,6 +74,7 @@ def test_the_plan_batches_a_model_that_cannot_keep_up_alone(tmp_path: Path) -> N
     assert load_as(PlanResult, document) == result
 
 
+@pytest.mark.slow
 def test_an_impossible_sla_is_reported_with_the_best_p99(tmp_path: Path) -> None:
     model = write_synthetic_model(tmp_path / "repo", fixed_ms=2.0, per_row_ms=0.05,
                                   max_batch_size=16)
@@ -83,6 +85,7 @@ def test_an_impossible_sla_is_reported_with_the_best_p99(tmp_path: Path) -> None
     assert "misses the SLA" in result.verdict
 
 
+@pytest.mark.slow
 def test_the_budget_stops_the_search(tmp_path: Path) -> None:
     model = write_synthetic_model(tmp_path / "repo", fixed_ms=1.0, max_batch_size=8)
     result = _plan(model, Traffic.law(100), 50.0, budget_s=1)
@@ -90,6 +93,7 @@ def test_the_budget_stops_the_search(tmp_path: Path) -> None:
     assert result.chosen is None and not (Path(result.output or "") / "repository").exists()
 
 
+@pytest.mark.slow
 def test_a_repeating_trace_turns_the_cache_on_and_the_replay_hits(tmp_path: Path) -> None:
     model = write_synthetic_model(tmp_path / "repo", fixed_ms=3.0, per_row_ms=0.5,
                                   max_batch_size=4)
@@ -110,6 +114,7 @@ def test_a_repeating_trace_turns_the_cache_on_and_the_replay_hits(tmp_path: Path
     assert "--cache local" in (Path(result.output or "") / "serve.sh").read_text()
 
 
+@pytest.mark.slow
 def test_a_trace_without_repetition_leaves_the_cache_off(tmp_path: Path) -> None:
     model = write_synthetic_model(tmp_path / "repo", fixed_ms=1.0, max_batch_size=8)
     rows = ["scheduled_ms,request"] + [f"{i * 10.0},{i}" for i in range(300)]
@@ -120,6 +125,7 @@ def test_a_trace_without_repetition_leaves_the_cache_off(tmp_path: Path) -> None
     assert not {lever.lever: lever.taken for lever in result.levers}["cache"]
 
 
+@pytest.mark.slow
 def test_the_accuracy_budget_leaves_a_version_out(tmp_path: Path) -> None:
     build_repository(tmp_path / "models", ("mlp",))
     cores = os.sched_getaffinity(0)
@@ -146,6 +152,7 @@ def test_the_command_refuses_an_output_inside_the_repository(tmp_path: Path) -> 
     assert run.exit_code == 2 and "--rate (with --arrival) or --trace" in run.output
 
 
+@pytest.mark.slow
 def test_two_classes_get_a_pool_each_behind_a_router(tmp_path: Path) -> None:
     # 32 ms + 4 ms per row at 22.5/s. One pool for both classes must meet the latency
     # class's 44 ms: four instances of batch 1. Alone, the 20% latency class needs two
@@ -181,6 +188,7 @@ def test_two_classes_get_a_pool_each_behind_a_router(tmp_path: Path) -> None:
         assert V2Adapter(server.url, "synthetic").prepare()
 
 
+@pytest.mark.slow
 def test_a_generative_model_gets_the_engine_batch_its_rate_needs(tmp_path: Path) -> None:
     # a step costs 20 ms + 0.1 ms a token (sleeping, as a host waits on a GPU). One
     # sequence at a time serves a 16-token answer in about 0.35 s: under 3 requests/s,
@@ -221,6 +229,7 @@ def test_a_generative_model_gets_the_engine_batch_its_rate_needs(tmp_path: Path)
     assert "TTFT p99" in run.output and "TPOT" in run.output
 
 
+@pytest.mark.slow
 def test_two_classes_of_generations_get_their_priority_in_one_engine(tmp_path: Path) -> None:
     # a step costs 20 ms + 2 ms a token (sleeping): four sequences keep TPOT under 55 ms,
     # and at 5 requests/s they run full, so the waiting queue's order decides who waits.
@@ -266,6 +275,7 @@ def test_two_classes_of_generations_get_their_priority_in_one_engine(tmp_path: P
 
 
 @pytest.mark.timing  # calibrated and replayed on the real clock: at load 4-6, one engine won
+@pytest.mark.slow
 def test_a_class_whose_tpot_one_engine_cannot_keep_gets_an_engine_of_its_own(
         tmp_path: Path) -> None:
     # the same sleeping steps (20 ms + 2 ms a token) at 6 requests/s on two cores: in one

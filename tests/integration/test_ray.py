@@ -197,6 +197,7 @@ def test_load_and_unload_reach_every_replica(deployment: ServerProcess) -> None:
     assert refused.status == 404 and b"nope" in refused.body
 
 
+@pytest.mark.slow
 def test_a_killed_replica_is_replaced_with_the_same_models(deployment: ServerProcess) -> None:
     assert post_json(deployment.url, "/v2/repository/models/mlp/unload", {}).status == 200
     before = live_replicas(deployment)
@@ -266,6 +267,7 @@ def test_bench_workers_on_both_nodes_merge_exactly(cluster: LocalRayCluster,
     assert opened["summary"]["latency_ms"]["min"] >= 0
 
 
+@pytest.mark.slow
 def test_sweep_soak_and_compare_take_ray_workers(cluster: LocalRayCluster,
                                                  plain_server: ServerProcess,
                                                  tmp_path: Path) -> None:
@@ -357,6 +359,7 @@ def test_the_cluster_and_its_drivers_listen_on_loopback_where_ray_lets_them(
     assert any(f[1] == str(deployment.http_port) and f[0] == "127.0.0.1" for f in found)
 
 
+@pytest.mark.slow
 def test_a_local_ray_listens_on_loopback_only(ray_repository: Path, tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()

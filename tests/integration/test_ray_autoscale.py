@@ -23,6 +23,7 @@ if importlib.util.find_spec("ray") is None:
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.slow
 def test_autoscaling_follows_the_requests_in_flight(tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     from tradeoff.models import build_repository

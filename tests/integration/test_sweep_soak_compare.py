@@ -242,6 +242,7 @@ def test_compare_batched_and_unbatched_models_side_by_side(tmp_path: Path,
     assert "Endpoint profiles" in out and "fairness" in out
 
 
+@pytest.mark.slow
 def test_compare_reads_result_files(tmp_path: Path, server: ServerProcess) -> None:
     for model in ("mlp", "mlp_nobatch"):
         tradeoff("bench", server.url, "--model", model, "--concurrency", "4", "--duration",
@@ -286,6 +287,7 @@ def chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
+@pytest.mark.slow
 def test_report_renders_every_plot_in_chromium(tmp_path: Path, server: ServerProcess) -> None:
     browser = chromium()
     if browser is None:

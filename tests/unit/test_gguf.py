@@ -36,6 +36,7 @@ def smollm2_file() -> Path:
     return found
 
 
+@pytest.mark.slow
 def test_smollm2_answers_a_question() -> None:
     from tradeoff.backends.gguf_file import load_gguf
     from tradeoff.generate.engine import GenerationEngine

@@ -44,6 +44,7 @@ def _plan(traffic: Traffic, goal: Goal) -> list:
                   key=lambda c: rank_key(c, strictest))
 
 
+@pytest.mark.slow
 def test_a_strict_small_class_gets_its_own_pool_when_one_pool_would_cost_more() -> None:
     # 4 ms + 0.5 ms per row. One pool for all 350/s at p99 <= 6 ms cannot wait for
     # batches: four instances of batch 1. Alone, the 5% latency class needs two instances
@@ -67,6 +68,7 @@ def test_a_strict_small_class_gets_its_own_pool_when_one_pool_would_cost_more() 
     assert best.cost_per_million < shared.cost_per_million
 
 
+@pytest.mark.slow
 def test_classes_with_the_same_sla_keep_one_pool() -> None:
     traffic = Traffic.law(350, classes={"latency": 0.05, "bulk": 0.95})
     goal = Goal(sla_p99_ms=200, max_drop=0.01, cores=4, price_per_core_hour=0.1)
@@ -103,6 +105,7 @@ def test_each_class_of_a_trace_is_its_own_traffic(tmp_path: Path) -> None:
         Traffic.law(100, classes={"a": 0})
 
 
+@pytest.mark.slow
 def test_pools_are_written_behind_a_router_under_the_models_name(tmp_path: Path) -> None:
     traffic = Traffic.law(350, classes={"latency": 0.05, "bulk": 0.95})
     goal = Goal(sla_p99_ms=200, max_drop=0.01, cores=4, class_sla_ms={"latency": 6})

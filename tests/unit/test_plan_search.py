@@ -164,6 +164,7 @@ def test_a_version_over_the_accuracy_budget_is_never_a_candidate() -> None:
     assert {c.version for c in ranked} == {1, 2}
 
 
+@pytest.mark.slow
 def test_fewer_cores_win_when_cores_are_priced() -> None:
     ranked = _searcher(300, 20.0, cores=4, price_per_core_hour=0.1).search(
         [_version()], CacheChoice(0, 0, 0.0, "off"))

@@ -165,6 +165,7 @@ def test_another_runtime_error_is_not_taken_for_out_of_memory(repo: Path) -> Non
         backend.run(feed(1), ["OUTPUT__0"])
 
 
+@pytest.mark.slow
 def test_torch_compile_warms_up_and_answers_like_eager(repo: Path) -> None:
     backend = instance(repo, "pt2", compile="default")
     assert backend.compile_seconds is not None and backend.compile_seconds > 0

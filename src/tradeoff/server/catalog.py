@@ -35,7 +35,8 @@ __all__ = [
 
 # config parameters that mark a config `tradeoff tune serve` loaded for a trial: who
 # applied it (shown in the repository index), and the config it replaced
-TUNE_MARKER, TUNE_ORIGINAL = "tradeoff_tune", "tradeoff_tune_original"
+TUNE_MARKER = "tradeoff_tune"
+TUNE_ORIGINAL = "tradeoff_tune_original"
 
 
 class ModelState(enum.Enum):

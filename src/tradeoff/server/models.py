@@ -28,11 +28,9 @@ from tradeoff.server.build import (
     build_tensor,
     clear_finished_frames,
 )
-
-# ModelVersion: server/dataplane.py still imports it from here
 from tradeoff.server.catalog import ModelCatalog, ModelEntry, ModelState, ModelVersion, Served
 
-__all__ = ["NO_CACHE_WARNING", "ModelManager", "ModelVersion"]
+__all__ = ["NO_CACHE_WARNING", "ModelManager"]
 
 log = logging.getLogger("tradeoff.server")
 
