@@ -100,6 +100,21 @@ def test_both_formats_answer_like_eager_pytorch(repo: Path) -> None:
     np.testing.assert_allclose(exported, eager(3), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["pt", "pt2"])
+def test_on_a_cuda_device_both_formats_answer_like_eager_on_the_cpu(repo: Path,
+                                                                     name: str) -> None:
+    source = ModelRepository(repo).read(name)
+    config = source.config
+    on_gpu = TorchBackend(config.instance_spec(source.versions[1], intra_op_threads=1,
+                                               kind="KIND_GPU", device_id=0,
+                                               parameters=dict(config.parameters)))
+    assert on_gpu.device.type == "cuda"
+    names = ("INPUT__0", "INPUT__1") if name == "pt" else ("input_ids", "attention_mask")
+    got = on_gpu.run(feed(3, names), ["OUTPUT__0"])["OUTPUT__0"]
+    np.testing.assert_allclose(got, eager(3), rtol=1e-3, atol=1e-4)  # TF32 matmuls
+
+
 @pytest.mark.parametrize(("precision", "mode"), [("bf16", "cast"), ("bf16", "autocast"),
                                                  ("fp16", "cast")])
 def test_reduced_precision_answers_in_fp32_close_to_fp32(repo: Path, precision: str,
