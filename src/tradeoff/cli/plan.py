@@ -10,10 +10,11 @@ import click
 
 from tradeoff.cli.options import DURATION, Duration, Number, json_option, save_result, step_progress
 from tradeoff.cli.signals import RaiseOnSignal, Stopped
+from tradeoff.errors import InvalidValue
+from tradeoff.plan.continuous import MAX_LENGTH, Lengths
 
 __all__ = ["plan"]
 
-MAX_LENGTH = 1 << 16  # words of a prompt, tokens of an answer: the prompts are written out
 PRECISIONS = {"int8": ("int8-dynamic", True), "int8-static": ("int8-static", True),
               "fp16": ("fp16", False), "graph-opt": ("graph-opt", False),
               "bf16": ("bf16", False)}
@@ -137,7 +138,6 @@ def plan(model_dir: Path, sla_p99_ms: float | None, sla_ttft_ms: float | None,
     from rich.console import Console
 
     from tradeoff.optimize import Variant
-    from tradeoff.plan.continuous import Lengths
     from tradeoff.plan.planner import PlanRequest, make_plan
     from tradeoff.plan.traffic import Traffic
     from tradeoff.report.terminal import print_plan
@@ -155,10 +155,6 @@ def plan(model_dir: Path, sla_p99_ms: float | None, sla_ttft_ms: float | None,
     if trace is not None and (distinct_inputs is not None or zipf is not None):
         raise click.UsageError("--distinct-inputs and --zipf describe --rate's inputs; a "
                                "trace's repetition is measured from it")
-    if sum(p is not None for p in (price_per_hour, price_per_core_hour,
-                                   price_per_gpu_hour)) > 1:
-        raise click.UsageError("give one of --price-per-hour, --price-per-core-hour and "
-                               "--price-per-gpu-hour")
     if "none" in precisions and len(precisions) > 1:
         raise click.UsageError("--precision none weighs the original only: give it alone")
     shares = _positive(class_shares, "--class-share", "NAME=SHARE")
@@ -167,27 +163,10 @@ def plan(model_dir: Path, sla_p99_ms: float | None, sla_ttft_ms: float | None,
                                "are measured from its 'class' field")
     traffic = Traffic.read(trace) if trace is not None else \
         Traffic.law(rate or 0.0, arrival, distinct_inputs, zipf, shares)
-    words = prompt_words or round(traffic.prompt_tokens or 128)
-    if shared_prefix_words >= words:
-        raise click.UsageError(f"--shared-prefix-words must be fewer than the prompt's "
-                               f"{words} words")
-    lengths = Lengths(words, output_tokens or round(traffic.output_tokens or 64),
-                      shared_prefix_words)
-    if max(lengths.prompt, lengths.output) > MAX_LENGTH:  # a trace's means
-        raise click.UsageError(f"the trace's mean prompt_tokens or output_tokens is over "
-                               f"{MAX_LENGTH:,}: give --prompt-words and --output-tokens")
+    lengths = Lengths(prompt_words or round(traffic.prompt_tokens or 128),
+                      output_tokens or round(traffic.output_tokens or 64), shared_prefix_words)
     class_sla = _positive(class_slas, "--class-sla", "NAME=MS")
     class_tpot = _positive(class_tpots, "--class-sla-tpot", "NAME=MS")
-    if class_tpot and sla_tpot_ms is None:
-        raise click.UsageError("--class-sla-tpot is for generative models: give "
-                               "--sla-ttft-ms and --sla-tpot-ms")
-    for flag, named in (("--class-sla", class_sla), ("--class-sla-tpot", class_tpot)):
-        unknown = sorted(set(named) - set(traffic.classes))
-        if unknown:
-            known = ", ".join(traffic.classes) or "none: give --class-share, or a trace " \
-                "with a 'class' field"
-            raise click.UsageError(f"{flag} {unknown[0]}: the traffic has no such class "
-                                   f"(its classes: {known})")
     available = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
     server_cores = cores or max(1, len(available) - 1)
     server_cpus = None
@@ -195,19 +174,22 @@ def plan(model_dir: Path, sla_p99_ms: float | None, sla_ttft_ms: float | None,
         server_cpus = ",".join(str(c) for c in available[:server_cores])
     variants = tuple(Variant(*PRECISIONS[p]) for p in precisions if p != "none")
     goal = Goal(sla_p99_ms=sla_p99_ms or sla_ttft_ms or 0.0, max_drop=max_drop,
-                    cores=server_cores, sla_tpot_ms=sla_tpot_ms,
-                    price=Price(per_hour=price_per_hour) if price_per_hour else None,
-                    price_per_core_hour=price_per_core_hour,
-                    price_per_gpu_hour=price_per_gpu_hour, budget_s=budget,
-                    replay_s=replay_s, class_sla_ms=class_sla, class_tpot_ms=class_tpot)
+                cores=server_cores, sla_tpot_ms=sla_tpot_ms,
+                price=Price(per_hour=price_per_hour) if price_per_hour else None,
+                price_per_core_hour=price_per_core_hour,
+                price_per_gpu_hour=price_per_gpu_hour, budget_s=budget,
+                replay_s=replay_s, class_sla_ms=class_sla, class_tpot_ms=class_tpot)
+    try:  # the values checked against each other, the traffic and the goal
+        request = PlanRequest(model_dir, traffic, goal, variants, output, seconds,
+                              server_cpus, lengths)
+    except InvalidValue as exc:
+        raise click.UsageError(str(exc)) from None
     console = Console()
     try:
         if server_cpus is not None:  # this process generates the load: the other cores
             os.sched_setaffinity(0, set(available[server_cores:]))
         with RaiseOnSignal(), step_progress(console) as say:
-            result = make_plan(PlanRequest(
-                model_dir, traffic, goal, variants, output, seconds, server_cpus,
-                lengths), say)
+            result = make_plan(request, say)
     except Stopped as stop:
         click.echo(f"plan: stopped by {stop}; its servers are stopped and its scratch "
                    "removed", err=True)

@@ -48,7 +48,7 @@ from tradeoff.errors import InvalidValue, TuneError, local_resource
 from tradeoff.generate.config import GenerativeConfig
 from tradeoff.optimize.optimizer import OptimizePlan, optimize_model
 from tradeoff.optimize.variants import Variant
-from tradeoff.plan.continuous import Lengths
+from tradeoff.plan.continuous import MAX_LENGTH, Lengths
 from tradeoff.plan.deployment import pool_name, serve_flags, serve_script, write_deployment
 from tradeoff.plan.generative import (
     EngineSearcher,
@@ -116,6 +116,32 @@ class PlanRequest:
     server_cpus: str | None = None  # the cores the servers are pinned to
     lengths: Lengths | None = None  # a generative model's prompts and answers
 
+    def __post_init__(self) -> None:
+        """InvalidValue for a request no plan can be made of: more than one price, prompt
+        lengths out of bounds, a class's SLA for a class the traffic does not have."""
+        goal, lengths = self.goal, self.lengths
+        prices = (goal.price, goal.price_per_core_hour, goal.price_per_gpu_hour)
+        if sum(p is not None for p in prices) > 1:
+            raise InvalidValue("give one of --price-per-hour, --price-per-core-hour and "
+                               "--price-per-gpu-hour")
+        if lengths is not None and lengths.shared_prefix >= lengths.prompt:
+            raise InvalidValue(f"--shared-prefix-words must be fewer than the prompt's "
+                               f"{lengths.prompt} words")
+        if lengths is not None and max(lengths.prompt, lengths.output) > MAX_LENGTH:
+            raise InvalidValue(f"the trace's mean prompt_tokens or output_tokens is over "
+                               f"{MAX_LENGTH:,}: give --prompt-words and --output-tokens")
+        if goal.class_tpot_ms and goal.sla_tpot_ms is None:
+            raise InvalidValue("--class-sla-tpot is for generative models: give "
+                               "--sla-ttft-ms and --sla-tpot-ms")
+        for flag, named in (("--class-sla", goal.class_sla_ms),
+                            ("--class-sla-tpot", goal.class_tpot_ms)):
+            unknown = sorted(set(named) - set(self.traffic.classes))
+            if unknown:
+                known = ", ".join(self.traffic.classes) or "none: give --class-share, or a " \
+                    "trace with a 'class' field"
+                raise InvalidValue(f"{flag} {unknown[0]}: the traffic has no such class "
+                                   f"(its classes: {known})")
+
 
 def default_output(model_dir: Path) -> Path:
     repository = model_dir.resolve().parent
@@ -173,16 +199,16 @@ def make_plan(request: PlanRequest, say: Progress = lambda _: None) -> PlanResul
             (work / OWNER).write_text(str(os.getpid()))
             shutil.copytree(model_dir, work / "candidates" / name)
             shutil.copytree(model_dir, work / "baseline" / name)
+        goal = request.goal
         if kind == GENERATIVE:
             settings = GenerativeConfig.of_model(model_dir)
-            if request.goal.price_per_gpu_hour is not None:
-                request = replace(request, goal=request.goal.on_gpus(_engine_gpus(settings,
-                                                                                  name)))
-            return _plan_generative(request, settings, output, started, say)
+            if goal.price_per_gpu_hour is not None:
+                goal = goal.on_gpus(_engine_gpus(settings, name))
+            return _plan_generative(request, goal, settings, output, started, say)
         config = repository.read(name).config
-        if request.goal.price_per_gpu_hour is not None:
-            request = replace(request, goal=request.goal.on_gpus(_gpus(config)))
-        return _plan(request, config, output, started, say)
+        if goal.price_per_gpu_hour is not None:
+            goal = goal.on_gpus(_gpus(config))
+        return _plan(request, goal, config, output, started, say)
     finally:
         shutil.rmtree(work, ignore_errors=True)
         if created and output.is_dir() and not any(output.iterdir()):
@@ -210,11 +236,12 @@ def _engine_gpus(config: GenerativeConfig, name: str) -> int:
     return 1
 
 
-def _plan_generative(request: PlanRequest, config: GenerativeConfig, output: Path,
-                     started: float, say: Progress) -> PlanResult:
+def _plan_generative(request: PlanRequest, goal: Goal, config: GenerativeConfig,
+                     output: Path, started: float, say: Progress) -> PlanResult:
     """A generative model's plan (:mod:`tradeoff.plan.generative`): its precision and
-    engine settings for a TTFT and a TPOT SLA."""
-    goal, work, model_dir = request.goal, output / WORK, Path(request.model_dir)
+    engine settings for a TTFT and a TPOT SLA (``goal``: the request's, priced for the
+    model's GPUs)."""
+    work, model_dir = output / WORK, Path(request.model_dir)
     name, traffic = model_dir.name, request.traffic
     lengths = request.lengths or Lengths(128, 64)
     say("measuring every version (tradeoff optimize)")
@@ -311,9 +338,10 @@ def _conclude(attempts: list[Attempt], ranked: list[PlanCandidate], output: Path
     return chosen, shown, [replace(c, pareto=c.name in front) for c in kept]
 
 
-def _plan(request: PlanRequest, config: ModelConfig, output: Path, started: float,
-          say: Progress) -> PlanResult:
-    goal, name, work = request.goal, config.name, output / WORK
+def _plan(request: PlanRequest, goal: Goal, config: ModelConfig, output: Path,
+          started: float, say: Progress) -> PlanResult:
+    """A tensor model's plan (``goal``: the request's, priced for the model's GPUs)."""
+    name, work = config.name, output / WORK
     say("measuring every version (tradeoff optimize)")
     optimized = optimize_model(work / "candidates" / name, OptimizePlan(
         variants=request.variants, max_drop=goal.max_drop,
@@ -345,7 +373,7 @@ def _plan(request: PlanRequest, config: ModelConfig, output: Path, started: floa
             target = write_deployment(work / f"attempt-{number}", candidates, candidate,
                                       config)
             return _replay(baseline_server, target, config.name, candidate, baseline,
-                           request), target
+                           request, goal), target
 
         attempts, stop = _prove(ranked, goal, shared.sla_p99_ms, started, attempt, say)
     proof = [r for _, replayed, _ in attempts for r in replayed]
@@ -459,13 +487,13 @@ def replay_load(traffic: Traffic, seconds: float) -> LoadSpec:
 
 
 def _replay(baseline_server: ServerProcess, target: Path, model: str,
-            candidate: PlanCandidate, baseline: PlanCandidate, request: PlanRequest
-            ) -> list[Replayed]:
+            candidate: PlanCandidate, baseline: PlanCandidate, request: PlanRequest,
+            goal: Goal) -> list[Replayed]:
     """The starting deployment and the candidate's, served side by side and the traffic
     replayed against both; with classes, each request carries its class (a trace's in
     its order, else drawn by the classes' shares) and each class is measured against its
     own SLA."""
-    traffic, goal = request.traffic, request.goal
+    traffic = request.traffic
     classes = tuple(RequestClass(name, share, {"class": name})
                     for name, share in traffic.classes.items()) \
         if len(traffic.classes) > 1 else ()
