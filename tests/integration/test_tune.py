@@ -50,8 +50,10 @@ def config(server: ServerProcess, model: str = "synthetic") -> dict:
 
 def tune(server: ServerProcess, tmp_path: Path, *args: str) -> ServeTune:
     out = tmp_path / "tune.json"
+    # an SLA every candidate meets even on a busy machine (at load 5, one in three missed
+    # 50 ms): these tests are of the search's bookkeeping, not of the machine's speed
     run = CliRunner().invoke(main, [
-        "tune", "serve", server.url, "--model", "synthetic", "--sla-p99-ms", "50",
+        "tune", "serve", server.url, "--model", "synthetic", "--sla-p99-ms", "1000",
         "--rate", "100", "--duration", "0.6s", "--warmup", "0.2s", "--delays-us", "0",
         "--threads", "1", "--output", str(tmp_path / "out"), "--json", str(out), *args])
     assert run.exit_code == 0, run.output
