@@ -27,7 +27,9 @@ from pathlib import Path
 
 import onnx
 from onnx import TensorProto, helper
+from slow_clients import HeadDrip, connect, head
 
+from tradeoff.bench.soak import read_rss
 from tradeoff.models import build_repository
 from tradeoff.models.examples import make_model
 from tradeoff.models.generative import write_generative
@@ -55,15 +57,16 @@ class RssSampler:
     """The server's resident memory, sampled in a thread: its baseline and peak."""
 
     def __init__(self, pid: int) -> None:
-        self.path = f"/proc/{pid}/status"
+        self.pid = pid
         self.baseline = self.peak = self.read()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def read(self) -> int:
-        with open(self.path) as status:
-            line = next(line for line in status if line.startswith("VmRSS:"))
-        return int(line.split()[1]) * 1024
+        rss = read_rss(self.pid, None)
+        if rss is None:
+            raise RuntimeError(f"cannot read the server's memory from /proc/{self.pid}")
+        return int(rss)
 
     def _run(self) -> None:
         while not self._stop.wait(0.02):
@@ -96,11 +99,6 @@ def normal_client(url: str, seconds: float) -> tuple[list[float], int]:
     return latencies, failures
 
 
-def connect(server: ServerProcess, source: str = "127.0.0.1") -> socket.socket:
-    return socket.create_connection((server.host, server.http_port), timeout=60,
-                                    source_address=(source, 0))
-
-
 def reply_of(sock: socket.socket, timeout: float = 60.0) -> str:
     sock.settimeout(timeout)
     data = b""
@@ -108,11 +106,6 @@ def reply_of(sock: socket.socket, timeout: float = 60.0) -> str:
         while chunk := sock.recv(65536):
             data += chunk
     return data.split(b"\r\n", 1)[0].decode(errors="replace") or "closed"
-
-
-def head(path: str, length: int) -> bytes:
-    return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {length}\r\n\r\n").encode()
 
 
 def post(server: ServerProcess, path: str, body: bytes, headers: dict[str, str]) -> str:
@@ -176,30 +169,17 @@ def huge_url(server: ServerProcess) -> Iterator[Callable[[], str]]:
 def idle_and_slow(server: ServerProcess) -> Iterator[Callable[[], str]]:
     idle = [connect(server, "127.0.0.2") for _ in range(2000)]
     slow = [connect(server, "127.0.0.3") for _ in range(500)]
-    stop = threading.Event()
+    with HeadDrip(slow, head("/v2/models/mlp/infer", 2), every_s=1.0) as drip:
 
-    def drip() -> None:
-        message = head("/v2/models/mlp/infer", 2)
-        for index in range(len(message)):
-            for sock in slow:
-                with contextlib.suppress(OSError):
-                    sock.send(message[index:index + 1])
-            if stop.wait(1.0):
-                return
+        def outcome() -> str:
+            started = time.monotonic()
+            closed = sum(reply_of(s, 30) == "closed" for s in idle)
+            timed_out = sum(reply_of(s, 30).startswith("HTTP/1.1 408") for s in slow)
+            drip.stop()
+            return (f"{closed}/2000 idle closed, {timed_out}/500 slow got 408, all within "
+                    f"{time.monotonic() - started:.0f} s of the end of the measurement")
 
-    dripper = threading.Thread(target=drip, daemon=True)
-    dripper.start()
-
-    def outcome() -> str:
-        started = time.monotonic()
-        closed = sum(reply_of(s, 30) == "closed" for s in idle)
-        timed_out = sum(reply_of(s, 30).startswith("HTTP/1.1 408") for s in slow)
-        stop.set()
-        return (f"{closed}/2000 idle closed, {timed_out}/500 slow got 408, all within "
-                f"{time.monotonic() - started:.0f} s of the end of the measurement")
-
-    yield outcome
-    stop.set()
+        yield outcome
     for sock in idle + slow:
         sock.close()
 

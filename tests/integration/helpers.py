@@ -1,4 +1,5 @@
-"""Small HTTP helpers for the integration tests: raw requests, metrics, ONNX references."""
+"""Small HTTP helpers for the integration tests: raw requests, metrics, the server's
+memory, ONNX references."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import numpy as np
 import onnxruntime as ort
 from prometheus_client.parser import text_string_to_metric_families
 
+from tradeoff.bench.soak import read_rss
 from tradeoff.server.process import ServerProcess
 
 TIMEOUT_S = 60.0
@@ -79,6 +81,14 @@ def model_metric(server: ServerProcess, name: str, model: str, version: str = "1
     key = (name, frozenset({"model": model, "version": version}.items()))
     assert key in samples, f"{name} for {model}/{version} missing from /metrics"
     return samples[key]
+
+
+def rss(server: ServerProcess) -> int:
+    """The server's resident memory in bytes, from ``/proc``."""
+    assert server.process is not None
+    found = read_rss(server.process.pid, None)
+    assert found is not None, f"no VmRSS in /proc/{server.process.pid}/status"
+    return int(found)
 
 
 def wait_for(condition: Any, what: str, timeout: float = 30.0) -> None:

@@ -26,7 +26,7 @@ from tradeoff.models.generative import write_generative
 from tradeoff.protocol import grpc_service_pb2 as pb
 from tradeoff.server.process import ServerProcess
 
-from .helpers import metric_samples, post_json, request, running_server, wait_for
+from .helpers import metric_samples, post_json, request, rss, running_server, wait_for
 from .model_repo import IDENTITY_TYPES, identity_config, identity_model, identity_name
 
 pytestmark = pytest.mark.integration
@@ -185,13 +185,6 @@ def test_a_model_of_an_unsupported_type_does_not_stop_the_others(tmp_path: Path)
         rows = post_json(other.url, "/v2/repository/index", {}).json()
         assert {r["name"]: r["state"] for r in rows}["complex"] == "UNAVAILABLE"
         assert request(other.url, "GET", "/v2/models/tiny/ready").status == 200
-
-
-def rss(server: ServerProcess) -> int:
-    assert server.process is not None
-    with open(f"/proc/{server.process.pid}/status") as status:
-        line = next(line for line in status if line.startswith("VmRSS:"))
-    return int(line.split()[1]) * 1024
 
 
 def identity_answers(server: ServerProcess) -> bool:

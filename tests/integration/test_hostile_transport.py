@@ -11,7 +11,6 @@ import gzip
 import resource
 import shutil
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -22,10 +21,11 @@ import orjson
 import pytest
 import tritonclient.grpc as triton_grpc
 
+from benchmarks.slow_clients import HeadDrip, connect, head
 from tradeoff.models import build_repository
 from tradeoff.server.process import ServerProcess
 
-from .helpers import infer_json, request, running_server, wait_for
+from .helpers import infer_json, request, rss, running_server, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -57,25 +57,6 @@ def open_files() -> Iterator[None]:
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, wanted), hard))
     yield
     resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-
-
-def rss(server: ServerProcess) -> int:
-    assert server.process is not None
-    with open(f"/proc/{server.process.pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
-
-
-def connect(server: ServerProcess, source: str = "127.0.0.1") -> socket.socket:
-    return socket.create_connection((server.host, server.http_port), timeout=30,
-                                    source_address=(source, 0))
-
-
-def head(path: str, length: int, method: str = "POST") -> bytes:
-    return (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json"
-            f"\r\nContent-Length: {length}\r\n\r\n").encode()
 
 
 def answer(sock: socket.socket, timeout: float = 30.0) -> bytes:
@@ -166,28 +147,14 @@ def test_idle_and_slow_heads_are_closed_at_the_header_timeout(server: ServerProc
     both are closed --header-timeout after they opened or began, the slow ones with 408."""
     idle = [connect(server, "127.0.0.2") for _ in range(300)]
     slow = [connect(server, "127.0.0.3") for _ in range(10)]
-    stop = threading.Event()
-
-    def drip() -> None:  # one byte of a head every 0.2 s on each slow socket
-        message = head("/v2/models/mlp/infer", 2)
-        for index in range(len(message)):
-            for sock in slow:
-                with contextlib.suppress(OSError):
-                    sock.send(message[index:index + 1])
-            if stop.wait(0.2):
-                return
-
-    dripper = threading.Thread(target=drip, daemon=True)
-    dripper.start()
     try:
-        started = time.monotonic()
-        assert_mlp_answers(server)
-        idle_replies = [answer(sock) for sock in idle]
-        slow_replies = [answer(sock) for sock in slow]
-        closed_after = time.monotonic() - started
+        with HeadDrip(slow, head("/v2/models/mlp/infer", 2), every_s=0.2):
+            started = time.monotonic()
+            assert_mlp_answers(server)
+            idle_replies = [answer(sock) for sock in idle]
+            slow_replies = [answer(sock) for sock in slow]
+            closed_after = time.monotonic() - started
     finally:
-        stop.set()
-        dripper.join()
         for sock in idle + slow:
             sock.close()
     assert idle_replies == [b""] * len(idle)  # closed without a word: nothing was asked
