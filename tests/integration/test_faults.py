@@ -28,17 +28,11 @@ from .model_repo import (
 
 pytestmark = pytest.mark.integration
 
-FAULTY_CONFIG = """\
-name: "faulty"
-platform: "onnxruntime_onnx"
-max_batch_size: 8
-input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+FAULTY_CONFIG = CONSTANT_CONFIG.format(name="faulty", extra="""\
 dynamic_batching { max_queue_delay_microseconds: 1000000 }
-instance_group [ { count: 1 kind: KIND_CPU } ]
 parameters { key: "fault_fail_on_value" value: { string_value: "13" } }
 parameters { key: "fault_die_on_value" value: { string_value: "666" } }
-"""
+""")
 
 
 @pytest.fixture(scope="module")

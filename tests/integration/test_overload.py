@@ -23,18 +23,13 @@ from tradeoff.server.process import ServerProcess
 
 from ..synthetic_model import write_synthetic_model
 from .helpers import infer_json, metric_samples, model_metric, request, running_server, wait_for
-from .model_repo import _write, add_constant_model, build_shutdown_repository
+from .model_repo import CONSTANT_CONFIG, _write, add_constant_model, build_shutdown_repository
 
 pytestmark = pytest.mark.integration
 
 LIMIT = 3
 # waits up to 2 s for a batch, but a request may wait only 300 ms (or less, if it asks)
-TIMED_CONFIG = """\
-name: "timed"
-platform: "onnxruntime_onnx"
-max_batch_size: 8
-input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+TIMED_CONFIG = CONSTANT_CONFIG.format(name="timed", extra="""\
 dynamic_batching {
   max_queue_delay_microseconds: 2000000
   default_queue_policy {
@@ -43,7 +38,7 @@ dynamic_batching {
     allow_timeout_override: true
   }
 }
-"""
+""")
 
 
 @pytest.fixture(scope="module")

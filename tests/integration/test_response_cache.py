@@ -21,7 +21,7 @@ from tradeoff.models import build_repository
 from tradeoff.server.process import ServerProcess
 
 from .helpers import infer_json, metric_samples, post_json, request, running_server
-from .model_repo import _write, add_constant_model
+from .model_repo import CONSTANT_CONFIG, _write, add_constant_model
 
 pytestmark = pytest.mark.integration
 
@@ -35,24 +35,11 @@ output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
 dynamic_batching { max_queue_delay_microseconds: 1500000 preferred_batch_size: [ 64 ] }
 instance_group [ { count: 1 kind: KIND_CPU } ]
 """ + CACHED
-FAULTY_CONFIG = """\
-name: "faulty"
-platform: "onnxruntime_onnx"
-max_batch_size: 8
-input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
-instance_group [ { count: 1 kind: KIND_CPU } ]
+FAULTY_CONFIG = CONSTANT_CONFIG.format(name="faulty", extra="""\
 parameters { key: "fault_fail_on_value" value: { string_value: "13" } }
-""" + CACHED
-VERSIONS_CONFIG = """\
-name: "versions"
-platform: "onnxruntime_onnx"
-max_batch_size: 8
-input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
-version_policy: { all: { } }
-instance_group [ { count: 1 kind: KIND_CPU } ]
-""" + CACHED
+""" + CACHED)
+VERSIONS_CONFIG = CONSTANT_CONFIG.format(name="versions",
+                                         extra="version_policy: { all: { } }\n" + CACHED)
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -16,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from tradeoff.cli import main
-from tradeoff.server.process import ServerProcess
+from tradeoff.server.process import ServerProcess, free_port
 
 from ..synthetic_model import write_synthetic_model
 from .helpers import background_load, post_json, running_server, wait_for
@@ -96,9 +95,7 @@ def prometheus(server: ServerProcess, tmp_path: Path) -> Iterator[str]:
     config.write_text("global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
                       "scrape_configs:\n  - job_name: tradeoff\n"
                       f"    static_configs: [{{targets: ['{target}']}}]\n")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     process = subprocess.Popen(
         [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
          f"--web.listen-address=127.0.0.1:{port}"],
