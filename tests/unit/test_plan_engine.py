@@ -84,7 +84,7 @@ def test_the_step_cost_interpolates_and_extrapolates() -> None:
 
 
 def _searcher(rate: float, lengths: Lengths, tpot_ms: float = 25.0):
-    from tradeoff.plan.generative import EngineSearcher, GenerationCalibration
+    from tradeoff.plan.engine_search import EngineSearcher, GenerationCalibration
     from tradeoff.tune.goal import Goal
 
     goal = Goal(sla_p99_ms=500.0, max_drop=0.05, sla_tpot_ms=tpot_ms,
@@ -146,7 +146,7 @@ def test_a_trace_gives_the_lengths_of_prompts_and_answers(tmp_path) -> None:
 
 
 def test_the_calibration_scales_the_step_costs() -> None:
-    from tradeoff.plan.generative import GenerationCalibration
+    from tradeoff.plan.engine_search import GenerationCalibration
 
     served = GenerationCalibration(128, 0, prefill_scale=0.5, decode_scale=2.0,
                                    requests=20).cost(COST)
@@ -157,7 +157,7 @@ def test_the_calibration_scales_the_step_costs() -> None:
 
 
 def test_the_load_scale_grows_with_the_rate_the_server_takes_its_share_at() -> None:
-    from tradeoff.plan.generative import GenerationCalibration
+    from tradeoff.plan.engine_search import GenerationCalibration
 
     alone = GenerationCalibration(128, 0, prefill_scale=1.0, decode_scale=1.0, requests=8)
     assert alone.at_rate(10.0) == alone  # not measured under load: nothing to carry
@@ -221,7 +221,7 @@ def test_priority_scheduling_serves_the_urgent_class_first_when_the_engine_is_fu
 
 def _class_searcher(rate: float, classes: dict[str, float], class_sla: dict[str, float],
                     sla_ms: float = 100_000.0):
-    from tradeoff.plan.generative import EngineSearcher, GenerationCalibration
+    from tradeoff.plan.engine_search import EngineSearcher, GenerationCalibration
     from tradeoff.tune.goal import Goal
 
     goal = Goal(sla_p99_ms=sla_ms, max_drop=0.05, sla_tpot_ms=1000.0,
@@ -233,7 +233,7 @@ def _class_searcher(rate: float, classes: dict[str, float], class_sla: dict[str,
 
 
 def test_with_classes_the_search_weighs_priority_and_each_class_meets_its_own_sla() -> None:
-    from tradeoff.plan.generative import class_priorities
+    from tradeoff.plan.engine_search import class_priorities
 
     # 9.5 requests/s on 4 sequences: the engine is 89% busy and a queue forms
     searcher = _class_searcher(9.5, {"chat": 0.2, "batch": 0.8}, {"chat": 300.0})

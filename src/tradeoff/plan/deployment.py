@@ -1,11 +1,15 @@
 """The deployment a plan writes: a repository beside the original, never over it.
 
     write_deployment(target, candidates, candidate, config)   # MODEL, or a router over pools
+    write_engine_deployment(target, source, candidate, priorities)   # a generative model
     serve_script(target, candidate)                           # its `tradeoff serve` line
 
 One model: the candidate's version alone and its ``config.pbtxt`` (the knobs, the response
-cache on or off). A pool per class: each pool as ``MODEL_CLASS`` and a router named MODEL
-(``router.yaml``) that sends each class to its pool, so clients keep the model's name.
+cache on or off), or a generative model's files with a ``generate.yaml`` of the engine's
+settings and precision. A pool per class: each pool as ``MODEL_CLASS`` and a router named
+MODEL (``router.yaml``) that sends each class to its pool, so clients keep the model's
+name; an engine scheduled by the classes' priority sits behind such a router as
+``MODEL_engine``.
 """
 
 from __future__ import annotations
@@ -21,14 +25,17 @@ from typing import Any
 import yaml
 
 from tradeoff.errors import local_resource
+from tradeoff.plan.engine_search import ENGINE_KNOBS
 from tradeoff.repository.config import ModelConfig
 from tradeoff.repository.edit import PBTXT, YAML_FILES, config_text
-from tradeoff.repository.repository import ROUTER_FILE
+from tradeoff.repository.repository import GENERATIVE_FILE, ROUTER_FILE
+from tradeoff.repository.safe_yaml import read_yaml
 from tradeoff.results import PlanCandidate
 from tradeoff.tune.knobs import Knobs
 
-__all__ = ["WRITTEN_BY", "pool_name", "pool_routes", "serve_flags", "serve_script",
-           "write_deployment", "write_router", "written_by"]
+__all__ = ["WRITTEN_BY", "engine_name", "pool_name", "pool_routes", "serve_flags",
+           "serve_script", "write_deployment", "write_engine_deployment", "write_router",
+           "written_by"]
 
 WRITTEN_BY = "# written by tradeoff plan"
 
@@ -47,6 +54,50 @@ def write_deployment(target: Path, candidates: Path, candidate: PlanCandidate,
             target, candidates, pool, config, name))
         write_router(target, config.name, candidate.name, routes)
     return target
+
+
+def write_engine_deployment(target: Path, source: Path, candidate: PlanCandidate,
+                            priorities: dict[str, int] | None = None) -> Path:
+    """A repository at ``target`` with the model (its files copied from ``source``, the
+    original model directory) and a ``generate.yaml`` of the candidate's settings and
+    precision. Scheduled by priority (``priorities``: each class's), the engine is
+    ``MODEL_engine`` behind a router named MODEL whose routes give each class its
+    priority (a request of no known class gets the last's), so clients keep the name.
+    With a pool per class, each class's engine is ``MODEL_CLASS`` behind that router."""
+    routes: list[dict[str, Any]] = []
+    with local_resource(f"cannot write the deployment into {target}"):
+        if candidate.pools:  # an engine per class
+            routes = pool_routes(source.name, candidate, lambda name, pool: _write_engine(
+                target / name, source, pool, candidate.name))
+        elif candidate.knobs["scheduling"] == "priority" and priorities:
+            name = engine_name(source.name)
+            _write_engine(target / name, source, candidate, candidate.name)
+            order = sorted(priorities, key=priorities.__getitem__)
+            routes = [{"when": {"class": c}, "to": name, "priority": priorities[c]}
+                      for c in order]
+            routes.append({"to": name, "priority": priorities[order[-1]]})
+        else:
+            _write_engine(target / source.name, source, candidate, candidate.name)
+        if routes:
+            write_router(target, source.name, candidate.name, routes)
+    return target
+
+
+def _write_engine(model_dir: Path, source: Path, candidate: PlanCandidate, plan: str) -> None:
+    """The model's files and a ``generate.yaml`` of the candidate's settings, precision
+    and threads (an engine among several: its share of the cores)."""
+    doc = read_yaml(source / GENERATIVE_FILE) or {}
+    doc.update({k: candidate.knobs[k] for k in ENGINE_KNOBS}, precision=candidate.precision)
+    if candidate.knobs.get("threads"):
+        doc["threads"] = candidate.knobs["threads"]
+    shutil.copytree(source, model_dir, ignore=shutil.ignore_patterns(GENERATIVE_FILE))
+    (model_dir / GENERATIVE_FILE).write_text(written_by(plan)
+                                             + yaml.safe_dump(doc, sort_keys=False))
+
+
+def engine_name(model: str) -> str:
+    """The engine's model name behind a router that sets each class's priority."""
+    return f"{model}_engine"
 
 
 def pool_routes(model: str, candidate: PlanCandidate,

@@ -13,17 +13,23 @@ The steps, each done by the lever's own code:
 2. **Calibration.** The starting deployment is served (``tradeoff serve``, pinned) and
    measured: one request at a time for the server's own CPU per request, then the
    traffic's rate for the latency the simulation leaves out (client, wire), neither of
-   which the batch cost holds.
+   which the batch cost holds (:mod:`tradeoff.plan.measure`).
 3. **Search.** Every kept version x serving knobs (``tune serve``'s) x response cache
    (sized from the traffic's repetition by Che's approximation) is predicted by
    simulating the batcher over the traffic's arrivals (:mod:`tradeoff.plan.search`).
 4. **Deployment.** The best is written as a repository beside the original, never over
-   it: the chosen version, its ``config.pbtxt``, and the ``tradeoff serve`` flags.
+   it: the chosen version, its ``config.pbtxt``, and the ``tradeoff serve`` flags
+   (:mod:`tradeoff.plan.deployment`).
 5. **Proof.** The written deployment and the starting one are served side by side and
    the traffic replayed against both (``tradeoff compare``'s interleaved rounds): the
    SLA met or not, measured next to predicted. A deployment that misses the SLA on
    replay is said to, and the next candidate is written and replayed while the budget
-   lasts.
+   lasts. The levers taken or left, and why, are the document's
+   (:mod:`tradeoff.plan.levers`).
+
+A generative model's plan takes the same steps with its own search
+(:mod:`tradeoff.plan.engine_search`): precision and the engine's settings for a TTFT and
+a TPOT SLA, predicted by the engine's own scheduler.
 """
 
 from __future__ import annotations
@@ -36,64 +42,42 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tradeoff.analysis.compare import run_compare
 from tradeoff.backends.registry import GENERATIVE
-from tradeoff.bench.adapters import V2Adapter
-from tradeoff.bench.endpoint import EndpointSpec
-from tradeoff.bench.load import LoadSpec
-from tradeoff.bench.mix import RequestClass
-from tradeoff.bench.result import server_counts
-from tradeoff.bench.session import run_benchmark
 from tradeoff.errors import InvalidValue, TuneError, local_resource
 from tradeoff.generate.config import GenerativeConfig
 from tradeoff.optimize.optimizer import OptimizePlan, optimize_model
 from tradeoff.optimize.variants import Variant
 from tradeoff.plan.continuous import MAX_LENGTH, Lengths
-from tradeoff.plan.deployment import pool_name, serve_flags, serve_script, write_deployment
-from tradeoff.plan.generative import (
+from tradeoff.plan.deployment import serve_script, write_deployment, write_engine_deployment
+from tradeoff.plan.engine_search import (
     EngineSearcher,
     GenerationCalibration,
-    calibrate,
-    calibrate_load,
-    engine_levers,
     measure_versions,
     on_gpu,
-    replay_generation,
-    replay_prompts,
     settings_of,
-    write_engine_deployment,
 )
-from tradeoff.plan.pools import hits_and_batch, search_engine_pools, search_pools
-from tradeoff.plan.predict import simulate
-from tradeoff.plan.search import (
-    NO_CACHE,
-    CacheChoice,
-    Calibration,
-    Searcher,
-    cache_choice,
-    class_replays,
-    rank_key,
-    version_cost,
-    weigh,
+from tradeoff.plan.levers import engine_levers, levers
+from tradeoff.plan.measure import (
+    calibrate_generation,
+    calibrate_generation_load,
+    calibrate_tensor,
+    replay_generation,
+    replay_load,
+    replay_prompts,
+    replay_tensor,
 )
+from tradeoff.plan.pools import search_engine_pools, search_pools
+from tradeoff.plan.search import NO_CACHE, Searcher, cache_choice, rank_key, weigh
 from tradeoff.plan.traffic import Traffic
 from tradeoff.repository.config import ModelConfig
 from tradeoff.repository.repository import ModelRepository
-from tradeoff.results import (
-    PlanCandidate,
-    PlanLever,
-    PlanResult,
-    PlanVersion,
-    Replayed,
-    environment,
-)
+from tradeoff.results import PlanCandidate, PlanResult, Replayed, environment
 from tradeoff.server.process import ServerProcess
 from tradeoff.stats.pareto import front
 from tradeoff.tune.goal import Goal
 from tradeoff.tune.knobs import Knobs
 
-__all__ = ["PlanRequest", "default_output", "levers", "make_plan", "pareto", "replay_load",
-           "verdict"]
+__all__ = ["PlanRequest", "default_output", "make_plan", "pareto", "verdict"]
 
 Progress = Callable[[str], None]
 ATTEMPTS = 3  # candidates replayed at most, while each misses the SLA
@@ -238,7 +222,7 @@ def _engine_gpus(config: GenerativeConfig, name: str) -> int:
 
 def _plan_generative(request: PlanRequest, goal: Goal, config: GenerativeConfig,
                      output: Path, started: float, say: Progress) -> PlanResult:
-    """A generative model's plan (:mod:`tradeoff.plan.generative`): its precision and
+    """A generative model's plan (:mod:`tradeoff.plan.engine_search`): its precision and
     engine settings for a TTFT and a TPOT SLA (``goal``: the request's, priced for the
     model's GPUs)."""
     work, model_dir = output / WORK, Path(request.model_dir)
@@ -261,11 +245,12 @@ def _plan_generative(request: PlanRequest, goal: Goal, config: GenerativeConfig,
                                  ("replay", replayed, 0), ("load", loaded, 3)))
     with ServerProcess(work / "baseline", cpus=request.server_cpus) as baseline_server:
         say("calibrating on the starting deployment")
-        alone, served = calibrate(baseline_server, name, costs[original.version], start,
-                                  lengths, goal, calibration_prompts)
+        alone, served = calibrate_generation(baseline_server, name, costs[original.version],
+                                             start, lengths, goal, calibration_prompts)
         say("calibrating the starting deployment under the traffic's load")
-        calibration = calibrate_load(baseline_server, name, costs[original.version], start,
-                                     alone, served, goal, traffic, load_prompts)
+        calibration = calibrate_generation_load(baseline_server, name,
+                                                costs[original.version], start, alone,
+                                                served, goal, traffic, load_prompts)
         searcher = EngineSearcher(traffic, served, goal, calibration,
                                   (original.version, start))
         baseline = searcher.predict(original, costs[original.version], start)
@@ -280,8 +265,8 @@ def _plan_generative(request: PlanRequest, goal: Goal, config: GenerativeConfig,
             write_engine_deployment(copy, model_dir, replace(
                 baseline, knobs={**baseline.knobs, "threads": threads}))
             with ServerProcess(copy, cpus=request.server_cpus) as server:
-                threaded = calibrate(server, name, costs[original.version], start, lengths,
-                                     goal, calibration_prompts)[0]
+                threaded = calibrate_generation(server, name, costs[original.version],
+                                                start, lengths, goal, calibration_prompts)[0]
             # the server's own work under the load is the same, whatever its engines
             return replace(threaded, load_scale=calibration.load_scale,
                            load_rate_rps=calibration.load_rate_rps,
@@ -351,8 +336,8 @@ def _plan(request: PlanRequest, goal: Goal, config: ModelConfig, output: Path,
     with ServerProcess(work / "baseline", cpus=request.server_cpus) as baseline_server:
         say("calibrating on the starting deployment")
         start_knobs = Knobs.of(config.to_dict())
-        calibration = _calibrate(baseline_server, name, original, start_knobs,
-                                 request.traffic)
+        calibration = calibrate_tensor(baseline_server, name, original, start_knobs,
+                                       request.traffic)
         # predicted for the replay: a cache that starts empty, over the requests it sends
         cache = cache_choice(request.traffic, config,
                              goal.replay_requests(request.traffic.rate_rps))
@@ -372,8 +357,8 @@ def _plan(request: PlanRequest, goal: Goal, config: ModelConfig, output: Path,
         def attempt(number: int, candidate: PlanCandidate) -> tuple[list[Replayed], Path]:
             target = write_deployment(work / f"attempt-{number}", candidates, candidate,
                                       config)
-            return _replay(baseline_server, target, config.name, candidate, baseline,
-                           request, goal), target
+            return replay_tensor(baseline_server, target, config.name, candidate, baseline,
+                                 request.traffic, goal, request.server_cpus), target
 
         attempts, stop = _prove(ranked, goal, shared.sla_p99_ms, started, attempt, say)
     proof = [r for _, replayed, _ in attempts for r in replayed]
@@ -426,43 +411,6 @@ def _and_tpot(goal: Goal) -> str:
     return "" if goal.sla_tpot_ms is None else f" (TTFT) and TPOT <= {goal.sla_tpot_ms:g} ms"
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User and system CPU a process has used (Linux /proc)."""
-    with open(f"/proc/{pid}/stat") as handle:
-        fields = handle.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _calibrate(server: ServerProcess, model: str, original: PlanVersion, knobs: Knobs,
-               traffic: Traffic) -> Calibration:
-    """Two short runs on the starting deployment. One request at a time for 2 s: the
-    server's CPU per request beyond the model's batch of one. Then Poisson arrivals at the
-    traffic's rate (at most half what the deployment can serve) for 3 s: the latency the
-    simulation leaves out, at p50 and p99."""
-    assert server.process is not None
-    pid = server.process.pid
-    batch1 = original.batch_ms[min(original.batch_ms)]
-    before = _cpu_seconds(pid)
-    result, _, _ = run_benchmark(V2Adapter(server.url, model),
-                                 LoadSpec(concurrency=1, duration_s=2.0, warmup_s=0.5))
-    cpu_ms = max(0.0, (_cpu_seconds(pid) - before) * 1e3 /
-                 max(result.total_requests_sent, 1) - batch1)
-    cost = version_cost(original)
-    rate = min(traffic.rate_rps,
-               0.5 * cost.capacity_rps(knobs.max_batch_size, knobs.instances, cpu_ms))
-    seconds = 3.0
-    result, _, _ = run_benchmark(V2Adapter(server.url, model),
-                                 LoadSpec(rate=rate, duration_s=seconds, warmup_s=1.0))
-    p50, p99 = result.summary.latency("p50"), result.summary.latency("p99")
-    if p50 is None or p99 is None:
-        raise TuneError(f"the starting deployment of {model} answered no request; see the "
-                        f"server log {server.log.name}")
-    law = Traffic.law(rate)
-    run = simulate(law.arrivals(max(2000, int(rate * seconds))), cost, knobs.max_batch_size,
-                   knobs.max_queue_delay_us / 1e6, knobs.instances, cpu_ms)
-    return Calibration(cpu_ms, max(0.0, p50 - run.p50_ms), max(0.0, p99 - run.p99_ms), rate)
-
-
 def pareto(ranked: list[PlanCandidate]) -> set[str]:
     """The candidates no other beats on cost (cores without a price), p99 and accuracy
     at once."""
@@ -472,105 +420,6 @@ def pareto(ranked: list[PlanCandidate]) -> set[str]:
 
 def _replay_seconds(goal: Goal) -> float:
     return 2 * 2 * (goal.replay_s + 1) + 10  # two rounds of two deployments, and a start
-
-
-def replay_load(traffic: Traffic, seconds: float) -> LoadSpec:
-    """The traffic for ``seconds``: a trace's own send times from its start (repeated
-    end to end when shorter), or the law."""
-    if traffic.offsets_s is not None:
-        count = max(2, int(traffic.rate_rps * seconds))
-        times = traffic.arrivals(count)
-        return LoadSpec(intervals=tuple(float(t) for t in times[times < seconds]),
-                        duration_s=seconds, warmup_s=0.0)
-    return LoadSpec(rate=traffic.rate_rps, arrival=traffic.arrival, duration_s=seconds,
-                    warmup_s=1.0)
-
-
-def _replay(baseline_server: ServerProcess, target: Path, model: str,
-            candidate: PlanCandidate, baseline: PlanCandidate, request: PlanRequest,
-            goal: Goal) -> list[Replayed]:
-    """The starting deployment and the candidate's, served side by side and the traffic
-    replayed against both; with classes, each request carries its class (a trace's in
-    its order, else drawn by the classes' shares) and each class is measured against its
-    own SLA."""
-    traffic = request.traffic
-    classes = tuple(RequestClass(name, share, {"class": name})
-                    for name, share in traffic.classes.items()) \
-        if len(traffic.classes) > 1 else ()
-    with ServerProcess(target, cpus=request.server_cpus,
-                       extra_args=tuple(serve_flags(candidate))) as plan_server:
-        distinct = traffic.distinct_inputs if traffic.repeats else None
-        zipf = traffic.zipf if traffic.repeats else None
-        # a trace's inputs in its own order (each round from its start); a law's drawn
-        sequence = tuple(int(i) for i in traffic.inputs) \
-            if traffic.repeats and traffic.inputs is not None else ()
-        class_order = traffic.class_sequence() if classes else ()
-        endpoints = [EndpointSpec(url, model=model, name=role, distinct_inputs=distinct,
-                                  zipf=zipf, classes=classes, input_sequence=sequence,
-                                  class_sequence=class_order)
-                     for url, role in ((baseline_server.url, "baseline"),
-                                       (plan_server.url, "plan"))]
-        pools = [V2Adapter(plan_server.url, pool_name(model, p.request_class))
-                 for p in candidate.pools]
-        before = [pool.server_stats() for pool in pools]
-        compared = run_compare(endpoints, replay_load(traffic, goal.replay_s), rounds=2,
-                               sla_p99_ms=goal.strictest(traffic.classes))
-        pool_counts = [server_counts(b, pool.server_stats())
-                       for b, pool in zip(before, pools, strict=True)]
-    out = []
-    for entry, predicted, role in zip(compared.endpoints, (baseline, candidate),
-                                      ("baseline", "plan"), strict=True):
-        summary = entry.result.summary
-        counts = [summary.server_counts] if not predicted.pools else pool_counts
-        hit, batch = hits_and_batch(counts)
-        p99 = summary.latency("p99")
-        per_class = class_replays(entry.result.classes or [], predicted, goal)
-        meets = all(c.meets_sla for c in per_class) if per_class else \
-            p99 is not None and p99 <= goal.sla_p99_ms and summary.error_percent <= 1.0
-        out.append(Replayed(
-            predicted.name, role, summary.latency("p50"), p99, summary.throughput_rps,
-            summary.error_percent, hit, batch, predicted.predicted, meets,
-            goal.cost_per_million(predicted.cores, summary.throughput_rps), per_class))
-    return out
-
-
-def levers(versions: list[PlanVersion], original: PlanVersion, baseline: PlanCandidate,
-           chosen: PlanCandidate | None, cache: CacheChoice, pools_why: str,
-           pools_weighed: bool) -> list[PlanLever]:
-    """Each lever, taken or left, and why (``pools_why``: what the search of a pool per
-    class found; ``pools_weighed``: whether any was ranked)."""
-    if chosen is None:
-        return [PlanLever("plan", False, "no deployment was replayed")]
-    left = [v for v in versions if not v.kept]
-    # each pool's own version and knobs, or the one deployment's
-    parts = [(f"{p.request_class}: ", p.candidate) for p in chosen.pools] or [("", chosen)]
-    precision = PlanLever(
-        "precision", any(c.version != original.version for _, c in parts),
-        "; ".join(f"{at}version {c.version} ({c.precision}, {c.drop:.2%} lost)"
-                  for at, c in parts) + " ranked best"
-        + "".join(f"; v{v.version} {v.precision} left out: {v.why}" for v in left))
-    old = baseline.knobs
-    batching = PlanLever(
-        "batching", any((old["max_batch_size"], old["max_queue_delay_us"]) !=
-                        (c.knobs["max_batch_size"], c.knobs["max_queue_delay_us"])
-                        for _, c in parts),
-        "; ".join(f"{at}max_batch_size {old['max_batch_size']} -> "
-                  f"{c.knobs['max_batch_size']}, queue delay {old['max_queue_delay_us']} -> "
-                  f"{c.knobs['max_queue_delay_us']} us: predicted mean batch "
-                  f"{c.predicted.mean_batch:.1f}" for at, c in parts))
-    instances = PlanLever(
-        "instances", any(old["instances"] != c.knobs["instances"] for _, c in parts),
-        "; ".join(f"{at}{old['instances']} -> {c.knobs['instances']} instance(s) of "
-                  f"{c.knobs['threads']} thread(s), predicted utilisation "
-                  f"{c.predicted.utilisation:.0%}" for at, c in parts)
-        + f": {chosen.cores} core(s)")
-    cached = PlanLever("cache", chosen.cache_bytes > 0, cache.why + (
-        "" if chosen.cache_bytes or not cache.capacity else
-        "; the deployment without it ranked better"))
-    classes = PlanLever("classes", bool(chosen.pools), pools_why + (
-        "" if not pools_weighed else "; the pools ranked best" if chosen.pools else
-        "; one pool ranked better"))
-    return [precision, batching, instances, cached, classes]
 
 
 def _shown(p99_ms: float | None) -> str:

@@ -7,9 +7,9 @@
 Each class's own traffic (:meth:`~tradeoff.plan.traffic.Traffic.part`) is searched alone
 under its own SLA with the plan's own searcher (the tensor plan's
 :class:`~tradeoff.plan.search.Searcher`, or the engine's
-:class:`~tradeoff.plan.generative.EngineSearcher`), and the classes' deployments are
+:class:`~tradeoff.plan.engine_search.EngineSearcher`), and the classes' deployments are
 combined within the cores (:func:`~tradeoff.plan.search.pooled`). On replay each class is
-measured against its own SLA (:func:`~tradeoff.plan.search.class_replays`).
+measured against its own SLA (:func:`~tradeoff.plan.measure.class_replays`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from tradeoff.plan.continuous import EngineSettings, Lengths, StepCost
-from tradeoff.plan.generative import EngineSearcher, GenerationCalibration
+from tradeoff.plan.engine_search import EngineSearcher, GenerationCalibration
 from tradeoff.plan.search import (
     MAX_POOLED_CLASSES,
     Calibration,
@@ -29,11 +29,11 @@ from tradeoff.plan.search import (
 )
 from tradeoff.plan.traffic import Traffic
 from tradeoff.repository.config import ModelConfig
-from tradeoff.results import PlanCandidate, PlanVersion, ServerCounts
+from tradeoff.results import PlanCandidate, PlanVersion
 from tradeoff.tune.goal import Goal
 from tradeoff.tune.knobs import Knobs
 
-__all__ = ["hits_and_batch", "search_engine_pools", "search_pools"]
+__all__ = ["search_engine_pools", "search_pools"]
 
 
 def search_pools(traffic: Traffic, goal: Goal, config: ModelConfig,
@@ -127,16 +127,3 @@ def search_engine_pools(traffic: Traffic, goal: Goal, versions: list[PlanVersion
     pools, why = _combined(parts, goal, traffic.rate_rps * lengths.output, named)
     return [replace(p, class_predicted={pool.request_class: pool.candidate.predicted
                                         for pool in p.pools}) for p in pools], why
-
-
-def hits_and_batch(counts: list[ServerCounts | None]) -> tuple[float | None, float | None]:
-    """The cache's hit ratio and the mean batch over one model's counts or its pools'."""
-    known = [c for c in counts if c is not None]
-    if not known:
-        return None, None
-    executions = sum(c.executions for c in known)
-    batch = sum(c.computed for c in known) / executions if executions else None
-    lookups = [c for c in known if c.cache_hits is not None]
-    looked = sum((c.cache_hits or 0) + (c.cache_misses or 0) for c in lookups)
-    hit = sum(c.cache_hits or 0 for c in lookups) / looked if looked else None
-    return hit, batch

@@ -25,8 +25,6 @@ from tradeoff.plan.predict import BatchCost, Simulated, simulate
 from tradeoff.plan.traffic import Traffic
 from tradeoff.repository.config import ModelConfig
 from tradeoff.results import (
-    ClassReplayed,
-    ClassSummary,
     OptimizeResult,
     PlanCandidate,
     PlanPool,
@@ -38,8 +36,7 @@ from tradeoff.tune.goal import Goal
 from tradeoff.tune.knobs import Knobs
 
 __all__ = ["DELAYS_US", "MAX_POOLED_CLASSES", "NO_CACHE", "CacheChoice", "Calibration",
-           "ClassSearch", "Searcher", "answer_bytes", "cache_choice",
-           "class_replays", "label",
+           "ClassSearch", "Searcher", "answer_bytes", "cache_choice", "label",
            "pooled", "rank_key", "version_cost", "weigh"]
 
 DELAYS_US = (0, 100, 500, 1000, 2000, 5000, 10000)
@@ -291,25 +288,3 @@ def pooled(parts: list[ClassSearch], goal: Goal, rate_rps: float) -> list[PlanCa
             cost_per_million=goal.cost_per_million(cores, rate_rps), meets_sla=True,
             changes=1 + max(c.changes for c in chosen), pareto=False, pools=pools))
     return sorted(out, key=lambda c: rank_key(c, parts[strictest].sla_p99_ms))
-
-
-def class_replays(classes: list[ClassSummary], candidate: PlanCandidate, goal: Goal
-                  ) -> list[ClassReplayed]:
-    """Each class's p99 on replay against its own SLA (a generative model's: TTFT and
-    TPOT p99 against both of its SLAs), beside what was predicted for it: its pool's, its
-    own in one engine, or the one pool's for every class."""
-    predicted = {**{p.request_class: p.candidate.predicted for p in candidate.pools},
-                 **candidate.class_predicted}
-    generative = goal.sla_tpot_ms is not None
-    out = []
-    for c in classes:
-        p99 = (c.ttft_ms or {}).get("p99") if generative else c.latency("p99")
-        tpot99 = (c.tpot_ms or {}).get("p99") if generative else None
-        tpot_sla = goal.tpot_for(c.name) if generative else None
-        errors = 100.0 * c.errors / c.requests if c.requests else 0.0
-        sla = goal.sla_for(c.name)
-        meets = p99 is not None and p99 <= sla and errors <= 1.0 and (
-            tpot_sla is None or (tpot99 is not None and tpot99 <= tpot_sla))
-        out.append(ClassReplayed(c.name, sla, p99, predicted.get(c.name, candidate.predicted),
-                                 errors, meets, tpot_sla, tpot99))
-    return out
