@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 import redis
+from harness import command_line, write_results
+from peers import pytriton_env
 from rich.console import Console
 from rich.table import Table
 
@@ -57,11 +59,7 @@ class PyTriton:
     def __init__(self, python: str, model_file: Path, name: str, cache_bytes: int) -> None:
         self.http_port = free_port()
         self.url = f"http://127.0.0.1:{self.http_port}"
-        libdir = subprocess.run([python, "-c", "import sysconfig; print(sysconfig."
-                                 "get_config_var('LIBDIR'))"], capture_output=True, text=True,
-                                check=True).stdout.strip()
-        # the Python backend's stub must link the venv's libpython (peers/README.md)
-        env = dict(os.environ, LD_LIBRARY_PATH=libdir)
+        env = dict(os.environ, **pytriton_env(python))
         self.log = tempfile.NamedTemporaryFile(prefix="pytriton-", suffix=".log", delete=False)
         self.process = subprocess.Popen(
             ["taskset", "-c", "0", python, str(Path(__file__).parent / "peers" /
@@ -222,7 +220,7 @@ def main() -> int:
                         default=Path(__file__).parent / "results" / "cache.json")
     args = parser.parse_args()
     console = Console(width=120)
-    out: dict[str, Any] = {"command": " ".join(["benchmarks/cache.py", *sys.argv[1:]]),
+    out: dict[str, Any] = {"command": command_line(),
                            "models": {}}
     port = free_port()
     redis_server = start_redis(port)
@@ -243,9 +241,7 @@ def main() -> int:
                 console.print(f"shared Redis: {result['shared']}")
     finally:
         redis_server.kill()
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(out, indent=1))
-    console.print(f"results: {args.output}")
+    write_results(args.output, out)
     return 0
 
 

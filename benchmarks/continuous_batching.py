@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from harness import server_and_client_cores
 
 from tradeoff.bench.adapters import split_url
 from tradeoff.bench.openai_stream import (
@@ -323,10 +324,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="where the results go (default: "
                         "benchmarks/results/continuous_batching[_steps].json)")
     args = parser.parse_args()
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < 2:
-        sys.exit("needs two cores: one for the server, one for the client")
-    server_cpu, client_cpu = cores[0], cores[1]
+    server_cpu, client_cpu = server_and_client_cores()
     work = workload(args.requests, args.rate, args.min_tokens, args.max_tokens, args.seed)
     asked = [n for _, _, n in work]
     configs = {"continuous": {"batching": "continuous", "max_num_seqs": args.max_num_seqs},

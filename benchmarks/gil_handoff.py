@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from harness import server_and_client_cores
 
 from tradeoff.backends.base import Backend
 from tradeoff.backends.registry import InstanceSpec
@@ -161,10 +162,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=Path("benchmarks/results/gil_handoff.json"))
     args = parser.parse_args()
     releases = [int(r) for r in args.releases.split(",")]
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < 2:
-        sys.exit("needs two cores: one for the server, one for the client")
-    server_cpu, client_cpu = cores[0], cores[1]
+    server_cpu, client_cpu = server_and_client_cores()
 
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "models"

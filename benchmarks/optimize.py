@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from harness import command_line, write_results
 from rich.console import Console
 
 from tradeoff import data
@@ -90,7 +91,7 @@ def main() -> int:
                         default=Path(__file__).parent / "results" / "optimize.json")
     args = parser.parse_args()
     console = Console(width=120)
-    out: dict[str, Any] = {"command": " ".join(["benchmarks/optimize.py", *sys.argv[1:]]),
+    out: dict[str, Any] = {"command": command_line(),
                            "models": {}}
     with tempfile.TemporaryDirectory(prefix="tradeoff-optimize-") as scratch:
         root = Path(scratch)
@@ -107,9 +108,7 @@ def main() -> int:
             print_compare(compare, console)
             out["models"][model] = {"optimize": result.to_dict(),
                                     "served": compare.to_dict()}
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(out, indent=1))
-    console.print(f"results: {args.output}")
+    write_results(args.output, out)
     return 0
 
 

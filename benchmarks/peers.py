@@ -70,6 +70,7 @@ from pathlib import Path
 from typing import Any
 
 import onnx
+from harness import command_line, write_results
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -340,17 +341,22 @@ def write_repositories(scratch: Path) -> tuple[Path, Path, dict[str, Path]]:
     return batching, single, {m: batching / m / "1" / "model.onnx" for m in MODELS}
 
 
-def start_pytriton(cache: Path, files: dict[str, Path], cpu: int, scratch: Path
-                   ) -> PeerProcess:
-    python = cache / "pytriton" / "bin" / "python"
+def pytriton_env(python: Path | str) -> dict[str, str]:
+    """What PyTriton run by the venv's ``python`` needs in its environment: the Python
+    backend's stub must load the venv's libpython, not another one."""
     libdir = subprocess.run([str(python), "-c", "import sysconfig; "
                              "print(sysconfig.get_config_var('LIBDIR'))"],
                             capture_output=True, text=True, check=True).stdout.strip()
+    return {"LD_LIBRARY_PATH": libdir}
+
+
+def start_pytriton(cache: Path, files: dict[str, Path], cpu: int, scratch: Path
+                   ) -> PeerProcess:
+    python = cache / "pytriton" / "bin" / "python"
     http_port = free_port()
     command = [str(python), str(PEER_FILES / "pytriton_server.py"), str(http_port),
                str(free_port()), str(MAX_BATCH_SIZE), *(f"{m}={p}" for m, p in files.items())]
-    # the Python backend's stub must load the venv's libpython, not another one
-    return PeerProcess("pytriton", command, {"LD_LIBRARY_PATH": libdir}, http_port, cpu,
+    return PeerProcess("pytriton", command, pytriton_env(python), http_port, cpu,
                        scratch).start(tuple(files))
 
 
@@ -779,7 +785,7 @@ def main() -> int:
                       "pass each request between processes)[/]")
     loads = [(m, c) for m in MODELS for c in args.levels]
     doc: dict[str, Any] = {
-        "schema": SCHEMA, "command": " ".join(["benchmarks/peers.py", *sys.argv[1:]]),
+        "schema": SCHEMA, "command": command_line(),
         "environment": measured_on,
         "settings": {"repeats": args.repeats, "concurrency": args.levels,
                      "perf_analyzer": {"window_ms": args.window_ms,
@@ -818,9 +824,7 @@ def main() -> int:
                   "figures are of a shared core, not of the servers alone")
     for key, reason in skipped.items():
         console.print(f"[yellow]{PEERS[key].title} left out: {reason}[/]")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(doc, indent=1))
-    console.print(f"results in {args.json}")
+    write_results(args.json, doc)
     return 0
 
 

@@ -22,6 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from harness import write_results
+
 from tradeoff.models import build_repository
 from tradeoff.server.process import ServerProcess, source_tree
 
@@ -97,10 +99,8 @@ def main() -> None:
                       f"{med['p50_ms']:.2f} | {med['server_ms']:.3f} | "
                       f"{med['overhead_ms']:.3f} | {med['throughput'] / base:.2f} | "
                       + (f"{versus:.2f}" if versus else "") + " |")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"schema": "tradeoff.bench.protocols/2",
-                                     "command": " ".join(sys.argv), "rows": rows}, indent=2))
-    print(f"results in {args.json}")
+    write_results(args.json, {"schema": "tradeoff.bench.protocols/2",
+                              "command": " ".join(sys.argv), "rows": rows}, indent=2)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ Rounds interleave the three; medians per class. Writes benchmarks/results/routin
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -28,6 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from harness import command_line, write_results
 from rich.console import Console
 from rich.table import Table
 
@@ -125,7 +125,7 @@ def main() -> int:
                         default=Path(__file__).parent / "results" / "routing.json")
     args = parser.parse_args()
     console = Console(width=120)
-    out: dict[str, Any] = {"command": " ".join(["benchmarks/routing.py", *sys.argv[1:]]),
+    out: dict[str, Any] = {"command": command_line(),
                            "rates": {}}
     with tempfile.TemporaryDirectory(prefix="tradeoff-routing-") as scratch:
         root = repository(Path(scratch))
@@ -141,9 +141,7 @@ def main() -> int:
                 out["rates"][str(rate)] = {"rounds": runs, "medians": report(rate, runs, args,
                                                                              console)}
             os.sched_setaffinity(0, {0, 1})
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(out, indent=1))
-    console.print(f"results: {args.output}")
+    write_results(args.output, out)
     return 0
 
 

@@ -12,7 +12,6 @@ JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+from harness import server_and_client_cores, write_results
 
 from tradeoff.bench.adapters import V2Adapter
 from tradeoff.bench.load import LoadSpec
@@ -81,10 +81,7 @@ def main() -> None:
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     models = args.models.split(",")
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < 2:
-        sys.exit("needs two cores: one for the server, one for the client")
-    server_cpu, client_cpu = cores[0], cores[1]
+    server_cpu, client_cpu = server_and_client_cores()
 
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "models"
@@ -135,12 +132,10 @@ def main() -> None:
         best, batch = ceilings[model]
         print(f"ceiling {model}: {best:,.0f} samples/s at batch {batch} (in-process, one core)")
     print(f"server exit code after SIGTERM: {exit_code}")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"schema": "tradeoff.bench.serve_batching/1",
-                                     "command": " ".join(sys.argv), "rows": rows,
-                                     "ceilings": {m: {"samples_per_s": c[0], "batch": c[1]}
-                                                  for m, c in ceilings.items()}}, indent=2))
-    print(f"results in {args.json}")
+    write_results(args.json, {"schema": "tradeoff.bench.serve_batching/1",
+                              "command": " ".join(sys.argv), "rows": rows,
+                              "ceilings": {m: {"samples_per_s": c[0], "batch": c[1]}
+                                           for m, c in ceilings.items()}}, indent=2)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from harness import command_line, server_and_client_cores, write_results
 
 from tradeoff.server.process import ServerProcess
 
@@ -182,10 +183,7 @@ def main() -> None:
     parser.add_argument("--confirm-repeats", type=int, default=3)
     parser.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/tune.json")
     args = parser.parse_args()
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < 2:
-        sys.exit("needs two cores: one for the server, one for the tune client")
-    server_cpu, client_cpu = cores[0], cores[1]
+    server_cpu, client_cpu = server_and_client_cores("tune client")
 
     rows, raw, spaces = [], {}, {}
     with tempfile.TemporaryDirectory(prefix="tradeoff-tune-") as tmp:
@@ -242,15 +240,13 @@ def main() -> None:
         print(f"{r['model']}: baseline = {r['baseline']}; coordinate winner = "
               f"{r['coordinate']['winner']}; grid winner = {r['grid']['winner']}")
     print(f"server exit code after SIGTERM: {exit_code}")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({
+    write_results(args.json, {
         "schema": "tradeoff.bench.tune/1",
-        "command": " ".join(["benchmarks/tune.py", *sys.argv[1:]]),
+        "command": command_line(),
         "sla_p99_ms": args.sla_p99_ms, "duration": args.duration, "warmup": args.warmup,
         "spaces": spaces, "rows": rows,
         "trials": {m: {s: {"trials": runs[s]["trials"], "command": runs[s]["_command"]}
-                       for s in runs} for m, runs in raw.items()}}, indent=1))
-    print(f"results in {args.json}")
+                       for s in runs} for m, runs in raw.items()}})
 
 
 if __name__ == "__main__":
