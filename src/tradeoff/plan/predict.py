@@ -12,6 +12,8 @@ and waits at most ``delay_s`` after the oldest request for more (Triton's
 ``cost(b) + b * per_request_ms`` (the measured batch time, plus the server's own work per
 request, which shares the CPU). Cache hits skip the batcher and take ``per_request_ms``.
 The queueing follows from the arrivals: a trace's own gaps and bursts, or the law's.
+``tests/unit/test_plan_predict_parity.py`` holds it to the served batcher
+(:class:`~tradeoff.scheduling.batch_queue.BatchQueue`): the same batches at the same times.
 """
 
 from __future__ import annotations
