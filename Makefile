@@ -76,7 +76,7 @@ test: $(STAMP)
 # The unit tests that take seconds (no server started, nothing slow): what to ask while
 # working
 test-fast: $(STAMP)
-	$(PY) -m pytest $(PARALLEL) -m "not integration and not slow and not timing"
+	$(PY) -m pytest $(PARALLEL) -m "not slow and not timing" tests/unit
 
 # Regenerate the protobuf code from the project's .proto files.
 proto: $(STAMP)
