@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed-test
 # The suite's workers (pytest-xdist): a file's tests stay on one worker, in the order
 # tests/conftest.py gives (files with slow tests first); `timing` tests run alone after.
 TEST_WORKERS ?= 3
-PARALLEL := -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+PARALLEL := -q -n $(TEST_WORKERS)
 # compiled modules are kept: the suite starts hundreds of servers, and each pytest worker
 # would otherwise rewrite every test module's asserts again
 unexport PYTHONDONTWRITEBYTECODE

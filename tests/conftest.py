@@ -1,13 +1,13 @@
 """How the suite is marked and shared out over pytest-xdist's workers.
 
 * Every test under ``integration/`` and ``compat/`` starts real servers on 127.0.0.1, so
-  each is marked ``integration`` here rather than file by file (``make test-fast`` leaves
-  them out, with the unit tests marked ``slow``).
-* ``make test`` runs the suite on several workers with ``--dist loadgroup``: a file's tests
-  stay together on one worker (they share module fixtures: a server, a repository), except
-  in SPREAD files, whose tests share nothing and are long, so they go test by test to
-  whichever worker is free; files in one of GROUPS never run beside each other. Files
-  holding a ``slow`` test are handed out first, so no long test starts last.
+  each is marked ``integration`` here rather than file by file (``make test-fast`` runs
+  ``tests/unit`` alone, without its ``slow`` tests).
+* ``make test`` runs the suite on several workers (``-n``): a file's tests stay together
+  on one worker (they share module fixtures: a server, a repository), except in SPREAD
+  files, whose tests share nothing and are long, so they go test by test to whichever
+  worker is free; the files of one of GROUPS never run beside each other. Files holding a
+  ``slow`` test are handed out first, so no long test starts last.
 * ``timing`` tests assert bounds that move with the machine's load: ``make test`` runs them
   alone, after the parallel run.
 * ``gpu`` tests need a CUDA device and are skipped without one.
@@ -15,26 +15,42 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import Any
 
 import pytest
 
-HERE = Path(__file__).parent
-SERVER_FOLDERS = tuple(HERE / name for name in ("integration", "compat"))
+SERVER_FOLDERS = ("integration", "compat")
 SPREAD = {"test_plan.py", "test_docs_examples.py", "test_plan_pools.py"}
 # two local Ray clusters at once would share 127.0.0.2's ports and Ray's session folder
 GROUPS = {"test_ray.py": "ray", "test_ray_autoscale.py": "ray"}
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def work_unit(nodeid: str) -> str:
+    """What one worker runs together: the test's file, its group, or (SPREAD) the test."""
+    path = nodeid.split("::", 1)[0]
+    name = path.rsplit("/", 1)[-1]
+    return nodeid if name in SPREAD else GROUPS.get(name, path)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Hand out work units in collection order (pytest-xdist's ``loadgroup`` names its
+    groups by rewriting node ids, which pytest 9 no longer allows)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByWorkUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    config.option.loadscopereorder = False  # keep the slow-first order given below
+    return ByWorkUnit(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     slow_files = set()
     for item in items:
-        if any(folder in item.path.parents for folder in SERVER_FOLDERS):
+        if item.path.parent.name in SERVER_FOLDERS:
             item.add_marker(pytest.mark.integration)
-        if item.path.name not in SPREAD:
-            group = GROUPS.get(item.path.name, str(item.path.relative_to(HERE)))
-            item.add_marker(pytest.mark.xdist_group(group))
         if item.get_closest_marker("slow"):
             slow_files.add(item.path)
         if item.get_closest_marker("gpu") and not _cuda():
