@@ -39,6 +39,7 @@ def _plan(model_dir: Path, traffic: Traffic, sla_ms: float, **goal: float) -> Pl
                                  server_cpus=_cores()))
 
 
+@pytest.mark.timing  # the replayed p99 of a plan calibrated minutes before moves with the load
 @pytest.mark.slow
 def test_the_plan_batches_a_model_that_cannot_keep_up_alone(tmp_path: Path) -> None:
     # 2 ms per request alone: at 400/s it runs at 82% load and its p99 is far over
@@ -152,6 +153,7 @@ def test_the_command_refuses_an_output_inside_the_repository(tmp_path: Path) -> 
     assert run.exit_code == 2 and "--rate (with --arrival) or --trace" in run.output
 
 
+@pytest.mark.timing  # the cores the pools take follow step costs measured on the real clock
 @pytest.mark.slow
 def test_two_classes_get_a_pool_each_behind_a_router(tmp_path: Path) -> None:
     # 32 ms + 4 ms per row at 22.5/s. One pool for both classes must meet the latency
@@ -188,6 +190,7 @@ def test_two_classes_get_a_pool_each_behind_a_router(tmp_path: Path) -> None:
         assert V2Adapter(server.url, "synthetic").prepare()
 
 
+@pytest.mark.timing  # the replayed TPOT and SLA verdict move with the load
 @pytest.mark.slow
 def test_a_generative_model_gets_the_engine_batch_its_rate_needs(tmp_path: Path) -> None:
     # a step costs 20 ms + 0.1 ms a token (sleeping, as a host waits on a GPU). One
@@ -229,6 +232,7 @@ def test_a_generative_model_gets_the_engine_batch_its_rate_needs(tmp_path: Path)
     assert "TTFT p99" in run.output and "TPOT" in run.output
 
 
+@pytest.mark.timing  # chat's replayed TTFT p99 against batch's moves with the load
 @pytest.mark.slow
 def test_two_classes_of_generations_get_their_priority_in_one_engine(tmp_path: Path) -> None:
     # a step costs 20 ms + 2 ms a token (sleeping): four sequences keep TPOT under 55 ms,
