@@ -10,7 +10,7 @@ PIP := $(PY) -m pip install --quiet --disable-pip-version-check $(if $(CONSTRAIN
 STAMP := $(VENV)/.installed-test
 # The suite's workers (pytest-xdist): a file's tests stay on one worker, in the order
 # tests/conftest.py gives (files with slow tests first); `timing` tests run alone after.
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 4
 PARALLEL := -q -n $(TEST_WORKERS)
 # compiled modules are kept: the suite starts hundreds of servers, and each pytest worker
 # would otherwise rewrite every test module's asserts again
