@@ -16,11 +16,13 @@ from tradeoff.server.process import ServerProcess
 pytestmark = pytest.mark.integration
 
 
-def run_perf_analyzer(binary: Path, *args: str) -> str:
-    """perf_analyzer with 1 s windows; up to 30 of them to agree within 20% (on this
-    2-core machine, latency at a low fixed rate can need more than 15)."""
+def run_perf_analyzer(binary: Path, *args: str, stability_percent: int = 20) -> str:
+    """perf_analyzer with 1 s windows; up to 30 of them to agree within
+    ``stability_percent`` (on this 2-core machine, latency at a low fixed rate can need
+    more than 15 to agree within 20%)."""
     run = subprocess.run([str(binary), *args, "--measurement-interval", "1000",
-                          "--max-trials", "30", "--stability-percentage", "20"],
+                          "--max-trials", "30", "--stability-percentage",
+                          str(stability_percent)],
                          capture_output=True, text=True, timeout=300, check=False)
     assert run.returncode == 0, run.stdout + run.stderr
     return run.stdout
@@ -31,13 +33,15 @@ def test_concurrency_and_rate_ranges_run(perf_analyzer: Path, compat_server: Ser
                                          protocol: str) -> None:
     url = compat_server.grpc_url if protocol == "grpc" else \
         compat_server.url.removeprefix("http://")
+    # whether the ranges run, not what they measure: any three windows count as stable
+    # (beside other tests' load, 30 windows did not agree within 20% at concurrency 1)
     out = run_perf_analyzer(perf_analyzer, "-m", "tiny", "-u", url, "-i", protocol,
-                            "--concurrency-range", "1:4:3")
+                            "--concurrency-range", "1:4:3", stability_percent=1000)
     assert re.search(r"Concurrency: 1, throughput: [\d.]+ infer/sec", out)
     assert re.search(r"Concurrency: 4, throughput: [\d.]+ infer/sec", out)
     assert "Execution count" in out  # it read our statistics extension
     out = run_perf_analyzer(perf_analyzer, "-m", "mlp", "-u", url, "-i", protocol,
-                            "--request-rate-range", "50:100:50")
+                            "--request-rate-range", "50:100:50", stability_percent=1000)
     assert re.search(r"Request Rate: 100, throughput: [\d.]+ infer/sec", out)
 
 
