@@ -9,7 +9,8 @@ CONSTRAINTS ?= constraints.txt
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 STAMP := $(VENV)/.installed-test
 # The suite's workers (pytest-xdist): a file's tests stay on one worker, in the order
-# tests/conftest.py gives (files with slow tests first); `timing` tests run alone after.
+# tests/conftest.py gives (files with slow tests first); `timing` and `serial` tests run
+# alone after.
 TEST_WORKERS ?= 4
 PARALLEL := -q -n $(TEST_WORKERS)
 # compiled modules are kept: the suite starts hundreds of servers, and each pytest worker
@@ -70,8 +71,8 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/mypy src
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest $(PARALLEL) -m "not timing"
-	$(PY) -m pytest -q -m timing
+	$(PY) -m pytest $(PARALLEL) -m "not timing and not serial"
+	$(PY) -m pytest -q -m "timing or serial"
 
 # The unit tests that take seconds (no server started, nothing slow): what to ask while
 # working

@@ -11,10 +11,14 @@
 * ``timing`` tests assert bounds that move with the machine's load: ``make test`` runs them
   alone, after the parallel run.
 * ``gpu`` tests need a CUDA device and are skipped without one.
+* Tests that share their node id with another (schemathesis' tests, one per API
+  operation, under pytest 9) are marked ``serial``: pytest-xdist hands out tests by node
+  id and would run one of them; ``make test`` runs them after the parallel run.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -48,7 +52,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     slow_files = set()
+    ids = Counter(item.nodeid for item in items)
     for item in items:
+        if ids[item.nodeid] > 1:
+            item.add_marker(pytest.mark.serial)
         if item.path.parent.name in SERVER_FOLDERS:
             item.add_marker(pytest.mark.integration)
         if item.get_closest_marker("slow"):
