@@ -320,7 +320,7 @@ def test_perf_analyzer_measures_the_encoder(server: ServerProcess, protocol: str
     # zeros: perf_analyzer's random INT64 data would index past the vocabulary
     run = subprocess.run([str(PERF_ANALYZER), "-m", "enc_ts", "-u", url, "-i", protocol,
                           "--input-data", "zero", "--concurrency-range", "2",
-                          "--measurement-interval", "1000", "--max-trials", "3",
+                          "--measurement-interval", "1000", "--max-trials", "10",
                           "--stability-percentage", "999"],
                          capture_output=True, text=True, timeout=120, check=False)
     assert run.returncode == 0, run.stdout + run.stderr

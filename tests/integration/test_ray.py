@@ -127,7 +127,7 @@ def test_tritonclient_and_perf_analyzer_through_the_proxy(
     if perf_analyzer.exists():
         run = subprocess.run([str(perf_analyzer), "-m", "tiny", "-u",
                               f"127.0.0.1:{deployment.http_port}", "--concurrency-range", "2",
-                              "--measurement-interval", "2000", "--max-trials", "3",
+                              "--measurement-interval", "2000", "--max-trials", "10",
                               "--stability-percentage", "999"],
                              capture_output=True, text=True, timeout=120, check=False)
         assert run.returncode == 0, run.stdout + run.stderr
