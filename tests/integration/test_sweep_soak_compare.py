@@ -197,9 +197,12 @@ def test_soak_finds_a_server_that_slows_down(tmp_path: Path) -> None:
 
 def test_soak_measures_the_maximum_rate_first(tmp_path: Path) -> None:
     with ControlServer() as server:
-        soak, _ = run_json(tmp_path, "soak", "soak", f"{server.url}/serial?ms=5",
-                           "--protocol", "http", "--fraction", "0.5", "--duration", "3",
-                           "--window", "0.5", "--probe-duration", "0.5")
+        # whether the 3 s soak is stable moves with the neighbours' load (exit 3 when
+        # not): this test asks only for the rate it ran at
+        soak, out = run_json(tmp_path, "soak", "soak", f"{server.url}/serial?ms=5",
+                             "--protocol", "http", "--fraction", "0.5", "--duration", "3",
+                             "--window", "0.5", "--probe-duration", "0.5", check=False)
+    assert soak, out
     assert soak["max_rate"]["source"] == "measured"
     assert 120 < soak["max_rate"]["rps"] <= 205
     assert soak["rate_rps"] == pytest.approx(soak["max_rate"]["rps"] * 0.5)

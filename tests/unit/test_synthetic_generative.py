@@ -178,3 +178,21 @@ def test_model_json_is_checked(tmp_path: Path) -> None:
     backend = BackendRegistry().generative("synthetic")
     with pytest.raises(ModelLoadError, match="device 'cuda'"):
         backend.load(path, "synthetic", "cuda", "fp32")
+
+
+def test_the_original_measured_alone_is_timed_but_not_scored(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    """Scoring (a prefill of the whole scored text) grades a precision against the
+    original; with no other precision (``plan --precision none``) it has nothing to
+    grade, and on a slow model it took most of the measuring."""
+    from tradeoff.optimize import generative
+
+    def scored(*args: object) -> None:
+        raise AssertionError("the original alone was scored")
+
+    monkeypatch.setattr(generative, "_score", scored)
+    directory = write_synthetic_llm(tmp_path, model={"step_ms": 1.0})
+    (report,), precision = generative.optimize_generative(directory, (), 0.2, lambda _: None)
+    assert precision == "fp32" and report.accuracy == []
+    assert report.throughput_by_batch and report.prefill_ms

@@ -163,18 +163,18 @@ def optimize_generative(model_dir: Path, precisions: tuple[str, ...], seconds: f
     for label, directory in enumerate(directories, start=1):
         say(f"measuring {directory.name}")
         config, decoder, tokenizer = load_generative(directory)
-        greedy, perplexity = _score(decoder, tokenizer)
         latency, throughput = _decode_speed(
             decoder, max_sequences or min(config.max_num_seqs, 16), seconds)
         prefill = _prefill_speed(decoder, seconds / 4)
-        metrics = {"perplexity": perplexity}
         accuracy = []
-        if reference is None:
-            reference, reference_perplexity = greedy, perplexity
-        else:
+        # graded against the original; measured alone, the original is not scored
+        if len(directories) > 1 and reference is None:
+            reference, reference_perplexity = _score(decoder, tokenizer)
+        elif reference is not None:
+            greedy, perplexity = _score(decoder, tokenizer)
             agreement = float(np.mean(greedy == reference))
-            metrics.update(greedy_agreement=agreement,
-                           perplexity_original=reference_perplexity)
+            metrics = {"perplexity": perplexity, "greedy_agreement": agreement,
+                       "perplexity_original": reference_perplexity}
             accuracy = [OutputAccuracy("next token", GENERATIVE, len(greedy), metrics,
                                        1.0 - agreement)]
         method = "original" if directory == model_dir else \
