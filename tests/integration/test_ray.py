@@ -226,7 +226,9 @@ def run_cli(tmp_path: Path, *args: str, name: str, env: dict[str, str]
     done = subprocess.run([sys.executable, "-m", "tradeoff", *args, "--json", str(out)],
                           capture_output=True, text=True, timeout=300, check=False,
                           env=dict(os.environ, **env))
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # 3: a soak's verdict "unstable", which a short soak beside other tests may reach
+    verdicts = (0, 3) if args[0] == "soak" else (0,)
+    assert done.returncode in verdicts, done.stdout[-3000:] + done.stderr[-3000:]
     return json.loads(out.read_text())
 
 
