@@ -18,6 +18,7 @@ The queueing follows from the arrivals: a trace's own gaps and bursts, or the la
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from dataclasses import dataclass
 
@@ -92,13 +93,13 @@ def simulate(arrivals_s: np.ndarray, cost: BatchCost, max_batch: int, delay_s: f
     arrivals = np.asarray(arrivals_s, dtype=np.float64)
     latency = np.full(arrivals.size, per_request_ms, dtype=np.float64)
     misses = np.flatnonzero(~hits) if hits is not None else np.arange(arrivals.size)
-    queue = arrivals[misses]
-    n = queue.size
-    table = cost.ms(np.arange(max_batch + 1)) / 1e3 + \
-        np.arange(max_batch + 1) * per_request_ms / 1e3
+    # the event loop below runs once per batch: plain floats and bisect, not numpy scalars
+    queue = arrivals[misses].tolist()
+    n = len(queue)
+    table = (cost.ms(np.arange(max_batch + 1)) / 1e3 +
+             np.arange(max_batch + 1) * per_request_ms / 1e3).tolist()
     free = [0.0] * instances
-    heapq.heapify(free)
-    done = np.empty(n, dtype=np.float64)
+    ends: list[float] = []
     sizes: list[int] = []
     head = 0
     while head < n:
@@ -107,18 +108,18 @@ def simulate(arrivals_s: np.ndarray, cost: BatchCost, max_batch: int, delay_s: f
         if last < n and queue[last] <= start:
             count = max_batch
         else:
-            ready = int(np.searchsorted(queue, start, side="right")) - head
+            ready = bisect.bisect_right(queue, start, head) - head
             deadline = queue[head] + delay_s
             if start < deadline:
                 # wait for a full batch or the delay, whichever comes first
-                full_at = queue[last] if last < n else np.inf
-                start = min(deadline, full_at)
-                ready = int(np.searchsorted(queue, start, side="right")) - head
+                start = min(deadline, queue[last]) if last < n else deadline
+                ready = bisect.bisect_right(queue, start, head) - head
             count = max(1, min(max_batch, ready))
         end = start + table[count]
-        done[head:head + count] = end
+        ends.append(end)
         sizes.append(count)
         heapq.heappush(free, end)
         head += count
-    latency[misses] = (done - queue) * 1e3
+    done = np.repeat(np.array(ends, dtype=np.float64), sizes)  # batches run in order
+    latency[misses] = (done - arrivals[misses]) * 1e3
     return Simulated(latency, np.array(sizes, dtype=np.int64))
