@@ -164,7 +164,7 @@ def ceiling(engine: Any, tokenizer: Any, work: list[tuple[float, str, int]],
             in_flight: int | None = None) -> dict[str, Any]:
     """Tokens/s of the engine alone (no server) on the requests of ``work``: all at once,
     or ``in_flight`` at a time (the next one added as one ends, as a closed loop sends)."""
-    from tradeoff.generate.sampling import SamplingParams
+    from tradeoff.generate.sampling_params import SamplingParams
 
     queued = [(tokenizer.encode(prompt),
                SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True))
@@ -212,7 +212,7 @@ def engine_step(engine: Any, prompts: list[list[int]], steps: int) -> tuple[floa
     """Median seconds of the engine's decode steps with ``prompts`` running, and the share
     of those seconds the process was on a core (the engine computes on a worker thread
     of its own)."""
-    from tradeoff.generate.sampling import SamplingParams
+    from tradeoff.generate.sampling_params import SamplingParams
 
     for prompt in prompts:
         engine.add(prompt, SamplingParams(max_tokens=steps + 1, temperature=0,

@@ -34,7 +34,7 @@ import torch
 
 from tradeoff.generate.config import GenerativeConfig
 from tradeoff.generate.loader import load_generative, new_engine
-from tradeoff.generate.sampling import SamplingParams
+from tradeoff.generate.sampling_params import SamplingParams
 
 HOST_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaGraphLaunch", "cudaMemcpyAsync",
               "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")

@@ -106,7 +106,7 @@ def in_process(repo: Path) -> dict[str, float]:
         dataplane = DataPlane(manager)
         served = manager.get("tiny")
         request = decode_request(body, len(header))
-        backend = served.scheduler._instances[0]
+        backend = served.executor._instances[0]
         check = checker(dataplane, request)
         internal = check()
         outputs = [TensorOutput("OUTPUT0", x, "FP32", True)]

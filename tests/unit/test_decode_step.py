@@ -18,7 +18,7 @@ from tradeoff.generate.decode_step import (  # noqa: E402
 )
 from tradeoff.generate.engine import GenerationEngine  # noqa: E402
 from tradeoff.generate.kv_blocks import BlockTable  # noqa: E402
-from tradeoff.generate.sampling import SamplingParams  # noqa: E402
+from tradeoff.generate.sampling_params import SamplingParams  # noqa: E402
 
 from .test_generation_engine import CONFIG, PROMPTS, random_weights  # noqa: E402
 

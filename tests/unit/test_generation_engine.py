@@ -13,7 +13,7 @@ from tradeoff.generate.engine import GenerationEngine  # noqa: E402
 from tradeoff.generate.events import Done, Event, Failed, Token  # noqa: E402
 from tradeoff.generate.iteration import IterationScheduler, SeqState  # noqa: E402
 from tradeoff.generate.kv_blocks import BlockAllocator  # noqa: E402
-from tradeoff.generate.sampling import SamplingParams  # noqa: E402
+from tradeoff.generate.sampling_params import SamplingParams  # noqa: E402
 
 CONFIG = LlamaConfig(vocab_size=61, hidden_size=32, intermediate_size=64, num_layers=2,
                      num_heads=4, num_kv_heads=2, bos_token_id=1, eos_token_id=2)
@@ -186,15 +186,15 @@ def test_one_request_that_cannot_be_queued_fails_alone(decoder: LlamaDecoder) ->
     the next request is answered."""
     import asyncio
 
-    from tradeoff.generate.bridge import GenerativeModel
     from tradeoff.generate.config import GenerativeConfig
+    from tradeoff.generate.engine_client import EngineClient
 
     class Tokens:
         def decode(self, ids: list[int]) -> str:
             return " ".join(map(str, ids))
 
     async def scenario() -> tuple[Event, list[Event]]:
-        model = GenerativeModel("m", 1, GenerativeConfig(), decoder, Tokens(),
+        model = EngineClient.in_process("m", 1, GenerativeConfig(), decoder, Tokens(),
                                 asyncio.get_running_loop())
         try:
             bad = model.submit([1, CONFIG.vocab_size], SamplingParams(max_tokens=2))

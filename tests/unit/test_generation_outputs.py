@@ -16,22 +16,22 @@ pytest.importorskip("torch")
 pytest.importorskip("tokenizers")
 
 from tradeoff.errors import RequestError
-from tradeoff.generate.bridge import GenerativeModel, Handle
+from tradeoff.generate.engine_client import EngineClient, Handle
 from tradeoff.generate.loader import load_generative
-from tradeoff.generate.sampling import SamplingParams
+from tradeoff.generate.sampling_params import SamplingParams
 from tradeoff.models.generative import write_synthetic_llm
 from tradeoff.server.generation import Finished, Generation, TextDelta
 
 Whole = list[tuple[list[int], str]]
 
 
-def with_model(tmp_path: Path, scenario: Callable[[GenerativeModel, Whole],
+def with_model(tmp_path: Path, scenario: Callable[[EngineClient, Whole],
                                                   Awaitable[Any]]) -> Any:
     directory = write_synthetic_llm(tmp_path, model={"step_ms": 1.0})
     config, decoder, tokenizer = load_generative(directory)
 
     async def run() -> Any:
-        model = GenerativeModel("llm", 1, config, decoder, tokenizer,
+        model = EngineClient.in_process("llm", 1, config, decoder, tokenizer,
                                 asyncio.get_running_loop())
         try:
             return await scenario(model, [])
@@ -41,7 +41,7 @@ def with_model(tmp_path: Path, scenario: Callable[[GenerativeModel, Whole],
     return asyncio.run(run())
 
 
-def generation(model: GenerativeModel, whole: Whole, prompt: str, **params: Any
+def generation(model: EngineClient, whole: Whole, prompt: str, **params: Any
                ) -> Generation:
     tokens = model.tokenizer.encode(prompt)
     handle = model.submit(tokens, SamplingParams(temperature=0.0, **params))
@@ -50,7 +50,7 @@ def generation(model: GenerativeModel, whole: Whole, prompt: str, **params: Any
 
 
 def test_outputs_are_deltas_then_one_finished_with_the_usage(tmp_path: Path) -> None:
-    async def scenario(model: GenerativeModel, whole: Whole) -> Any:
+    async def scenario(model: EngineClient, whole: Whole) -> Any:
         answer = generation(model, whole, "hello there", max_tokens=6)
         async with answer:
             assert await answer.begin()
@@ -68,8 +68,8 @@ def test_outputs_are_deltas_then_one_finished_with_the_usage(tmp_path: Path) -> 
 
 
 def test_a_refusal_is_raised_by_begin_before_any_output(tmp_path: Path) -> None:
-    async def scenario(model: GenerativeModel, whole: Whole) -> Any:
-        vocab = model.engine.vocab
+    async def scenario(model: EngineClient, whole: Whole) -> Any:
+        vocab = model.info.vocab
         handle = model.submit([1, vocab + 5], SamplingParams(max_tokens=2))  # no such token
         answer = Generation(model, handle, 2, lambda *a: whole.append(a))
         async with answer:
@@ -82,7 +82,7 @@ def test_a_refusal_is_raised_by_begin_before_any_output(tmp_path: Path) -> None:
 
 
 def test_an_abort_ends_the_outputs_without_an_answer(tmp_path: Path) -> None:
-    async def scenario(model: GenerativeModel, whole: Whole) -> Any:
+    async def scenario(model: EngineClient, whole: Whole) -> Any:
         answer = generation(model, whole, "a long one", max_tokens=200)
         outputs = []
         async with answer:
@@ -100,7 +100,7 @@ def test_an_abort_ends_the_outputs_without_an_answer(tmp_path: Path) -> None:
 
 
 def test_leaving_the_block_early_stops_the_generation(tmp_path: Path) -> None:
-    async def scenario(model: GenerativeModel, whole: Whole) -> Any:
+    async def scenario(model: EngineClient, whole: Whole) -> Any:
         answer = generation(model, whole, "a long one", max_tokens=200)
         with pytest.raises(ConnectionResetError):
             async with answer:

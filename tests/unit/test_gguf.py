@@ -40,7 +40,7 @@ def smollm2_file() -> Path:
 def test_smollm2_answers_a_question() -> None:
     from tradeoff.backends.gguf_file import load_gguf
     from tradeoff.generate.engine import GenerationEngine
-    from tradeoff.generate.sampling import SamplingParams
+    from tradeoff.generate.sampling_params import SamplingParams
 
     decoder, tokenizer = load_gguf(smollm2_file())
     assert decoder.config.num_layers == 30 and decoder.config.num_kv_heads == 3

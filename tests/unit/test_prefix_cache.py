@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 
 from tradeoff.backends.llama import LlamaDecoder  # noqa: E402
 from tradeoff.generate.engine import GenerationEngine  # noqa: E402
-from tradeoff.generate.sampling import SamplingParams  # noqa: E402
+from tradeoff.generate.sampling_params import SamplingParams  # noqa: E402
 
 from .test_generation_engine import CONFIG, GREEDY, random_weights  # noqa: E402
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tradeoff.generate.sampling import SamplingParams
+from tradeoff.generate.sampling_params import SamplingParams
 from tradeoff.protocol.v2 import TensorOutput
 from tradeoff.server.cache import ResponseCache
 from tradeoff.server.cache.keys import CHECK_BYTES, MAC_BYTES, Keys

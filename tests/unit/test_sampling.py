@@ -11,12 +11,11 @@ torch = pytest.importorskip("torch")
 from tradeoff.generate.sampling import (  # noqa: E402
     FAILED,
     SamplingBatch,
-    SamplingParams,
-    as_seed,
     sample,
     sample_tokens,
     uniform,
 )
+from tradeoff.generate.sampling_params import SamplingParams, as_seed  # noqa: E402
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
 

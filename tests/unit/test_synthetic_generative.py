@@ -27,7 +27,7 @@ from tradeoff.backends.synthetic_generative import (  # noqa: E402
 from tradeoff.errors import ModelLoadError  # noqa: E402
 from tradeoff.generate.engine import GenerationEngine  # noqa: E402
 from tradeoff.generate.loader import load_generative  # noqa: E402
-from tradeoff.generate.sampling import SamplingParams  # noqa: E402
+from tradeoff.generate.sampling_params import SamplingParams  # noqa: E402
 from tradeoff.models.generative import write_synthetic_llm  # noqa: E402
 
 BLOCK = 4

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 from tradeoff.backends.llama import load_hf_directory  # noqa: E402
 from tradeoff.backends.text import Tokenizer  # noqa: E402
 from tradeoff.generate.engine import GenerationEngine  # noqa: E402
-from tradeoff.generate.sampling import SamplingParams  # noqa: E402
+from tradeoff.generate.sampling_params import SamplingParams  # noqa: E402
 from tradeoff.models.tinyllama import write_tinyllama  # noqa: E402
 
 

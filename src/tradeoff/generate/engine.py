@@ -33,14 +33,8 @@ from tradeoff.generate.iteration import (
     StepPlan,
 )
 from tradeoff.generate.kv_blocks import BlockAllocator, BlockTable
-from tradeoff.generate.sampling import (
-    FAILED,
-    SamplingBatch,
-    SamplingParams,
-    as_seed,
-    sample_tokens,
-    sampling_kind,
-)
+from tradeoff.generate.sampling import FAILED, SamplingBatch, sample_tokens
+from tradeoff.generate.sampling_params import SamplingParams, as_seed, sampling_kind
 from tradeoff.generate.text_stream import TextStream
 from tradeoff.scheduling.priority import DEFAULT_GENERATION_PRIORITY, GenerationPriority
 

@@ -45,21 +45,19 @@ from tradeoff.errors import (
 from tradeoff.repository.config import ModelConfig
 from tradeoff.scheduling.adaptive import AdaptiveBatcher
 from tradeoff.scheduling.batch_queue import BatchQueue
+from tradeoff.scheduling.executor import ExecutorLoad, Outputs
 from tradeoff.scheduling.request import InferenceRequest, Timings
 from tradeoff.scheduling.stats import ModelStats
 
 __all__ = [
     "INLINE_STREAK",
     "INLINE_STREAK_MAX",
-    "Outputs",
     "Scheduler",
     "SchedulerState",
     "run_batch",
 ]
 
 log = logging.getLogger(__name__)
-
-Outputs = dict[str, np.ndarray]
 
 # batches in a row, each shorter than the limit, before the next runs on the loop
 INLINE_STREAK = 16
@@ -130,7 +128,8 @@ def _split_outputs(config: ModelConfig, batch: Sequence[InferenceRequest],
 
 
 class Scheduler:
-    """Queue, batcher and instance pool of one model version."""
+    """Queue, batcher and instance pool of one model version, in this process: the
+    in-process :class:`~tradeoff.scheduling.executor.TensorExecutor`."""
 
     def __init__(self, config: ModelConfig, instances: Sequence[Backend], stats: ModelStats,
                  *, clock: Callable[[], int] = time.perf_counter_ns,
@@ -176,6 +175,12 @@ class Scheduler:
     @property
     def queue_depth(self) -> int:
         return len(self.queue)
+
+    def load(self) -> ExecutorLoad:
+        adaptive = self.adaptive
+        return ExecutorLoad(len(self.queue), self.in_flight, self.inline_batches,
+                            None if adaptive is None else adaptive.delay_ns / 1000,
+                            None if adaptive is None else adaptive.cap)
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()

@@ -22,7 +22,7 @@ from tradeoff.backends.base import Backend
 from tradeoff.backends.faults import PARAMETERS as fault_parameters
 from tradeoff.backends.faults import FaultInjectingBackend, NaNLogitsDecoder, fault_values
 from tradeoff.errors import ConfigError, ModelLoadError
-from tradeoff.generate.bridge import GenerativeModel
+from tradeoff.generate.engine_client import EngineClient
 from tradeoff.generate.loader import load_generative
 from tradeoff.repository.config import ModelConfig
 from tradeoff.repository.repository import ROUTER_FILE, ModelRepository
@@ -102,7 +102,7 @@ def build_tensor(repository: ModelRepository, name: str,
 
 
 def build_generative(repository: ModelRepository, name: str, limits: BuildLimits,
-                     loop: asyncio.AbstractEventLoop) -> GenerativeModel:
+                     loop: asyncio.AbstractEventLoop) -> EngineClient:
     """A generative model's engine: weights, tokenizer, KV cache (its events go to
     ``loop``)."""
     config, decoder, tokenizer = load_generative(repository.model_dir(name),
@@ -112,7 +112,7 @@ def build_generative(repository: ModelRepository, name: str, limits: BuildLimits
             raise ConfigError(f"model {name!r}", "fault_nan_on_token",
                               "fault injection needs --allow-fault-injection")
         decoder = NaNLogitsDecoder(decoder, config.fault_nan_on_token)
-    return GenerativeModel(name, 1, config, decoder, tokenizer, loop)
+    return EngineClient.in_process(name, 1, config, decoder, tokenizer, loop)
 
 
 def build_router(repository: ModelRepository, name: str,
@@ -132,7 +132,7 @@ def build_router(repository: ModelRepository, name: str,
             raise ModelLoadError(f"router {name!r}: target {target.label!r} is a router;"
                                  " a router sends to models only")
         served[target.label] = version
-    kinds = {isinstance(v, GenerativeModel) for v in served.values()}
+    kinds = {isinstance(v, EngineClient) for v in served.values()}
     if kinds == {True}:
         routed = RoutedModel(name, config, None, generative=True)
     elif kinds == {False}:

@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 
 from tradeoff.errors import InvalidInput, NotFound, Unavailable
-from tradeoff.generate.bridge import GenerativeModel
+from tradeoff.generate.engine_client import EngineClient
 from tradeoff.repository.config import ModelConfig
 from tradeoff.repository.repository import ModelRepository
-from tradeoff.scheduling.scheduler import Scheduler
+from tradeoff.scheduling.executor import TensorExecutor
 from tradeoff.scheduling.stats import ModelStats
 from tradeoff.server.router import RoutedModel
 
@@ -48,12 +48,13 @@ class ModelState(enum.Enum):
 
 @dataclass
 class ModelVersion:
-    """One served version: its config, scheduler and statistics."""
+    """One served version: its config, executor (batcher and instances) and
+    statistics."""
 
     name: str
     version: int
     config: ModelConfig
-    scheduler: Scheduler
+    executor: TensorExecutor
     stats: ModelStats
     path: Path
     check_bytes: Callable[[str, np.ndarray], None] | None = None  # the backend's
@@ -78,15 +79,15 @@ class ModelVersion:
 
     def begin_drain(self, timeout_s: float) -> None:
         """Shutdown begins: run what is queued now, without waiting for more."""
-        self.scheduler.drain()
+        self.executor.drain()
 
     async def stop(self, timeout_s: float | None = None) -> None:
         """Answer every accepted request, then release the instances."""
-        await self.scheduler.stop()
+        await self.executor.stop()
 
 
 # every served kind offers metadata(versions), model_config(), stats, begin_drain(), stop()
-Served = ModelVersion | GenerativeModel | RoutedModel
+Served = ModelVersion | EngineClient | RoutedModel
 
 
 @dataclass
@@ -169,8 +170,8 @@ class ModelCatalog:
     def tensor_versions(self) -> list[ModelVersion]:
         return [v for v in self.served_versions() if isinstance(v, ModelVersion)]
 
-    def generative_versions(self) -> list[GenerativeModel]:
-        return [v for v in self.served_versions() if isinstance(v, GenerativeModel)]
+    def generative_versions(self) -> list[EngineClient]:
+        return [v for v in self.served_versions() if isinstance(v, EngineClient)]
 
     def tensor(self, name: str, version: str | None = None) -> ModelVersion:
         """A tensor model's serving version; a generative model is a 400 saying where
@@ -185,10 +186,10 @@ class ModelCatalog:
                                "/v1/completions or /v1/chat/completions")
         return served
 
-    def generative(self, name: str) -> GenerativeModel:
+    def generative(self, name: str) -> EngineClient:
         """A generative model's serving version; a tensor model is a 400."""
         served = self.get(name)
-        if not isinstance(served, GenerativeModel):
+        if not isinstance(served, EngineClient):
             raise InvalidInput(f"model {name!r} takes tensors, not text: POST "
                                f"/v2/models/{name}/infer")
         return served

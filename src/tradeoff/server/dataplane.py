@@ -18,9 +18,9 @@ from tradeoff.errors import InvalidInput, NotFound, Overloaded, Unavailable
 from tradeoff.protocol.limits import DEFAULT_LIMITS, RequestLimits
 from tradeoff.protocol.v2 import TensorOutput, V2Request
 from tradeoff.repository.router import Target
+from tradeoff.scheduling.executor import Outputs
 from tradeoff.scheduling.priority import DEFAULT_GENERATION_PRIORITY, GenerationPriority
 from tradeoff.scheduling.request import InferenceRequest, Timings
-from tradeoff.scheduling.scheduler import Outputs
 from tradeoff.scheduling.stats import merge_model_stats
 from tradeoff.server.asgi import OFF_LOOP_BYTES
 from tradeoff.server.cache import ResponseCache
@@ -245,7 +245,7 @@ class DataPlane:
                ) -> InferenceRequest:
         """Queue a request that :meth:`dispatch_of` answers ``"direct"``, without a
         coroutine or a future; returns the scheduler's request (to cancel it, with
-        ``served.scheduler.cancel``), and ``on_done`` gets what :meth:`infer` returns, or
+        ``served.executor.cancel``), and ``on_done`` gets what :meth:`infer` returns, or
         the error."""
         if self.shutting_down:
             raise Unavailable("the server is shutting down and takes no new requests")
@@ -263,7 +263,7 @@ class DataPlane:
                 return
             on_done((served, result[0], outputs))
 
-        served.scheduler.submit_call(internal, done)
+        served.executor.submit_call(internal, done)
         return internal
 
     async def infer(self, name: str, version: str | None,
@@ -298,7 +298,7 @@ class DataPlane:
 
         def busy(shadow: Target) -> bool:
             return self.manager.tensor(shadow.model,
-                                       _version(shadow.version)).scheduler.queue_depth > 0
+                                       _version(shadow.version)).executor.queue_depth > 0
 
         async def copy(shadow: Target) -> None:
             _, _, answer = await self._infer_model(shadow.model, _version(shadow.version),
@@ -324,7 +324,7 @@ class DataPlane:
                             ) -> tuple[ModelVersion, Timings, list[TensorOutput]]:
         internal = validate(served, request)
         if dispatch == "direct":
-            timings, outputs = await served.scheduler.infer(internal)
+            timings, outputs = await served.executor.infer(internal)
             return served, timings, select_outputs(served.config, request, outputs)
         assert self.cache is not None  # "cached": dispatch_of found one
         return await self._infer_cached(self.cache, served, internal, request)
@@ -345,7 +345,7 @@ class DataPlane:
 
         async def compute() -> list[TensorOutput]:
             nonlocal timings
-            timings, raw = await served.scheduler.infer(internal)
+            timings, raw = await served.executor.infer(internal)
             return select_outputs(served.config, request, raw)
 
         answer, how, lookup_ns = await cache.get_or_compute(

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from tradeoff.errors import RequestError
-from tradeoff.generate.bridge import GenerativeModel, Handle
+from tradeoff.generate.engine_client import EngineClient, Handle
 from tradeoff.generate.events import Done, Event, Failed, Token
 
 __all__ = ["Finished", "Generation", "Output", "TextDelta", "Usage"]
@@ -59,7 +59,7 @@ Output = TextDelta | Finished
 class Generation:
     """One queued generation: its events from the engine turned into :data:`Output`."""
 
-    def __init__(self, model: GenerativeModel, handle: Handle, prompt_tokens: int,
+    def __init__(self, model: EngineClient, handle: Handle, prompt_tokens: int,
                  on_whole: Callable[[Handle, list[int], str], None]) -> None:
         self.model = model
         self.handle = handle
@@ -88,9 +88,7 @@ class Generation:
         return self.handle.cache_ns
 
     def usage(self) -> Usage:
-        seq = self.handle.seq
-        return Usage(self.prompt_tokens, len(self.tokens),
-                     seq.cached_tokens if seq is not None else 0)
+        return Usage(self.prompt_tokens, len(self.tokens), self.handle.cached_tokens)
 
     async def begin(self) -> bool:
         """Wait for the generation to start: raises its refusal (a RequestError, before

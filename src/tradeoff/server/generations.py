@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tradeoff.errors import InferenceFailed, InvalidInput, RequestError
-from tradeoff.generate.bridge import GenerativeModel, Handle
+from tradeoff.generate.engine_client import EngineClient, Handle
 from tradeoff.generate.events import Done, Token
 from tradeoff.repository.router import Target
 from tradeoff.scheduling.priority import DEFAULT_GENERATION_PRIORITY, GenerationPriority
@@ -41,7 +41,7 @@ class Generations:
         self.cache = cache  # None: no --cache
         self.in_background = in_background
 
-    def models(self) -> list[GenerativeModel]:
+    def models(self) -> list[EngineClient]:
         """The generative models that serve now and take calls by their own name (none
         a router hides)."""
         return [m for m in self.manager.generative_versions()
@@ -97,7 +97,7 @@ class Generations:
             model = current
         if not tokens:
             raise InvalidInput("the prompt is empty")
-        limit = model.decoder.config.max_position
+        limit = model.info.max_position
         if len(tokens) + params.max_tokens > limit:
             raise InvalidInput(f"prompt ({len(tokens)} tokens) + max_tokens "
                                f"({params.max_tokens}) is over the model's {limit} positions")
@@ -108,15 +108,13 @@ class Generations:
         model.check_accepting()  # a stopping model answers 503, cached or not
         started = time.perf_counter_ns()
         key = self.cache.generation_key(tenant, model.name, model.version, tokens, params)
-        found = await self.cache.lookup_generation(key, model.engine.vocab, params.max_tokens)
+        found = await self.cache.lookup_generation(key, model.info.vocab, params.max_tokens)
         lookup_ns = time.perf_counter_ns() - started
         if found is not None:
-            model.stats.cache_hit[0] += 1
-            model.stats.cache_hit[1] += lookup_ns
+            model.count_cache(True, lookup_ns)
             handle = Handle.replay(tokens, params, *found, model.tokenizer.decode)
         else:
-            model.stats.cache_miss[0] += 1
-            model.stats.cache_miss[1] += lookup_ns
+            model.count_cache(False, lookup_ns)
             handle = model.submit(tokens, params, priority)
             handle.cache_key, handle.cache = key, "miss"
         handle.cache_ns = lookup_ns
@@ -144,7 +142,7 @@ class Generations:
         def busy(shadow: Target) -> bool:
             model = self.manager.generative(shadow.model)
             model.check_accepting()
-            return bool(model.engine.scheduler.waiting)
+            return model.waiting > 0
 
         async def copy(shadow: Target) -> None:
             model = self.manager.generative(shadow.model)
@@ -159,15 +157,15 @@ class Generations:
         self.in_background(routed.shadow(busy, copy))
 
 
-def _check_prompt_size(model: GenerativeModel, prompt: Prompt,
+def _check_prompt_size(model: EngineClient, prompt: Prompt,
                        max_tokens: int) -> None:
     """Refuse, before any tokenizing, a prompt that cannot fit the model's positions: one
     with more characters than the free positions times the longest token of the
     vocabulary, or a chat with more messages than positions."""
-    free = model.decoder.config.max_position - max_tokens
+    free = model.info.max_position - max_tokens
     if free < 1:
         raise InvalidInput(f"max_tokens ({max_tokens}) leaves no room for a prompt in the "
-                           f"model's {model.decoder.config.max_position} positions")
+                           f"model's {model.info.max_position} positions")
     if isinstance(prompt, str):
         characters = len(prompt)
     else:

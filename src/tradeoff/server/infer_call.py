@@ -116,7 +116,7 @@ class InferCall:
         internal, task = self._internal, self._task
         self._respond = self._internal = self._task = None
         if internal is not None:
-            self.target.scheduler.cancel(internal)  # type: ignore[union-attr]
+            self.target.executor.cancel(internal)  # type: ignore[union-attr]
         elif task is not None:
             task.cancel()
         if self.admission is not None:

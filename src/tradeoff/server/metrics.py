@@ -14,7 +14,8 @@ from prometheus_client import CollectorRegistry, ProcessCollector, generate_late
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from tradeoff.generate.bridge import TOKEN_BUCKETS_S, GenerativeModel
+from tradeoff.generate.engine_client import EngineClient
+from tradeoff.generate.generation_stats import TOKEN_BUCKETS_S
 from tradeoff.scheduling.stats import LATENCY_BUCKETS_S
 from tradeoff.server.catalog import ModelVersion
 from tradeoff.server.dataplane import DataPlane
@@ -101,19 +102,19 @@ class ServerCollector(Collector):
                 failure.add_metric([*lv, reason], stats.fail_reasons.get(reason, 0))
             count.add_metric(lv, stats.inference_count)
             executions.add_metric(lv, stats.execution_count)
-            on_loop.add_metric(lv, served.scheduler.inline_batches)
+            load = served.executor.load()
+            on_loop.add_metric(lv, load.inline_batches)
             for part, pair in (("request", stats.success), ("queue", stats.queue),
                                ("compute_input", stats.compute_input),
                                ("compute_infer", stats.compute_infer),
                                ("compute_output", stats.compute_output)):
                 durations[part].add_metric(lv, pair[1] / 1000)
-            queue_depth.add_metric(lv, served.scheduler.queue_depth)
-            in_flight.add_metric(lv, served.scheduler.in_flight)
+            queue_depth.add_metric(lv, load.queue_depth)
+            in_flight.add_metric(lv, load.in_flight)
             ready.add_metric(lv, 1)
-            adaptive = served.scheduler.adaptive
-            if adaptive is not None:
-                delay.add_metric(lv, adaptive.delay_ns / 1000)
-                cap.add_metric(lv, adaptive.cap)
+            if load.adaptive_delay_us is not None and load.adaptive_cap is not None:
+                delay.add_metric(lv, load.adaptive_delay_us)
+                cap.add_metric(lv, load.adaptive_cap)
             request_hist = _histogram(
                 "tradeoff_inference_request_duration_seconds",
                 "Server-side latency of successful requests (queue + compute)",
@@ -197,16 +198,17 @@ class GenerationCollector(Collector):
             ("tradeoff_generation_e2e_request_latency_seconds",
              "Arrival to the last token", "e2e"))}
         for model in self.manager.generative_versions():
-            stats, engine, lv = model.stats, model.engine, [model.name]
-            running.add_metric(lv, len(engine.scheduler.running))
-            waiting.add_metric(lv, len(engine.scheduler.waiting) + model.pending)
-            kv.add_metric(lv, engine.blocks.usage)
+            snapshot, lv = model.stats, [model.name]
+            stats, load = snapshot.engine, snapshot.load
+            running.add_metric(lv, load.running)
+            waiting.add_metric(lv, load.waiting + model.pending)
+            kv.add_metric(lv, load.kv_usage)
             prompt.add_metric(lv, stats.prompt_tokens)
             generated.add_metric(lv, stats.generation_tokens)
             preempted.add_metric(lv, stats.preemptions)
             finished.add_metric(lv, stats.requests_finished)
-            queries.add_metric(lv, engine.blocks.query_tokens)
-            hits.add_metric(lv, engine.blocks.hit_tokens)
+            queries.add_metric(lv, load.prefix_queries)
+            hits.add_metric(lv, load.prefix_hits)
             for kind, family in histograms.items():
                 counts, total = stats.histograms[kind]
                 cumulative = np.cumsum(counts)
@@ -214,7 +216,7 @@ class GenerationCollector(Collector):
                 buckets = [(str(b), float(c))
                            for b, c in zip(TOKEN_BUCKETS_S, cumulative, strict=False)]
                 buckets.append(("+Inf", float(cumulative[-1])))
-                family.add_metric(lv, buckets, total[0])
+                family.add_metric(lv, buckets, total)
         yield from (running, waiting, kv, prompt, generated, preempted, finished, queries, hits,
                     *histograms.values())
 
@@ -244,7 +246,7 @@ class CacheCollector(Collector):
         lookup_time = CounterMetricFamily("tradeoff_cache_hit_duration_us",
                                           "Cumulative lookup time of hits, microseconds",
                                           labels=labels)
-        versions: list[ModelVersion | GenerativeModel] = [
+        versions: list[ModelVersion | EngineClient] = [
             *self.manager.tensor_versions(), *self.manager.generative_versions()]
         for served in versions:
             lv = [served.name, str(served.version)]

@@ -1,7 +1,8 @@
 """Loaded models of both kinds and their lifecycle: load, serve, unload, reload.
 
-A tensor model version is a scheduler over backend instances (:class:`ModelVersion`); a
-generative model version is an engine on its own thread (:class:`GenerativeModel`).
+A tensor model version is an executor (batcher and backend instances, in process: a
+:class:`Scheduler`) behind a :class:`ModelVersion`; a generative model version is an
+engine core on its own thread, reached through its :class:`EngineClient`.
 Both load, drain and stop the same way: a load builds the new versions completely
 (``server/build.py``: sessions, warmup, engines) before they replace the old ones in the
 catalog (``server/catalog.py``), and old versions finish what they accepted before they
@@ -19,6 +20,7 @@ from typing import Any
 from tradeoff.backends.registry import GENERATIVE
 from tradeoff.errors import InvalidInput, InvalidValue, ModelLoadError, TradeoffError
 from tradeoff.repository.repository import ROUTER, ROUTER_FILE, ModelRepository
+from tradeoff.scheduling.executor import TensorExecutor
 from tradeoff.scheduling.scheduler import Scheduler
 from tradeoff.scheduling.stats import ModelStats
 from tradeoff.server.build import (
@@ -117,13 +119,13 @@ class ModelManager(ModelCatalog):
             previous = entry.versions.get(version)
             stats = previous.stats if isinstance(previous, ModelVersion) else \
                 ModelStats(name, version)
-            scheduler = Scheduler(config, backends, stats,
-                                  inline_limit_ns=self.inline_batch_us * 1000)
-            scheduler.on_dead = functools.partial(self._instances_died, name, version,
-                                                  scheduler)
-            await scheduler.start()
+            executor = Scheduler(config, backends, stats,
+                                 inline_limit_ns=self.inline_batch_us * 1000)
+            executor.on_dead = functools.partial(self._instances_died, name, version,
+                                                 executor)
+            await executor.start()
             versions[version] = ModelVersion(
-                name, version, config, scheduler, stats, path,
+                name, version, config, executor, stats, path,
                 self.repository.backends.tensor(config.backend).check_bytes)
         warnings = list(config.warnings)
         if config.response_cache and not self.cache_enabled:
@@ -152,13 +154,13 @@ class ModelManager(ModelCatalog):
                                f"{ROUTER_FILE}, not a 'config' load parameter")
         return {1: build_router(self.repository, name, self.loaded)}
 
-    def _instances_died(self, name: str, version: int, scheduler: Scheduler,
+    def _instances_died(self, name: str, version: int, executor: TensorExecutor,
                         cause: str) -> None:
         """Every instance of a served version died: stop serving it (load brings it back)."""
         entry = self.models.get(name)
         served = entry.versions.get(version) if entry is not None else None
         if entry is None or not isinstance(served, ModelVersion) or \
-                served.scheduler is not scheduler:
+                served.executor is not executor:
             return  # an older copy (replaced by a reload) died while it drained
         dead = entry.versions.pop(version)
         entry.latest = entry.versions[max(entry.versions)] if entry.versions else None

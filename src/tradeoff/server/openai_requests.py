@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import TYPE_CHECKING, Annotated, Any, Literal, TypedDict, TypeVar
+from typing import Annotated, Any, Literal, TypedDict, TypeVar
 
 import msgspec
 from msgspec import Meta
@@ -27,14 +27,12 @@ from tradeoff.generate.sampling_limits import (
     SEED_MAX,
     SEED_MIN,
 )
+from tradeoff.generate.sampling_params import SamplingParams
 from tradeoff.scheduling.priority import (
     GENERATION_PRIORITY_MAX,
     GENERATION_PRIORITY_MIN,
     GenerationPriority,
 )
-
-if TYPE_CHECKING:
-    from tradeoff.generate.sampling import SamplingParams
 
 __all__ = ["REFUSED_FIELDS", "Body", "ChatRequest", "CompletionRequest", "GenerationRequest",
            "Message", "StreamOptions", "decode", "schemas"]
@@ -124,8 +122,6 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
 
     def sampling_params(self) -> SamplingParams:
         """The engine's sampling settings (a field left out: SamplingParams' default)."""
-        from tradeoff.generate.sampling import SamplingParams  # torch: for generations only
-
         stop = () if not self.stop else (self.stop,) if isinstance(self.stop, str) else \
             tuple(self.stop)
         max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None \
