@@ -10,7 +10,9 @@ Two servers, each pinned to the first core, the client (`tradeoff bench`, closed
   costs a few microseconds a token, so it measures the client's ceiling;
 * `serve`: `tradeoff serve` of `synthetic-llm` (`tradeoff.backends.synthetic_generative`)
   with the same step and batch: the whole serving path, whose own limit on one core
-  shows in its CPU share.
+  shows in its CPU share;
+* `serve-process`: the same with the engine in a process of its own (`process: true`),
+  on the same core as the server (it inherits the server's pinning).
 
 For each: output tokens/s as the client measured it, the rate the step allows
 (max_num_seqs / step), the client's CPU share (the busiest worker's, from its result)
@@ -21,6 +23,7 @@ and verdict (client-bound or not), and the server's CPU share over the bench run
     .venv/bin/python benchmarks/llm_load_generator.py --targets stub --step-ms 1.5
     .venv/bin/python benchmarks/llm_load_generator.py --workers 1,2 --duration 10
     .venv/bin/python benchmarks/llm_load_generator.py --targets serve --prefill-stretch 0
+    .venv/bin/python benchmarks/llm_load_generator.py --targets serve,serve-process
 """
 
 from __future__ import annotations
@@ -163,9 +166,17 @@ def stub_main(port: int, step_ms: float, max_num_seqs: int) -> None:
 # ---------------------------------------------------------------------- measuring
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process (/proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU time of a process and of its live children (an engine in a
+    process of its own), from /proc."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if stat.parent.name == str(pid) or fields[1] == str(pid):
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def bench(url: str, cpu: int, args: argparse.Namespace, workers: int) -> dict[str, Any]:
@@ -212,7 +223,9 @@ def measure(name: str, pid: int, url: str, cpu: int, args: argparse.Namespace,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--targets", default="stub,serve", help="stub, serve or both")
+    parser.add_argument("--targets", default="stub,serve",
+                        help="comma-separated: stub, serve, serve-process (the engine in a "
+                             "process of its own; the server's CPU counts its children)")
     parser.add_argument("--step-ms", type=float, default=3.0)
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--concurrency", type=int, default=64)
@@ -250,19 +263,20 @@ def main() -> None:
                 finally:
                     child.terminate()
                     child.wait(10)
-            elif target == "serve":
-                repo = Path(scratch) / "models"
-                settings = {} if args.prefill_stretch is None else \
-                    {"prefill_stretch": args.prefill_stretch}
+            elif target in ("serve", "serve-process"):
+                repo = Path(scratch) / target
+                settings: dict[str, Any] = {"process": target == "serve-process"}
+                if args.prefill_stretch is not None:
+                    settings["prefill_stretch"] = args.prefill_stretch
                 write_synthetic_llm(repo, model={"step_ms": args.step_ms},
                                     max_num_seqs=args.max_num_seqs, **settings)
                 with ServerProcess(repo, cpus=str(server_cpu)) as server:
                     assert server.process is not None
                     for n in workers:
-                        rows.append(measure("serve", server.process.pid, f"{server.url}/v1",
+                        rows.append(measure(target, server.process.pid, f"{server.url}/v1",
                                             client_cpu, args, n))
             else:
-                parser.error(f"unknown target {target!r}: stub or serve")
+                parser.error(f"unknown target {target!r}: stub, serve or serve-process")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"settings": {k: v for k, v in vars(args).items()
                                                   if k not in ("json", "stub_port")},

@@ -46,6 +46,11 @@ class Tokenizer:
                 trim_blocks=True, lstrip_blocks=True)
             self._template = environment.from_string(template)
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, dict[str, Any]]]:
+        """Pickled as what it is made from (the chat template is compiled again): an
+        engine process hands its tokenizer to the front end this way."""
+        return type(self), (self.backend, self.config)
+
     @classmethod
     def from_directory(cls, directory: Path) -> Tokenizer:
         from tokenizers import Tokenizer as HfTokenizer

@@ -17,6 +17,7 @@
     cuda_graphs: true           # on a GPU, decode steps replay captured CUDA graphs
     prefill_stretch: 2.0        # a step that prefills takes at most this many decode steps
     threads: 0                  # CPU threads of this engine's steps (0: the server's cores)
+    process: false              # true: the engine in a process of its own
 
 Validated like ``config.pbtxt``: an error names the file, the field and what is wrong,
 with "did you mean" for a misspelt field or value. The sizes have upper bounds
@@ -76,6 +77,7 @@ class GenerativeConfig:
     cuda_graphs: bool = True
     prefill_stretch: float = 2.0
     threads: int = 0  # the CPU threads of the engine's steps; 0: torch's default
+    process: bool = False  # the engine core in a process of its own (server/engine_process)
     fault_nan_on_token: int = -1  # tests only, with --allow-fault-injection (backends/faults)
 
     @classmethod

@@ -129,6 +129,8 @@ class EngineClient:
         self.load = EngineLoad()  # as the core last reported it
         self.accepting = True  # False once this version is being stopped
         self.failed: str | None = None  # why the core stopped on its own
+        # called once (on the loop) when the core stops on its own, with the cause
+        self.on_dead: Callable[[str], None] | None = None
         self._core = core
         self._ids = itertools.count()
         self._handles: dict[int, Handle] = {}
@@ -241,13 +243,15 @@ class EngineClient:
 
     def _receive(self, message: Outbound) -> None:
         if isinstance(message, CoreEnded):
-            if message.failed is not None:
-                self.failed = message.failed
             # sent after the core's last look at its inbox: nothing will answer them
             ending = Unavailable(message.failed or "the server is shutting down")
             for handle in list(self._handles.values()):
                 self._end(handle)
                 handle.events.put_nowait(Failed(ending))
+            if message.failed is not None:
+                self.failed = message.failed
+                if self.on_dead is not None:
+                    self.on_dead(message.failed)
             return
         self._step(message)
 

@@ -8,6 +8,7 @@ The builds are blocking (but the router's): the model manager runs them off the 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import threading
@@ -19,20 +20,23 @@ from pathlib import Path
 from typing import Any
 
 from tradeoff.backends.base import Backend
+from tradeoff.backends.decoding import Decoder, Tokenizer
 from tradeoff.backends.faults import PARAMETERS as fault_parameters
 from tradeoff.backends.faults import FaultInjectingBackend, NaNLogitsDecoder, fault_values
 from tradeoff.errors import ConfigError, ModelLoadError
+from tradeoff.generate.config import GenerativeConfig
 from tradeoff.generate.engine_client import EngineClient
 from tradeoff.generate.loader import load_generative
 from tradeoff.repository.config import ModelConfig
 from tradeoff.repository.repository import ROUTER_FILE, ModelRepository
 from tradeoff.repository.router import RouterConfig, Signature, common_signature
 from tradeoff.server.catalog import ModelVersion, Served
+from tradeoff.server.engine_process import ProcessCore
 from tradeoff.server.router import RoutedModel
 from tradeoff.server.warmup import run_warmup
 
 __all__ = ["BuildLimits", "TensorInstances", "build_generative", "build_router",
-           "build_tensor", "clear_finished_frames"]
+           "build_tensor", "clear_finished_frames", "load_engine_parts"]
 
 log = logging.getLogger("tradeoff.server")
 
@@ -101,10 +105,9 @@ def build_tensor(repository: ModelRepository, name: str,
     return config, built
 
 
-def build_generative(repository: ModelRepository, name: str, limits: BuildLimits,
-                     loop: asyncio.AbstractEventLoop) -> EngineClient:
-    """A generative model's engine: weights, tokenizer, KV cache (its events go to
-    ``loop``)."""
+def load_engine_parts(repository: ModelRepository, name: str, limits: BuildLimits
+                      ) -> tuple[GenerativeConfig, Decoder, Tokenizer]:
+    """A generative model's settings, decoder (faults wrapped) and tokenizer."""
     config, decoder, tokenizer = load_generative(repository.model_dir(name),
                                                  repository.backends)
     if config.fault_nan_on_token >= 0:
@@ -112,6 +115,25 @@ def build_generative(repository: ModelRepository, name: str, limits: BuildLimits
             raise ConfigError(f"model {name!r}", "fault_nan_on_token",
                               "fault injection needs --allow-fault-injection")
         decoder = NaNLogitsDecoder(decoder, config.fault_nan_on_token)
+    return config, decoder, tokenizer
+
+
+def _load_in_child(root: Path, name: str, limits: BuildLimits
+                   ) -> tuple[GenerativeConfig, Decoder, Tokenizer]:
+    return load_engine_parts(ModelRepository(root), name, limits)
+
+
+def build_generative(repository: ModelRepository, name: str, limits: BuildLimits,
+                     loop: asyncio.AbstractEventLoop) -> EngineClient:
+    """A generative model's engine: weights, tokenizer, KV cache, on a thread of this
+    process or (``process: true``) in a process of its own; its events go to ``loop``."""
+    config = GenerativeConfig.of_model(repository.model_dir(name),
+                                       repository.backends.generative_formats())
+    if config.process:
+        core = ProcessCore(name, 1, functools.partial(_load_in_child, repository.root, name,
+                                                      limits), limits.warmup_timeout_s)
+        return EngineClient(name, 1, config, core.tokenizer, core, loop)
+    config, decoder, tokenizer = load_engine_parts(repository, name, limits)
     return EngineClient.in_process(name, 1, config, decoder, tokenizer, loop)
 
 

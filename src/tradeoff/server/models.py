@@ -15,12 +15,13 @@ import asyncio
 import functools
 import logging
 import threading
+from collections.abc import Awaitable
 from typing import Any
 
 from tradeoff.backends.registry import GENERATIVE
 from tradeoff.errors import InvalidInput, InvalidValue, ModelLoadError, TradeoffError
+from tradeoff.generate.engine_client import EngineClient
 from tradeoff.repository.repository import ROUTER, ROUTER_FILE, ModelRepository
-from tradeoff.scheduling.executor import TensorExecutor
 from tradeoff.scheduling.scheduler import Scheduler
 from tradeoff.scheduling.stats import ModelStats
 from tradeoff.server.build import (
@@ -121,12 +122,12 @@ class ModelManager(ModelCatalog):
                 ModelStats(name, version)
             executor = Scheduler(config, backends, stats,
                                  inline_limit_ns=self.inline_batch_us * 1000)
-            executor.on_dead = functools.partial(self._instances_died, name, version,
-                                                 executor)
             await executor.start()
-            versions[version] = ModelVersion(
+            served = versions[version] = ModelVersion(
                 name, version, config, executor, stats, path,
                 self.repository.backends.tensor(config.backend).check_bytes)
+            executor.on_dead = functools.partial(self._version_died, name, served,
+                                                 "instances died")
         warnings = list(config.warnings)
         if config.response_cache and not self.cache_enabled:
             warnings.append(NO_CACHE_WARNING)
@@ -142,6 +143,7 @@ class ModelManager(ModelCatalog):
                                "generate.yaml, not a 'config' load parameter")
         model = await asyncio.to_thread(build_generative, self.repository, name, self.limits,
                                         asyncio.get_running_loop())
+        model.on_dead = functools.partial(self._version_died, name, model, "engine stopped")
         log.info("generative model %s: %s", name, model.config)
         if model.config.response_cache and not self.cache_enabled:
             log.warning("model %s: %s", name, NO_CACHE_WARNING)
@@ -154,24 +156,37 @@ class ModelManager(ModelCatalog):
                                f"{ROUTER_FILE}, not a 'config' load parameter")
         return {1: build_router(self.repository, name, self.loaded)}
 
-    def _instances_died(self, name: str, version: int, executor: TensorExecutor,
-                        cause: str) -> None:
-        """Every instance of a served version died: stop serving it (load brings it back)."""
+    def _version_died(self, name: str, dead: Served, what: str, cause: str) -> None:
+        """A served version can no longer run (every instance died, or its engine
+        stopped): stop serving it. An engine in a process of its own is started again
+        (a new process loads the model); anything else comes back with a load."""
         entry = self.models.get(name)
-        served = entry.versions.get(version) if entry is not None else None
-        if entry is None or not isinstance(served, ModelVersion) or \
-                served.executor is not executor:
+        version = dead.version
+        if entry is None or entry.versions.get(version) is not dead:
             return  # an older copy (replaced by a reload) died while it drained
-        dead = entry.versions.pop(version)
+        entry.versions.pop(version)
         entry.latest = entry.versions[max(entry.versions)] if entry.versions else None
-        entry.reason = f"version {version}: instances died: {cause}"
+        entry.reason = f"version {version}: {what}: {cause}"
         if entry.latest is None:
             entry.state = ModelState.UNAVAILABLE
-        log.error("model %s: %s; POST /v2/repository/models/%s/load to bring it back",
-                  name, entry.reason, name)
-        task = asyncio.ensure_future(dead.stop())  # releases its sessions
+        restart = isinstance(dead, EngineClient) and dead.config.process
+        log.error("model %s: %s; %s", name, entry.reason,
+                  "starting its engine process again" if restart else
+                  f"POST /v2/repository/models/{name}/load to bring it back")
+        if restart:
+            self._background(self._restart(name))
+        self._background(dead.stop())  # releases its sessions, joins its engine
+
+    def _background(self, work: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(work)
         self._stopping.add(task)
         task.add_done_callback(self._stopping.discard)
+
+    async def _restart(self, name: str) -> None:
+        try:
+            await self.load(name)
+        except Exception as exc:
+            log.error("model %s: could not start its engine again: %s", name, exc)
 
     async def unload(self, name: str, drain_timeout_s: float | None = None) -> None:
         """Stop new requests to the model, answer the accepted ones, release it. With
