@@ -265,7 +265,8 @@ def main() -> None:
                     child.wait(10)
             elif target in ("serve", "serve-process"):
                 repo = Path(scratch) / target
-                settings: dict[str, Any] = {"process": target == "serve-process"}
+                settings: dict[str, Any] = \
+                    {"process": True} if target == "serve-process" else {}
                 if args.prefill_stretch is not None:
                     settings["prefill_stretch"] = args.prefill_stretch
                 write_synthetic_llm(repo, model={"step_ms": args.step_ms},

@@ -27,7 +27,6 @@ from tradeoff.generate.engine_messages import (
     ErrorOut,
     FinishedOut,
     StepOutputs,
-    TokenOut,
     as_error,
     decode_inbound,
     decode_outbound,
@@ -52,7 +51,7 @@ def test_every_message_survives_the_wire() -> None:
     inbound = [Add(3, [1, 2, 3], params, -5), Abort(3), Drain(2.5)]
     for message in inbound:
         assert decode_inbound(encode(message)) == message
-    outbound = [StepOutputs(12.5, [TokenOut(3, 42, "a\u00e9")], [FinishedOut(4, "stop", 16)],
+    outbound = [StepOutputs(12.5, [3, 5], [42, 7], ["a\u00e9", ""], [FinishedOut(4, "stop", 16)],
                             [ErrorOut(5, "InvalidInput", "too long")], 2,
                             EngineLoad(1, 2, 0.25, 64, 32)),
                 CoreEnded(None), CoreEnded("the engine stopped (RuntimeError: lost)")]
@@ -71,7 +70,7 @@ def test_errors_keep_their_status_across() -> None:
                                 (Overloaded("full"), Unavailable, 503),
                                 (InferenceFailed("nan"), InferenceFailed, 500)]:
         back = as_error(decode_outbound(encode(StepOutputs(
-            0.0, [], [], [error_out(1, error)], 0, EngineLoad()))).errors[0])
+            0.0, [], [], [], [], [error_out(1, error)], 0, EngineLoad()))).errors[0])
         assert type(back) is kind and back.status == status and str(back) == str(error)
     other = as_error(error_out(1, RuntimeError("device lost")))
     assert type(other) is RequestError and str(other) == "generation failed: device lost"
@@ -113,7 +112,7 @@ class OverTheWire:
     def snapshot(self) -> Any:
         stats, load = self.core.snapshot()
         return (msgspec.msgpack.decode(msgspec.msgpack.encode(stats), type=type(stats)),
-                decode_outbound(encode(StepOutputs(0.0, [], [], [], 0, load))).load)
+                decode_outbound(encode(StepOutputs(0.0, [], [], [], [], [], 0, load))).load)
 
 
 def with_client(tmp_path: Path, scenario: Callable[[EngineClient], Awaitable[Any]],
@@ -184,7 +183,7 @@ def test_an_abort_before_the_core_takes_the_request_never_queues_it(tmp_path: Pa
         core.join(30)
     steps = [m for m in published if isinstance(m, StepOutputs)]
     assert steps[0].taken == 2 and sum(m.taken for m in steps) == 2  # both adds
-    assert {t.request_id for m in steps for t in m.tokens} == {1}
+    assert {r for m in steps for r in m.request_ids} == {1}
     assert [f.request_id for m in steps for f in m.finished] == [1]
     assert core.snapshot()[0].prompt_tokens == 2  # the second request's alone
     assert published[-1] == CoreEnded(None)

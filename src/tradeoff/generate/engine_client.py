@@ -260,10 +260,11 @@ class EngineClient:
         self.load = message.load
         handles = self._handles
         at = message.at
-        for out in message.tokens:
-            handle = handles.get(out.request_id)
+        for request_id, token, text in zip(message.request_ids, message.tokens,
+                                           message.texts, strict=True):
+            handle = handles.get(request_id)
             if handle is not None:
-                handle.events.put_nowait(Token(out.token, at, out.text))
+                handle.events.put_nowait(Token(token, at, text))
         for finished in message.finished:
             handle = handles.get(finished.request_id)
             if handle is not None:

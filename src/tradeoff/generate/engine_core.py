@@ -37,7 +37,6 @@ from tradeoff.generate.engine_messages import (
     Inbound,
     Outbound,
     StepOutputs,
-    TokenOut,
     error_out,
 )
 from tradeoff.generate.generation_stats import GenerationStats, StatsSnapshot
@@ -200,7 +199,9 @@ class EngineCore:
         when nothing changed."""
         if report is None and not self._taken and not self._errors:
             return
-        tokens: list[TokenOut] = []
+        request_ids: list[int] = []
+        tokens: list[int] = []
+        texts: list[str] = []
         finished: list[FinishedOut] = []
         now = time.perf_counter()
         if report is not None:
@@ -211,7 +212,9 @@ class EngineCore:
                                         strict=True):
                 request_id = requests.get(seq.seq_id)
                 if request_id is not None:
-                    tokens.append(TokenOut(request_id, token, text))
+                    request_ids.append(request_id)
+                    tokens.append(token)
+                    texts.append(text)
             for seq in report.finished:
                 request_id = requests.pop(seq.seq_id, None)
                 if request_id is not None:
@@ -229,7 +232,8 @@ class EngineCore:
                     self._errors.append(error_out(request_id, InferenceFailed(
                         f"generation failed: {error}")))
             self.stats.failed(failed)
-        message = StepOutputs(now, tokens, finished, self._errors, self._taken, self._load())
+        message = StepOutputs(now, request_ids, tokens, texts, finished, self._errors,
+                              self._taken, self._load())
         self._taken, self._errors = 0, []
         self._publish(message)
 

@@ -8,7 +8,7 @@ step's tokens, the generations that ended, how many adds it took, its load), and
 :class:`CoreEnded` when it stops.
 
     core.send(Add(7, [1, 2, 3], SamplingParams(max_tokens=8), 0))
-    # ... the client's receive() gets StepOutputs(tokens=[TokenOut(7, 42, "a")], ...)
+    # ... the client's receive() gets StepOutputs(request_ids=[7], tokens=[42], texts=["a"], ...)
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ __all__ = [
     "Inbound",
     "Outbound",
     "StepOutputs",
-    "TokenOut",
     "as_error",
     "decode_inbound",
     "decode_outbound",
@@ -82,15 +81,6 @@ class EngineLoad(msgspec.Struct, array_like=True, frozen=True):
     prefix_hits: int = 0  # of them, found
 
 
-class TokenOut(msgspec.Struct, array_like=True, frozen=True):
-    """One generated token and the text it lets out (held back while a stop string may
-    still claim it; joined, the texts are the answer)."""
-
-    request_id: int
-    token: int
-    text: str
-
-
 class FinishedOut(msgspec.Struct, array_like=True, frozen=True):
     """A generation ended: ``stop`` or ``length``. ``cached_tokens``: of its prompt,
     found in the prefix cache."""
@@ -110,12 +100,16 @@ class ErrorOut(msgspec.Struct, array_like=True, frozen=True):
 
 
 class StepOutputs(msgspec.Struct, tag=True, array_like=True, frozen=True):
-    """One turn of the core: ``at`` (time.perf_counter) when it was published, the
-    tokens in the order made, the generations that ended, ``taken``: how many Add
-    messages the core took since its last message, and its load after the turn."""
+    """One turn of the core: ``at`` (time.perf_counter) when it was published; the
+    step's tokens in columns (``request_ids[i]`` got ``tokens[i]``, which lets out
+    ``texts[i]``: held back while a stop string may still claim it, so that joined the
+    texts are the answer); the generations that ended; ``taken``: how many Add messages
+    the core took since its last message; its load after the turn."""
 
     at: float
-    tokens: list[TokenOut]
+    request_ids: list[int]
+    tokens: list[int]
+    texts: list[str]
     finished: list[FinishedOut]
     errors: list[ErrorOut]
     taken: int
