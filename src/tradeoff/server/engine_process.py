@@ -44,17 +44,17 @@ log = logging.getLogger("tradeoff.server")
 SNAPSHOT_WAIT_S = 2.0  # a snapshot not answered by then: the last one is shown
 
 
-class Stop(msgspec.Struct, tag=True, array_like=True, frozen=True):
+class _Stop(msgspec.Struct, tag=True, array_like=True, frozen=True):
     """Stop stepping; the core's last messages follow, then the child exits."""
 
 
-class Ask(msgspec.Struct, tag=True, array_like=True, frozen=True):
+class _Ask(msgspec.Struct, tag=True, array_like=True, frozen=True):
     """Send a snapshot of the statistics and load, numbered ``number``."""
 
     number: int
 
 
-class Ready(msgspec.Struct, tag=True, array_like=True, frozen=True):
+class _Ready(msgspec.Struct, tag=True, array_like=True, frozen=True):
     """The model is loaded: what the front end checks prompts against, and its
     tokenizer (pickled: this server's own code on both ends)."""
 
@@ -62,23 +62,23 @@ class Ready(msgspec.Struct, tag=True, array_like=True, frozen=True):
     tokenizer: bytes
 
 
-class LoadFailed(msgspec.Struct, tag=True, array_like=True, frozen=True):
+class _LoadFailed(msgspec.Struct, tag=True, array_like=True, frozen=True):
     reason: str
 
 
-class Snapshot(msgspec.Struct, tag=True, array_like=True, frozen=True):
+class _Snapshot(msgspec.Struct, tag=True, array_like=True, frozen=True):
     number: int
     stats: StatsSnapshot
     load: EngineLoad
 
 
-ToChild = Inbound | Stop | Ask
-FromChild = Outbound | Ready | LoadFailed | Snapshot
+_ToChild = Inbound | _Stop | _Ask
+_FromChild = Outbound | _Ready | _LoadFailed | _Snapshot
 Loader = Callable[[], tuple[GenerativeConfig, Decoder, Tokenizer]]
 
 _encode = msgspec.msgpack.Encoder().encode
-_to_child = msgspec.msgpack.Decoder(ToChild)
-_from_child = msgspec.msgpack.Decoder(FromChild)
+_to_child = msgspec.msgpack.Decoder(_ToChild)
+_from_child = msgspec.msgpack.Decoder(_FromChild)
 
 
 def _child(conn: multiprocessing.connection.Connection, name: str, version: int,
@@ -89,25 +89,25 @@ def _child(conn: multiprocessing.connection.Connection, name: str, version: int,
         config, decoder, tokenizer = loader()
         core = EngineCore(name, version, config, decoder, tokenizer)
     except Exception as exc:
-        conn.send_bytes(_encode(LoadFailed(f"{type(exc).__name__}: {exc}")))
+        conn.send_bytes(_encode(_LoadFailed(f"{type(exc).__name__}: {exc}")))
         return
     sending = threading.Lock()
 
-    def send(message: FromChild) -> None:
+    def send(message: _FromChild) -> None:
         data = _encode(message)
         with sending:
             conn.send_bytes(data)
 
-    send(Ready(core.info, pickle.dumps(tokenizer)))
+    send(_Ready(core.info, pickle.dumps(tokenizer)))
     core.start(send)
     try:
         while True:
             message = _to_child.decode(conn.recv_bytes())
-            if isinstance(message, Stop):
+            if isinstance(message, _Stop):
                 break
-            if isinstance(message, Ask):
+            if isinstance(message, _Ask):
                 stats, load = core.snapshot()
-                send(Snapshot(message.number, stats, load))
+                send(_Snapshot(message.number, stats, load))
             else:
                 core.send(message)
     except (EOFError, OSError):
@@ -139,10 +139,10 @@ class ProcessCore:
             self._process.join(5)
             raise ModelLoadError(f"model {name!r}: its engine process exited while loading "
                                  f"(exit code {self._process.exitcode})") from None
-        if isinstance(first, LoadFailed):
+        if isinstance(first, _LoadFailed):
             self._process.join(5)
             raise ModelLoadError(f"model {name!r}: {first.reason}")
-        assert isinstance(first, Ready)
+        assert isinstance(first, _Ready)
         self.info = first.info
         self.tokenizer: Tokenizer = pickle.loads(first.tokenizer)
         self.pid = self._process.pid
@@ -160,7 +160,7 @@ class ProcessCore:
         self._publish = publish
         self._reader.start()
 
-    def send(self, message: Inbound | Stop | Ask) -> None:
+    def send(self, message: Inbound | _Stop | _Ask) -> None:
         data = _encode(message)
         try:
             with self._sending:
@@ -169,7 +169,7 @@ class ProcessCore:
             pass  # the child is gone: its end is reported by the reader
 
     def stop(self) -> None:
-        self.send(Stop())
+        self.send(_Stop())
 
     def join(self, timeout_s: float) -> None:
         self._reader.join(timeout_s)
@@ -186,7 +186,7 @@ class ProcessCore:
                 return self._last
             self._asked += 1
             number = self._asked
-            self.send(Ask(number))
+            self.send(_Ask(number))
             self._answer.wait_for(lambda: self._ended or self._answered >= number,
                                   SNAPSHOT_WAIT_S)
             return self._last
@@ -195,7 +195,7 @@ class ProcessCore:
         try:
             while True:
                 message = _from_child.decode(self._conn.recv_bytes())
-                if isinstance(message, Snapshot):
+                if isinstance(message, _Snapshot):
                     with self._answer:
                         self._last = (message.stats, message.load)
                         self._answered = message.number
