@@ -69,12 +69,9 @@ test: $(STAMP)
 	-bash scripts/apt_get.sh prometheus promtool
 	$(INSTALL_WEIGHTS)
 	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/mypy src
 	$(VENV)/bin/lint-imports
-	@# mypy (38 s without its cache) beside the parallel tests; the timing tests run alone
-	log=$$(mktemp); $(VENV)/bin/mypy src > $$log 2>&1 & checking=$$!; \
-	$(PY) -m pytest $(PARALLEL) -m "not timing and not serial"; tested=$$?; \
-	wait $$checking; checked=$$?; cat $$log; rm -f $$log; \
-	[ $$tested -eq 0 ] && [ $$checked -eq 0 ]
+	$(PY) -m pytest $(PARALLEL) -m "not timing and not serial"
 	$(PY) -m pytest -q -m "timing or serial"
 
 # The unit tests that take seconds (no server started, nothing slow): what to ask while
