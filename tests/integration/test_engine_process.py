@@ -143,3 +143,31 @@ def test_a_stopped_or_orphaned_server_leaves_no_engine_behind(tmp_path: Path) ->
         killed.process.wait(30)
         # its pipe closed: the orphan stops on its own
         wait_for(lambda: not any(map(alive, engines)), "the orphaned engine to exit")
+
+
+def test_sigterm_drains_the_engine_process_and_ends_what_still_runs(tmp_path: Path) -> None:
+    """At SIGTERM the drain reaches the child: a short generation finishes, one too long
+    for the drain ends with an error event and [DONE], and the engine exits with the
+    server."""
+    root = repository(tmp_path / "models")
+    server = ServerProcess(root, extra_args=("--shutdown-timeout", "1"))
+    with server:
+        assert server.process is not None
+        engines = engine_children(server.process.pid)
+        short, long = Stream(server.url, tokens=40, model="apart"), \
+            Stream(server.url, tokens=1000, model="apart")  # 2 s of steps at least
+        assert short.next_event() is not None and long.next_event() is not None
+        server.process.send_signal(signal.SIGTERM)
+        ends = {}
+        readers = [threading.Thread(target=lambda n=n, s=s: ends.__setitem__(n, s.read_all()))
+                   for n, s in (("short", short), ("long", long))]
+        for reader in readers:
+            reader.start()
+        for reader in readers:
+            reader.join(60)
+        assert server.process.wait(60) == 0
+    assert ends["short"][-1] == "[DONE]"
+    assert ends["short"][-2]["choices"][0]["finish_reason"] == "length"
+    assert ends["long"][-1] == "[DONE]" and "shutdown drain" in \
+        ends["long"][-2]["error"]["message"], ends["long"][-3:]
+    wait_for(lambda: not any(map(alive, engines)), "the engine to exit with the server")
