@@ -136,8 +136,9 @@ class EngineClient:
         self._handles: dict[int, Handle] = {}
         self._idle = asyncio.Event()  # set while no generation is active
         self._idle.set()
-        self._cache_hit = [0, 0]
-        self._cache_miss = [0, 0]
+        # the response cache's lookups of this model's answers: [count, lookup ns]
+        self.cache_hit = [0, 0]
+        self.cache_miss = [0, 0]
         core.start(self._from_core)
 
     @classmethod
@@ -167,12 +168,12 @@ class EngineClient:
     @property
     def stats(self) -> GenerationStatistics:
         engine, load = self._core.snapshot()
-        return GenerationStatistics(engine, load, (self._cache_hit[0], self._cache_hit[1]),
-                                    (self._cache_miss[0], self._cache_miss[1]))
+        return GenerationStatistics(engine, load, (self.cache_hit[0], self.cache_hit[1]),
+                                    (self.cache_miss[0], self.cache_miss[1]))
 
     def count_cache(self, hit: bool, lookup_ns: int) -> None:
         """One response-cache lookup of this model's answers."""
-        counts = self._cache_hit if hit else self._cache_miss
+        counts = self.cache_hit if hit else self.cache_miss
         counts[0] += 1
         counts[1] += lookup_ns
 

@@ -145,7 +145,6 @@ class ProcessCore:
         assert isinstance(first, _Ready)
         self.info = first.info
         self.tokenizer: Tokenizer = pickle.loads(first.tokenizer)
-        self.pid = self._process.pid
         self._sending = threading.Lock()
         self._asked = 0  # snapshots asked for, and the number of the last answered
         self._answered = 0

@@ -250,7 +250,9 @@ class CacheCollector(Collector):
             *self.manager.tensor_versions(), *self.manager.generative_versions()]
         for served in versions:
             lv = [served.name, str(served.version)]
-            hit, miss = served.stats.cache_hit, served.stats.cache_miss
+            # a generative model's counts are its client's: no snapshot of its engine
+            counts = served if isinstance(served, EngineClient) else served.stats
+            hit, miss = counts.cache_hit, counts.cache_miss
             lookups.add_metric(lv, hit[0] + miss[0])
             hits.add_metric(lv, hit[0])
             misses.add_metric(lv, miss[0])
