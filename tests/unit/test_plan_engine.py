@@ -116,6 +116,28 @@ def test_the_search_batches_sequences_when_one_at_a_time_falls_behind() -> None:
     assert not any(c.meets_sla for c in impossible)
 
 
+@pytest.mark.parametrize("searcher", [
+    pytest.param(lambda: _searcher(5, Lengths(128, 64, shared_prefix=64)), id="one class"),
+    pytest.param(lambda: _class_searcher(9.5, {"chat": 0.2, "batch": 0.8}, {"chat": 300.0}),
+                 id="two classes")])
+def test_the_search_reuses_a_run_only_where_it_repeats_step_for_step(searcher) -> None:
+    """Settings of a larger max_num_seqs take the run of a smaller one whose cap never
+    held a request back: every candidate is what predicting it alone gives."""
+    searcher = searcher()
+    version = _version()
+    alone = {c.name: c for c in (searcher.predict(version, COST, s)
+                                 for s in searcher.grid(COST))}
+    searched = searcher.search([version], {1: COST})
+    assert [c.name for c in searched] == sorted(alone, key=[c.name for c in searched].index)
+    assert searched == [alone[c.name] for c in searched] and len(searched) == len(alone)
+    runs: dict = {}
+    for settings in sorted(searcher.grid(COST), key=lambda s: s.max_num_seqs):
+        searcher.predict(version, COST, settings, runs)
+    reused = len(runs) - len({id(run) for run in runs.values()})
+    assert reused > 0  # the caps above the busiest step repeat a run
+    assert any(run.seqs_bound for run in runs.values())  # and some cap did bind
+
+
 def test_prefix_caching_is_weighed_only_where_prompts_share_a_block() -> None:
     plain = _searcher(2, Lengths(128, 16)).grid(COST)
     assert {s.prefix_caching for s in plain} == {False}

@@ -129,6 +129,9 @@ class EngineRun:
     prefix_hit_ratio: float  # prompt tokens found in the prefix cache, of those looked up
     preemptions: int
     busy: float  # the share of the time a step ran
+    # whether max_num_seqs ever held a waiting request back: when not, a larger
+    # max_num_seqs runs the very same steps
+    seqs_bound: bool = True
 
     def percentile(self, values: np.ndarray, q: float) -> float:
         """A percentile over the requests; a refused one counts as never answered."""
@@ -155,6 +158,7 @@ def simulate_engine(arrivals_s: np.ndarray, lengths: Lengths, settings: EngineSe
     tail = lengths.prompt - len(shared)
     index_of: dict[int, int] = {}
     rejected = steps = running = 0
+    seqs_bound = False
     busy_s = 0.0
     clock = float(arrivals_s[0]) if count else 0.0
     nxt = 0
@@ -174,6 +178,8 @@ def simulate_engine(arrivals_s: np.ndarray, lengths: Lengths, settings: EngineSe
             continue
         scheduler.prefill_limit = pacer.limit()
         plan = scheduler.schedule()
+        seqs_bound = seqs_bound or (bool(scheduler.waiting)
+                                    and len(scheduler.running) >= settings.max_num_seqs)
         if not plan.work:  # nothing fits (every block held): wait for the next arrival
             if nxt >= count:
                 break  # nothing runs and nothing will come: what waits is never served
@@ -207,4 +213,4 @@ def simulate_engine(arrivals_s: np.ndarray, lengths: Lengths, settings: EngineSe
     return EngineRun(ttft, tpot, (end - arrivals_s) * 1e3, rejected,
                      running / steps if steps else 0.0,
                      blocks.hit_tokens / looked if looked else 0.0,
-                     scheduler.preemptions, busy_s / span if span > 0 else 0.0)
+                     scheduler.preemptions, busy_s / span if span > 0 else 0.0, seqs_bound)

@@ -233,8 +233,11 @@ class EngineSearcher:
                         scheduling=q)
                 for s in seqs for t in tokens for p in prefix for q in scheduling]
 
-    def predict(self, version: PlanVersion, cost: StepCost, settings: EngineSettings
-                ) -> PlanCandidate:
+    def predict(self, version: PlanVersion, cost: StepCost, settings: EngineSettings,
+                runs: dict[EngineSettings, EngineRun] | None = None) -> PlanCandidate:
+        """The settings' candidate, from a simulated run of the traffic. ``runs``: the
+        runs of this version so far, by settings; the run of a smaller ``max_num_seqs``
+        (all else the same) whose cap never held a request back is this one's too."""
         cost = self.calibration.cost(cost)
         busy = self.traffic.rate_rps / capacity_rps(cost, settings, self.lengths)
         by_class: dict[str, Prediction] = {}
@@ -243,8 +246,11 @@ class EngineSearcher:
                                     busy, math.inf, math.inf)
             meets = False
         else:
-            run = simulate_engine(self.arrivals, self.lengths, settings, cost,
-                                  self.priorities if self.classes else None)
+            run = self._same_run(settings, runs or {}) or simulate_engine(
+                self.arrivals, self.lengths, settings, cost,
+                self.priorities if self.classes else None)
+            if runs is not None:
+                runs[settings] = run
             prediction = self._predicted(run, np.ones(self.arrivals.size, bool), busy)
             by_class = {c: self._predicted(run, self.labels == c, busy) for c in self.classes}
             meets = run.rejected == 0 and all(
@@ -266,6 +272,18 @@ class EngineSearcher:
                           run.mean_running, run.prefix_hit_ratio, busy,
                           run.percentile(tpot, 50), run.percentile(tpot, 99))
 
+    @staticmethod
+    def _same_run(settings: EngineSettings, runs: dict[EngineSettings, EngineRun]
+                  ) -> EngineRun | None:
+        """A run already simulated that these settings would repeat step for step: one
+        of a smaller ``max_num_seqs``, the rest equal, that never filled its cap while a
+        request waited (the cap is the scheduler's only use of ``max_num_seqs``)."""
+        for done, run in runs.items():
+            if not run.seqs_bound and done.max_num_seqs < settings.max_num_seqs and \
+                    replace(done, max_num_seqs=settings.max_num_seqs) == settings:
+                return run
+        return None
+
     def _meets(self, predicted: Prediction, request_class: str) -> bool:
         """Both SLAs of a class (``""``: the goal's own) met by its prediction."""
         tpot = self.goal.tpot_for(request_class)
@@ -286,6 +304,8 @@ class EngineSearcher:
             grid = self.grid(costs[version.version])
             say(f"predicting version {version.version} ({version.precision}): "
                 f"{len(grid)} engine settings")
-            out += [self.predict(version, costs[version.version], s) for s in grid]
+            runs: dict[EngineSettings, EngineRun] = {}
+            out += [self.predict(version, costs[version.version], s, runs)
+                    for s in sorted(grid, key=lambda s: s.max_num_seqs)]
         return sorted(out, key=lambda c: rank_key(c, self.goal.strictest(self.classes),
                                                   self.goal))
