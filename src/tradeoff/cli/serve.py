@@ -132,6 +132,17 @@ def _default(options: type, name: str, text: Callable[[Any], str] | None = None
               help="Run a batch on the event loop, not a worker thread, once the model's "
                    "last 16 batches each took less than this (a thread hand-off costs "
                    "more than a small model's batch). 0: always a thread.")
+@click.option("--executors", **_default(ServeOptions, "executors"),
+              type=click.Choice(["in-process", "process"]),
+              help="Where tensor models' batchers and instances run: in this process "
+                   "(the event loop's), or in an executor process per device (one for the "
+                   "CPU, one per GPU) with tensors in shared memory, so request work and "
+                   "inference do not share a GIL. docs/serving.md says when each is "
+                   "faster.")
+@click.option("--executor-memory-mb", **_default(ServeOptions, "executor_memory_mb"),
+              type=click.IntRange(1),
+              help="With --executors process: the shared memory each way per executor "
+                   "process (MiB); a request that does not fit now gets 503.")
 @click.option("--api-key", "api_keys", multiple=True,
               help="Require 'Authorization: Bearer KEY' for inference and metadata "
                    "(repeatable; also --api-key-file and $TRADEOFF_API_KEY).")
@@ -212,7 +223,8 @@ def serve(repository: Path, host: str, http_port: int, metrics_port: int, no_met
           allowed_hosts: tuple[str, ...], allowed_origins: tuple[str, ...],
           cache: str | None, shutdown_timeout: float, default_max_batch_size: int,
           intra_op_threads: int, max_instances: int, warmup_timeout: float,
-          inline_batch_us: int, api_keys: tuple[str, ...],
+          inline_batch_us: int, executors: str, executor_memory_mb: int,
+          api_keys: tuple[str, ...],
           api_key_files: tuple[Path, ...],
           admin_keys: tuple[str, ...], admin_key_files: tuple[Path, ...],
           priority_floor: int, priority_keys: tuple[str, ...],
@@ -232,6 +244,7 @@ def serve(repository: Path, host: str, http_port: int, metrics_port: int, no_met
       tradeoff serve --model-repository ./models --api-key-file keys.txt \\
           --admin-key "$ADMIN_KEY" --tls-cert cert.pem --tls-key key.pem
       tradeoff serve --model-repository ./models --cache local,size=512MB
+      tradeoff serve --model-repository ./models --executors process
       tradeoff serve --model-repository ./models \\
           --cache redis://127.0.0.1:6379/0,ttl=600,secret_file=/etc/tradeoff/cache.key
       curl -s localhost:8000/v2/models/mlp/stats
@@ -264,6 +277,7 @@ def serve(repository: Path, host: str, http_port: int, metrics_port: int, no_met
         shutdown_timeout=shutdown_timeout,
         default_max_batch_size=default_max_batch_size, intra_op_threads=intra_op_threads,
         max_instances=max_instances, inline_batch_us=inline_batch_us,
+        executors=executors, executor_memory_mb=executor_memory_mb,
         warmup_timeout=warmup_timeout, strict_readiness=strict_readiness,
         allow_fault_injection=allow_fault_injection,
         access=access, tls_cert=tls_cert, tls_key=tls_key, cache=cache_spec,

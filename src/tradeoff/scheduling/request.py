@@ -70,4 +70,7 @@ class InferenceRequest:
     future: asyncio.Future | None = None
     on_done: Callable[[Any], None] | None = None  # instead of the future: Scheduler.submit_call
     cancelled: bool = False
+    # after cancel: called once the scheduler no longer holds the request (True: dropped
+    # from the queue before it ran); its inputs may then be reused
+    on_released: Callable[[bool], None] | None = None
     result: tuple | BaseException | None = None  # answer held back for ordering

@@ -283,6 +283,8 @@ class Scheduler:
             for request in self.queue.drop_cancelled():
                 self.in_flight -= 1
                 self.stats.record_failure(now - request.enqueue_ns, "CANCELED")
+                if request.on_released is not None:
+                    request.on_released(True)
         wake_at = None
         while self._free and len(self.queue):
             # While draining there is nothing to wait for: run what is queued.
@@ -444,7 +446,10 @@ class Scheduler:
     def _call_back(self) -> None:
         answers, self._callbacks = self._callbacks, []
         for request, result in answers:
-            if not request.cancelled:
+            if request.cancelled:
+                if request.on_released is not None:
+                    request.on_released(False)
+            else:
                 try:
                     request.on_done(result)  # type: ignore[misc]
                 except Exception:  # one caller's failure must not cost the others their answers

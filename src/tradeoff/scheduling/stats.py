@@ -63,9 +63,14 @@ class ModelStats:
                              end_ns: int) -> None:
         """The requests of a batch that ran as one, all answered (``timings``: the batch's
         compute times and rows); the sums are added once per batch."""
-        totals = [end_ns - r.enqueue_ns for r in requests]
-        queues = [r.timings.queue_ns for r in requests]
-        count = len(requests)
+        self.record_successes([end_ns - r.enqueue_ns for r in requests],
+                              [r.timings.queue_ns for r in requests], timings)
+
+    def record_successes(self, totals: list[int], queues: list[int], timings: Timings
+                         ) -> None:
+        """:meth:`record_batch_success` from each request's total and queue ns (an
+        executor process's batch, recorded again in the server)."""
+        count = len(totals)
         self.success[0] += count
         self.success[1] += sum(totals)
         self.queue[0] += count

@@ -21,6 +21,7 @@ from typing import Any
 from tradeoff.backends.registry import GENERATIVE
 from tradeoff.errors import InvalidInput, InvalidValue, ModelLoadError, TradeoffError
 from tradeoff.generate.engine_client import EngineClient
+from tradeoff.repository.config import ModelConfig
 from tradeoff.repository.repository import ROUTER, ROUTER_FILE, ModelRepository
 from tradeoff.scheduling.scheduler import Scheduler
 from tradeoff.scheduling.stats import ModelStats
@@ -32,6 +33,7 @@ from tradeoff.server.build import (
     clear_finished_frames,
 )
 from tradeoff.server.catalog import ModelCatalog, ModelEntry, ModelState, ModelVersion, Served
+from tradeoff.server.executor_process import ExecutorProcesses, RemoteExecutor, device_of
 
 __all__ = ["NO_CACHE_WARNING", "ModelManager"]
 
@@ -48,13 +50,17 @@ class ModelManager(ModelCatalog):
     def __init__(self, repository: ModelRepository, *, default_intra_op_threads: int = 1,
                  allow_fault_injection: bool = False, drain_timeout_s: float = 30.0,
                  max_instances: int = 16, inline_batch_us: int = 500,
-                 warmup_timeout_s: float = 300.0) -> None:
+                 warmup_timeout_s: float = 300.0,
+                 executor_processes: ExecutorProcesses | None = None) -> None:
         super().__init__(repository)
         self.limits = BuildLimits(default_intra_op_threads=default_intra_op_threads,
                                   allow_fault_injection=allow_fault_injection,
                                   max_instances=max_instances,
                                   warmup_timeout_s=warmup_timeout_s)
         self.inline_batch_us = inline_batch_us  # see scheduling/scheduler.py
+        # None: tensor models run in this process; else in one process per device
+        self.executor_processes = executor_processes
+        self._restarting: set[str] = set()
         self.drain_timeout_s = drain_timeout_s  # generations still running then end
         self.cache_enabled = False  # the server runs with --cache
         self._locks: dict[str, asyncio.Lock] = {}
@@ -108,6 +114,9 @@ class ModelManager(ModelCatalog):
 
     async def _load_tensor(self, name: str, config_override: dict[str, Any] | None,
                            entry: ModelEntry) -> dict[int, Served]:
+        if self.executor_processes is not None:
+            return await self._load_in_executor(name, config_override, entry,
+                                                self.executor_processes)
         cancel = self._cancels[name] = threading.Event()
         try:
             config, built = await asyncio.to_thread(build_tensor, self.repository, name,
@@ -128,13 +137,45 @@ class ModelManager(ModelCatalog):
                 self.repository.backends.tensor(config.backend).check_bytes)
             executor.on_dead = functools.partial(self._version_died, name, served,
                                                  "instances died")
+        self._loaded_tensor(name, config, versions)
+        return versions
+
+    async def _load_in_executor(self, name: str, config_override: dict[str, Any] | None,
+                                entry: ModelEntry, processes: ExecutorProcesses
+                                ) -> dict[int, Served]:
+        """A tensor model's versions built in its device's executor process."""
+        source = await asyncio.to_thread(self.repository.read, name, config_override)
+        config = source.config
+        process = await processes.get(device_of(config))
+        cancel = self._cancels[name] = threading.Event()
+        try:
+            numbers = await process.load(name, self.repository.root, config_override,
+                                         self.limits, self.inline_batch_us * 1000, cancel)
+        finally:
+            if self._cancels.get(name) is cancel:
+                del self._cancels[name]
+        check_bytes = self.repository.backends.tensor(config.backend).check_bytes
+        versions: dict[int, Served] = {}
+        for version, number in numbers.items():
+            previous = entry.versions.get(version)
+            stats = previous.stats if isinstance(previous, ModelVersion) else \
+                ModelStats(name, version)
+            executor = RemoteExecutor(process, number, name, stats)
+            served = versions[version] = ModelVersion(
+                name, version, config, executor, stats, source.versions[version], check_bytes)
+            executor.on_dead = functools.partial(self._version_died, name, served,
+                                                 "instances died")
+        self._loaded_tensor(name, config, versions)
+        return versions
+
+    def _loaded_tensor(self, name: str, config: ModelConfig, versions: dict[int, Served]
+                       ) -> None:
         warnings = list(config.warnings)
         if config.response_cache and not self.cache_enabled:
             warnings.append(NO_CACHE_WARNING)
         for warning in warnings:
             log.warning("model %s: %s", name, warning)
         log.info("model %s versions=%s %s", name, sorted(versions), config.summary())
-        return versions
 
     async def _load_generative(self, name: str, config_override: dict[str, Any] | None
                                ) -> dict[int, Served]:
@@ -169,11 +210,15 @@ class ModelManager(ModelCatalog):
         entry.reason = f"version {version}: {what}: {cause}"
         if entry.latest is None:
             entry.state = ModelState.UNAVAILABLE
-        restart = isinstance(dead, EngineClient) and dead.config.process
+        # an engine process, or a model whose executor process died: a new one loads it
+        restart = (isinstance(dead, EngineClient) and dead.config.process) or (
+            isinstance(dead, ModelVersion) and isinstance(dead.executor, RemoteExecutor)
+            and dead.executor.process_died)
         log.error("model %s: %s; %s", name, entry.reason,
-                  "starting its engine process again" if restart else
+                  "loading it again in a new process" if restart else
                   f"POST /v2/repository/models/{name}/load to bring it back")
-        if restart:
+        if restart and name not in self._restarting:  # once for all its versions
+            self._restarting.add(name)
             self._background(self._restart(name))
         self._background(dead.stop())  # releases its sessions, joins its engine
 
@@ -186,7 +231,9 @@ class ModelManager(ModelCatalog):
         try:
             await self.load(name)
         except Exception as exc:
-            log.error("model %s: could not start its engine again: %s", name, exc)
+            log.error("model %s: could not load it again: %s", name, exc)
+        finally:
+            self._restarting.discard(name)
 
     async def unload(self, name: str, drain_timeout_s: float | None = None) -> None:
         """Stop new requests to the model, answer the accepted ones, release it. With
@@ -237,3 +284,5 @@ class ModelManager(ModelCatalog):
             await self.unload(name, self.drain_timeout_s)
         if self._stopping:  # versions whose instances died, still releasing
             await asyncio.gather(*self._stopping, return_exceptions=True)
+        if self.executor_processes is not None:
+            await self.executor_processes.close()

@@ -49,6 +49,8 @@ class ServeOptions:
     max_instances: int = 16
     warmup_timeout: float = 300.0
     inline_batch_us: int = 500  # batches measured shorter run on the event loop
+    executors: str = "in-process"  # or "process": tensor models in one process per device
+    executor_memory_mb: int = 64  # each shared arena of an executor process
     strict_readiness: bool = False
     max_inflight: int | None = 1024
     allow_fault_injection: bool = False

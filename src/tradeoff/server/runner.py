@@ -26,6 +26,7 @@ from tradeoff.heap import settle_heap
 from tradeoff.repository.repository import ModelRepository
 from tradeoff.server.cache import ResponseCache
 from tradeoff.server.dataplane import DataPlane
+from tradeoff.server.executor_process import ExecutorProcesses
 from tradeoff.server.http import HttpApp
 from tradeoff.server.logs import install_rate_limit
 from tradeoff.server.metrics import make_registry
@@ -33,6 +34,7 @@ from tradeoff.server.models import ModelManager
 from tradeoff.server.options import ServeOptions, TransportLimits
 from tradeoff.server.origins import OriginPolicy
 from tradeoff.server.process import PARENT_PID_ENV
+from tradeoff.server.shared_arena import remove_stale_segments
 from tradeoff.server.transport import guarded_protocol, raise_open_files_limit
 
 __all__ = ["make_app", "make_dataplane", "serve"]
@@ -138,6 +140,16 @@ def _fit_open_files(limits: TransportLimits) -> TransportLimits:
     return replace(limits, max_connections=fitted, max_connections_per_client=per_client)
 
 
+def _executor_processes(options: ServeOptions) -> ExecutorProcesses | None:
+    """With ``--executors process``: the executor processes, none started yet (the
+    shared memory that servers killed earlier left behind is removed first)."""
+    if options.executors != "process":
+        return None
+    for name in remove_stale_segments():
+        log.info("removed shared memory %s of a server no longer running", name)
+    return ExecutorProcesses(options.executor_memory_mb << 20)
+
+
 def make_dataplane(options: ServeOptions) -> DataPlane:
     """The data plane over the repository's models (not loaded yet) and the cache."""
     repository = ModelRepository(options.model_repository, options.default_max_batch_size)
@@ -146,7 +158,8 @@ def make_dataplane(options: ServeOptions) -> DataPlane:
                            drain_timeout_s=_generation_drain_s(options.shutdown_timeout),
                            max_instances=options.max_instances,
                            inline_batch_us=options.inline_batch_us,
-                           warmup_timeout_s=options.warmup_timeout)
+                           warmup_timeout_s=options.warmup_timeout,
+                           executor_processes=_executor_processes(options))
     cache = ResponseCache.from_spec(options.cache) if options.cache is not None else None
     manager.cache_enabled = cache is not None
     dataplane = DataPlane(manager, options.max_inflight, options.limits, cache)
