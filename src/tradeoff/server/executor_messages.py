@@ -34,13 +34,13 @@ class TensorRef(msgspec.Struct, array_like=True, frozen=True):
     dtype: str
     shape: tuple[int, ...]
     start: int = -1
-    items: list[bytes] | None = None
+    items: list[Any] | None = None  # bytes, or str
 
 
 def write_tensor(arena: SharedArena, name: str, array: np.ndarray) -> TensorRef | None:
     """``array`` copied into ``arena`` (None when it is full); BYTES inline."""
-    if array.dtype == object:
-        return TensorRef(name, "O", array.shape, items=[bytes(x) for x in array.ravel()])
+    if array.dtype == object:  # bytes, or str as a runtime's string outputs are
+        return TensorRef(name, "O", array.shape, items=array.ravel().tolist())
     start = arena.put(array)
     return None if start is None else TensorRef(name, array.dtype.str, array.shape, start)
 

@@ -246,9 +246,21 @@ class _Executor:
             del self.pending[key]
             self.answer(message.model, Answer(message.request, (0, 0, 0, 0, 0), failure=Failure(
                 type(exc).__name__, str(exc))))
+            return
+        self._outbox(message.model)  # the server sees its queue grow (/metrics)
 
     def done(self, model: int, request: int, result: ExecutorAnswer | BaseException) -> None:
         self.pending.pop((model, request), None)
+        try:
+            self._answer_with(model, request, result)
+        except Exception as exc:  # whatever went wrong, the request is answered
+            log.exception("model %d: an answer could not be sent", model)
+            self.answer(model, Answer(request, (0, 0, 0, 0, 0), failure=Failure(
+                "InferenceFailed", f"the answer could not be returned: "
+                                   f"{type(exc).__name__}: {exc}")))
+
+    def _answer_with(self, model: int, request: int, result: ExecutorAnswer | BaseException
+                     ) -> None:
         if isinstance(result, BaseException):
             self.answer(model, Answer(request, (0, 0, 0, 0, 0), failure=Failure(
                 type(result).__name__, str(result))))
@@ -273,9 +285,13 @@ class _Executor:
 
     def answer(self, model: int, answer: Answer) -> None:
         """Queue an answer: those of one loop turn (one batch's) leave in one message."""
+        self._outbox(model).append(answer)
+
+    def _outbox(self, model: int) -> list[Answer]:
+        """The model's answers of this loop turn, sent at its end with its load."""
         if not self.outbox:
             self.loop.call_soon(self.flush)
-        self.outbox.setdefault(model, []).append(answer)
+        return self.outbox.setdefault(model, [])
 
     def flush(self) -> None:
         outbox, self.outbox = self.outbox, {}
@@ -470,8 +486,8 @@ class ExecutorProcesses:
             log.info("executor process %s: pid %s", device, process.pid)
             return process
 
-    def pids(self) -> list[int]:
-        return [p.pid for p in self._processes.values() if p.alive and p.pid]
+    def running(self) -> list[ExecutorProcess]:
+        return [p for p in self._processes.values() if p.alive]
 
     async def close(self) -> None:
         for process in self._processes.values():

@@ -145,7 +145,25 @@ class ServerCollector(Collector):
                                       "Requests refused at once because the server held "
                                       "--max-inflight requests",
                                       value=self.dataplane.overload_refusals)
+        yield from self._executor_memory()
         yield from (h for h in (request_hist, queue_hist, batch_hist) if h is not None)
+
+    def _executor_memory(self) -> Iterator:
+        """With --executors process: each executor process's shared memory for requests,
+        held now and in all (a full arena answers 503)."""
+        processes = self.manager.executor_processes
+        if processes is None:
+            return
+        used = GaugeMetricFamily("tradeoff_executor_shared_memory_used_bytes",
+                                 "Shared memory the requests in an executor process hold",
+                                 labels=["device"])
+        size = GaugeMetricFamily("tradeoff_executor_shared_memory_size_bytes",
+                                 "Shared memory for requests of an executor process, in all",
+                                 labels=["device"])
+        for process in processes.running():
+            used.add_metric([process.device], process.inputs.used_bytes)
+            size.add_metric([process.device], process.inputs.size)
+        yield from (used, size)
 
 
 def _batch_bounds(max_batch: int) -> tuple[float, ...]:
