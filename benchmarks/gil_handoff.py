@@ -11,7 +11,8 @@ batch in process (the ceiling: 128 rows over the median batch time, and the hand
 counted by ``gil_waits``, which gpu_tensor.py runs on a GPU) and served (`tradeoff serve`
 pinned to one core, the load from this process on another, at twice the batch in rows),
 interleaved and repeated, and reports served/ceiling with the server's own compute time
-per batch. The last variant runs the server with a lower GIL switch interval.
+per batch. One variant runs the server with a lower GIL switch interval; the last ones
+run the batches in an executor process (`--executors process`), on the server's core.
 
     .venv/bin/python benchmarks/gil_handoff.py --duration 5 --repeats 3
 """
@@ -159,6 +160,8 @@ def main() -> None:
     parser.add_argument("--releases", default="1,4,16", help="GIL hand-offs per batch")
     parser.add_argument("--switch-interval-ms", type=float, default=0.5,
                         help="the last variant's GIL switch interval (most hand-offs)")
+    parser.add_argument("--process-releases", default="1,16",
+                        help="hand-offs per batch also served with --executors process")
     parser.add_argument("--json", type=Path, default=Path("benchmarks/results/gil_handoff.json"))
     args = parser.parse_args()
     releases = [int(r) for r in args.releases.split(",")]
@@ -171,17 +174,21 @@ def main() -> None:
         os.sched_setaffinity(0, {server_cpu, client_cpu})
         alone = {r: in_process(repo, names[r], 4.0) for r in releases}
         os.sched_setaffinity(0, {client_cpu})
-        variants = [(f"{r} per batch", names[r], r, None) for r in releases]
+        plain: tuple[str, ...] = ("--no-grpc",)
+        variants = [(f"{r} per batch", names[r], r, None, plain) for r in releases]
         most = max(releases)
         variants.append((f"{most} per batch, switch {args.switch_interval_ms:g} ms",
-                         names[most], most, args.switch_interval_ms / 1e3))
+                         names[most], most, args.switch_interval_ms / 1e3, plain))
+        variants += [(f"{r} per batch, executor process", names[r], r, None,
+                      (*plain, "--executors", "process"))
+                     for r in (int(x) for x in args.process_releases.split(",") if x)]
         runs: dict[tuple[str, int], list[dict]] = {}
         for repeat in range(args.repeats):
-            for label, name, _, interval in variants:
-                server = ServerProcess(repo, cpus=str(server_cpu), extra_args=("--no-grpc",)) \
+            for label, name, _, interval, extra in variants:
+                server = ServerProcess(repo, cpus=str(server_cpu), extra_args=extra) \
                     if interval is None else \
                     SwitchIntervalServer(repo, interval, cpus=str(server_cpu),
-                                         extra_args=("--no-grpc",))
+                                         extra_args=extra)
                 with server:
                     for rows in (1, 8):
                         point = measure(server, name, rows, args.duration)
@@ -192,7 +199,7 @@ def main() -> None:
                               flush=True)
 
     table = []
-    for label, _, r, interval in variants:
+    for label, _, r, interval, _ in variants:
         for rows in (1, 8):
             points = runs[(label, rows)]
             row = {k: statistics.median(p[k] for p in points)

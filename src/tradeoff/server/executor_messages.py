@@ -1,7 +1,8 @@
 """The messages between the server and an executor process (``serve --executors
 process``), msgpack on a pipe. Tensor bytes do not travel in them: each names where
 its bytes lie in a shared arena (``server/shared_arena.py``); only BYTES tensors (numpy
-object arrays) go inline.
+object arrays) go inline. Each side sends what one turn of its event loop produced as
+one list: one write on the pipe for many requests.
 
 To the executor: load a model, its requests, cancels, drains, unloads, and the output
 blocks the server has copied out. From it: a load's versions, one :class:`Answered` per
@@ -180,5 +181,6 @@ class Unloaded(msgspec.Struct, tag=True, array_like=True, frozen=True):
 FromExecutor = Loaded | LoadFailed | Answered | Released | ModelDied | Unloaded
 
 encode = msgspec.msgpack.Encoder().encode
-decode_to_executor = msgspec.msgpack.Decoder(ToExecutor).decode
-decode_from_executor = msgspec.msgpack.Decoder(FromExecutor).decode
+# each side sends what one turn of its event loop produced as one list
+decode_to_executor = msgspec.msgpack.Decoder(list[ToExecutor]).decode
+decode_from_executor = msgspec.msgpack.Decoder(list[FromExecutor]).decode

@@ -148,15 +148,23 @@ class _Executor:
         self.pending: dict[tuple[int, int], InferenceRequest] = {}
         self.loads: dict[int, threading.Event] = {}
         self.outbox: dict[int, list[Answer]] = {}
+        self.outgoing: list[FromExecutor] = []
         self.numbers = itertools.count(1)
         self.closed = asyncio.Event()
         self.tasks: set[asyncio.Task] = set()
 
     def send(self, message: FromExecutor) -> None:
+        """Queue a message: those of one loop turn leave in one write."""
+        if not self.outgoing:
+            self.loop.call_soon(self._write)
+        self.outgoing.append(message)
+
+    def _write(self) -> None:
+        messages, self.outgoing = self.outgoing, []
         try:
-            self.conn.send_bytes(encode(message))
+            self.conn.send_bytes(encode(messages))
         except OSError:
-            self.loop.call_soon(self.closed.set)  # the server is gone
+            self.closed.set()  # the server is gone
 
     def read(self) -> None:
         """The pipe's reader thread: each message to the loop, in order."""
@@ -164,8 +172,8 @@ class _Executor:
 
         try:
             while True:
-                message = decode_to_executor(self.conn.recv_bytes())
-                self.loop.call_soon_threadsafe(self.handle, message)
+                messages = decode_to_executor(self.conn.recv_bytes())
+                self.loop.call_soon_threadsafe(self.handle_all, messages)
         except (EOFError, OSError):
             self.loop.call_soon_threadsafe(self.closed.set)
 
@@ -173,6 +181,10 @@ class _Executor:
         task = self.loop.create_task(work)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+
+    def handle_all(self, messages: list[ToExecutor]) -> None:
+        for message in messages:
+            self.handle(message)
 
     def handle(self, message: ToExecutor) -> None:
         if isinstance(message, Infer):
@@ -368,6 +380,7 @@ class ExecutorProcess:
         self._process.start()
         child.close()
         self.alive = True
+        self._outgoing: list[ToExecutor] = []
         self.models: dict[int, RemoteExecutor] = {}
         self._loads: dict[int, asyncio.Future[dict[int, int]]] = {}
         self._load_numbers = itertools.count(1)
@@ -380,10 +393,19 @@ class ExecutorProcess:
         return self._process.pid
 
     def send(self, message: ToExecutor) -> None:
+        """Queue a message: those of one loop turn leave in one write."""
+        if not self.alive:
+            return
+        if not self._outgoing:
+            self.loop.call_soon(self._write)
+        self._outgoing.append(message)
+
+    def _write(self) -> None:
+        messages, self._outgoing = self._outgoing, []
         if not self.alive:
             return
         try:
-            self._conn.send_bytes(encode(message))
+            self._conn.send_bytes(encode(messages))
         except OSError:
             pass  # gone: the reader reports its end
 
@@ -411,8 +433,8 @@ class ExecutorProcess:
     def _read(self) -> None:
         try:
             while True:
-                message = decode_from_executor(self._conn.recv_bytes())
-                self.loop.call_soon_threadsafe(self._on_message, message)
+                messages = decode_from_executor(self._conn.recv_bytes())
+                self.loop.call_soon_threadsafe(self._on_messages, messages)
         except (EOFError, OSError):
             self._process.join(1)
             code = self._process.exitcode
@@ -420,6 +442,10 @@ class ExecutorProcess:
                 self.loop.call_soon_threadsafe(self._ended, code)
             except RuntimeError:
                 pass  # the loop is closed: the server has stopped
+
+    def _on_messages(self, messages: list[FromExecutor]) -> None:
+        for message in messages:
+            self._on_message(message)
 
     def _on_message(self, message: FromExecutor) -> None:
         if isinstance(message, (Loaded, LoadFailed)):
