@@ -283,3 +283,25 @@ def children_of(pid: int) -> list[int]:
             if parent == pid:
                 found.append(int(entry))
     return found
+
+
+def test_sigterm_answers_what_waits_in_the_executor(repository: Path) -> None:
+    """Requests waiting in the executor's queue when SIGTERM comes are answered; the
+    server and its executor process exit, their shared memory unlinked."""
+    server = ServerProcess(repository, extra_args=PROCESS)
+    server.start()
+    assert server.process is not None
+    [executor] = engine_children(server.process.pid)
+    row = [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1.0] * 4}]
+    with ThreadPoolExecutor(3) as pool:
+        waiting = [pool.submit(infer_json, server.url, "held", row) for _ in range(3)]
+        wait_for(lambda: model_metric(server, "tradeoff_inference_queue_depth", "held") == 3,
+                 "three requests waiting in the executor")
+        server.process.send_signal(signal.SIGTERM)
+        answers = [future.result(timeout=30) for future in waiting]
+    assert [a.status for a in answers] == [200] * 3, [a.body for a in answers]
+    assert all(a.json()["outputs"][0]["data"] == [2.0] * 4 for a in answers)
+    assert server.process.wait(30) == 0
+    server.close_log()
+    wait_for(lambda: not alive(executor), "the executor process gone")
+    assert segments(server.process.pid) == {}
