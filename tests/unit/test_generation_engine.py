@@ -82,6 +82,64 @@ def test_preemption_by_recompute_gives_the_same_tokens(decoder: LlamaDecoder) ->
     assert engine.scheduler.preemptions > 0
 
 
+def overlapped(engine: GenerationEngine) -> int:
+    """Run the engine as its core does: step N+1 launched on step N's outcome before N
+    is collected, then N collected and its texts made. The steps launched."""
+    running, steps = None, 0
+    while engine.has_work() or running is not None:
+        launched = engine.launch(running) if engine.has_work() else None
+        if running is not None:
+            engine.make_texts(engine.collect(running))
+        running = launched
+        steps += 1
+        assert steps < 500
+    return steps
+
+
+MIXED = [SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True),
+         SamplingParams(max_tokens=9, temperature=0.9, top_p=0.9, seed=5, ignore_eos=True),
+         SamplingParams(max_tokens=30, temperature=0.0),  # ends on EOS if it comes
+         SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)]
+
+
+@pytest.mark.parametrize("options", [
+    pytest.param({}, id="batched"),
+    pytest.param({"max_num_batched_tokens": 3, "max_num_seqs": 2}, id="chunked"),
+    pytest.param({"num_blocks": 12, "block_size": 4}, id="preempting"),
+    pytest.param({"prefix_caching": True, "block_size": 2}, id="prefix cache"),
+    pytest.param({"mode": "static", "max_num_seqs": 2}, id="static"),
+    pytest.param({"stop": True}, id="stop strings")])
+def test_overlapped_steps_give_the_tokens_of_steps_one_by_one(decoder: LlamaDecoder,
+                                                              options: dict) -> None:
+    """Overlap scheduling changes when the host works, never what is chosen: the same
+    tokens and endings as stepping one at a time, every block back at the end."""
+    options = dict(options)
+    stop = options.pop("stop", False)
+    prompts = [*PROMPTS, [1, 5, 9, 13, 20], [1, 5, 9, 13, 21, 22]]  # shared prefixes
+    outcomes = []
+    for overlap in (False, True):
+        engine = GenerationEngine(decoder, detokenize=lambda ids: " ".join(map(str, ids)),
+                                  **options)
+        seqs = []
+        for i, prompt in enumerate(prompts):
+            params = MIXED[i % len(MIXED)]
+            if stop and i == 0:
+                params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True,
+                                        stop=("1",))  # any token id with a 1 in it
+            seqs.append(engine.add(prompt, params))
+        if overlap:
+            overlapped(engine)
+        else:
+            while engine.has_work():
+                engine.step()
+        outcomes.append([(s.output, s.finish_reason) for s in seqs])
+        assert engine.blocks.usage == 0 or engine.blocks.prefix_caching
+        assert all(s.state is SeqState.FINISHED for s in seqs)
+    assert outcomes[1] == outcomes[0]
+    if "num_blocks" in options:
+        assert engine.scheduler.preemptions > 0
+
+
 def test_static_batching_waits_for_the_whole_batch(decoder: LlamaDecoder) -> None:
     short = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
     long = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)

@@ -38,7 +38,7 @@ from tradeoff.generate.sampling_params import SamplingParams, as_seed, sampling_
 from tradeoff.generate.text_stream import TextStream
 from tradeoff.scheduling.priority import DEFAULT_GENERATION_PRIORITY, GenerationPriority
 
-__all__ = ["GenerationEngine", "Launch", "StepReport"]
+__all__ = ["UNKNOWN_TOKEN", "GenerationEngine", "Launch", "StepReport"]
 
 
 @dataclass
@@ -59,14 +59,28 @@ class StepReport:
     texts: list[str] = field(default_factory=list)
 
 
+# a token chosen by a step still running: in a sequence's output until it is known
+UNKNOWN_TOKEN = -2
+
+
 @dataclass
 class Launch:
     """A step under way: its plan, when it started, and the tokens it will choose
-    (sequence id -> token; None when the plan had no work)."""
+    (sequence id -> token; None when the plan had no work). ``decodes``,
+    ``prompt_tokens`` and ``prefill`` count its work as planned; ``advanced``: the
+    sequences already count its tokens as computed (the next step was scheduled on
+    them), and ``ready`` holds each sequence it chooses a token for, with the place of
+    that token in the sequence's output."""
 
     plan: StepPlan
     started: float
     tokens: Future[dict[int, int]] | None
+    decodes: int = 0
+    prompt_tokens: int = 0
+    prefill: int = 0
+    advanced: bool = False
+    ready: list[tuple[GenSequence, int]] = field(default_factory=list)
+    ran_s: float = 0.0  # how long the worker ran it
 
 
 def _use_threads(threads: int) -> None:
@@ -167,23 +181,43 @@ class GenerationEngine:
         self.table.release(seq.seq_id)
 
     def step(self) -> StepReport:
-        """One whole step: :meth:`launch`, :meth:`collect`, :meth:`make_texts`."""
+        """One whole step, nothing overlapped: :meth:`launch`, :meth:`collect`,
+        :meth:`make_texts`."""
         report = self.collect(self.launch())
         self.make_texts(report)
         return report
 
-    def launch(self) -> Launch:
+    def launch(self, running: Launch | None = None) -> Launch:
         """Schedule the next step and start it on the engine's worker thread (the device
         work, and reading the chosen tokens back); returns at once. Until its
         :meth:`collect` the caller may do other work (the last step's texts, say): a
-        sequence that ends or is aborted meanwhile has its token dropped."""
+        sequence that ends or is aborted meanwhile has its token dropped.
+
+        ``running``: a step launched and not yet collected. The next one is then
+        scheduled on its outcome before it is known (overlap scheduling): every
+        sequence counts that step's tokens as computed, a token it chooses stands in the
+        output as UNKNOWN_TOKEN, and the worker writes the real ones into the next step's
+        inputs when that step starts after it. A sequence that ends on that token
+        computes one more, which is dropped."""
         started = time.perf_counter()
+        if running is not None:
+            self._advance(running)
         self.scheduler.prefill_limit = self.pacer.limit()
         plan = self.scheduler.schedule()
         for seq in plan.preempted:  # its blocks are gone: its table row too
             self.table.release(seq.seq_id)
         if not plan.work:
             return Launch(plan, started, None)
+        launch = Launch(plan, started, None)
+        for seq, n in plan.work:
+            if seq.pending > 1:
+                launch.prompt_tokens += n
+            else:
+                launch.decodes += 1
+            if n > 1 or not seq.output:
+                launch.prefill += n
+        unknown = {seq.seq_id: len(seq.prompt) + index for seq, index in running.ready} \
+            if running is not None else {}
         # decodes go through the decode step; in a step with prompt chunks too where it
         # runs padded, as a captured graph does (on the CPU one general step for all costs
         # one launch)
@@ -191,21 +225,57 @@ class GenerationEngine:
             self.decode_step.pad or all(n == 1 for _, n in plan.work))
         singles = [seq for seq, n in plan.work if n == 1] if fast else []
         chunks = [(seq, n) for seq, n in plan.work if n > 1] if fast else plan.work
-        # what the device needs is read from the sequences now, on this thread
+        # what the device needs is read from the sequences now, on this thread; the
+        # tokens the running step chooses are written in on the worker, after it
         decode = self._decode_inputs(singles) if singles else None
         prefill = self._prefill_inputs(chunks) if chunks else None
         owners = [seq.seq_id for seq in singles]
+        decode_fills = [(row, seq.seq_id) for row, seq in enumerate(singles)
+                        if seq.seq_id in unknown]
+        chunk_fills = [(i, unknown[seq.seq_id] - seq.computed, seq.seq_id)
+                       for i, (seq, n) in enumerate(chunks)
+                       if seq.computed <= unknown.get(seq.seq_id, -1) < seq.computed + n]
+        before = running.tokens if running is not None and (decode_fills or chunk_fills) \
+            else None
 
         def run() -> dict[int, int]:
+            if before is not None:
+                try:
+                    known = before.result()
+                except Exception:  # that step failed: so does this one, quietly
+                    return {}
+                for row, owner in decode_fills:  # a failed choice (FAILED) reads as token 0
+                    decode[0][row, 0] = max(known.get(owner, 0), 0)  # type: ignore[index]
+                for i, offset, owner in chunk_fills:
+                    prefill[0][i].tokens[offset] = max(known.get(owner, 0), 0)  # type: ignore[index]
+            begun = time.perf_counter()
             picked: dict[int, int] = {}
             if decode is not None:
                 assert self.decode_step is not None
                 picked.update(zip(owners, self.decode_step.run(*decode), strict=True))
             if prefill is not None:
                 picked.update(self._prefill(*prefill))
+            launch.ran_s = time.perf_counter() - begun
             return picked
 
-        return Launch(plan, started, self._worker.submit(run))
+        launch.tokens = self._worker.submit(run)
+        return launch
+
+    def _advance(self, launched: Launch) -> None:
+        """Count a launched step's tokens as computed (once): each sequence it finishes
+        the pending tokens of gets its next token's place in the output, UNKNOWN_TOKEN
+        until :meth:`collect`."""
+        if launched.advanced:
+            return
+        launched.advanced = True
+        for seq, n in launched.plan.work:
+            if seq.state is not SeqState.RUNNING:
+                continue  # ended (a stop string, an abort) while the step ran
+            seq.computed += n
+            self.scheduler.cache_full_blocks(seq)
+            if seq.pending == 0:  # everything is in the cache: the token is the next one
+                launched.ready.append((seq, len(seq.output)))
+                seq.output.append(UNKNOWN_TOKEN)
 
     def collect(self, launched: Launch) -> StepReport:
         """Wait for a launched step; record its tokens and retire the sequences that end
@@ -215,35 +285,25 @@ class GenerationEngine:
         if launched.tokens is None:
             return StepReport(0, [], [], len(plan.preempted), 0.0)
         picked = launched.tokens.result()
-        ready = []
-        prefill = prompt_tokens = decodes = 0
-        for seq, n in plan.work:
-            if seq.state is SeqState.FINISHED:
-                continue  # ended (a stop string, an abort) while the step ran
-            if seq.pending > 1:
-                prompt_tokens += n
-            else:
-                decodes += 1
-            seq.computed += n
-            self.scheduler.cache_full_blocks(seq)
-            if seq.pending == 0:  # everything is in the cache: the token is the next one
-                ready.append(seq)
-            if n > 1 or not seq.output:
-                prefill += n
-        self.pacer.observe(decodes, prompt_tokens, time.perf_counter() - launched.started)
-        report = StepReport(prefill, [], [], len(plan.preempted), 0.0,
+        self._advance(launched)
+        self.pacer.observe(launched.decodes, launched.prompt_tokens, launched.ran_s)
+        report = StepReport(launched.prefill, [], [], len(plan.preempted), 0.0,
                             sequences=len(plan.work))
         eos = self.decoder.config.eos_token_id
-        for seq in ready:
+        for seq, index in launched.ready:
+            if seq.state is SeqState.FINISHED:  # ended (a stop string, an abort) while
+                del seq.output[index:]  # the step ran: its token is dropped
+                continue
             token = picked[seq.seq_id]
             if token == FAILED:
-                self.scheduler.finish(seq, "error")
+                del seq.output[index:]
+                self._retire(seq, "error")
                 self._forget(seq)
                 report.failed.append((seq, ValueError(
                     "no next token: the model's probabilities for this sequence are not "
                     "finite (NaN or infinite logits)")))
                 continue
-            seq.output.append(token)
+            seq.output[index] = token
             report.decoded.append(seq)
             report.tokens.append(token)
             params = self.params[seq.seq_id]
@@ -253,11 +313,19 @@ class GenerationEngine:
             elif len(seq.output) >= params.max_tokens:
                 reason = "length"
             if reason is not None:  # retired now: its slot and blocks serve the next step
-                self.scheduler.finish(seq, reason)
+                self._retire(seq, reason)
                 self.table.release(seq.seq_id)
                 report.finished.append(seq)
-        report.seconds = time.perf_counter() - launched.started
+        report.seconds = launched.ran_s
         return report
+
+    def _retire(self, seq: GenSequence, reason: str) -> None:
+        """End a sequence, running or (preempted while its step ran) waiting again."""
+        if seq.state is SeqState.WAITING:
+            self.scheduler.abort(seq)
+            seq.finish_reason = reason
+        else:
+            self.scheduler.finish(seq, reason)
 
     def make_texts(self, report: StepReport) -> None:
         """The text each of the report's tokens lets out, in ``report.texts``; a

@@ -4,9 +4,10 @@ of its own, reached only by messages (``generate/engine_messages.py``).
 It takes :class:`Add`, :class:`Abort` and :class:`Drain` from its inbox and publishes a
 :class:`StepOutputs` per turn that changed anything, then :class:`CoreEnded`. It shares
 no mutable object with its client: the client (``generate/engine_client.py``) knows a
-generation by its request id. Each step's texts and events are made while the next step
-runs on the engine's worker (a GPU's step, say): launch step N+1, publish step N,
-collect step N+1.
+generation by its request id. Steps overlap the host work around them (scheduling,
+inputs, texts, events) on the engine's worker: step N+1 is scheduled on step N's
+outcome before it is known and queued behind it, then step N is collected and its
+texts and events made while N+1 runs.
 
     core = EngineCore("llm", 1, config, decoder, tokenizer)
     core.start(publish)          # publish(message) is called on the core's thread
@@ -165,7 +166,10 @@ class EngineCore:
             self._publish(CoreEnded(failed))
 
     def _serve(self) -> None:
-        pending: Any = None  # a collected step whose texts and events are still to make
+        """Each turn: launch step N+1 scheduled on step N's outcome (overlap
+        scheduling: the worker runs it as soon as N ends), collect step N, then make
+        its texts and events while N+1 runs."""
+        running: Any = None  # a launched step not collected yet
         while not self._stop:
             self._take_inbox()
             if self._deadline is not None and self._sequences and \
@@ -175,23 +179,27 @@ class EngineCore:
             launched = None
             if self.engine.has_work():
                 try:
-                    launched = self.engine.launch()
+                    launched = self.engine.launch(running)
                 except Exception as exc:  # the model failed: every running request hears it
                     log.exception("model %s: generation step failed", self.name)
                     self._fail_all(exc)
-            self._send_turn(pending)
-            pending = None
-            if launched is None:
-                if not self.engine.has_work():
-                    self._wake.wait(0.5)
-                    self._wake.clear()
-                continue
+            report = None
+            if running is not None:
+                try:
+                    report = self.engine.collect(running)
+                except Exception as exc:  # the model failed: every running request hears it
+                    log.exception("model %s: generation step failed", self.name)
+                    self._fail_all(exc)
+            self._send_turn(report)
+            running = launched
+            if running is None and not self.engine.has_work():
+                self._wake.wait(0.5)
+                self._wake.clear()
+        if running is not None:
             try:
-                pending = self.engine.collect(launched)
-            except Exception as exc:  # the model failed: every running request hears it
+                self._send_turn(self.engine.collect(running))
+            except Exception:
                 log.exception("model %s: generation step failed", self.name)
-                self._fail_all(exc)
-        self._send_turn(pending)
 
     def _send_turn(self, report: Any) -> None:
         """One message for the turn: a collected step's tokens and endings (its texts
