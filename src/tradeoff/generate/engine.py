@@ -80,6 +80,9 @@ class Launch:
     prefill: int = 0
     advanced: bool = False
     ready: list[tuple[GenSequence, int]] = field(default_factory=list)
+    # sequences this step's token ends by length whatever it is: retired when it was
+    # advanced, so the next step gives their slots to others
+    ending: set[int] = field(default_factory=set)
     ran_s: float = 0.0  # how long the worker ran it
 
 
@@ -276,6 +279,10 @@ class GenerationEngine:
             if seq.pending == 0:  # everything is in the cache: the token is the next one
                 launched.ready.append((seq, len(seq.output)))
                 seq.output.append(UNKNOWN_TOKEN)
+                if len(seq.output) >= self.params[seq.seq_id].max_tokens:
+                    self.scheduler.finish(seq, "length")  # its reason is set at collect
+                    self.table.release(seq.seq_id)
+                    launched.ending.add(seq.seq_id)
 
     def collect(self, launched: Launch) -> StepReport:
         """Wait for a launched step; record its tokens and retire the sequences that end
@@ -291,13 +298,17 @@ class GenerationEngine:
                             sequences=len(plan.work))
         eos = self.decoder.config.eos_token_id
         for seq, index in launched.ready:
-            if seq.state is SeqState.FINISHED:  # ended (a stop string, an abort) while
-                del seq.output[index:]  # the step ran: its token is dropped
+            ending = seq.seq_id in launched.ending and seq.seq_id in self.params
+            if seq.state is SeqState.FINISHED and not ending:  # ended (a stop string, an
+                del seq.output[index:]  # abort) while the step ran: its token is dropped
                 continue
             token = picked[seq.seq_id]
             if token == FAILED:
                 del seq.output[index:]
-                self._retire(seq, "error")
+                if ending:
+                    seq.finish_reason = "error"
+                else:
+                    self._retire(seq, "error")
                 self._forget(seq)
                 report.failed.append((seq, ValueError(
                     "no next token: the model's probabilities for this sequence are not "
@@ -312,7 +323,10 @@ class GenerationEngine:
                 reason = "stop"
             elif len(seq.output) >= params.max_tokens:
                 reason = "length"
-            if reason is not None:  # retired now: its slot and blocks serve the next step
+            if ending:
+                seq.finish_reason = reason
+                report.finished.append(seq)
+            elif reason is not None:  # retired now: its slot and blocks serve the next step
                 self._retire(seq, reason)
                 self.table.release(seq.seq_id)
                 report.finished.append(seq)
