@@ -119,8 +119,8 @@ class GenerationStats:
             self._step(report, now)
 
     def _step(self, report: Any, now: float) -> None:
-        self.steps += 1
-        if report.sequences:
+        if report.sequences:  # a step that ran (one scheduled on nothing did not)
+            self.steps += 1
             batch = self.batches.setdefault(report.sequences, [0, 0])
             batch[0] += 1
             batch[1] += int(report.seconds * 1e9)
