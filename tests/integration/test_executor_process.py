@@ -305,3 +305,19 @@ def test_sigterm_answers_what_waits_in_the_executor(repository: Path) -> None:
     server.close_log()
     wait_for(lambda: not alive(executor), "the executor process gone")
     assert segments(server.process.pid) == {}
+
+
+def test_many_clients_at_once_lose_nothing(server: ServerProcess) -> None:
+    """256 clients for 2 s: pipe messages of thousands of requests at a time cross whole,
+    every request is answered, and the executor process is the one that started."""
+    from tradeoff.bench.adapters import V2Adapter
+    from tradeoff.bench.load import LoadSpec
+    from tradeoff.bench.session import run_benchmark
+
+    assert server.process is not None
+    before = engine_children(server.process.pid)
+    result, _, _ = run_benchmark(V2Adapter(server.url, "mlp", batch_size=1, seed=1),
+                                 LoadSpec(concurrency=256, duration_s=2.0, warmup_s=0.2))
+    assert result.summary.errors == 0 and result.summary.successes > 256
+    assert engine_children(server.process.pid) == before
+    assert "ended with exit code" not in Path(server.log.name).read_text()

@@ -32,6 +32,7 @@ import itertools
 import logging
 import multiprocessing
 import multiprocessing.connection
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -166,16 +167,16 @@ class _Executor:
         except OSError:
             self.closed.set()  # the server is gone
 
-    def read(self) -> None:
-        """The pipe's reader thread: each message to the loop, in order."""
+    def readable(self) -> None:
+        """The pipe has data (the loop watches it): every whole message waiting."""
         from tradeoff.server.executor_messages import decode_to_executor
 
         try:
-            while True:
-                messages = decode_to_executor(self.conn.recv_bytes())
-                self.loop.call_soon_threadsafe(self.handle_all, messages)
+            while self.conn.poll(0):
+                self.handle_all(decode_to_executor(self.conn.recv_bytes()))
         except (EOFError, OSError):
-            self.loop.call_soon_threadsafe(self.closed.set)
+            self.loop.remove_reader(self.conn.fileno())
+            self.closed.set()
 
     def _task(self, work: Any) -> None:
         task = self.loop.create_task(work)
@@ -344,11 +345,20 @@ class _Executor:
             await scheduler.stop()
 
 
+def _watch(loop: asyncio.AbstractEventLoop, conn: multiprocessing.connection.Connection,
+           readable: Callable[[], None]) -> None:
+    """The loop reads the pipe itself when it has data: no reader thread, no hand-off
+    per message. The pipe stays blocking (uvloop makes a watched descriptor non-blocking):
+    a message is read, and written, whole."""
+    loop.add_reader(conn.fileno(), readable)
+    os.set_blocking(conn.fileno(), True)
+
+
 def _child(conn: multiprocessing.connection.Connection, inputs: str, outputs: str) -> None:
     """The executor process's main."""
     async def main() -> None:
         executor = _Executor(conn, SharedArena.attach(inputs), SharedArena.attach(outputs))
-        threading.Thread(target=executor.read, name="executor-pipe", daemon=True).start()
+        _watch(executor.loop, conn, executor.readable)
         await executor.closed.wait()
         await executor.close()
 
@@ -364,7 +374,7 @@ def _child(conn: multiprocessing.connection.Connection, inputs: str, outputs: st
 
 class ExecutorProcess:
     """One executor process, from the server: its pipe, its two arenas and the models
-    loaded in it. Used from the event loop (the pipe's reader hands messages to it)."""
+    loaded in it. Used from the event loop, which also reads the pipe."""
 
     def __init__(self, device: str, arena_bytes: int, loop: asyncio.AbstractEventLoop
                  ) -> None:
@@ -384,9 +394,7 @@ class ExecutorProcess:
         self.models: dict[int, RemoteExecutor] = {}
         self._loads: dict[int, asyncio.Future[dict[int, int]]] = {}
         self._load_numbers = itertools.count(1)
-        self._reader = threading.Thread(target=self._read, name=f"executor-pipe-{device}",
-                                        daemon=True)
-        self._reader.start()
+        _watch(loop, self._conn, self._readable)
 
     @property
     def pid(self) -> int | None:
@@ -430,22 +438,22 @@ class ExecutorProcess:
         finally:
             self._loads.pop(number, None)
 
-    def _read(self) -> None:
+    def _readable(self) -> None:
+        """The pipe has data: every whole message waiting; at its end, the process's."""
         try:
-            while True:
-                messages = decode_from_executor(self._conn.recv_bytes())
-                self.loop.call_soon_threadsafe(self._on_messages, messages)
+            while self._conn.poll(0):
+                for message in decode_from_executor(self._conn.recv_bytes()):
+                    self._on_message(message)
         except (EOFError, OSError):
-            self._process.join(1)
-            code = self._process.exitcode
-            try:
-                self.loop.call_soon_threadsafe(self._ended, code)
-            except RuntimeError:
-                pass  # the loop is closed: the server has stopped
+            self.stop_reading()
+            if self.alive:  # reaped off the loop, then every request in it fails
+                reaped = self.loop.run_in_executor(None, self._process.join, 5)
+                reaped.add_done_callback(lambda _: self._ended(self._process.exitcode))
 
-    def _on_messages(self, messages: list[FromExecutor]) -> None:
-        for message in messages:
-            self._on_message(message)
+    def stop_reading(self) -> None:
+        """The loop stops watching the pipe (on the loop, before :meth:`close`)."""
+        if not self._conn.closed:
+            self.loop.remove_reader(self._conn.fileno())
 
     def _on_message(self, message: FromExecutor) -> None:
         if isinstance(message, (Loaded, LoadFailed)):
@@ -486,7 +494,6 @@ class ExecutorProcess:
         if self._process.is_alive():
             self._process.kill()
             self._process.join(5)
-        self._reader.join(5)
         self.inputs.close()
         self.outputs.close()
 
@@ -506,6 +513,7 @@ class ExecutorProcesses:
             if process is not None and process.alive:
                 return process
             if process is not None:
+                process.stop_reading()
                 await asyncio.to_thread(process.close)
             process = self._processes[device] = ExecutorProcess(
                 device, self.arena_bytes, asyncio.get_running_loop())
@@ -517,6 +525,7 @@ class ExecutorProcesses:
 
     async def close(self) -> None:
         for process in self._processes.values():
+            process.stop_reading()
             await asyncio.to_thread(process.close)
         self._processes.clear()
 

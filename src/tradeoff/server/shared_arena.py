@@ -21,7 +21,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import os
-from multiprocessing import resource_tracker, shared_memory
+from multiprocessing import shared_memory
 from pathlib import Path
 
 import numpy as np
@@ -60,12 +60,11 @@ class SharedArena:
 
     @classmethod
     def attach(cls, name: str) -> SharedArena:
-        """A segment another process created; its creator unlinks it."""
-        segment = shared_memory.SharedMemory(name)
-        # attaching registers the segment with the resource tracker, which would unlink
-        # it when this process ends: the creator's to do
-        resource_tracker.unregister(segment._name, "shared_memory")  # type: ignore[attr-defined]
-        return cls(segment, False)
+        """A segment another process created; its creator unlinks it. Attaching
+        registers it with the resource tracker again, a no-op for a process the creator
+        spawned: spawned children share their parent's tracker, which holds one entry
+        per name (unregistering here would drop the creator's)."""
+        return cls(shared_memory.SharedMemory(name), False)
 
     def allocate(self, size: int) -> int | None:
         """The start of a free block of at least ``size`` bytes; None if none is left."""
