@@ -269,3 +269,21 @@ def test_the_wrong_port_or_url_is_one_line_saying_what_to_give(server: ServerPro
                           "--iterations", "1"], capture_output=True, text=True, timeout=60,
                          check=False)
     assert "as a gRPC port does" in top.stdout + top.stderr
+
+
+def test_records_and_summaries_go_into_folders_made_for_them(server: ServerProcess,
+                                                              tmp_path: Path) -> None:
+    """--records and --summary into folders that do not exist yet: made before the run,
+    so nothing measured is lost after it (as --json does)."""
+    records = tmp_path / "runs" / "today" / "records.csv"
+    bench(tmp_path, server.url, "--model", "tiny", "--requests", "20", "--records",
+          str(records))
+    with records.open() as handle:
+        assert sum(1 for _ in csv.DictReader(handle)) >= 20
+    summary = tmp_path / "tables" / "sweep.md"
+    run = subprocess.run([sys.executable, "-m", "tradeoff", "sweep", server.url, "--model",
+                          "tiny", "--concurrency-range", "1:2", "--duration", "0.3s",
+                          "--summary", str(summary)],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert summary.read_text().startswith("|")

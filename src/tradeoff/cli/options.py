@@ -396,15 +396,31 @@ def json_option(schema: str) -> Decorator:
                         help=f"Write the result (schema {schema}) here.")
 
 
+def _output_file(ctx: click.Context, param: click.Parameter, value: Path | None
+                 ) -> Path | None:
+    """A file the command writes after its run: its folder made now, so that a run is
+    never lost to a folder that does not exist (as ``--json`` does)."""
+    if value is not None:
+        try:
+            value.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise click.BadParameter(f"{value}: cannot make its folder ({exc.strerror})"
+                                     ) from None
+    return value
+
+
 records_option = click.option(
     "--records", "records_path", type=click.Path(dir_okay=False, path_type=Path),
-    help="Write every request's record here (.csv, or .parquet with pyarrow).")
+    callback=_output_file,
+    help="Write every request's record here (.csv, or .parquet with pyarrow); its "
+         "folder is made if missing.")
+
 
 def _summary_path(ctx: click.Context, param: click.Parameter, value: Path | None
                   ) -> Path | None:
     if value is not None and value.suffix not in (".csv", ".md"):
         raise click.BadParameter(f"{value}: name a .csv or a .md file")
-    return value
+    return _output_file(ctx, param, value)
 
 
 summary_option = click.option(
