@@ -265,6 +265,12 @@ def test_the_wrong_port_or_url_is_one_line_saying_what_to_give(server: ServerPro
     for args, says in cases:
         code, _, out = bench(tmp_path, *args, "--requests", "2", check=False)
         assert code != 0 and says in out and "Traceback" not in out, out
+    sweep = subprocess.run([sys.executable, "-m", "tradeoff", "sweep",
+                            f"http://{server.grpc_url}", "--model", "mlp",
+                            "--concurrency-range", "1:2"], capture_output=True, text=True,
+                           timeout=60, check=False)
+    said = (sweep.stdout + sweep.stderr).strip()  # the error alone: no warmup note first
+    assert sweep.returncode != 0 and said.count("\n") == 0 and "as a gRPC port does" in said
     top = subprocess.run([sys.executable, "-m", "tradeoff", "top", f"http://{server.grpc_url}",
                           "--iterations", "1"], capture_output=True, text=True, timeout=60,
                          check=False)

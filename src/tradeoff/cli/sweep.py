@@ -101,13 +101,16 @@ def sweep(url: str, concurrency_range: str | None, rate_range: str | None,
         raise InvalidValue("give one of --concurrency-range, --rate-range or --profile")
     mode = "concurrency" if concurrency_range else "rate"
     source = click.get_current_context().get_parameter_source("warmup")
-    if source is ParameterSource.DEFAULT:  # a level's first requests are cold
+    default_warmup = source is ParameterSource.DEFAULT
+    if default_warmup:  # a level's first requests are cold
         shared["warmup"] = SWEEP_WARMUP_S
-        console.print(f"warmup: {SWEEP_WARMUP_S:g}s at each level before measuring (a "
-                      "sweep's default; --warmup 0 measures cold starts too)")
     target = take_endpoint(url, shared)
     base = take_load(shared, default_duration_s=LOAD_DEFAULTS.point_duration_s)
     adapter = make_adapter(target)
+    adapter.prepare()  # a wrong endpoint says so before anything else is printed
+    if default_warmup:
+        console.print(f"warmup: {SWEEP_WARMUP_S:g}s at each level before measuring (a "
+                      "sweep's default; --warmup 0 measures cold starts too)")
     anchors = None
     if profile_count is not None:
         levels, anchors = profile_levels(adapter, base, profile_count,
