@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tradeoff.plan.deployment import serve_script, write_router, written_by
+from tradeoff.plan.deployment import serve_script, write_router, write_serve_script, written_by
 from tradeoff.repository.safe_yaml import read_yaml
 from tradeoff.results import PlanCandidate, Prediction
 
@@ -28,25 +29,29 @@ def _candidate(name: str, cache_bytes: int = 0) -> PlanCandidate:
 @pytest.mark.parametrize("folder", ["My Models", "m$(touch PWNED)-plan-mlp", "it's `id`"])
 def test_serve_sh_runs_one_command_with_its_arguments_whole(tmp_path: Path,
                                                             folder: str) -> None:
-    """serve.sh run by the shell, with a `tradeoff` on PATH that prints its arguments."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    fake = bin_dir / "tradeoff"
+    """serve.sh, executable, run as a user would: the plan's interpreter (here one that
+    prints its arguments) runs tradeoff, whatever is on PATH."""
+    fake = tmp_path / "bin dir" / "python"
+    fake.parent.mkdir()
     fake.write_text(f"#!{sys.executable}\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n")
     fake.chmod(0o755)
     repository = tmp_path / folder
     repository.mkdir()
-    script = tmp_path / "serve.sh"
-    script.write_text(serve_script(repository, _candidate(HOSTILE_NAME, cache_bytes=3 << 20)))
-    run = subprocess.run(["sh", str(script), "--port", "9000"], check=False, cwd=tmp_path,
+    candidate = _candidate(HOSTILE_NAME, cache_bytes=3 << 20)
+    script = write_serve_script(tmp_path, repository, candidate)
+    assert script == tmp_path / "serve.sh" and script.stat().st_mode & 0o777 == 0o755
+    script.write_text(serve_script(repository, candidate, python=str(fake)))
+    run = subprocess.run([str(script), "--port", "9000"], check=False, cwd=tmp_path,
                          capture_output=True, text=True, timeout=30,
-                         env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+                         env={**os.environ, "PATH": "/usr/bin:/bin"})
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == (
-        '["serve", "--model-repository", ' + json.dumps(str(repository.resolve())) +
+        '["-m", "tradeoff", "serve", "--model-repository", ' +
+        json.dumps(str(repository.resolve())) +
         ', "--cache", "local,size=3MiB,tenant_size=3MiB", "--port", "9000"]')
     assert not list(tmp_path.rglob("PWNED"))
     assert script.read_text().count("\n") == 3  # shebang, one comment, the command
+    assert shlex.quote(sys.executable) in serve_script(repository, candidate)
 
 
 def test_a_written_comment_is_one_line_whatever_the_name_holds() -> None:

@@ -18,6 +18,7 @@ import math
 import re
 import shlex
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from tradeoff.tune.knobs import Knobs
 
 __all__ = ["WRITTEN_BY", "engine_name", "pool_name", "pool_routes", "serve_flags",
            "serve_script", "write_deployment", "write_engine_deployment", "write_router",
+           "write_serve_script",
            "written_by"]
 
 WRITTEN_BY = "# written by tradeoff plan"
@@ -155,13 +157,23 @@ def serve_flags(candidate: PlanCandidate) -> list[str]:
     return ["--cache", f"local,size={size},tenant_size={size}"]
 
 
-def serve_script(repository: Path, candidate: PlanCandidate) -> str:
+def serve_script(repository: Path, candidate: PlanCandidate, python: str = sys.executable
+                 ) -> str:
     """``serve.sh``: the `tradeoff serve` line that starts the deployment, every word
-    quoted for the shell."""
-    words = ["tradeoff", "serve", "--model-repository", str(repository.resolve()),
-             *serve_flags(candidate)]
+    quoted for the shell. It runs tradeoff with ``python``, the interpreter that made the
+    plan (a `tradeoff` on PATH is not there after a venv install)."""
+    words = [python, "-m", "tradeoff", "serve", "--model-repository",
+             str(repository.resolve()), *serve_flags(candidate)]
     return (f"#!/bin/sh\n{written_by(candidate.name)}"
             f"exec {' '.join(shlex.quote(word) for word in words)} \"$@\"\n")
+
+
+def write_serve_script(output: Path, repository: Path, candidate: PlanCandidate) -> Path:
+    """``output/serve.sh``, executable."""
+    path = output / "serve.sh"
+    path.write_text(serve_script(repository, candidate))
+    path.chmod(0o755)
+    return path
 
 
 def written_by(plan: str) -> str:

@@ -48,7 +48,7 @@ from tradeoff.generate.config import GenerativeConfig
 from tradeoff.optimize.optimizer import OptimizePlan, optimize_model
 from tradeoff.optimize.variants import Variant
 from tradeoff.plan.continuous import MAX_LENGTH, Lengths
-from tradeoff.plan.deployment import serve_script, write_deployment, write_engine_deployment
+from tradeoff.plan.deployment import write_deployment, write_engine_deployment, write_serve_script
 from tradeoff.plan.engine_search import (
     EngineSearcher,
     GenerationCalibration,
@@ -316,7 +316,7 @@ def _conclude(attempts: list[Attempt], ranked: list[PlanCandidate], output: Path
         deployment = output / "repository"
         with local_resource(f"cannot write the plan into {output}"):
             shutil.move(str(target), deployment)
-            (output / "serve.sh").write_text(serve_script(deployment, chosen))
+            write_serve_script(output, deployment, chosen)
     front = pareto(ranked)
     kept = ranked[:KEPT_CANDIDATES] + [c for c in ranked[KEPT_CANDIDATES:]
                                        if c.name in front or c == chosen]
