@@ -98,6 +98,28 @@ def test_a_records_csv_is_a_trace(tmp_path: Path) -> None:
     assert traffic.distinct_inputs == 5 and traffic.hit_ratio(5) > 0.9
 
 
+def test_one_input_repeated_and_bench_inputs_are_said_for_what_they_are(tmp_path: Path
+                                                                          ) -> None:
+    """A trace whose every request sends the same input (bench --distinct-inputs 1
+    --records) is measured, not a LinAlgError; a bench CSV's inputs are the bench's own
+    set, and the cache prediction says so; a JSON lines trace's are its requests'."""
+    rows = ["scheduled_ms,sent_ms,request,outcome"] + \
+        [f"{i * 10.0},{i * 10.0},0,ok" for i in range(100)]
+    path = tmp_path / "one.csv"
+    path.write_text("\n".join(rows))
+    traffic = Traffic.read(path)
+    assert traffic.distinct_inputs == 1 and traffic.zipf == 0.0
+    assert traffic.hit_ratio(1) == pytest.approx(0.99)  # all but the first of 100
+    assert traffic.describe()["inputs_from"] == "bench"
+    choice = cache_choice(traffic, CONFIG)
+    assert choice.capacity == 1 and "the bench's own set" in choice.why
+    lines = tmp_path / "t.jsonl"
+    lines.write_text("".join(f'{{"timestamp": {i}, "input": {i % 3}}}\n' for i in range(30)))
+    own = Traffic.read(lines)
+    assert own.inputs_from == "trace" and "bench" not in cache_choice(own, CONFIG).why
+    assert fit_zipf(np.array([7])) == 0.0
+
+
 def test_a_bad_trace_says_what_is_wrong(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     path.write_text('{"timestamp": 1}\n{"time": "soon"}\n')

@@ -35,7 +35,8 @@ from tradeoff.results import (
 from tradeoff.tune.goal import Goal
 from tradeoff.tune.knobs import Knobs
 
-__all__ = ["DELAYS_US", "MAX_POOLED_CLASSES", "NO_CACHE", "CacheChoice", "Calibration",
+__all__ = ["BENCH_INPUTS", "DELAYS_US", "MAX_POOLED_CLASSES", "NO_CACHE", "CacheChoice",
+           "Calibration",
            "ClassSearch", "Searcher", "answer_bytes", "cache_choice", "label",
            "pooled", "rank_key", "version_cost", "weigh"]
 
@@ -72,6 +73,11 @@ class CacheChoice:
 
 
 NO_CACHE = CacheChoice(0, 0, 0.0, "off")
+# said of a cache predicted from a bench --records CSV
+BENCH_INPUTS = ("; these inputs are the bench's own set (its --distinct-inputs or "
+                "--input-data), not your users' requests: the prediction holds only as far "
+                "as that set is like them (a JSON lines trace with each request's input "
+                "predicts from real ones)")
 
 
 def answer_bytes(config: ModelConfig) -> int:
@@ -108,7 +114,8 @@ def cache_choice(traffic: Traffic, config: ModelConfig, requests: int | None = N
     return CacheChoice(capacity, size_bytes, hit,
                        f"{traffic.distinct_inputs:,} distinct inputs (Zipf "
                        f"{traffic.zipf or 0:.2f}): {capacity:,} answers predicted to "
-                       f"answer {hit:.1%} of requests ({best:.1%} with all of them)")
+                       f"answer {hit:.1%} of requests ({best:.1%} with all of them)"
+                       + (BENCH_INPUTS if traffic.inputs_from == "bench" else ""))
 
 
 def weigh(optimized: OptimizeResult, max_drop: float,

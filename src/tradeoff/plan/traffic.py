@@ -69,6 +69,9 @@ class Traffic:
     # a trace's mean prompt and answer lengths in tokens (generative models), when given
     prompt_tokens: float | None = None
     output_tokens: float | None = None
+    # where a trace's inputs come from: "bench" (a bench --records CSV: the bench's own
+    # input set, which says nothing of users' requests) or "trace" (each request's own)
+    inputs_from: str | None = None
 
     @classmethod
     def law(cls, rate: float, arrival: str = "poisson", distinct_inputs: int | None = None,
@@ -106,7 +109,9 @@ class Traffic:
                 times, inputs, classes, lengths = _read_json_lines(path)
         return replace(cls.measured(times, inputs, classes, str(path)),
                        prompt_tokens=lengths.get("prompt_tokens"),
-                       output_tokens=lengths.get("output_tokens"))
+                       output_tokens=lengths.get("output_tokens"),
+                       inputs_from=None if inputs is None else
+                       "bench" if path.suffix == ".csv" else "trace")
 
     @classmethod
     def measured(cls, times_s: np.ndarray, inputs: np.ndarray | None,
@@ -236,7 +241,7 @@ class Traffic:
                 "duration_s": self.duration_s,
                 "requests": None if self.offsets_s is None else int(self.offsets_s.size),
                 "distinct_inputs": self.distinct_inputs, "zipf": self.zipf,
-                "classes": self.classes,
+                "inputs_from": self.inputs_from, "classes": self.classes,
                 **({"trace_prompt_tokens": self.prompt_tokens}
                    if self.prompt_tokens is not None else {}),
                 **({"trace_output_tokens": self.output_tokens}
@@ -250,6 +255,8 @@ def fit_zipf(counts: np.ndarray) -> float:
     used = ranked[ranked > 1]
     if used.size < 2:
         used = ranked[:2]
+    if used.size < 2:  # one input, asked every time: every exponent puts all on it
+        return 0.0
     ranks = np.arange(1, used.size + 1, dtype=np.float64)
     slope = np.polyfit(np.log(ranks), np.log(used), 1)[0]
     return float(max(0.0, -slope))

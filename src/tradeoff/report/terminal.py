@@ -565,6 +565,8 @@ def print_plan(result: PlanResult, console: Console) -> None:
     taken or left, and the replay: measured next to predicted."""
     goal, t = result.goal, result.traffic
     repeats = (f"{t['distinct_inputs']:,} distinct inputs (Zipf {t['zipf']:.2f})"
+               + (" of the bench's own input set" if t.get("inputs_from") == "bench"
+                  else "")
                if t.get("zipf") is not None else "no repeated inputs")
     class_slas = goal.get("class_sla_ms") or {}
     class_tpots = goal.get("class_tpot_ms") or {}

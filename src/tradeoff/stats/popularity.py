@@ -47,6 +47,11 @@ def first_sight_ratio(probabilities: np.ndarray, draws: int, before: int = 0) ->
     p = np.asarray(probabilities, dtype=np.float64)
     if not draws or not p.size:
         return 0.0
-    unseen = np.log1p(-p)  # log of P(not drawn) per draw
-    new = np.sum(np.exp(before * unseen) - np.exp((before + draws) * unseen))
+    with np.errstate(divide="ignore"):  # an input asked every time: log(0), -inf
+        unseen = np.log1p(-p)  # log of P(not drawn) per draw
+
+    def never_drawn(n: int) -> np.ndarray:
+        return np.exp(n * unseen) if n else np.ones_like(p)
+
+    new = np.sum(never_drawn(before) - never_drawn(before + draws))
     return float(new / draws)
