@@ -12,7 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from tradeoff.plan.deployment import serve_script, write_router, write_serve_script, written_by
+from tradeoff.plan.deployment import (
+    MISSES_SLA,
+    serve_script,
+    write_router,
+    write_serve_script,
+    written_by,
+)
 from tradeoff.repository.safe_yaml import read_yaml
 from tradeoff.results import PlanCandidate, Prediction
 
@@ -67,3 +73,33 @@ def test_router_yaml_keeps_its_comment_a_comment(tmp_path: Path) -> None:
     assert read_yaml(tmp_path / "mlp" / "router.yaml") == {"routes": [{"to": "mlp_bulk"}],
                                                            "hide_targets": True}
 
+
+
+def test_a_deployment_that_missed_its_sla_says_so_in_serve_sh(tmp_path: Path) -> None:
+    candidate = _candidate("mlp")
+    assert "did NOT meet the SLA" not in serve_script(tmp_path, candidate)
+    missed = write_serve_script(tmp_path, tmp_path, candidate, met=False).read_text()
+    assert missed.splitlines()[2] == MISSES_SLA.strip() and missed.count("\n") == 4
+
+
+def test_the_verdict_names_the_classes_that_met_and_those_that_missed() -> None:
+    from tradeoff.plan.planner import verdict
+    from tradeoff.results import ClassReplayed, Replayed
+    from tradeoff.tune.goal import Goal
+
+    predicted = Prediction(1.0, 2.0, 1.0, 0.0, 0.5)
+
+    def replayed(role: str, met: dict[str, bool]) -> Replayed:
+        classes = [ClassReplayed(name, 10.0, 5.0 if ok else 50.0, predicted, 0.0, ok)
+                   for name, ok in met.items()]
+        return Replayed(role, role, 1.0, 5.0, 100.0, 0.0, None, None, predicted,
+                        all(met.values()), None, classes)
+
+    goal = Goal(sla_p99_ms=10.0, max_drop=0.0, class_sla_ms={"chat": 10.0})
+    start = replayed("baseline", {"chat": False, "bulk": False})
+    some = verdict([start, replayed("plan", {"chat": True, "bulk": False})], goal)
+    assert some.startswith("the plan meets the SLA of chat and misses those of bulk")
+    every = verdict([start, replayed("plan", {"chat": True, "bulk": True})], goal)
+    assert every.startswith("the plan meets the SLA of every class")
+    none = verdict([start, replayed("plan", {"chat": False, "bulk": False})], goal)
+    assert none.startswith("the plan misses the SLA of every class")

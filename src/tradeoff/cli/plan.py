@@ -199,6 +199,12 @@ def plan(model_dir: Path, sla_p99_ms: float | None, sla_ttft_ms: float | None,
             os.sched_setaffinity(0, set(available))
     print_plan(result, console)
     save_result(result, json_path, console, "plan")
+    if not (result.proof and result.proof[-1].meets_sla):  # a verdict, as soak's 3 is
+        console.print("[red]no deployment met the SLA on replay[/red]: "
+                      + ("the one written is the best reached, marked so in its serve.sh"
+                         if result.chosen else f"none was written ({result.stop_reason})")
+                      + "; exit status 3")
+        sys.exit(3)
 
 
 

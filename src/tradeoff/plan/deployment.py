@@ -34,7 +34,7 @@ from tradeoff.repository.safe_yaml import read_yaml
 from tradeoff.results import PlanCandidate
 from tradeoff.tune.knobs import Knobs
 
-__all__ = ["WRITTEN_BY", "engine_name", "pool_name", "pool_routes", "serve_flags",
+__all__ = ["MISSES_SLA", "WRITTEN_BY", "engine_name", "pool_name", "pool_routes", "serve_flags",
            "serve_script", "write_deployment", "write_engine_deployment", "write_router",
            "write_serve_script",
            "written_by"]
@@ -157,21 +157,26 @@ def serve_flags(candidate: PlanCandidate) -> list[str]:
     return ["--cache", f"local,size={size},tenant_size={size}"]
 
 
-def serve_script(repository: Path, candidate: PlanCandidate, python: str = sys.executable
-                 ) -> str:
+MISSES_SLA = "# it did NOT meet the SLA on replay: the best deployment the plan reached\n"
+
+
+def serve_script(repository: Path, candidate: PlanCandidate, python: str = sys.executable,
+                 met: bool = True) -> str:
     """``serve.sh``: the `tradeoff serve` line that starts the deployment, every word
     quoted for the shell. It runs tradeoff with ``python``, the interpreter that made the
-    plan (a `tradeoff` on PATH is not there after a venv install)."""
+    plan (a `tradeoff` on PATH is not there after a venv install); a deployment that did
+    not meet the SLA on replay (``met`` False) says so in a comment."""
     words = [python, "-m", "tradeoff", "serve", "--model-repository",
              str(repository.resolve()), *serve_flags(candidate)]
-    return (f"#!/bin/sh\n{written_by(candidate.name)}"
+    return (f"#!/bin/sh\n{written_by(candidate.name)}{'' if met else MISSES_SLA}"
             f"exec {' '.join(shlex.quote(word) for word in words)} \"$@\"\n")
 
 
-def write_serve_script(output: Path, repository: Path, candidate: PlanCandidate) -> Path:
+def write_serve_script(output: Path, repository: Path, candidate: PlanCandidate,
+                       met: bool = True) -> Path:
     """``output/serve.sh``, executable."""
     path = output / "serve.sh"
-    path.write_text(serve_script(repository, candidate))
+    path.write_text(serve_script(repository, candidate, met=met))
     path.chmod(0o755)
     return path
 

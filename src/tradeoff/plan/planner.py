@@ -316,7 +316,7 @@ def _conclude(attempts: list[Attempt], ranked: list[PlanCandidate], output: Path
         deployment = output / "repository"
         with local_resource(f"cannot write the plan into {output}"):
             shutil.move(str(target), deployment)
-            write_serve_script(output, deployment, chosen)
+            write_serve_script(output, deployment, chosen, met=shown[-1].meets_sla)
     front = pareto(ranked)
     kept = ranked[:KEPT_CANDIDATES] + [c for c in ranked[KEPT_CANDIDATES:]
                                        if c.name in front or c == chosen]
@@ -426,6 +426,17 @@ def _shown(p99_ms: float | None) -> str:
     return "no answer" if p99_ms is None else f"{p99_ms:.2f} ms"
 
 
+def _per_class(plan: Replayed, sla: str) -> str:
+    """Which classes met their SLAs on replay and which missed, by name."""
+    met = [c.request_class for c in plan.classes if c.meets_sla]
+    missed = [c.request_class for c in plan.classes if not c.meets_sla]
+    if not missed:
+        return f"meets the {sla} of every class"
+    if not met:
+        return f"misses the {sla} of every class"
+    return f"meets the {sla} of {', '.join(met)} and misses those of {', '.join(missed)}"
+
+
 def verdict(proof: list[Replayed], goal: Goal) -> str:
     """One line: did the written deployment meet the SLA on replay (``proof``: the start's
     replay and its own), against the start; with classes, each class against its own."""
@@ -442,7 +453,7 @@ def verdict(proof: list[Replayed], goal: Goal) -> str:
             f" ms, starting {_shown(start[c.request_class].p99_ms)} and "
             f"{_shown(start[c.request_class].tpot_p99_ms)})" if c.request_class in start else
             f"{c.request_class} TTFT p99 {_shown(c.p99_ms)}" for c in plan.classes)
-        return f"the plan {met} the SLAs of every class on replay: {each}"
+        return f"the plan {_per_class(plan, 'SLAs')} on replay: {each}"
     if goal.sla_tpot_ms is not None:
         return (f"the plan {met} the SLA of TTFT p99 <= {goal.sla_p99_ms:g} ms and TPOT "
                 f"p99 <= {goal.sla_tpot_ms:g} ms on replay: TTFT {_shown(plan.p99_ms)}, TPOT "
@@ -456,7 +467,7 @@ def verdict(proof: list[Replayed], goal: Goal) -> str:
             f"(predicted {c.predicted.p99_ms:.2f} ms, starting "
             f"{_shown(start[c.request_class].p99_ms) if c.request_class in start else '-'})"
             for c in plan.classes)
-        return f"the plan {met} the SLA of every class on replay: {each}"
+        return f"the plan {_per_class(plan, 'SLA')} on replay: {each}"
     return (f"the plan {met} the SLA of p99 <= {goal.sla_p99_ms:g} ms on replay: p99 "
             f"{_shown(plan.p99_ms)} (predicted {plan.predicted.p99_ms:.2f} ms) against the "
             f"starting deployment's {_shown(baseline.p99_ms)} (predicted "
