@@ -160,6 +160,10 @@ def test_the_command_refuses_an_output_inside_the_repository(tmp_path: Path) -> 
     assert "inside the model's repository" in run.output
     run = CliRunner().invoke(main, ["plan", str(model), "--sla-p99-ms", "5"])
     assert run.exit_code == 2 and "--rate (with --arrival) or --trace" in run.output
+    many = len(os.sched_getaffinity(0)) + 1
+    run = CliRunner().invoke(main, ["plan", str(model), "--sla-p99-ms", "5", "--rate", "10",
+                                    "--cores", str(many)])
+    assert run.exit_code == 2 and "--another-host" in run.output, run.output
 
 
 @pytest.mark.timing  # the cores the pools take follow step costs measured on the real clock
@@ -173,10 +177,13 @@ def test_two_classes_get_a_pool_each_behind_a_router(tmp_path: Path) -> None:
     run = CliRunner().invoke(main, [
         "plan", str(model), "--sla-p99-ms", "1200", "--class-sla", "latency=44",
         "--rate", "22.5", "--class-share", "latency=0.2", "--class-share", "bulk=0.8",
-        "--cores", "4", "--price-per-core-hour", "0.1", "--precision", "none",
+        "--cores", "4", "--another-host", "--price-per-core-hour", "0.1",
+        "--precision", "none",
         "--replay", "3s", "--seconds", "0.5s", "--budget", "4m",
         "--json", str(tmp_path / "plan.json")])
     assert run.exit_code == 0, run.output
+    if len(os.sched_getaffinity(0)) < 4:  # planned for a bigger host than this one
+        assert "cannot prove it" in " ".join(run.output.split())
     result = load_as(PlanResult, tmp_path / "plan.json")
     chosen = result.candidate(result.chosen)
     assert chosen is not None and chosen.pools and chosen.cores == 3, result.chosen

@@ -84,7 +84,10 @@ PRECISIONS = {"int8": ("int8-dynamic", True), "int8-static": ("int8-static", Tru
                    "models); instances and pools share the GPUs.")
 @click.option("--cores", type=click.IntRange(1),
               help="Cores the server may use (default: all but one, which the load "
-                   "generator takes).")
+                   "generator takes); at most this machine's unless --another-host.")
+@click.option("--another-host", is_flag=True,
+              help="The deployment is for a host with more cores than this one: --cores "
+                   "may exceed this machine's, and the replay here cannot prove it.")
 @click.option("--budget", type=DURATION, default="10m", show_default=True,
               help="Time the whole plan may take; it stops replaying candidates past it.")
 @click.option("--replay", "replay_s", type=Duration(minimum_s=1), default="15s",
@@ -102,7 +105,7 @@ def plan(model_dir: Path, sla_p99_ms: float | None, sla_ttft_ms: float | None,
          class_tpots: tuple[str, ...], class_shares: tuple[str, ...], trace: Path | None,
          precisions: tuple[str, ...], max_drop: float, price_per_hour: float | None,
          price_per_core_hour: float | None, price_per_gpu_hour: float | None,
-         cores: int | None, budget: float, replay_s: float,
+         cores: int | None, another_host: bool, budget: float, replay_s: float,
          seconds: float, output: Path | None, json_path: Path | None) -> None:
     """Plan a deployment of a model for its traffic and an SLA, write it beside the
     repository, and prove it: served and replayed against the starting deployment.
@@ -168,6 +171,11 @@ def plan(model_dir: Path, sla_p99_ms: float | None, sla_ttft_ms: float | None,
     class_sla = _positive(class_slas, "--class-sla", "NAME=MS")
     class_tpot = _positive(class_tpots, "--class-sla-tpot", "NAME=MS")
     available = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
+    if cores is not None and cores > len(available) and not another_host:
+        raise click.UsageError(
+            f"--cores {cores}: this machine gives the plan {len(available)} core(s); give "
+            "at most that, or --another-host to plan for a bigger host (then the replay "
+            "here cannot prove the plan)")
     server_cores = cores or max(1, len(available) - 1)
     server_cpus = None
     if len(available) > server_cores:
@@ -185,6 +193,11 @@ def plan(model_dir: Path, sla_p99_ms: float | None, sla_ttft_ms: float | None,
     except InvalidValue as exc:
         raise click.UsageError(str(exc)) from None
     console = Console()
+    if cores is not None and cores > len(available):
+        console.print(f"[yellow]--cores {cores} for another host[/yellow]: this machine has "
+                      f"{len(available)}, so the replay here runs the deployment on fewer "
+                      "cores than it is planned for and cannot prove it; replay it on its "
+                      "host")
     try:
         if server_cpus is not None:  # this process generates the load: the other cores
             os.sched_setaffinity(0, set(available[server_cores:]))
