@@ -14,7 +14,9 @@ as lists, integer dict keys as strings (as JSON has them). A ``schema`` and a ``
 class attribute, where a document has them, come first. Reading follows each field's
 annotation back: a nested record, a list or dict of records, a tuple, an integer key; a
 field without a default must be there, else :class:`ResultFormatError` names the file and the
-field. Each value read is checked against its annotation on the way: an ``int`` is an
+field. A float that is not finite (an overloaded deployment's predicted p99) is written as
+the string ``"Infinity"``, ``"-Infinity"`` or ``"NaN"``, as protobuf's JSON mapping does, so
+the file stays JSON. Each value read is checked against its annotation on the way: an ``int`` is an
 integer and not a boolean, a ``float`` any number, a ``str`` a string, a ``bool`` true or
 false, an integer key a number, ``Any`` anything (null stays allowed wherever it was). A
 result file passed between people cannot put a string where the report prints a number; the
@@ -26,6 +28,7 @@ written, never read. :func:`written` says how the rest differ.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -165,7 +168,13 @@ def _layout(cls: type) -> tuple[_Item, ...]:
     return _LAYOUTS[cls]
 
 
+# numbers JSON has no literal for, written as protobuf's JSON mapping writes them
+_NOT_FINITE = {"Infinity": math.inf, "-Infinity": -math.inf, "NaN": math.nan}
+
+
 def _plain(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
     if isinstance(value, Record):
         return value.to_dict()
     if isinstance(value, dict):
@@ -214,6 +223,8 @@ def _checked(hint: Any, value: Any, where: str) -> Any:
     if hint not in _PLAIN:
         raise TypeError(f"a Record field annotated {hint!r} has no reader")
     kinds, name = _PLAIN[hint]
+    if hint is float and isinstance(value, str) and value in _NOT_FINITE:
+        return _NOT_FINITE[value]
     if not isinstance(value, kinds) or (hint is not bool and isinstance(value, bool)):
         raise ResultFormatError(f"{where}: expected {name}, got {shown(value)}")
     return value

@@ -952,7 +952,7 @@ def load_as(kind: type[_Document], source: str | Path | Mapping[str, Any] | Resu
 def write_json(document: ResultDocument, path: str | Path) -> None:
     """Write ``document`` as JSON (parent folders made as needed)."""
     path = Path(path)
-    text = json.dumps(document.to_dict(), indent=2)
+    text = json.dumps(document.to_dict(), indent=2, allow_nan=False)
     with local_resource(f"cannot write {path}"):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)

@@ -173,3 +173,25 @@ def test_a_wrong_typed_value_under_an_odd_key_is_named_without_echoing_it() -> N
         Scores.read(Fields({"by_name": {key: "high"}}, "s.json"))
     text = str(caught.value)
     assert "\n" not in text and text.startswith("s.json.by_name['a\\nb") and "..." in text
+
+
+@dataclass(frozen=True)
+class Predicted(Record):
+    p99_ms: float
+    by_class: dict[str, float]
+    spread: list[float] | None = None
+
+
+def test_numbers_json_cannot_hold_are_written_as_strings_and_read_back() -> None:
+    """An overloaded deployment's predicted p99 is infinite: the file stays JSON (no bare
+    Infinity, which strict parsers refuse) and reads back as the same numbers."""
+    record = Predicted(float("inf"), {"chat": float("-inf"), "bulk": 2.5}, [float("nan")])
+    text = json.dumps(record.to_dict(), allow_nan=False)
+    assert json.loads(text) == {"p99_ms": "Infinity",
+                                "by_class": {"chat": "-Infinity", "bulk": 2.5},
+                                "spread": ["NaN"]}
+    back = Predicted.read(Fields(json.loads(text), "p.json"))
+    assert back.p99_ms == float("inf") and back.by_class["chat"] == float("-inf")
+    assert back.spread is not None and back.spread[0] != back.spread[0]  # NaN
+    with pytest.raises(ResultFormatError, match="expected a number"):
+        Predicted.read(Fields({"p99_ms": "Infinite", "by_class": {}}, "p.json"))

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from tradeoff.bench.load import DURATION_FORMS, LOAD_DEFAULTS, LoadSpec, parse_duration
-from tradeoff.errors import InvalidValue
+from tradeoff.errors import InvalidValue, local_resource
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -401,11 +401,8 @@ def _output_file(ctx: click.Context, param: click.Parameter, value: Path | None
     """A file the command writes after its run: its folder made now, so that a run is
     never lost to a folder that does not exist (as ``--json`` does)."""
     if value is not None:
-        try:
+        with local_resource(f"cannot make the folder of {param.opts[0]} {value}"):
             value.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise click.BadParameter(f"{value}: cannot make its folder ({exc.strerror})"
-                                     ) from None
     return value
 
 
