@@ -314,3 +314,23 @@ def test_with_classes_the_rank_reads_the_class_closest_to_its_own_sla() -> None:
     goal = searcher.goal
     assert rank_key(ordered, 300.0, goal) < rank_key(fcfs, 300.0, goal)
     assert rank_key(fcfs, 300.0) < rank_key(ordered, 300.0)  # the overall p99 alone
+
+
+def test_a_replay_round_is_long_enough_for_whole_answers() -> None:
+    """A round shorter than one answer completes none (0 requests/s): the plan lengthens
+    it to three answers alone, and says so."""
+    from tradeoff.plan.engine_search import GenerationCalibration
+    from tradeoff.plan.planner import _replay_long_enough
+    from tradeoff.tune.goal import Goal
+
+    lengths = Lengths(128, 64)
+    calibration = GenerationCalibration(128, 0, 1.0, 1.0, 40)
+    answer = calibration.alone_answer_s(COST, lengths, _settings(seqs=4))
+    alone = simulate_engine(np.zeros(1), lengths, _settings(seqs=4), COST)
+    assert answer == pytest.approx(float(alone.e2e_ms[0]) / 1e3)
+    said: list[str] = []
+    goal = Goal(sla_p99_ms=500.0, max_drop=0.05, sla_tpot_ms=25.0, replay_s=1.0)
+    longer = _replay_long_enough(goal, 2.4, said.append)
+    assert longer.replay_s == 8.0 and "from 1 s to 8 s" in said[0]
+    assert _replay_long_enough(replace(goal, replay_s=15.0), 2.4, said.append).replay_s == 15
+    assert _replay_long_enough(goal, float("inf"), said.append) is goal and len(said) == 1

@@ -102,6 +102,13 @@ class GenerationCalibration:
                        prefill_fixed_ms=measured.prefill_fixed_ms * prefill,
                        prefill_ms_per_token=measured.prefill_ms_per_token * prefill)
 
+    def alone_answer_s(self, measured: StepCost, lengths: Lengths,
+                       settings: EngineSettings) -> float:
+        """Seconds one answer takes with nothing else running (prompt and every token)."""
+        run = simulate_engine(np.zeros(1), replace(lengths, shared_prefix=0), settings,
+                              self.cost(measured))
+        return float(run.e2e_ms[0]) / 1e3
+
     def at_rate(self, rate_rps: float) -> GenerationCalibration:
         """This calibration with its load scale carried to another rate: the server's
         share of the cores grows with the rate (1 - 1/load_scale at load_rate_rps)."""

@@ -234,19 +234,22 @@ def _plan_generative(request: PlanRequest, goal: Goal, config: GenerativeConfig,
                                        one_pass=not on_gpu(config))
     original = versions[0]
     start = settings_of(config)
-    load = replay_load(traffic, goal.replay_s)
     # prompts no engine has seen for each use (see replay_prompts)
-    replayed = min(max(256, math.ceil(traffic.rate_rps * (goal.replay_s + load.warmup_s))
-                       + 16), MAX_REPLAY_PROMPTS)
     loaded = min(max(64, math.ceil(traffic.rate_rps * 10) + 16), MAX_REPLAY_PROMPTS)
-    calibration_prompts, warmup_prompts, prompts, load_prompts = (
+    calibration_prompts, warmup_prompts, load_prompts = (
         replay_prompts(work / f"{use}.jsonl", lengths, count, seed)
         for use, count, seed in (("calibration", 256, 1), ("warm-up", 64, 2),
-                                 ("replay", replayed, 0), ("load", loaded, 3)))
+                                 ("load", loaded, 3)))
     with ServerProcess(work / "baseline", cpus=request.server_cpus) as baseline_server:
         say("calibrating on the starting deployment")
         alone, served = calibrate_generation(baseline_server, name, costs[original.version],
                                              start, lengths, goal, calibration_prompts)
+        goal = _replay_long_enough(goal, alone.alone_answer_s(
+            costs[original.version], served, start), say)
+        load = replay_load(traffic, goal.replay_s)
+        replayed = min(max(256, math.ceil(traffic.rate_rps * (goal.replay_s + load.warmup_s))
+                           + 16), MAX_REPLAY_PROMPTS)
+        prompts = replay_prompts(work / "replay.jsonl", lengths, replayed, 0)
         say("calibrating the starting deployment under the traffic's load")
         calibration = calibrate_generation_load(baseline_server, name,
                                                 costs[original.version], start, alone,
@@ -416,6 +419,22 @@ def pareto(ranked: list[PlanCandidate]) -> set[str]:
     at once."""
     finite = [c for c in ranked if math.isfinite(c.predicted.p99_ms)]
     return {c.name for c in front(finite, lambda c: (c.cost, c.predicted.p99_ms, c.drop))}
+
+
+ANSWERS_PER_REPLAY = 3  # a replay round lasts at least this many answers alone
+
+
+def _replay_long_enough(goal: Goal, answer_s: float, say: Progress) -> Goal:
+    """``goal`` with a replay round long enough for a few whole answers: a round shorter
+    than one answer completes none, and would report 0 requests/s."""
+    if not math.isfinite(answer_s):
+        return goal
+    needed = math.ceil(ANSWERS_PER_REPLAY * answer_s)
+    if goal.replay_s >= needed:
+        return goal
+    say(f"replay rounds lengthened from {goal.replay_s:g} s to {needed} s: one answer "
+        f"takes about {answer_s:.1f} s alone, and a round measures whole answers")
+    return replace(goal, replay_s=float(needed))
 
 
 def _replay_seconds(goal: Goal) -> float:
