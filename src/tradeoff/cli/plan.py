@@ -134,8 +134,8 @@ def plan(model_dir: Path, sla_p99_ms: float | None, sla_ttft_ms: float | None,
       tradeoff plan ./models/smollm2-135m --sla-ttft-ms 800 --sla-tpot-ms 80 --rate 1 \\
           --prompt-words 128 --output-tokens 32 --shared-prefix-words 96 \\
           --precision int8 --max-drop 0.05
-      tradeoff plan ./models/smollm2-135m --sla-ttft-ms 6000 --sla-tpot-ms 300 \
-          --class-sla chat=1500 --class-sla-tpot chat=150 --rate 3 \
+      tradeoff plan ./models/smollm2-135m --sla-ttft-ms 6000 --sla-tpot-ms 300 \\
+          --class-sla chat=1500 --class-sla-tpot chat=150 --rate 3 \\
           --class-share chat=0.3 --class-share batch=0.7
     """
     from rich.console import Console
