@@ -160,6 +160,16 @@ def test_the_command_refuses_an_output_inside_the_repository(tmp_path: Path) -> 
     assert "inside the model's repository" in run.output
     run = CliRunner().invoke(main, ["plan", str(model), "--sla-p99-ms", "5"])
     assert run.exit_code == 2 and "--rate (with --arrival) or --trace" in run.output
+    run = CliRunner().invoke(main, ["plan", str(tmp_path / "repo"), "--sla-p99-ms", "5",
+                                    "--rate", "10"])
+    assert run.exit_code == 2 and "is a model repository, not a model" in run.output
+    assert str(model) in " ".join(run.output.split()).replace(" ", "") or \
+        model.name in run.output
+    trace = tmp_path / "t.csv"
+    trace.write_text("scheduled_ms,sent_ms,request,outcome\n0,0,0,ok\n10,10,1,ok\n")
+    run = CliRunner().invoke(main, ["plan", str(model), "--sla-p99-ms", "5", "--rate", "10",
+                                    "--trace", str(trace)])
+    assert run.exit_code == 2 and "not both" in run.output
     many = len(os.sched_getaffinity(0)) + 1
     run = CliRunner().invoke(main, ["plan", str(model), "--sla-p99-ms", "5", "--rate", "10",
                                     "--cores", str(many)])

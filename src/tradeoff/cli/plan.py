@@ -153,8 +153,12 @@ def plan(model_dir: Path, sla_p99_ms: float | None, sla_ttft_ms: float | None,
     if (sla_p99_ms is None) == (sla_ttft_ms is None):
         raise click.UsageError("give the SLA: --sla-p99-ms (tensor models), or "
                                "--sla-ttft-ms and --sla-tpot-ms (generative models)")
-    if (rate is None) == (trace is None):
+    if rate is not None and trace is not None:
+        raise click.UsageError("give --rate or --trace, not both: a trace brings its own "
+                               "rate (its send times)")
+    if rate is None and trace is None:
         raise click.UsageError("give the traffic: --rate (with --arrival) or --trace")
+    _one_model(model_dir)
     if trace is not None and (distinct_inputs is not None or zipf is not None):
         raise click.UsageError("--distinct-inputs and --zipf describe --rate's inputs; a "
                                "trace's repetition is measured from it")
@@ -219,6 +223,25 @@ def plan(model_dir: Path, sla_p99_ms: float | None, sla_ttft_ms: float | None,
                       + "; exit status 3")
         sys.exit(3)
 
+
+
+def _one_model(model_dir: Path) -> None:
+    """A usage error when ``model_dir`` is a repository of models rather than one."""
+    from tradeoff.repository.repository import GENERATIVE_FILE, ROUTER_FILE
+
+    def is_model(folder: Path) -> bool:
+        return any((folder / name).is_file() for name in ("config.pbtxt", GENERATIVE_FILE,
+                                                          ROUTER_FILE)) or \
+            any(p.is_dir() and p.name.isdigit() for p in folder.iterdir())
+
+    if not model_dir.is_dir() or is_model(model_dir):
+        return
+    models = sorted(p.name for p in model_dir.iterdir() if p.is_dir() and is_model(p))
+    if models:
+        raise click.UsageError(
+            f"{model_dir} is a model repository, not a model: name one of its models, "
+            f"e.g. {model_dir / models[0]} (it holds {', '.join(models[:6])}"
+            f"{', ...' if len(models) > 6 else ''})")
 
 
 def _positive(values: tuple[str, ...], flag: str, form: str) -> dict[str, float]:
