@@ -280,3 +280,33 @@ def test_report_draws_a_sweep_with_a_point_that_served_nothing(tmp_path) -> None
     page, report = build_report([sweep], tmp_path / "png")
     assert page.count('<figure class="plot"') == 4 and len(report.pngs) == 4
     assert "knee: concurrency 2" in page
+
+
+def test_a_plan_that_missed_or_mispredicted_is_a_finding() -> None:
+    """diagnose on a plan result: its replay's miss and a prediction the replay is far
+    from are findings (they used to read 'no findings'); a plan proven as predicted has
+    none."""
+    from tradeoff.analysis.diagnose import diagnose
+    from tradeoff.results import PlanCandidate, PlanResult, Prediction, Replayed
+
+    def predicted(p99: float) -> Prediction:
+        return Prediction(p99 / 2, p99, 1.0, 0.0, 0.5)
+
+    def plan(replayed_p99: float, predicted_p99: float, met: bool,
+             proof: bool = True) -> PlanResult:
+        start = PlanCandidate("start", 1, "fp32", 0.0, {}, 0, 1, predicted(3.0), None,
+                              False, 0)
+        shown = [Replayed("start", "baseline", 2.0, 9.0, 100.0, 0.0, None, None,
+                          predicted(3.0), False, None),
+                 Replayed("chosen", "plan", 1.0, replayed_p99, 100.0, 0.0, None, None,
+                          predicted(predicted_p99), met, None)]
+        return PlanResult("mlp", "models", "out", {"sla_p99_ms": 5.0}, {}, {}, {}, [],
+                          start, [start], "chosen", [], shown if proof else [],
+                          "the plan ...", "done", 1.0)
+
+    assert diagnose(plan(2.4, 2.9, met=True)) == []
+    missed = diagnose(plan(7.0, 2.9, met=False))
+    assert [f.rule for f in missed] == ["plan_missed_sla", "plan_prediction_off"]
+    assert missed[0].severity == "critical" and "2.4x the predicted" in missed[1].title
+    assert [f.rule for f in diagnose(plan(1.0, 1.0, met=True, proof=False))] == [
+        "plan_not_replayed"]

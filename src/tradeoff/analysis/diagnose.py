@@ -19,6 +19,7 @@ from tradeoff.results import (
     BenchResult,
     CompareResult,
     OptimizeResult,
+    PlanResult,
     ResultDocument,
     SoakResult,
     SweepResult,
@@ -39,6 +40,7 @@ __all__ = [
     "LONG_TAIL_CRITICAL",
     "LONG_TAIL_WARN",
     "OVERHEAD_SHARE",
+    "PREDICTION_OFF",
     "SATURATION_DROP",
     "SEVERITY_ORDER",
     "SPIKE_FACTOR",
@@ -49,6 +51,7 @@ __all__ = [
     "decode_slowdown",
     "diagnose",
     "diagnose_bench",
+    "diagnose_plan",
     "diagnose_sweep",
     "errors",
     "first_token",
@@ -484,9 +487,46 @@ def diagnose(result: ResultDocument) -> list[Finding]:
         out = _diagnose_optimize(result)
     elif isinstance(result, CompareResult):
         out = _diagnose_compare(result)
-    else:  # a tune or plan result states its own recommendation and why
+    elif isinstance(result, PlanResult):
+        out = diagnose_plan(result)
+    else:  # a tune result states its own recommendation and why
         out = []
     return sorted(out, key=lambda f: SEVERITY_ORDER.get(f.severity, 3))
+
+
+PREDICTION_OFF = 2.0  # a replay this many times over (or under) its prediction
+
+
+def diagnose_plan(result: PlanResult) -> list[Finding]:
+    """A plan whose replay missed its SLA, one never replayed, and a prediction the
+    replay disagrees with by more than PREDICTION_OFF times."""
+    subject = f"plan of {result.model}"
+    if not result.proof:
+        return [Finding("plan_not_replayed", "warning", "no deployment was replayed: the "
+                        "plan proves nothing", {"stop_reason": result.stop_reason},
+                        "give the plan a longer --budget, or a looser SLA", subject)]
+    plan = result.proof[-1]
+    out = []
+    if not plan.meets_sla:
+        out.append(Finding(
+            "plan_missed_sla", "critical", "the deployment written missed its SLA on "
+            "replay", {"verdict": result.verdict, "p99_ms": plan.p99_ms,
+                       "sla_p99_ms": result.goal.get("sla_p99_ms")},
+            "no deployment met the SLA here: loosen the SLA, lower the rate, or plan with "
+            "more cores or another precision; its serve.sh is marked as missing it",
+            subject))
+    predicted, replayed = plan.predicted.p99_ms, plan.p99_ms
+    if replayed is not None and 0 < predicted < float("inf") and replayed > 0 and \
+            max(replayed / predicted, predicted / replayed) > PREDICTION_OFF:
+        out.append(Finding(
+            "plan_prediction_off", "warning", f"the replayed p99 is "
+            f"{replayed / predicted:.1f}x the predicted one", {
+                "predicted_p99_ms": predicted, "replayed_p99_ms": replayed,
+                "calibration": result.calibration},
+            "the machine's load moved between calibration and replay, or the model's cost "
+            "is not what was measured: replay again on a quiet machine before trusting "
+            "the choice", subject))
+    return out
 
 
 def _diagnose_optimize(result: OptimizeResult) -> list[Finding]:
