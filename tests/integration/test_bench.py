@@ -282,10 +282,14 @@ def test_records_and_summaries_go_into_folders_made_for_them(server: ServerProce
     """--records and --summary into folders that do not exist yet: made before the run,
     so nothing measured is lost after it (as --json does)."""
     records = tmp_path / "runs" / "today" / "records.csv"
-    bench(tmp_path, server.url, "--model", "tiny", "--requests", "20", "--records",
-          str(records))
+    _, result, _ = bench(tmp_path, server.url, "--model", "tiny", "--requests", "20",
+                         "--warmup", "0.3", "--records", str(records))
     with records.open() as handle:
-        assert sum(1 for _ in csv.DictReader(handle)) >= 20
+        phases = [row["phase"] for row in csv.DictReader(handle)]
+    # the warmup's requests are in the file, marked: the result's count is the measured
+    assert phases.count("measured") == result["summary"]["requests"] == 20
+    assert phases.count("warmup") == result["warmup"]["requests"] > 0
+    assert phases == sorted(phases, key=lambda p: p == "measured")  # warmup first
     summary = tmp_path / "tables" / "sweep.md"
     run = subprocess.run([sys.executable, "-m", "tradeoff", "sweep", server.url, "--model",
                           "tiny", "--concurrency-range", "1:2", "--duration", "0.3s",

@@ -233,8 +233,11 @@ class Records:
         order = np.argsort(records.scheduled_ns, kind="stable")
         return records.select(order)
 
-    def write(self, path: Path, start_ns: int = 0) -> None:
-        """CSV (or Parquet when the name ends in .parquet and pyarrow is installed)."""
+    def write(self, path: Path, start_ns: int = 0, measure_start_ns: int | None = None
+              ) -> None:
+        """CSV (or Parquet when the name ends in .parquet and pyarrow is installed). With
+        ``measure_start_ns``, a ``phase`` column: ``warmup`` for the requests scheduled
+        before it (which the result leaves out), ``measured`` for the rest."""
         columns = {
             "scheduled_ms": (self.scheduled_ns - start_ns) / 1e6,
             "sent_ms": (self.sent_ns - start_ns) / 1e6,
@@ -254,6 +257,9 @@ class Records:
                             "asked_tokens": self.asked_tokens,
                             "tokens_from_usage": self.usage_tokens,
                             "token_gaps": self.gap_count})
+        if measure_start_ns is not None:
+            columns["phase"] = np.where(self.scheduled_ns >= measure_start_ns, "measured",
+                                        "warmup").tolist()
         if path.suffix == ".parquet":
             try:
                 import pyarrow as pa

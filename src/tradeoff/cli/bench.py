@@ -65,5 +65,5 @@ def bench(url: str, json_path: Path | None, records_path: Path | None,
     print_bench_result(result, console)
     save_result(result, json_path, console)
     if records_path:
-        records.write(records_path, start_ns)
+        records.write(records_path, start_ns, start_ns + int(spec.warmup_s * 1e9))
         console.print(f"records: {records_path}")
