@@ -21,7 +21,8 @@ def bench_result(*, load: float = 8, mode: str = "closed", throughput: float = 1
                  stable: bool | None = True, client_bound: bool = False,
                  windows: list[dict[str, Any]] | None = None,
                  executions: int | None = None, name: str = "m",
-                 cache_hits: int | None = None, input_mix: dict | None = None) -> BenchResult:
+                 cache_hits: int | None = None, input_mix: dict | None = None,
+                 achieved: float | None = None) -> BenchResult:
     """A bench result read from the document a run with these figures writes."""
     mean = latency_mean if latency_mean is not None else p50 * 1.1
     server = None
@@ -62,8 +63,9 @@ def bench_result(*, load: float = 8, mode: str = "closed", throughput: float = 1
                     {"requests": requests, "executions": executions,
                      **({} if cache_hits is None else {"cache_hits": cache_hits,
                                                        "cache_misses": requests - cache_hits})},
-                    "bytes_sent": 0, "bytes_received": 0, "asked_rate_rps": None,
-                    "achieved_rate_rps": None, "duration_s": 5.0},
+                    "bytes_sent": 0, "bytes_received": 0,
+                    "asked_rate_rps": load if mode == "open" else None,
+                    "achieved_rate_rps": achieved, "duration_s": 5.0},
     })
 
 

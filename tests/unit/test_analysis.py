@@ -12,14 +12,14 @@ import pytest
 from tradeoff.analysis.compare import merge_rounds
 from tradeoff.analysis.profile import UNKNOWN, build_profile, parse_fact
 from tradeoff.bench.soak import verdict
-from tradeoff.bench.sweep import parse_levels
-from tradeoff.results import Window
+from tradeoff.bench.sweep import knee_of, parse_levels
+from tradeoff.results import BenchResult, Window
 from tradeoff.stats.bootstrap import bootstrap_ratio
 from tradeoff.stats.cost import Price, parse_prices, rank
 from tradeoff.stats.knee import find_knee, gain_per_doubling
 from tradeoff.stats.trend import mann_kendall
 
-from .result_factory import bench_result
+from .result_factory import bench_result, sweep_result
 
 # ------------------------------------------------------------------------- knee
 
@@ -310,3 +310,31 @@ def test_a_plan_that_missed_or_mispredicted_is_a_finding() -> None:
     assert missed[0].severity == "critical" and "2.4x the predicted" in missed[1].title
     assert [f.rule for f in diagnose(plan(1.0, 1.0, met=True, proof=False))] == [
         "plan_not_replayed"]
+
+
+def test_a_rate_sweep_whose_rates_are_not_served_is_saturated() -> None:
+    """Over rates, a level served under 90% of what it sent is saturation, though its
+    throughput still creeps up (the profile case: 65-72% served, p50 at 1 s): the knee is
+    the last rate served in full, and from the first one the terminal says so."""
+    from rich.console import Console
+
+    from tradeoff.bench.sweep import SATURATION_RULE, first_unserved
+    from tradeoff.report.terminal import print_sweep
+
+    def level(rate: float, served: float) -> BenchResult:
+        return bench_result(load=rate, mode="open", throughput=served, achieved=rate,
+                            requests=int(rate * 5))
+
+    creeping = [level(100, 100), level(200, 199), level(400, 280), level(800, 560)]
+    knee = knee_of(creeping)
+    assert knee is not None and knee.load == 200 and knee.rule == SATURATION_RULE
+    assert first_unserved(creeping) is not None
+    served = [level(100, 100), level(200, 200), level(400, 398)]
+    assert first_unserved(served) is None and knee_of(served) is None  # still growing
+    few = [level(5, 3), level(10, 10)]  # 25 requests: too few to judge
+    assert first_unserved(few) is None
+    console = Console(record=True, width=120)
+    print_sweep(sweep_result([level(400, 280), level(800, 560)], mode="rate"), console)
+    assert "saturated from the first level" in console.export_text()
+    closed = [bench_result(load=c, throughput=t) for c, t in ((1, 10), (2, 20), (4, 40))]
+    assert first_unserved(closed) is None

@@ -41,10 +41,14 @@ from tradeoff.stats.knee import MIN_GAIN, find_knee
 from tradeoff.stats.progress import progress_text
 
 __all__ = [
+    "JUDGED_REQUESTS",
     "KNEE_RULE",
+    "SATURATION_RULE",
+    "SERVED_SHARE",
     "SWEEP_WARMUP_S",
     "Sweep",
     "SweepPlan",
+    "first_unserved",
     "knee_of",
     "parse_levels",
     "point_summary",
@@ -57,6 +61,11 @@ SWEEP_WARMUP_S = 1.0
 
 KNEE_RULE = (f"first load from which every further point gains under {MIN_GAIN:.0%} "
              "throughput (output tokens/s for generations) per doubling of the load")
+# an open-loop level served under this share of the rate it sent: the endpoint is saturated
+SERVED_SHARE = 0.9
+JUDGED_REQUESTS = 50
+SATURATION_RULE = (f"the last rate served in full: the next was served under "
+                   f"{SERVED_SHARE:.0%} of the rate asked (saturation)")
 
 
 def parse_levels(text: str, integer: bool = False) -> list[float]:
@@ -155,13 +164,39 @@ def point_summary(result: BenchResult) -> SweepRow:
 
 
 def knee_of(points: list[BenchResult], min_gain: float = MIN_GAIN) -> Knee | None:
-    """The knee of a list of bench results (any order), with its figures."""
+    """The knee of a list of bench results (any order), with its figures. Over rates
+    (open loop), the last rate before one the endpoint served under SERVED_SHARE of
+    (a rate not achieved is saturation, however the throughput still creeps up);
+    none when it fell short from the first (:func:`first_unserved` says so)."""
     rows = sorted((point_summary(p) for p in points), key=lambda r: r.load)
-    index = find_knee([r.load for r in rows], [r.work_rate for r in rows], min_gain)
+    short = first_unserved(points)
+    index: int | None
+    if short is not None:
+        index, rule = [r.load for r in rows].index(short.load) - 1, SATURATION_RULE
+        if index < 0:
+            return None
+    else:
+        index = find_knee([r.load for r in rows], [r.work_rate for r in rows], min_gain)
+        rule = KNEE_RULE
     if index is None:
         return None
     return Knee(**{f.name: getattr(rows[index], f.name) for f in dataclasses.fields(SweepRow)},
-                rule=KNEE_RULE)
+                rule=rule)
+
+
+def first_unserved(points: list[BenchResult]) -> SweepRow | None:
+    """Of an open-loop sweep, the lowest rate at which the endpoint completed under
+    SERVED_SHARE of the requests sent in the measurement (judged from JUDGED_REQUESTS
+    sent: fewer end too close to the window's edge); None for a concurrency sweep, or
+    when every rate was served."""
+    if not points or any(p.load.get("mode") == "closed" for p in points):
+        return None
+    for point in sorted(points, key=lambda p: point_summary(p).load):
+        s = point.summary
+        if s.requests >= JUDGED_REQUESTS and s.achieved_rate_rps and \
+                s.throughput_rps < SERVED_SHARE * s.achieved_rate_rps:
+            return point_summary(point)
+    return None
 
 
 class Sweep:

@@ -199,6 +199,8 @@ def _generation_rows(g: Generation, table: Table) -> None:
 
 def print_sweep(sweep: SweepResult, console: Console) -> None:
     """The sweep's points, the knee highlighted, and why it stopped."""
+    from tradeoff.bench.sweep import SERVED_SHARE, first_unserved
+
     knee = sweep.knee
     mode = _t(sweep.mode)  # shown only: a column's header and the lines below
     table = Table(title=f"{_t(sweep.label)}: sweep over {mode}")
@@ -233,6 +235,10 @@ def print_sweep(sweep: SweepResult, console: Console) -> None:
         rate = (f" ({knee.tokens.output_tokens_per_s:,.1f} tok/s)" if knee.tokens else "")
         console.print(f"knee at {mode} {knee.load:g}: {knee.throughput_rps:,.1f} req/s"
                       f"{rate}, p99 {_ms(knee.p99_ms)} ms ({_t(knee.rule)})")
+    elif (short := first_unserved(sweep.points)) is not None:
+        console.print(f"saturated from the first level: at {mode} {short.load:g} it served "
+                      f"{short.throughput_rps:,.1f} req/s, under {SERVED_SHARE:.0%} of what "
+                      "was sent; sweep lower rates to find where it keeps up")
     else:
         console.print("knee not reached: throughput was still growing")
     console.print(f"stopped: {_t(sweep.stop_reason)}")
