@@ -338,3 +338,20 @@ def test_a_rate_sweep_whose_rates_are_not_served_is_saturated() -> None:
     assert "saturated from the first level" in console.export_text()
     closed = [bench_result(load=c, throughput=t) for c, t in ((1, 10), (2, 20), (4, 40))]
     assert first_unserved(closed) is None
+
+
+def test_a_sweep_says_which_points_the_load_generator_held_back() -> None:
+    from rich.console import Console
+
+    from tradeoff.report.terminal import print_sweep
+
+    points = [bench_result(load=c, throughput=t, client_bound=c == 64)
+              for c, t in ((16, 100), (32, 190), (64, 200))]
+    console = Console(record=True, width=140)
+    print_sweep(sweep_result(points), console)
+    text = console.export_text()
+    assert "client-bound" in text and "client_bound at concurrency 64" in text
+    assert "client CPU 99% > 90%" in text
+    quiet = Console(record=True, width=140)
+    print_sweep(sweep_result([bench_result(load=1), bench_result(load=2)]), quiet)
+    assert "client" not in quiet.export_text()

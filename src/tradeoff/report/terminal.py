@@ -199,7 +199,7 @@ def _generation_rows(g: Generation, table: Table) -> None:
 
 def print_sweep(sweep: SweepResult, console: Console) -> None:
     """The sweep's points, the knee highlighted, and why it stopped."""
-    from tradeoff.bench.sweep import SERVED_SHARE, first_unserved
+    from tradeoff.bench.sweep import SERVED_SHARE, first_unserved, point_summary
 
     knee = sweep.knee
     mode = _t(sweep.mode)  # shown only: a column's header and the lines below
@@ -211,6 +211,7 @@ def print_sweep(sweep: SweepResult, console: Console) -> None:
                [mode, "req/s", "infer/s", "p50 ms", "p99 ms", "errors %"])
     for column in columns + (["$ / 1M req"] if priced else []) + [""]:
         table.add_column(column, justify="right")
+    bound = {point_summary(p).load: p.client for p in sweep.points if p.client.client_bound}
     for row in sweep.rows:
         at_knee = knee is not None and row.load == knee.load
         if generated:
@@ -228,9 +229,16 @@ def print_sweep(sweep: SweepResult, console: Console) -> None:
         if priced:
             cost = row.cost_per_million
             cells.append("-" if cost is None else f"{cost:,.4f}")
-        table.add_row(*cells, "[bold yellow]knee[/]" if at_knee else "",
-                      style="bold" if at_knee else None)
+        notes = ["[bold yellow]knee[/]"] if at_knee else []
+        notes += ["[yellow]client-bound[/]"] if row.load in bound else []
+        table.add_row(*cells, " ".join(notes), style="bold" if at_knee else None)
     console.print(table)
+    if bound:
+        reasons = sorted({r for client in bound.values() for r in client.reasons})
+        console.print(f"[bold yellow]client_bound[/] at {mode} "
+                      f"{', '.join(f'{load:g}' for load in sorted(bound))}: the load generator "
+                      f"could not keep up ({_t('; '.join(reasons))}); those points understate "
+                      "the endpoint. Try --workers N or a faster client machine.")
     if knee:
         rate = (f" ({knee.tokens.output_tokens_per_s:,.1f} tok/s)" if knee.tokens else "")
         console.print(f"knee at {mode} {knee.load:g}: {knee.throughput_rps:,.1f} req/s"
