@@ -772,3 +772,22 @@ def test_bad_priority_delays_name_the_parameter(key: str, value: str, message: s
     with raises_config_error(PBTXT_SOURCE, "parameters"):
         parse_text('max_batch_size: 8\nparameters { key: '
                    '"priority_1_max_queue_delay_microseconds" value: { string_value: "0" } }')
+
+
+def test_a_pytorch_models_indexed_names_bind_by_position() -> None:
+    """INPUT__0 and OUTPUT__0 name a torch.export program's first input and output, whose
+    own names are the forward's (x): Triton's rule, which docs/pytorch.md promises; an
+    ONNX model's tensors stay bound by name."""
+    text = ('platform: "{platform}"\nmax_batch_size: 8\n'
+            'input [ {{ name: "INPUT__0" data_type: TYPE_FP32 dims: [16] }} ]\n'
+            'output [ {{ name: "OUTPUT__0" data_type: TYPE_FP32 dims: [4] }} ]\n')
+    exported = parse_text(text.format(platform="torch_export"))
+    cfg = complete(exported, [X], [Y])
+    assert [t.name for t in cfg.inputs] == ["INPUT__0"] and cfg.outputs[0].name == "OUTPUT__0"
+    wrong = parse_text(text.format(platform="torch_export").replace("dims: [16]", "dims: [15]"))
+    with pytest.raises(ConfigError, match="input"):  # bound by position, still checked
+        complete(wrong, [X], [Y])
+    onnx = parse_text(text.format(platform="onnxruntime_onnx"))
+    with pytest.raises(ConfigError, match=r"'INPUT__0' is not an input of the model "
+                                          r"\(it has: x"):
+        complete(onnx, [X], [Y])

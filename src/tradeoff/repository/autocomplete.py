@@ -5,16 +5,19 @@
   model can batch, so ``max_batch_size`` becomes the server's default (4) and, when that
   is above 1 and no scheduler is configured, ``dynamic_batching {}`` is turned on.
 * Inputs/outputs the config does give are checked against the model: names, datatypes
-  and fixed dimensions must agree.
+  and fixed dimensions must agree. A PyTorch model's may be named ``<anything>__<i>``,
+  its i-th input or output (Triton's rule for TorchScript and exported programs).
 """
 
 from __future__ import annotations
+
+import re
 
 from tradeoff.backends.base import TensorSpec
 from tradeoff.errors import ConfigError
 from tradeoff.repository.config import DynamicBatching, ModelConfig, TensorConfig
 
-__all__ = ["autocomplete"]
+__all__ = ["POSITIONAL_PLATFORMS", "autocomplete"]
 
 
 def _can_batch(specs: list[TensorSpec]) -> bool:
@@ -40,6 +43,25 @@ def _check(declared: TensorConfig, spec: TensorSpec, batch_dim: bool, source: st
         if m != -1 and d != -1 and d != m:
             raise ConfigError(source, f"{where}.{dims_field}[{i}]",
                               f"{d} does not match the model's fixed size {m}")
+
+
+_INDEXED = re.compile(r"^.*__(\d+)$")
+POSITIONAL_PLATFORMS = ("pytorch_libtorch", "torch_export")
+
+
+def _positions(config: ModelConfig, declared: tuple[TensorConfig, ...],
+               specs: list[TensorSpec]) -> list[int] | None:
+    """Triton's PyTorch rule: where every name of the config's inputs (or outputs) is
+    ``<anything>__<i>`` and none is the model's own name, the i-th of the model's; else
+    None (bound by name)."""
+    if config.platform not in POSITIONAL_PLATFORMS or not declared:
+        return None
+    own = {s.name for s in specs}
+    found = [_INDEXED.match(t.name) for t in declared]
+    if not all(found) or any(t.name in own for t in declared):
+        return None
+    places = [int(m.group(1)) for m in found if m]
+    return places if all(p < len(specs) for p in places) else None
 
 
 def autocomplete(config: ModelConfig, declared: tuple[list[TensorSpec], list[TensorSpec]] | None,
@@ -75,18 +97,23 @@ def autocomplete(config: ModelConfig, declared: tuple[list[TensorSpec], list[Ten
             return tuple(TensorConfig(s.name, s.datatype,
                                       tuple(s.shape[1:] if batch_dim else s.shape))
                          for s in specs)
+        places = _positions(config, declared, specs)
         for i, t in enumerate(declared):
-            spec = by_name.get(t.name)
+            spec = specs[places[i]] if places is not None else by_name.get(t.name)
             if spec is None:
                 raise ConfigError(source, f"{kind}[{i}].name",
-                                  f"{t.name!r} is not a {kind} of the model "
-                                  f"(it has: {', '.join(sorted(by_name))})")
+                                  f"{t.name!r} is not an {kind} of the model "
+                                  f"(it has: {', '.join(sorted(by_name))}; a PyTorch model "
+                                  f"also binds {kind.upper()}__0, {kind.upper()}__1, ... "
+                                  "by position)")
             _check(t, spec, batch_dim, source, f"{kind}[{i}]")
         return declared
 
     new_inputs = complete(config.inputs, inputs, "input")
     new_outputs = complete(config.outputs, outputs, "output")
-    declared_names = {t.name for t in new_inputs}
+    places = _positions(config, new_inputs, inputs)
+    declared_names = {inputs[p].name for p in places} if places is not None else \
+        {t.name for t in new_inputs}
     missing = [s.name for s in inputs if s.name not in declared_names]
     if missing:
         raise ConfigError(source, "input", f"the model needs inputs {missing} that the config "
