@@ -81,6 +81,9 @@ class ModelManager(ModelCatalog):
                 entry.state = ModelState.LOADING
             try:
                 kind = self.repository.kind(name)
+                if kind == GENERATIVE:  # weights, tokenizer and KV cache: seconds to minutes
+                    log.info("model %s: loading (a generative model: weights, tokenizer, "
+                             "KV cache)", name)
                 if kind == ROUTER:
                     versions = self._load_router(name, config_override)
                 elif kind == GENERATIVE:
