@@ -4,6 +4,7 @@ shared flags (durations with units, one set of defaults) through the real entry 
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -32,6 +33,14 @@ def test_demo_sweeps_both_models_and_writes_the_report(tmp_path: Path) -> None:
     assert f"report: {report}" in text
     for heading in ("latency baseline", "side by side", "diagnosis", "cost under a p99 SLA"):
         assert heading in text
+    # the sections are numbered in the order they print, each number once
+    numbers = [int(n) for n in re.findall(
+        r"\b(\d+)\. (?:serving|latency baseline at|sweeping|side by side|diagnosis|cost "
+        r"under|generative models|continuous batching|quantization)", text)]
+    assert numbers == list(range(1, len(numbers) + 1)), numbers
+    # its load generator shares the machine by design: a client-bound point is a warning
+    assert not any("critical" in line and "client" in line.lower()
+                   for line in run.stdout.splitlines())
     for model in ("mlp", "mlp_nobatch"):
         sweep = json.loads((out / f"sweep-{model}.json").read_text())
         assert sweep["schema"] == "tradeoff.sweep/1"
