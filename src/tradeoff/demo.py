@@ -26,7 +26,6 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 from rich.panel import Panel
-from rich.table import Table
 
 from tradeoff.analysis.compare import compare_results
 from tradeoff.analysis.diagnose import SEVERITY_ORDER, Finding, diagnose
@@ -49,6 +48,7 @@ from tradeoff.optimize import OptimizePlan, Variant, optimize_model
 from tradeoff.report import plots
 from tradeoff.report.html import write_report
 from tradeoff.report.terminal import (
+    FoldingTable,
     print_compare,
     print_findings,
     print_optimize,
@@ -234,7 +234,7 @@ def _generative_demo(url: str, names: tuple[str, ...], console: Console,
     Returns the answers and the two bench results."""
     host, port, _ = split_url(url)
     number = next(step)
-    table = Table(title=f"{number}. generative models, OpenAI-compatible API: {QUESTION!r}")
+    table = FoldingTable(title=f"{number}. generative models, OpenAI-compatible API: {QUESTION!r}")
     for column in ("model", "answer", "TTFT ms", "tokens", "tokens/s"):
         table.add_column(column, justify="left" if column in ("model", "answer") else "right")
     answers = {}
@@ -264,7 +264,7 @@ def _generative_demo(url: str, names: tuple[str, ...], console: Console,
             result, _, _ = run_benchmark(adapter, LoadSpec(concurrency=streams,
                                                            requests=streams))
         results.append(result.named(f"{model}, {streams} at once"))
-    table = Table(title=f"{number}. continuous batching: {model}, 32 tokens per answer "
+    table = FoldingTable(title=f"{number}. continuous batching: {model}, 32 tokens per answer "
                         "(tradeoff bench --protocol openai)")
     for column in ("streams at once", "tokens/s", "TTFT p50 ms", "TPOT p50 ms"):
         table.add_column(column, justify="right")

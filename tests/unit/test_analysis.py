@@ -355,3 +355,20 @@ def test_a_sweep_says_which_points_the_load_generator_held_back() -> None:
     quiet = Console(record=True, width=140)
     print_sweep(sweep_result([bench_result(load=1), bench_result(load=2)]), quiet)
     assert "client" not in quiet.export_text()
+
+
+def test_tables_wrap_their_cells_in_a_narrow_terminal_or_a_file() -> None:
+    """On a narrow terminal, or output to a file, a cell goes on over lines; it never
+    ends in an ellipsis (the plan's table showed `8…` and `(…`)."""
+    import io
+
+    from rich.console import Console
+
+    from tradeoff.report.terminal import print_sweep
+
+    points = [bench_result(load=c, throughput=t * 1000.0, p50=1234.5678, p99=98765.4321)
+              for c, t in ((16, 1), (32, 2), (64, 3))]
+    out = io.StringIO()
+    print_sweep(sweep_result(points), Console(file=out, width=40))
+    text = out.getvalue()
+    assert "…" not in text and "987" in text and "65." in text  # folded, every digit kept

@@ -28,8 +28,18 @@ if TYPE_CHECKING:  # for hints only: soak prints tables while it measures, and i
     # prometheus_client's parser then would cost a measured window its p99
     from tradeoff.bench.scrape import GenerationRow, ModelRow
 
+class FoldingTable(Table):
+    """A rich table whose cells wrap, never cut: on 80 columns or into a file, a number
+    too wide for its column goes on over lines instead of ending in an ellipsis."""
+
+    def add_column(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("overflow", "fold")
+        super().add_column(*args, **kwargs)
+
+
 __all__ = [
     "SEVERITY_STYLE",
+    "FoldingTable",
     "accuracy_cell",
     "live_view",
     "print_batch_size_tune",
@@ -74,7 +84,7 @@ def _class_table(result: BenchResult, console: Console) -> None:
     classes = result.classes or []
     total = sum(c.weight for c in classes)
     generated = any(c.ttft_ms is not None for c in classes)
-    table = Table(title="by request class")
+    table = FoldingTable(title="by request class")
     for column in ("class", "share", "requests", "req/s", "p50 ms", "p99 ms", "p999 ms",
                    *(("TTFT p50 / p99 ms", "TPOT p50 / p99 ms") if generated else ()),
                    "errors"):
@@ -102,7 +112,7 @@ def print_bench_result(result: BenchResult, console: Console) -> None:
         offered = f"{_t(load['arrival'])} arrivals at {load['rate']:g}/s"
     else:
         offered = f"trace of {_t(load['intervals'])} requests"
-    table = Table(title=f"{_t(what)} ({_t(endpoint['protocol'])}), {offered}")
+    table = FoldingTable(title=f"{_t(what)} ({_t(endpoint['protocol'])}), {offered}")
     table.add_column("metric")
     table.add_column("value", justify="right")
     table.add_row("requests (errors)", f"{s.requests:,} ({s.errors:,})")
@@ -203,7 +213,7 @@ def print_sweep(sweep: SweepResult, console: Console) -> None:
 
     knee = sweep.knee
     mode = _t(sweep.mode)  # shown only: a column's header and the lines below
-    table = Table(title=f"{_t(sweep.label)}: sweep over {mode}")
+    table = FoldingTable(title=f"{_t(sweep.label)}: sweep over {mode}")
     priced = any(row.cost_per_million is not None for row in sweep.rows)
     generated = any(row.tokens for row in sweep.rows)
     columns = ([mode, "req/s", "tok/s", "TTFT p50", "TTFT p99", "TPOT p99", "p99 ms",
@@ -277,7 +287,7 @@ def _ratio_cell(value: Ratio | None) -> str:
 
 def print_compare(compare: CompareResult, console: Console) -> None:
     """Side by side: figures, ratios to the baseline with 95% intervals, fairness, cost."""
-    table = Table(title=f"Comparison: baseline {_t(compare.baseline)}, "
+    table = FoldingTable(title=f"Comparison: baseline {_t(compare.baseline)}, "
                         + (f"{compare.rounds} interleaved round(s) each"
                            if compare.fairness.interleaved else "from result files"))
     for column in ("endpoint", "req/s", "x base", "p50 ms", "p99 ms", "x base", "errors"):
@@ -293,7 +303,7 @@ def print_compare(compare: CompareResult, console: Console) -> None:
                       f"{s.errors:,}")
     console.print(table)
     if all("output_tokens_per_s" in r.metrics for r in compare.ratios):
-        tokens = Table(title="Generations (x base: ratio to the baseline)")
+        tokens = FoldingTable(title="Generations (x base: ratio to the baseline)")
         tokens.caption = "TTFT p50 and its ratio: in the JSON and the HTML report"
         for column in ("endpoint", "tok/s", "x base", "TTFT p99", "x base", "TPOT p50",
                        "x base"):
@@ -306,7 +316,7 @@ def print_compare(compare: CompareResult, console: Console) -> None:
                            _ms(ttft.get("p99")), _ratio_cell(r["ttft_p99"]),
                            _ms(tpot.get("p50")), _ratio_cell(r["tpot_p50"]))
         console.print(tokens)
-    profiles = Table(title="Endpoint profiles (unknown: not revealed, not given)")
+    profiles = FoldingTable(title="Endpoint profiles (unknown: not revealed, not given)")
     profiles.add_column("")
     for entry in compare.endpoints:
         profiles.add_column(_t(entry.name))
@@ -328,7 +338,7 @@ def print_ranking(ranking: list[dict[str, Any]], score: dict[str, Any],
     """Cost per million requests and the cost-performance score."""
     basis = next((c["score_basis"] for c in ranking if c.get("score_basis")),
                  "requests per dollar")
-    table = Table(title=f"Cost and score ({score['alpha']:g} x {_t(basis)} + "
+    table = FoldingTable(title=f"Cost and score ({score['alpha']:g} x {_t(basis)} + "
                         f"{1 - score['alpha']:g} x 1/p99, each relative to the best)"
                         + (f", SLA p99 <= {score['sla_p99_ms']:g} ms"
                            if score.get("sla_p99_ms") else ""))
@@ -353,7 +363,7 @@ def print_findings(findings: list[Any], console: Console) -> None:
     if not findings:
         console.print("[green]no findings[/]: none of the rules matched")
         return
-    table = Table(title="Diagnosis", show_lines=True)
+    table = FoldingTable(title="Diagnosis", show_lines=True)
     for column in ("severity", "subject", "finding", "what to do"):
         table.add_column(column)
     for f in findings:
@@ -380,7 +390,7 @@ def soak_memory_text(memory: dict[str, Any], flagged: bool) -> str:
 
 def print_soak(soak: SoakResult, console: Console) -> None:
     """The soak's windows and its verdict."""
-    table = Table(title=f"Soak at {soak.rate_rps:,.1f} req/s "
+    table = FoldingTable(title=f"Soak at {soak.rate_rps:,.1f} req/s "
                         f"({soak.plan['fraction']:.0%} of {soak.max_rate['rps']:,.1f}, "
                         f"{_t(soak.max_rate['source'])})")
     for column in ("window", "req/s", "p50 ms", "p99 ms", "errors"):
@@ -431,7 +441,7 @@ def print_optimize(result: OptimizeResult, console: Console) -> None:
     env = result.environment
     runtime = f"onnxruntime {_t(env['onnxruntime'])}" if "onnxruntime" in env else \
         f"torch {_t(env.get('torch', '?'))}"
-    table = Table(title=f"{_t(result.model)}: versions in process "
+    table = FoldingTable(title=f"{_t(result.model)}: versions in process "
                         f"({_t(env.get('intra_op_threads', 1))} thread, {runtime})",
                   box=box.SIMPLE_HEAD)
     for column in ("v", "precision", "MB", "batch 1 p50 ms", "best throughput", "accuracy"):
@@ -463,7 +473,7 @@ def _mb(value: float | None) -> str:
 def print_batch_size_tune(result: BatchSizeTune, console: Console) -> None:
     """The doubling search: each batch size, the knee, the recommendation and why."""
     plan = result.plan
-    table = Table(title=f"{_t(result.model)}: batch size in process ({_t(result.device)}, "
+    table = FoldingTable(title=f"{_t(result.model)}: batch size in process ({_t(result.device)}, "
                         f"{_t(plan.get('intra_op_threads', 1))} thread(s))",
                   box=box.SIMPLE_HEAD)
     for column in ("batch", "samples/s", "batch p50 ms", "batch p99 ms", "ms/sample",
@@ -512,7 +522,7 @@ def print_serve_tune(result: ServeTune, console: Console) -> None:
     goal = result.goal
     asked = (f"at {goal['rate']:g} req/s" if goal["rate"] is not None
              else "highest throughput")
-    table = Table(title=f"{_t(result.model)}: serving configs tried ({asked}, p99 <= "
+    table = FoldingTable(title=f"{_t(result.model)}: serving configs tried ({asked}, p99 <= "
                         f"{goal['sla_p99_ms']:g} ms)", box=box.SIMPLE_HEAD)
     for column in ("configuration", "req/s", "p50 ms", "p99 ms", "errors", "$/1M", ""):
         table.add_column(column, justify="left" if column in ("configuration", "")
@@ -619,7 +629,7 @@ def print_plan(result: PlanResult, console: Console) -> None:
                       f"{c['server_cpu_ms_per_request']:.3f} ms beside the model; latency "
                       f"the simulation leaves out (client, wire) {c['wire_p50_ms']:.2f} ms at "
                       f"p50, {c['wire_p99_ms']:.2f} ms at p99, at {c['rate_rps']:,.0f} req/s")
-    versions = Table(title="versions weighed (tradeoff optimize)" + (
+    versions = FoldingTable(title="versions weighed (tradeoff optimize)" + (
         ": a decode step by sequences" if generative else ""), box=box.SIMPLE_HEAD)
     for column in ("v", "precision", "perplexity" if generative else "lost",
                    "batch 1 ms", "largest ms", ""):
@@ -632,7 +642,7 @@ def print_plan(result: PlanResult, console: Console) -> None:
                          f"{_ms(v.batch_ms[largest])} @{largest}",
                          _t(v.why) if v.kept else f"[yellow]left out: {_t(v.why)}[/yellow]")
     console.print(versions)
-    table = Table(title="deployments predicted: version, s max_num_seqs, t "
+    table = FoldingTable(title="deployments predicted: version, s max_num_seqs, t "
                         "max_num_batched_tokens, pc prefix caching, prio priority by class"
                   if generative else
                   "deployments predicted: version, b max batch, d queue delay (us), "
@@ -656,7 +666,7 @@ def print_plan(result: PlanResult, console: Console) -> None:
         mark = "[green]taken[/green]" if lever.taken else "left"
         console.print(f"  {_t(lever.lever)}: {mark}: {_t(lever.why)}")
     if result.proof:
-        proof = Table(title="replayed side by side (measured, predicted in brackets)",
+        proof = FoldingTable(title="replayed side by side (measured, predicted in brackets)",
                       box=box.SIMPLE_HEAD)
         for column in (("", "TTFT p99", "TPOT p99", "prefix hits", "tokens/s", "goodput/s",
                         "errors", "SLA") if generative
@@ -716,7 +726,7 @@ def live_view(models: list[ModelRow], generations: list[GenerationRow], source: 
     """``tradeoff top``'s screen: one row per model over the last interval (``seconds``)
     or a PromQL ``window``."""
     span = f"last {seconds:.1f} s" if seconds is not None else f"rates over {_t(window)}"
-    table = Table(title=f"{_t(source)}: {span}", box=box.SIMPLE_HEAD, pad_edge=False,
+    table = FoldingTable(title=f"{_t(source)}: {span}", box=box.SIMPLE_HEAD, pad_edge=False,
                   collapse_padding=True)
     for column in ("model", "v", "req/s", "p50 ms", "p99 ms", "queue", "inflight",
                    "exec/s", "batch", "fail/s"):
@@ -731,7 +741,7 @@ def live_view(models: list[ModelRow], generations: list[GenerationRow], source: 
                       else "0")
     parts: list[Any] = [table]
     if generations:
-        tokens = Table(title="generations", box=box.SIMPLE_HEAD, pad_edge=False,
+        tokens = FoldingTable(title="generations", box=box.SIMPLE_HEAD, pad_edge=False,
                   collapse_padding=True)
         for column in ("model", "tokens/s", "req/s", "running", "waiting", "KV used",
                        "TTFT p50 ms", "TTFT p99 ms"):
