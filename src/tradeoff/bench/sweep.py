@@ -189,7 +189,8 @@ def first_unserved(points: list[BenchResult]) -> SweepRow | None:
     SERVED_SHARE of the requests sent in the measurement (judged from JUDGED_REQUESTS
     sent: fewer end too close to the window's edge); None for a concurrency sweep, or
     when every rate was served."""
-    if not points or any(p.load.get("mode") == "closed" for p in points):
+    if not points or any(p.load.get("mode") != "open" or p.load.get("rate") is None
+                         for p in points):
         return None
     for point in sorted(points, key=lambda p: point_summary(p).load):
         s = point.summary
