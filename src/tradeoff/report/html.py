@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import html
 import re
+from collections import Counter
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -33,6 +34,7 @@ from tradeoff.results import (
     ResultDocument,
     ServeTune,
     SoakResult,
+    Summary,
     SweepResult,
 )
 from tradeoff.version import __version__
@@ -134,6 +136,28 @@ class Report:
 
     def add(self, title: str, body: str) -> None:
         self.sections.append(f"<section><h2>{_e(title)}</h2>{body}</section>")
+
+
+def _told_apart(named: list[tuple[str, BenchResult]]) -> list[tuple[str, Summary]]:
+    """Each curve named once: a name several results share (a bench and a comparison's
+    endpoint of one model) gets each one's load beside it, and a number if that is
+    shared too."""
+    def at(result: BenchResult) -> str:
+        load = point_summary(result).load
+        return f"concurrency {load:g}" if result.load.get("mode") == "closed" else \
+            f"{load:g} req/s"
+
+    counts = Counter(name for name, _ in named)
+    shown = [f"{name} at {at(result)}" if counts[name] > 1 else name
+             for name, result in named]
+    again = Counter(shown)
+    seen: Counter[str] = Counter()
+    out = []
+    for name, (_, result) in zip(shown, named, strict=True):
+        seen[name] += 1
+        out.append((f"{name} ({seen[name]} of {again[name]})" if again[name] > 1 else name,
+                    result.summary))
+    return out
 
 
 def _sweep_section(report: Report, sweeps: list[SweepResult]) -> None:
@@ -470,13 +494,13 @@ def build_report(documents: Sequence[ResultDocument], png_dir: Path | None = Non
         _sweep_section(report, sweeps)
     for compare in compares:
         _compare_section(report, compare)
-    named = [(b.label, b.summary) for b in benches]
-    named += [(e.name, e.result.summary) for c in compares for e in c.endpoints]
+    named = [(b.label, b) for b in benches]
+    named += [(e.name, e.result) for c in compares for e in c.endpoints]
     for sweep in sweeps:
         point = sweep.point_at(sweep.knee.load) if sweep.knee else None
         if point:
-            named.append((f"{sweep.label} at knee", point.summary))
-    latencies = [(n, summary) for n, summary in named if summary.latency_ms]
+            named.append((f"{sweep.label} at knee", point))
+    latencies = _told_apart([(n, result) for n, result in named if result.summary.latency_ms])
     if benches:
         rows = [[_e(b.label), _e(b.load["mode"]), _num(p.load),
                  _num(p.throughput_rps, 1), _num(p.p50_ms), _num(p.p99_ms),

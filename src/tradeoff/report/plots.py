@@ -276,6 +276,12 @@ def plan_front(result: PlanResult) -> Figure:
     _sla_line(axes, result.goal.get("sla_p99_ms"))
     priced = any(c.cost_per_million is not None for c in result.candidates)
     axes.set_yscale("log")
+    if not priced:  # whole cores: integer ticks, and room around a single one
+        cores = [c.cost for c in result.candidates] + [result.baseline.cost]
+        from matplotlib.ticker import MaxNLocator
+
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+        axes.set_xlim(min(cores) - 0.5, max(cores) + 0.5)
     axes.set_xlabel("cost per 1M requests" if priced else "cores")
     axes.set_ylabel("p99 latency (ms)")
     axes.set_title(label(f"{result.model}: deployments for "
@@ -309,20 +315,39 @@ def latency_cdf(named: list[tuple[str, Summary]]) -> Figure:
     return figure
 
 
+WIDE_RANGE = 20.0  # values this many times apart on one axis: a log scale shows both
+
+
+def _spread(values: list[float | None]) -> float:
+    """The largest over the smallest positive value (1 when fewer than two)."""
+    positive = [v for v in values if v is not None and v > 0 and math.isfinite(v)]
+    return max(positive) / min(positive) if len(positive) > 1 else 1.0
+
+
 def over_the_run(named: list[tuple[str, Summary]]) -> Figure:
     """Throughput (top) and p50/p99 latency (bottom) over each run's measurement, from
-    its requests (``Summary.timeline``)."""
+    its requests (``Summary.timeline``); a generation's latency is its whole answer's.
+    Runs far apart (a 0.6 ms model beside a 5 s answer) share log axes."""
     figure, (top, bottom) = _pyplot().subplots(2, 1, figsize=(6.4, 4.6), sharex=True,
                                                layout="constrained")
+    rates: list[float | None] = []
+    latencies: list[float | None] = []
     for color, (name, summary) in zip(cycle(COLORS), named):
         line = summary.timeline or {}
         bin_s = line.get("bin_s", 1.0)
         ends = [bin_s * (i + 1) for i in range(len(line.get("throughput_rps", [])))]
         top.plot(ends, line["throughput_rps"], "-", color=color, label=label(name))
+        rates += line["throughput_rps"]
+        whole = " (whole answer)" if summary.generation else ""
         for key, style in (("p50_ms", "-"), ("p99_ms", "--")):
             values = [float("nan") if v is None else v for v in line[key]]
+            latencies += line[key]
             bottom.plot(ends, values, style, color=color,
-                        label=label(f"{name} {key.removesuffix('_ms')}"))
+                        label=label(f"{name} {key.removesuffix('_ms')}{whole}"))
+    for axes, values in ((top, rates), (bottom, latencies)):
+        if _spread(values) > WIDE_RANGE:
+            axes.set_yscale("log")
+            _plain_log_axis(axes)
     top.set_ylabel("req/s")
     top.set_title("Over the run (each point: the requests that ended in its bin)")
     top.legend()
