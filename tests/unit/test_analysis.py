@@ -372,3 +372,40 @@ def test_tables_wrap_their_cells_in_a_narrow_terminal_or_a_file() -> None:
     print_sweep(sweep_result(points), Console(file=out, width=40))
     text = out.getvalue()
     assert "…" not in text and "987" in text and "65." in text  # folded, every digit kept
+
+
+def test_the_plan_command_says_when_its_replay_is_far_from_its_prediction(
+        monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """The machine's load moving between calibration and replay (here: a plan result as
+    make_plan returns one) is said in one line, with both figures, and a missed SLA
+    exits 3."""
+    from click.testing import CliRunner
+
+    from tradeoff.cli import main
+    from tradeoff.plan import planner
+    from tradeoff.results import PlanCandidate, PlanResult, Prediction, Replayed
+
+    predicted = Prediction(1.0, 2.9, 1.0, 0.0, 0.5)
+    start = PlanCandidate("start", 1, "fp32", 0.0, {}, 0, 1, predicted, None, False, 0)
+    proof = [Replayed("start", "baseline", 2.0, 9.0, 100.0, 0.0, None, None, predicted,
+                      False, None),
+             Replayed("start", "plan", 1.0, 7.0, 100.0, 0.0, None, None, predicted, False,
+                      None)]
+    from tradeoff.plan.search import Calibration
+    from tradeoff.plan.traffic import Traffic
+    from tradeoff.tune.goal import Goal
+
+    result = PlanResult("m", str(tmp_path), None,
+                        Goal(sla_p99_ms=5.0, max_drop=0.01).plan_dict(),
+                        Traffic.law(10).describe(), {},
+                        Calibration(0.1, 0.2, 0.4, 10.0).to_dict(), [], start, [start],
+                        None, [], proof, "the plan misses", "done", 1.0)
+    monkeypatch.setattr(planner, "make_plan", lambda request, say: result)
+    model = tmp_path / "m"
+    (model / "1").mkdir(parents=True)
+    run = CliRunner().invoke(main, ["plan", str(model), "--sla-p99-ms", "5", "--rate", "10",
+                                    "-o", str(tmp_path / "out")])
+    text = " ".join(run.output.split())
+    assert run.exit_code == 3, run.output
+    assert "the replayed p99 is 2.4x the predicted one (7.00 against 2.90 ms)" in text
+    assert "no deployment met the SLA on replay" in text

@@ -140,6 +140,7 @@ def plan(model_dir: Path, sla_p99_ms: float | None, sla_ttft_ms: float | None,
     """
     from rich.console import Console
 
+    from tradeoff.analysis.diagnose import diagnose_plan
     from tradeoff.optimize import Variant
     from tradeoff.plan.planner import PlanRequest, make_plan
     from tradeoff.plan.traffic import Traffic
@@ -215,6 +216,11 @@ def plan(model_dir: Path, sla_p99_ms: float | None, sla_ttft_ms: float | None,
         if server_cpus is not None:
             os.sched_setaffinity(0, set(available))
     print_plan(result, console)
+    for finding in diagnose_plan(result):
+        if finding.rule == "plan_prediction_off":  # the calibration and replay disagree
+            console.print(f"[yellow]{finding.title}[/] ("
+                          f"{finding.evidence['replayed_p99_ms']:.2f} against "
+                          f"{finding.evidence['predicted_p99_ms']:.2f} ms): {finding.action}")
     save_result(result, json_path, console, "plan")
     if not (result.proof and result.proof[-1].meets_sla):  # a verdict, as soak's 3 is
         console.print("[red]no deployment met the SLA on replay[/red]: "
