@@ -76,6 +76,7 @@ __all__ = [
     "Prediction",
     "Ratio",
     "Ratios",
+    "Recommendation",
     "Replayed",
     "ResultDocument",
     "RowTokens",
@@ -714,6 +715,23 @@ class Trial(Record):
 
 
 @dataclass(frozen=True)
+class Recommendation(Record):
+    """The rate ``tune serve`` recommends for its winner (max throughput): the lowest of
+    its measurements less a headroom for the spread between them, replayed there."""
+
+    rate_rps: float
+    headroom: float  # the share taken off the lowest measured rate
+    spread: float | None  # (highest - lowest) / median of the winner's measured rates
+    measurements: int
+    replay_p99_ms: float | None
+    replay_error_percent: float | None
+    holds: bool | None  # the replay met the SLA; None: not replayed (no time left)
+
+
+_OMITTED_WHEN_NONE = written(omit_none=True)  # ServeTune has a field named `written`
+
+
+@dataclass(frozen=True)
 class ServeTune(Record):
     """``tradeoff tune serve``: every configuration tried, the Pareto front, the winner."""
 
@@ -728,6 +746,7 @@ class ServeTune(Record):
     elapsed_s: float
     grid_size: int
     written: str | None  # where the winner's config.pbtxt went
+    recommended: Recommendation | None = field(default=None, metadata=_OMITTED_WHEN_NONE)
     schema = TUNE_SCHEMA
     search = "serve"
 

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from tradeoff.cli import main
 from tradeoff.results import ServeTune, load_result
 from tradeoff.server.process import ServerProcess
+from tradeoff.tune.serve_search import MAX_HEADROOM, MIN_HEADROOM
 
 from ..synthetic_model import write_synthetic_model
 from .helpers import (
@@ -159,3 +160,32 @@ def test_tune_serve_mistakes_are_one_line(server: ServerProcess, args: list[str]
                                           says: str) -> None:
     run = CliRunner().invoke(main, ["tune", "serve", server.url, "--sla-p99-ms", "20", *args])
     assert run.exit_code != 0 and says in run.output and "Traceback" not in run.output
+
+
+@pytest.mark.slow
+def test_the_recommended_rate_keeps_headroom_and_is_replayed(server: ServerProcess,
+                                                             tmp_path: Path) -> None:
+    """--max-throughput: the rate recommended is the winner's lowest measured rate less
+    the spread between its measurements, and the winner is replayed there before the
+    server gets its own config back."""
+    before = config(server)
+    out = tmp_path / "tune.json"
+    run = CliRunner().invoke(main, [
+        "tune", "serve", server.url, "--model", "synthetic", "--sla-p99-ms", "1000",
+        "--max-throughput", "--duration", "0.4s", "--warmup", "0.1s", "--delays-us", "0",
+        "--threads", "1", "--instances", "1", "--max-batch-sizes", "4,8",
+        "--preferred", "off", "--budget", "3m", "--json", str(out)])
+    assert run.exit_code == 0, run.output
+    result = load_result(out)
+    assert isinstance(result, ServeTune)
+    winner = result.trial(result.winner)
+    r = result.recommended
+    assert winner is not None and r is not None, run.output
+    rates = [m["throughput_rps"] for m in winner.measurements]
+    assert r.measurements == len(rates) >= 2 and r.spread is not None
+    assert MIN_HEADROOM <= r.headroom <= MAX_HEADROOM
+    assert r.rate_rps == pytest.approx(min(rates) * (1 - r.headroom), rel=1e-6) or \
+        r.rate_rps < min(rates) * (1 - r.headroom)  # lowered once after a missed replay
+    assert r.holds is True and r.replay_p99_ms is not None and r.replay_p99_ms <= 1000
+    assert "recommended rate" in " ".join(run.output.split())
+    assert config(server) == before

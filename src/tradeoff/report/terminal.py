@@ -561,6 +561,19 @@ def print_serve_tune(result: ServeTune, console: Console) -> None:
         gain = f" ({winner.throughput_rps / baseline.throughput_rps:.2f}x the server's config)"
     console.print(f"winner: [bold]{_t(winner.name)}[/bold]: {winner.throughput_rps or 0:,.1f} "
                   f"req/s at p99 {_ms(winner.p99_ms)} ms{gain}")
+    r = result.recommended
+    if r is not None:
+        spread = (f"the spread of its {r.measurements} measurements, {r.spread:.0%}"
+                  if r.spread is not None else "one measurement: a default")
+        replay = ("not replayed: the budget left no time" if r.holds is None else
+                  f"replayed there: p99 {_ms(r.replay_p99_ms)} ms, errors "
+                  f"{r.replay_error_percent or 0:.1f}%, "
+                  + ("[green]holds the SLA[/green]" if r.holds else
+                     "[red]misses the SLA[/red]: the machine's noise is larger than "
+                     "measured; run lower"))
+        console.print(f"recommended rate: [bold]{r.rate_rps:,.1f} req/s[/bold], "
+                      f"{r.headroom:.0%} below its lowest measured rate for {spread}; "
+                      f"{replay}")
     console.print("what this optimises: served throughput (or the cost at the asked rate) "
                   "with p99 under the SLA, batching, queueing and the network included; "
                   "`tune batch-size` measures the model alone in process, so its batch size "

@@ -50,14 +50,21 @@ from tradeoff.bench.session import run_benchmark
 from tradeoff.bench.sweep import Sweep, SweepPlan, point_summary
 from tradeoff.bench.v2 import ModelControl
 from tradeoff.errors import TuneError
-from tradeoff.results import ServeTune, SweepRow, Trial, environment
+from tradeoff.results import Recommendation, ServeTune, SweepRow, Trial, environment
 from tradeoff.stats.pareto import front
 from tradeoff.stats.progress import progress_text
 from tradeoff.tune.goal import Goal
 from tradeoff.tune.knobs import KNOBS, Knobs, Space
 from tradeoff.tune.marker import trial_marker, tune_marker
 
-__all__ = ["Progress", "ServeSearch", "pareto_front", "probe_concurrency"]
+__all__ = ["DEFAULT_HEADROOM", "MAX_HEADROOM", "MIN_HEADROOM", "Progress", "ServeSearch",
+           "pareto_front", "probe_concurrency"]
+
+# the share a recommended rate keeps below the winner's lowest measured one: the spread
+# between its measurements, within these bounds; after one measurement, the default
+MIN_HEADROOM = 0.05
+MAX_HEADROOM = 0.5
+DEFAULT_HEADROOM = 0.15
 
 Progress = Callable[[str], None]
 
@@ -86,6 +93,7 @@ class ServeSearch:
         self.trials: dict[Knobs, Trial] = {}
         self.rows: dict[Knobs, list[SweepRow]] = {}
         self.started = 0.0
+        self.recommended: Recommendation | None = None
         self.original: dict[str, Any] = {}
         self.marker: dict[str, Any] = {}
 
@@ -206,9 +214,50 @@ class ServeSearch:
             stop = self._grid(original) if self.goal.strategy == "grid" else \
                 self._coordinate(baseline, original)
             stop += self._confirm(baseline, original)
+            if self.goal.rate is None:
+                self.recommended = self._recommend(original)
         finally:
             self._restore(original)  # the server goes back to what it had
         return self._result(baseline, stop)
+
+    def _recommend(self, original: dict[str, Any]) -> Recommendation | None:
+        """The winner's rate to run at: the lowest of its measured SLA rates less a
+        headroom for the spread between them (DEFAULT_HEADROOM after one measurement,
+        at least MIN_HEADROOM), replayed there; lowered by the headroom once more if
+        that replay misses the SLA."""
+        measured = [k for k, t in self.trials.items() if t.status == "measured"]
+        winner = self._best(measured) if measured else None
+        trial = self.trials.get(winner) if winner is not None else None
+        if winner is None or trial is None or not trial.meets_sla:
+            return None
+        rates = [m["throughput_rps"] for m in trial.measurements if m.get("throughput_rps")]
+        if not rates:
+            return None
+        spread = (max(rates) - min(rates)) / float(np.median(rates)) if len(rates) > 1 \
+            else None
+        headroom = DEFAULT_HEADROOM if spread is None else \
+            min(max(spread, MIN_HEADROOM), MAX_HEADROOM)
+        rate = min(rates) * (1 - headroom)
+        replay: SweepRow | None = None
+        for _ in range(2):
+            if self._left() < self._typical_s() or self._apply(winner, original) is not None:
+                break
+            self.say(f"replaying the winner at the rate recommended: {rate:,.1f} req/s")
+            spec = dataclasses.replace(self.base, rate=rate, concurrency=None,
+                                       intervals=None)
+            replay = point_summary(run_benchmark(make_adapter(self.target), spec)[0])
+            if self._holds(replay):
+                break
+            rate *= 1 - headroom
+        return Recommendation(
+            rate if replay is None or self._holds(replay) else rate / (1 - headroom),
+            headroom, spread, len(rates), replay.p99_ms if replay else None,
+            replay.error_percent if replay else None,
+            self._holds(replay) if replay else None)
+
+    def _holds(self, row: SweepRow) -> bool:
+        return row.p99_ms is not None and row.p99_ms <= self.goal.sla_p99_ms and \
+            row.error_percent <= self.goal.max_error_percent
 
     def _apply(self, knobs: Knobs, original: dict[str, Any]) -> str | None:
         """Load ``knobs`` on the server, marked as a tune serve trial; the refusal or None."""
@@ -300,7 +349,8 @@ class ServeSearch:
             goal=self.goal.serve_dict(), environment=environment(), trials=trials,
             baseline=baseline.name, winner=winner.name if winner else None,
             stop_reason=stop, elapsed_s=self.clock() - self.started,
-            grid_size=len(self.space.grid()), written=None)
+            grid_size=len(self.space.grid()), written=None,
+            recommended=self.recommended)
 
 
 def probe_concurrency(knobs: Knobs) -> int:
