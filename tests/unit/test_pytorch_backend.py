@@ -193,7 +193,10 @@ def test_tune_batch_size_runs_through_the_pytorch_backend(repo: Path) -> None:
 
     result = tune_batch_size(repo / "pt", BatchSizePlan(seconds_per_batch=0.05, max_batch=16))
     assert result.recommended >= 1
-    assert [p.batch_size for p in result.points][:3] == [1, 2, 4]
+    # the search doubles from 1 (where it stops moves with the machine's load: beside
+    # the parallel tests, batch 2 once gained too little and the search stopped there)
+    doubling = [p.batch_size for p in result.points if p.role == "doubling"]
+    assert doubling[:2] == [1, 2] and doubling == [2 ** i for i in range(len(doubling))]
     assert all(p.error is None for p in result.points)
     assert result.memory.weights_bytes >= 0
 
