@@ -174,7 +174,8 @@ def test_the_recommended_rate_keeps_headroom_and_is_replayed(server: ServerProce
         "tune", "serve", server.url, "--model", "synthetic", "--sla-p99-ms", "1000",
         "--max-throughput", "--duration", "0.4s", "--warmup", "0.1s", "--delays-us", "0",
         "--threads", "1", "--instances", "1", "--max-batch-sizes", "4,8",
-        "--preferred", "off", "--budget", "3m", "--json", str(out)])
+        "--preferred", "off", "--budget", "3m", "--output", str(tmp_path / "out"),
+        "--json", str(out)])
     assert run.exit_code == 0, run.output
     result = load_result(out)
     assert isinstance(result, ServeTune)
