@@ -73,3 +73,20 @@ def test_segments_of_a_dead_server_are_removed_and_a_live_ones_kept(tmp_path: Pa
     assert remove_stale_segments(tmp_path) == [f"tradeoff-{uid}-{dead}-0-in"]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([
         f"tradeoff-{uid}-{os.getpid()}-0-in", f"tradeoff-{uid + 1}-{dead}-0-in", "other-file"])
+
+
+def test_a_request_whose_tensors_do_not_all_fit_holds_nothing() -> None:
+    from tradeoff.server.executor_messages import read_tensor, write_tensors
+
+    arena = SharedArena.create("unit", 4096)
+    try:
+        small, big = np.ones(16, np.float32), np.ones(2048, np.float32)  # 64 B, 8 KiB
+        words = np.array([b"a", "b"], dtype=object)  # BYTES go inline, not in the arena
+        assert write_tensors(arena, {"a": small, "w": words, "b": big}) is None
+        assert arena.used_bytes == 0  # the first one's block was given back
+        refs = write_tensors(arena, {"a": small, "w": words})
+        assert refs is not None and arena.used_bytes == 64
+        np.testing.assert_array_equal(read_tensor(arena, refs[0], copy=True), small)
+        assert read_tensor(arena, refs[1], copy=True).tolist() == [b"a", "b"]
+    finally:
+        arena.close()

@@ -65,15 +65,14 @@ UNKNOWN_TOKEN = -2
 
 @dataclass
 class Launch:
-    """A step under way: its plan, when it started, and the tokens it will choose
-    (sequence id -> token; None when the plan had no work). ``decodes``,
+    """A step under way: its plan and the tokens it will choose (sequence id -> token;
+    None when the plan had no work). ``decodes``,
     ``prompt_tokens`` and ``prefill`` count its work as planned; ``advanced``: the
     sequences already count its tokens as computed (the next step was scheduled on
     them), and ``ready`` holds each sequence it chooses a token for, with the place of
     that token in the sequence's output."""
 
     plan: StepPlan
-    started: float
     tokens: Future[dict[int, int]] | None
     decodes: int = 0
     prompt_tokens: int = 0
@@ -202,16 +201,15 @@ class GenerationEngine:
         output as UNKNOWN_TOKEN, and the worker writes the real ones into the next step's
         inputs when that step starts after it. A sequence that ends on that token
         computes one more, which is dropped."""
-        started = time.perf_counter()
         if running is not None:
             self._advance(running)
         self.scheduler.prefill_limit = self.pacer.limit()
         plan = self.scheduler.schedule()
         for seq in plan.preempted:  # its blocks are gone: its table row too
             self.table.release(seq.seq_id)
+        launch = Launch(plan, None)
         if not plan.work:
-            return Launch(plan, started, None)
-        launch = Launch(plan, started, None)
+            return launch
         for seq, n in plan.work:
             if seq.pending > 1:
                 launch.prompt_tokens += n

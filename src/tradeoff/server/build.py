@@ -23,7 +23,7 @@ from tradeoff.backends.base import Backend
 from tradeoff.backends.decoding import Decoder, Tokenizer
 from tradeoff.backends.faults import PARAMETERS as fault_parameters
 from tradeoff.backends.faults import FaultInjectingBackend, NaNLogitsDecoder, fault_values
-from tradeoff.errors import ConfigError, ModelLoadError
+from tradeoff.errors import ConfigError, InvalidValue, ModelLoadError, TradeoffError
 from tradeoff.generate.config import GenerativeConfig
 from tradeoff.generate.engine_client import EngineClient
 from tradeoff.generate.loader import load_generative
@@ -36,7 +36,7 @@ from tradeoff.server.router import RoutedModel
 from tradeoff.server.warmup import run_warmup
 
 __all__ = ["BuildLimits", "TensorInstances", "build_generative", "build_router",
-           "build_tensor", "clear_finished_frames", "load_engine_parts"]
+           "build_tensor", "clear_finished_frames", "load_engine_parts", "load_failure"]
 
 log = logging.getLogger("tradeoff.server")
 
@@ -180,6 +180,17 @@ def _signature(config: ModelConfig) -> Signature:
                            for t in config.inputs),
                      tuple((t.name, t.datatype, tuple(config.full_shape(t)))
                            for t in config.outputs))
+
+
+def load_failure(name: str, exc: Exception) -> Exception:
+    """What a failed load of ``name`` says: the project's own errors as they are (they
+    name their source), a bad value met deep down or a runtime's error with the model
+    named."""
+    if isinstance(exc, InvalidValue):
+        return ModelLoadError(f"model {name!r}: {exc}")
+    if isinstance(exc, TradeoffError):
+        return exc
+    return ModelLoadError(f"model {name!r}: {type(exc).__name__}: {exc}")
 
 
 def clear_finished_frames(error: BaseException) -> None:

@@ -25,7 +25,7 @@ __all__ = ["Answer", "Answered", "BatchRecord", "Cancel", "CancelLoad", "Drain",
            "FromExecutor", "Infer", "LoadFailed", "LoadModel", "Loaded", "ModelDied",
            "Release", "Released", "TensorRef", "ToExecutor", "Unload", "Unloaded",
            "decode_from_executor", "decode_to_executor", "encode", "read_tensor",
-           "write_tensor"]
+           "write_tensor", "write_tensors"]
 
 
 class TensorRef(msgspec.Struct, array_like=True, frozen=True):
@@ -44,6 +44,22 @@ def write_tensor(arena: SharedArena, name: str, array: np.ndarray) -> TensorRef 
         return TensorRef(name, "O", array.shape, items=array.ravel().tolist())
     start = arena.put(array)
     return None if start is None else TensorRef(name, array.dtype.str, array.shape, start)
+
+
+def write_tensors(arena: SharedArena, arrays: dict[str, np.ndarray]
+                  ) -> list[TensorRef] | None:
+    """Every array of a request or an answer copied into ``arena``; None (and nothing
+    held) when one does not fit."""
+    refs: list[TensorRef] = []
+    for name, array in arrays.items():
+        ref = write_tensor(arena, name, array)
+        if ref is None:
+            for written in refs:
+                if written.items is None:
+                    arena.free(written.start)
+            return None
+        refs.append(ref)
+    return refs
 
 
 def read_tensor(arena: SharedArena, ref: TensorRef, copy: bool) -> np.ndarray:

@@ -49,7 +49,7 @@ from tradeoff.scheduling.executor import ExecutorLoad
 from tradeoff.scheduling.priority import TensorPriority
 from tradeoff.scheduling.request import InferenceRequest, Timings
 from tradeoff.scheduling.stats import ModelStats
-from tradeoff.server.build import BuildLimits
+from tradeoff.server.build import BuildLimits, load_failure
 from tradeoff.server.executor_messages import (
     Answer,
     Answered,
@@ -66,14 +66,14 @@ from tradeoff.server.executor_messages import (
     ModelDied,
     Release,
     Released,
-    TensorRef,
     ToExecutor,
     Unload,
     Unloaded,
     decode_from_executor,
+    decode_to_executor,
     encode,
     read_tensor,
-    write_tensor,
+    write_tensors,
 )
 from tradeoff.server.shared_arena import SharedArena
 
@@ -169,8 +169,6 @@ class _Executor:
 
     def readable(self) -> None:
         """The pipe has data (the loop watches it): every whole message waiting."""
-        from tradeoff.server.executor_messages import decode_to_executor
-
         try:
             while self.conn.poll(0):
                 self.handle_all(decode_to_executor(self.conn.recv_bytes()))
@@ -220,11 +218,8 @@ class _Executor:
                 build_tensor, ModelRepository(Path(message.root)), message.name,
                 message.config_override, message.limits, cancel)
         except Exception as exc:  # said as the server says a failed load
-            text = str(exc) if isinstance(exc, errors.TradeoffError) and \
-                not isinstance(exc, errors.InvalidValue) else \
-                f"model {message.name!r}: {exc}" if isinstance(exc, errors.InvalidValue) else \
-                f"model {message.name!r}: {type(exc).__name__}: {exc}"
-            self.send(LoadFailed(message.load, type(exc).__name__, text))
+            self.send(LoadFailed(message.load, type(exc).__name__,
+                                 str(load_failure(message.name, exc))))
             return
         finally:
             del self.loads[message.load]
@@ -281,19 +276,13 @@ class _Executor:
         t, outputs = result
         timings = (t.queue_ns, t.compute_input_ns, t.compute_infer_ns, t.compute_output_ns,
                    t.batch_size)
-        refs: list[TensorRef] = []
-        for name, array in outputs.items():
-            ref = write_tensor(self.outputs, name, array)
-            if ref is None:
-                for written in refs:
-                    if written.items is None:
-                        self.outputs.free(written.start)
-                self.answer(model, Answer(request, timings, failure=Failure(
-                    "Unavailable", f"the executor's shared memory for answers is full "
-                                   f"({self.outputs.used_bytes} of {self.outputs.size} bytes "
-                                   "held): try again, or serve --executor-memory-mb larger")))
-                return
-            refs.append(ref)
+        refs = write_tensors(self.outputs, outputs)
+        if refs is None:
+            self.answer(model, Answer(request, timings, failure=Failure(
+                "Unavailable", f"the executor's shared memory for answers is full "
+                               f"({self.outputs.used_bytes} of {self.outputs.size} bytes "
+                               "held): try again, or serve --executor-memory-mb larger")))
+            return
         self.answer(model, Answer(request, timings, refs))
 
     def answer(self, model: int, answer: Answer) -> None:
@@ -601,19 +590,12 @@ class RemoteExecutor:
             raise Unavailable(f"model {self.name!r} is not accepting requests "
                               f"({self.state})")
         arena = self.process.inputs
-        refs: list[TensorRef] = []
-        for name, array in request.inputs.items():
-            ref = write_tensor(arena, name, array)
-            if ref is None:
-                for written in refs:
-                    if written.items is None:
-                        arena.free(written.start)
-                self.stats.record_failure(0, "REJECTED")
-                raise Unavailable(f"model {self.name!r}: the executor's shared memory for "
-                                  f"requests is full ({arena.used_bytes} of {arena.size} "
-                                  "bytes held): try again, or serve --executor-memory-mb "
-                                  "larger")
-            refs.append(ref)
+        refs = write_tensors(arena, request.inputs)
+        if refs is None:
+            self.stats.record_failure(0, "REJECTED")
+            raise Unavailable(f"model {self.name!r}: the executor's shared memory for "
+                              f"requests is full ({arena.used_bytes} of {arena.size} "
+                              "bytes held): try again, or serve --executor-memory-mb larger")
         number = next(self._numbers)
         self._pending[number] = (request, on_done,
                                  [r.start for r in refs if r.items is None])

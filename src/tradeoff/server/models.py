@@ -19,7 +19,7 @@ from collections.abc import Awaitable
 from typing import Any
 
 from tradeoff.backends.registry import GENERATIVE
-from tradeoff.errors import InvalidInput, InvalidValue, ModelLoadError, TradeoffError
+from tradeoff.errors import InvalidInput, TradeoffError
 from tradeoff.generate.engine_client import EngineClient
 from tradeoff.repository.config import ModelConfig
 from tradeoff.repository.repository import ROUTER, ROUTER_FILE, ModelRepository
@@ -31,6 +31,7 @@ from tradeoff.server.build import (
     build_router,
     build_tensor,
     clear_finished_frames,
+    load_failure,
 )
 from tradeoff.server.catalog import ModelCatalog, ModelEntry, ModelState, ModelVersion, Served
 from tradeoff.server.executor_process import ExecutorProcesses, RemoteExecutor, device_of
@@ -92,12 +93,7 @@ class ModelManager(ModelCatalog):
                     versions = await self._load_tensor(name, config_override, entry)
             except Exception as exc:  # whatever a runtime raises: this model alone fails
                 clear_finished_frames(exc)  # releases the failed build's sessions now
-                if isinstance(exc, InvalidValue):  # a bad value met deep down: name the model
-                    error: Exception = ModelLoadError(f"model {name!r}: {exc}")
-                elif isinstance(exc, TradeoffError):  # the project's errors name their source
-                    error = exc
-                else:
-                    error = ModelLoadError(f"model {name!r}: {type(exc).__name__}: {exc}")
+                error = load_failure(name, exc)
                 entry.reason = str(error)
                 if previous_state is not ModelState.READY:
                     entry.state = ModelState.UNAVAILABLE

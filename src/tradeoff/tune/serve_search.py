@@ -237,7 +237,7 @@ class ServeSearch:
             else None
         headroom = DEFAULT_HEADROOM if spread is None else \
             min(max(spread, MIN_HEADROOM), MAX_HEADROOM)
-        rate = min(rates) * (1 - headroom)
+        rate = replayed_at = min(rates) * (1 - headroom)
         replay: SweepRow | None = None
         for _ in range(2):
             if self._left() < self._typical_s() or self._apply(winner, original) is not None:
@@ -246,13 +246,13 @@ class ServeSearch:
             spec = dataclasses.replace(self.base, rate=rate, concurrency=None,
                                        intervals=None)
             replay = point_summary(run_benchmark(make_adapter(self.target), spec)[0])
+            replayed_at = rate
             if self._holds(replay):
                 break
             rate *= 1 - headroom
-        return Recommendation(
-            rate if replay is None or self._holds(replay) else rate / (1 - headroom),
-            headroom, spread, len(rates), replay.p99_ms if replay else None,
-            replay.error_percent if replay else None,
+        return Recommendation(  # the rate replayed last, with what its replay found
+            replayed_at, headroom, spread, len(rates),
+            replay.p99_ms if replay else None, replay.error_percent if replay else None,
             self._holds(replay) if replay else None)
 
     def _holds(self, row: SweepRow) -> bool:
