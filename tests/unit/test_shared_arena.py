@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tradeoff.server.shared_arena import ALIGNMENT, SharedArena, remove_stale_segments
 
@@ -90,3 +91,20 @@ def test_a_request_whose_tensors_do_not_all_fit_holds_nothing() -> None:
         assert read_tensor(arena, refs[1], copy=True).tolist() == [b"a", "b"]
     finally:
         arena.close()
+
+
+def test_arenas_larger_than_the_shared_memory_are_refused_before_the_server_starts(
+        tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from tradeoff.cli import main
+    from tradeoff.errors import InvalidValue
+    from tradeoff.server.shared_arena import check_room
+
+    check_room(64 << 20)  # the default fits
+    with pytest.raises(InvalidValue, match="give a smaller --executor-memory-mb"):
+        check_room(1 << 60)
+    run = CliRunner().invoke(main, ["serve", "--model-repository", str(tmp_path),
+                                    "--executors", "process",
+                                    "--executor-memory-mb", str(1 << 40)])
+    assert run.exit_code == 2 and "give a smaller --executor-memory-mb" in run.output

@@ -267,6 +267,10 @@ def serve(repository: Path, host: str, http_port: int, metrics_port: int, no_met
 
     try:
         cache_spec = CacheSpec.parse(cache) if cache is not None else None
+        if executors == "process":  # before anything starts
+            from tradeoff.server.shared_arena import check_room
+
+            check_room(executor_memory_mb << 20)
     except InvalidValue as exc:
         raise click.UsageError(str(exc)) from None
     options = ServeOptions(

@@ -21,12 +21,15 @@ from __future__ import annotations
 import bisect
 import itertools
 import os
+import shutil
 from multiprocessing import shared_memory
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["ALIGNMENT", "SharedArena", "remove_stale_segments"]
+from tradeoff.errors import InvalidValue
+
+__all__ = ["ALIGNMENT", "SharedArena", "check_room", "remove_stale_segments"]
 
 ALIGNMENT = 64  # bytes: every block starts on a cache line
 SHM_FOLDER = Path("/dev/shm")
@@ -124,6 +127,16 @@ class SharedArena:
                 self._segment.unlink()
             except FileNotFoundError:
                 pass
+
+
+def check_room(size: int, count: int = 2, folder: Path = SHM_FOLDER) -> None:
+    """InvalidValue unless ``count`` arenas of ``size`` bytes fit the shared memory
+    filesystem (an executor process takes two)."""
+    total = shutil.disk_usage(folder).total if folder.is_dir() else 0
+    if count * _aligned(size) > total:
+        raise InvalidValue(f"an executor process takes {count} shared memory arenas of "
+                           f"{size >> 20} MiB, and {folder} holds {total >> 20} MiB in all: "
+                           "give a smaller --executor-memory-mb")
 
 
 def remove_stale_segments(folder: Path = SHM_FOLDER) -> list[str]:
