@@ -22,7 +22,7 @@ from tradeoff.server.build import BuildLimits
 from tradeoff.server.shared_arena import SharedArena
 
 __all__ = ["Answer", "Answered", "BatchRecord", "Cancel", "CancelLoad", "Drain", "Failure",
-           "FromExecutor", "Infer", "LoadFailed", "LoadModel", "Loaded", "ModelDied",
+           "FromExecutor", "Hello", "Infer", "LoadFailed", "LoadModel", "Loaded", "ModelDied",
            "Release", "Released", "TensorRef", "ToExecutor", "Unload", "Unloaded",
            "decode_from_executor", "decode_to_executor", "encode", "read_tensor",
            "write_tensor", "write_tensors"]
@@ -70,6 +70,14 @@ def read_tensor(arena: SharedArena, ref: TensorRef, copy: bool) -> np.ndarray:
         return out.reshape(ref.shape)
     view = arena.view(ref.start, ref.dtype, ref.shape)
     return view.copy() if copy else view
+
+
+class Hello(msgspec.Struct, tag=True, array_like=True, frozen=True):
+    """A front end's first message to a shared executor: its arenas, requests in and
+    answers out (each created by the front end)."""
+
+    inputs: str
+    outputs: str
 
 
 class LoadModel(msgspec.Struct, tag=True, array_like=True, frozen=True):
@@ -124,7 +132,7 @@ class Release(msgspec.Struct, tag=True, array_like=True, frozen=True):
     starts: list[int]
 
 
-ToExecutor = LoadModel | CancelLoad | Infer | Cancel | Drain | Unload | Release
+ToExecutor = Hello | LoadModel | CancelLoad | Infer | Cancel | Drain | Unload | Release
 
 
 class Loaded(msgspec.Struct, tag=True, array_like=True, frozen=True):

@@ -14,30 +14,34 @@ inputs in, the executor batches straight from them, writes each answer's outputs
 other, and the server copies them out and gives the blocks back. A full arena answers
 503 at once; it never grows.
 
-Inside, each model version runs the same :class:`Scheduler` as in process, with
-statistics that record into a list: every :class:`Answered` carries what they recorded,
-and the server's :class:`ModelStats` records it again, so the statistics extension and
-``/metrics`` read the server's own counters.
+Inside (``server/executor_core.py``), each model version runs the same
+:class:`Scheduler` as in process, with statistics that record into a list: every
+:class:`Answered` carries what they recorded, and the server's :class:`ModelStats`
+records it again, so the statistics extension and ``/metrics`` read the server's own
+counters.
 
 An executor process that dies fails its requests in flight with 503 at once; its models'
 ``on_dead`` tells the model manager, which loads them again into a new process. One whose
 server goes away sees its pipe close and exits.
+
+With ``serve --workers N`` the executor processes are the supervisor's, one per device,
+and each front end dials them (:class:`SharedExecutors`) with arenas of its own; what
+runs inside is ``server/executor_core.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import logging
 import multiprocessing
 import multiprocessing.connection
-import os
 import threading
 import time
 from collections.abc import Callable
+from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
@@ -46,12 +50,11 @@ from tradeoff.errors import InferenceFailed, ModelLoadError, RequestError, Unava
 from tradeoff.repository.config import ModelConfig
 from tradeoff.scheduling.executor import Answer as ExecutorAnswer
 from tradeoff.scheduling.executor import ExecutorLoad
-from tradeoff.scheduling.priority import TensorPriority
 from tradeoff.scheduling.request import InferenceRequest, Timings
 from tradeoff.scheduling.stats import ModelStats
-from tradeoff.server.build import BuildLimits, load_failure
+from tradeoff.server.build import BuildLimits
+from tradeoff.server.executor_core import run_single, watch_pipe
 from tradeoff.server.executor_messages import (
-    Answer,
     Answered,
     BatchRecord,
     Cancel,
@@ -59,6 +62,7 @@ from tradeoff.server.executor_messages import (
     Drain,
     Failure,
     FromExecutor,
+    Hello,
     Infer,
     Loaded,
     LoadFailed,
@@ -70,14 +74,14 @@ from tradeoff.server.executor_messages import (
     Unload,
     Unloaded,
     decode_from_executor,
-    decode_to_executor,
     encode,
     read_tensor,
     write_tensors,
 )
 from tradeoff.server.shared_arena import SharedArena
 
-__all__ = ["ExecutorProcess", "ExecutorProcesses", "RemoteExecutor", "device_of"]
+__all__ = ["ExecutorProcess", "ExecutorProcesses", "RemoteExecutor", "SharedExecutors",
+           "device_of"]
 
 log = logging.getLogger("tradeoff.server")
 
@@ -89,6 +93,14 @@ def device_of(config: ModelConfig) -> str:
     gpus = sorted({str(d) for g in config.instance_groups if g.kind == "KIND_GPU"
                    for d in g.devices()})
     return f"gpu{','.join(gpus)}" if gpus else "cpu"
+
+
+class SharedExecutors(Protocol):
+    """Where the executor processes a server's front ends share are (``serve --workers``:
+    its supervisor starts one per device when first asked, and again after one died)."""
+
+    async def executor(self, device: str) -> tuple[str, bytes, int]:
+        """The device's executor: its address, the key to dial it, its pid."""
 
 
 def _error(failure: Failure) -> RequestError:
@@ -109,285 +121,58 @@ def _record(stats: ModelStats, record: BatchRecord) -> None:
         stats.record_failure(total, reason)
 
 
-# ------------------------------------------------------------------ the executor process
-
-class _RecordingStats(ModelStats):
-    """The executor's statistics: what the scheduler records, kept for the server."""
-
-    def __init__(self, name: str, version: int) -> None:
-        super().__init__(name, version)
-        self._record = BatchRecord([], [], [])
-
-    def record_execution(self, rows: int, timings: Timings) -> None:
-        self._record.executions.append((rows, timings.compute_input_ns,
-                                        timings.compute_infer_ns, timings.compute_output_ns))
-
-    def record_successes(self, totals: list[int], queues: list[int], timings: Timings
-                         ) -> None:
-        self._record.successes.append((totals, queues, (
-            timings.compute_input_ns, timings.compute_infer_ns, timings.compute_output_ns,
-            timings.batch_size)))
-
-    def record_failure(self, total_ns: int, reason: str) -> None:
-        self._record.failures.append((total_ns, reason))
-
-    def take(self) -> BatchRecord:
-        record, self._record = self._record, BatchRecord([], [], [])
-        return record
-
-
-class _Executor:
-    """The executor process's side: its models' schedulers, fed from the pipe."""
-
-    def __init__(self, conn: multiprocessing.connection.Connection, inputs: SharedArena,
-                 outputs: SharedArena) -> None:
-        self.conn = conn
-        self.inputs = inputs
-        self.outputs = outputs
-        self.loop = asyncio.get_running_loop()
-        self.models: dict[int, tuple[Any, _RecordingStats]] = {}  # number -> scheduler
-        self.pending: dict[tuple[int, int], InferenceRequest] = {}
-        self.loads: dict[int, threading.Event] = {}
-        self.outbox: dict[int, list[Answer]] = {}
-        self.outgoing: list[FromExecutor] = []
-        self.numbers = itertools.count(1)
-        self.closed = asyncio.Event()
-        self.tasks: set[asyncio.Task] = set()
-
-    def send(self, message: FromExecutor) -> None:
-        """Queue a message: those of one loop turn leave in one write."""
-        if not self.outgoing:
-            self.loop.call_soon(self._write)
-        self.outgoing.append(message)
-
-    def _write(self) -> None:
-        messages, self.outgoing = self.outgoing, []
-        try:
-            self.conn.send_bytes(encode(messages))
-        except OSError:
-            self.closed.set()  # the server is gone
-
-    def readable(self) -> None:
-        """The pipe has data (the loop watches it): every whole message waiting."""
-        try:
-            while self.conn.poll(0):
-                self.handle_all(decode_to_executor(self.conn.recv_bytes()))
-        except (EOFError, OSError):
-            self.loop.remove_reader(self.conn.fileno())
-            self.closed.set()
-
-    def _task(self, work: Any) -> None:
-        task = self.loop.create_task(work)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-
-    def handle_all(self, messages: list[ToExecutor]) -> None:
-        for message in messages:
-            self.handle(message)
-
-    def handle(self, message: ToExecutor) -> None:
-        if isinstance(message, Infer):
-            self.infer(message)
-        elif isinstance(message, Release):
-            for start in message.starts:
-                self.outputs.free(start)
-        elif isinstance(message, Cancel):
-            request = self.pending.get((message.model, message.request))
-            if request is not None:
-                self.models[message.model][0].cancel(request)
-        elif isinstance(message, LoadModel):
-            self._task(self.load(message))
-        elif isinstance(message, CancelLoad):
-            cancel = self.loads.get(message.load)
-            if cancel is not None:
-                cancel.set()
-        elif isinstance(message, Drain):
-            if message.model in self.models:
-                self.models[message.model][0].drain()
-        elif isinstance(message, Unload):
-            self._task(self.unload(message.model))
-
-    async def load(self, message: LoadModel) -> None:
-        from tradeoff.repository.repository import ModelRepository
-        from tradeoff.scheduling.scheduler import Scheduler
-        from tradeoff.server.build import build_tensor
-
-        cancel = self.loads[message.load] = threading.Event()
-        try:
-            config, built = await asyncio.to_thread(
-                build_tensor, ModelRepository(Path(message.root)), message.name,
-                message.config_override, message.limits, cancel)
-        except Exception as exc:  # said as the server says a failed load
-            self.send(LoadFailed(message.load, type(exc).__name__,
-                                 str(load_failure(message.name, exc))))
-            return
-        finally:
-            del self.loads[message.load]
-        numbers = {}
-        for version, (backends, _) in built.items():
-            number = numbers[version] = next(self.numbers)
-            stats = _RecordingStats(message.name, version)
-            scheduler = Scheduler(config, backends, stats,
-                                  inline_limit_ns=message.inline_limit_ns)
-            await scheduler.start()
-            scheduler.on_dead = functools.partial(self.died, number)
-            self.models[number] = (scheduler, stats)
-        self.send(Loaded(message.load, numbers))
-
-    def infer(self, message: Infer) -> None:
-        key = (message.model, message.request)
-        model = self.models.get(message.model)
-        if model is None:
-            self.answer(message.model, Answer(message.request, (0, 0, 0, 0, 0), failure=Failure(
-                "Unavailable", "the model is not loaded in its executor process")))
-            return
-        scheduler = model[0]
-        request = InferenceRequest(
-            {ref.name: read_tensor(self.inputs, ref, copy=False) for ref in message.inputs},
-            message.rows, tuple((name, tuple(dims)) for name, dims in message.shape_key),
-            TensorPriority(message.priority), message.timeout_us)
-        request.on_released = functools.partial(self.released, *key)
-        self.pending[key] = request
-        try:
-            scheduler.submit_call(request, functools.partial(self.done, *key))
-        except RequestError as exc:  # refused at once (queue full, draining)
-            del self.pending[key]
-            self.answer(message.model, Answer(message.request, (0, 0, 0, 0, 0), failure=Failure(
-                type(exc).__name__, str(exc))))
-            return
-        self._outbox(message.model)  # the server sees its queue grow (/metrics)
-
-    def done(self, model: int, request: int, result: ExecutorAnswer | BaseException) -> None:
-        self.pending.pop((model, request), None)
-        try:
-            self._answer_with(model, request, result)
-        except Exception as exc:  # whatever went wrong, the request is answered
-            log.exception("model %d: an answer could not be sent", model)
-            self.answer(model, Answer(request, (0, 0, 0, 0, 0), failure=Failure(
-                "InferenceFailed", f"the answer could not be returned: "
-                                   f"{type(exc).__name__}: {exc}")))
-
-    def _answer_with(self, model: int, request: int, result: ExecutorAnswer | BaseException
-                     ) -> None:
-        if isinstance(result, BaseException):
-            self.answer(model, Answer(request, (0, 0, 0, 0, 0), failure=Failure(
-                type(result).__name__, str(result))))
-            return
-        t, outputs = result
-        timings = (t.queue_ns, t.compute_input_ns, t.compute_infer_ns, t.compute_output_ns,
-                   t.batch_size)
-        refs = write_tensors(self.outputs, outputs)
-        if refs is None:
-            self.answer(model, Answer(request, timings, failure=Failure(
-                "Unavailable", f"the executor's shared memory for answers is full "
-                               f"({self.outputs.used_bytes} of {self.outputs.size} bytes "
-                               "held): try again, or serve --executor-memory-mb larger")))
-            return
-        self.answer(model, Answer(request, timings, refs))
-
-    def answer(self, model: int, answer: Answer) -> None:
-        """Queue an answer: those of one loop turn (one batch's) leave in one message."""
-        self._outbox(model).append(answer)
-
-    def _outbox(self, model: int) -> list[Answer]:
-        """The model's answers of this loop turn, sent at its end with its load."""
-        if not self.outbox:
-            self.loop.call_soon(self.flush)
-        return self.outbox.setdefault(model, [])
-
-    def flush(self) -> None:
-        outbox, self.outbox = self.outbox, {}
-        for number, answers in outbox.items():
-            model = self.models.get(number)
-            load = model[0].load() if model else ExecutorLoad(0, 0, 0)
-            record = model[1].take() if model else BatchRecord([], [], [])
-            self.send(Answered(number, answers, record, load))
-
-    def released(self, model: int, request: int, dropped: bool) -> None:
-        self.pending.pop((model, request), None)
-        stats = self.models[model][1] if model in self.models else None
-        self.send(Released(model, request, stats.take() if stats else BatchRecord([], [], [])))
-
-    def died(self, number: int, cause: str) -> None:
-        def tell() -> None:
-            self.flush()  # the requests its scheduler failed first
-            self.send(ModelDied(number, cause))
-
-        self.loop.call_soon(tell)
-
-    async def unload(self, number: int) -> None:
-        model = self.models.get(number)
-        if model is None:
-            self.send(Unloaded(number, BatchRecord([], [], [])))
-            return
-        await model[0].stop()
-        self.flush()
-        del self.models[number]
-        self.send(Unloaded(number, model[1].take()))
-
-    async def close(self) -> None:
-        """The server is gone: answer nothing more, release every instance."""
-        for cancel in self.loads.values():
-            cancel.set()
-        for scheduler, _ in list(self.models.values()):
-            scheduler.drain()
-            await scheduler.stop()
-
-
-def _watch(loop: asyncio.AbstractEventLoop, conn: multiprocessing.connection.Connection,
-           readable: Callable[[], None]) -> None:
-    """The loop reads the pipe itself when it has data: no reader thread, no hand-off
-    per message. The pipe stays blocking (uvloop makes a watched descriptor non-blocking):
-    a message is read, and written, whole."""
-    loop.add_reader(conn.fileno(), readable)
-    os.set_blocking(conn.fileno(), True)
-
-
-def _child(conn: multiprocessing.connection.Connection, inputs: str, outputs: str) -> None:
-    """The executor process's main."""
-    async def main() -> None:
-        executor = _Executor(conn, SharedArena.attach(inputs), SharedArena.attach(outputs))
-        _watch(executor.loop, conn, executor.readable)
-        await executor.closed.wait()
-        await executor.close()
-
-    try:
-        import uvloop
-
-        uvloop.run(main())
-    except ImportError:
-        asyncio.run(main())
-
-
 # ------------------------------------------------------------------ the server's side
 
 class ExecutorProcess:
     """One executor process, from the server: its pipe, its two arenas and the models
     loaded in it. Used from the event loop, which also reads the pipe."""
 
-    def __init__(self, device: str, arena_bytes: int, loop: asyncio.AbstractEventLoop
-                 ) -> None:
+    def __init__(self, device: str, loop: asyncio.AbstractEventLoop, inputs: SharedArena,
+                 outputs: SharedArena, conn: multiprocessing.connection.Connection,
+                 process: BaseProcess | None = None, pid: int | None = None) -> None:
         self.device = device
         self.loop = loop
-        self.inputs = SharedArena.create("in", arena_bytes)
-        self.outputs = SharedArena.create("out", arena_bytes)
-        context = multiprocessing.get_context("spawn")
-        self._conn, child = context.Pipe()
-        self._process = context.Process(target=_child, name=f"executor-{device}",
-                                        args=(child, self.inputs.name, self.outputs.name),
-                                        daemon=True)
-        self._process.start()
-        child.close()
+        self.inputs = inputs
+        self.outputs = outputs
+        self._conn = conn
+        self._process = process  # None: a shared executor this front end dialled
+        self._pid = pid
         self.alive = True
         self._outgoing: list[ToExecutor] = []
         self.models: dict[int, RemoteExecutor] = {}
         self._loads: dict[int, asyncio.Future[dict[int, int]]] = {}
         self._load_numbers = itertools.count(1)
-        _watch(loop, self._conn, self._readable)
+        watch_pipe(loop, self._conn, self._readable)
+
+    @classmethod
+    def spawn(cls, device: str, arena_bytes: int, loop: asyncio.AbstractEventLoop
+              ) -> ExecutorProcess:
+        """A new executor process of this server's own."""
+        inputs = SharedArena.create("in", arena_bytes)
+        outputs = SharedArena.create("out", arena_bytes)
+        context = multiprocessing.get_context("spawn")
+        conn, child = context.Pipe()
+        process = context.Process(target=run_single, name=f"executor-{device}",
+                                  args=(child, inputs.name, outputs.name), daemon=True)
+        process.start()
+        child.close()
+        return cls(device, loop, inputs, outputs, conn, process)
+
+    @classmethod
+    async def dial(cls, device: str, arena_bytes: int, address: str, authkey: bytes,
+                   pid: int) -> ExecutorProcess:
+        """The executor process a server's front ends share (``serve --workers``), at
+        ``address``: this front end's arenas are named to it first."""
+        conn = await asyncio.to_thread(multiprocessing.connection.Client, address,
+                                       "AF_UNIX", authkey)
+        inputs = SharedArena.create("in", arena_bytes)
+        outputs = SharedArena.create("out", arena_bytes)
+        conn.send_bytes(encode([Hello(inputs.name, outputs.name)]))
+        return cls(device, asyncio.get_running_loop(), inputs, outputs, conn, pid=pid)
 
     @property
     def pid(self) -> int | None:
-        return self._process.pid
+        return self._process.pid if self._process is not None else self._pid
 
     def send(self, message: ToExecutor) -> None:
         """Queue a message: those of one loop turn leave in one write."""
@@ -435,9 +220,12 @@ class ExecutorProcess:
                     self._on_message(message)
         except (EOFError, OSError):
             self.stop_reading()
-            if self.alive:  # reaped off the loop, then every request in it fails
-                reaped = self.loop.run_in_executor(None, self._process.join, 5)
-                reaped.add_done_callback(lambda _: self._ended(self._process.exitcode))
+            process = self._process
+            if self.alive and process is None:  # a shared one: not ours to reap
+                self._ended(None)
+            elif self.alive and process is not None:  # reaped off the loop, then every
+                reaped = self.loop.run_in_executor(None, process.join, 5)  # request fails
+                reaped.add_done_callback(lambda _: self._ended(process.exitcode))
 
     def stop_reading(self) -> None:
         """The loop stops watching the pipe (on the loop, before :meth:`close`)."""
@@ -479,10 +267,11 @@ class ExecutorProcess:
         unlink the arenas. Blocking."""
         self.alive = False
         self._conn.close()
-        self._process.join(timeout_s)
-        if self._process.is_alive():
-            self._process.kill()
-            self._process.join(5)
+        if self._process is not None:
+            self._process.join(timeout_s)
+            if self._process.is_alive():
+                self._process.kill()
+                self._process.join(5)
         self.inputs.close()
         self.outputs.close()
 
@@ -491,8 +280,9 @@ class ExecutorProcesses:
     """The server's executor processes, one per device, started when a model first
     needs one and again after one has died."""
 
-    def __init__(self, arena_bytes: int) -> None:
+    def __init__(self, arena_bytes: int, shared: SharedExecutors | None = None) -> None:
         self.arena_bytes = arena_bytes
+        self.shared = shared  # serve --workers: the supervisor's, which front ends dial
         self._processes: dict[str, ExecutorProcess] = {}
         self._lock = asyncio.Lock()
 
@@ -504,8 +294,14 @@ class ExecutorProcesses:
             if process is not None:
                 process.stop_reading()
                 await asyncio.to_thread(process.close)
-            process = self._processes[device] = ExecutorProcess(
-                device, self.arena_bytes, asyncio.get_running_loop())
+            if self.shared is None:
+                process = ExecutorProcess.spawn(device, self.arena_bytes,
+                                                asyncio.get_running_loop())
+            else:
+                address, authkey, pid = await self.shared.executor(device)
+                process = await ExecutorProcess.dial(device, self.arena_bytes, address,
+                                                     authkey, pid)
+            self._processes[device] = process
             log.info("executor process %s: pid %s", device, process.pid)
             return process
 
