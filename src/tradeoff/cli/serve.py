@@ -139,6 +139,11 @@ def _default(options: type, name: str, text: Callable[[Any], str] | None = None
                    "CPU, one per GPU) with tensors in shared memory, so request work and "
                    "inference do not share a GIL. docs/serving.md says when each is "
                    "faster.")
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(1),
+              help="Front-end processes on the same ports, each parsing, validating and "
+                   "answering its connections' requests; tensor models run in one "
+                   "executor process per device that they share (--executors process). "
+                   "Tensor models only. docs/serving.md says how to choose N.")
 @click.option("--executor-memory-mb", **_default(ServeOptions, "executor_memory_mb"),
               type=click.IntRange(1),
               help="With --executors process: the shared memory each way per executor "
@@ -223,7 +228,7 @@ def serve(repository: Path, host: str, http_port: int, metrics_port: int, no_met
           allowed_hosts: tuple[str, ...], allowed_origins: tuple[str, ...],
           cache: str | None, shutdown_timeout: float, default_max_batch_size: int,
           intra_op_threads: int, max_instances: int, warmup_timeout: float,
-          inline_batch_us: int, executors: str, executor_memory_mb: int,
+          inline_batch_us: int, executors: str, workers: int, executor_memory_mb: int,
           api_keys: tuple[str, ...],
           api_key_files: tuple[Path, ...],
           admin_keys: tuple[str, ...], admin_key_files: tuple[Path, ...],
@@ -245,6 +250,7 @@ def serve(repository: Path, host: str, http_port: int, metrics_port: int, no_met
           --admin-key "$ADMIN_KEY" --tls-cert cert.pem --tls-key key.pem
       tradeoff serve --model-repository ./models --cache local,size=512MB
       tradeoff serve --model-repository ./models --executors process
+      tradeoff serve --model-repository ./models --workers 4
       tradeoff serve --model-repository ./models \\
           --cache redis://127.0.0.1:6379/0,ttl=600,secret_file=/etc/tradeoff/cache.key
       curl -s localhost:8000/v2/models/mlp/stats
@@ -267,10 +273,13 @@ def serve(repository: Path, host: str, http_port: int, metrics_port: int, no_met
 
     try:
         cache_spec = CacheSpec.parse(cache) if cache is not None else None
-        if executors == "process":  # before anything starts
+        if workers > 1 and ray_address is not None:
+            raise InvalidValue("--workers runs front ends on this host; with --ray, Ray "
+                               "Serve's replicas are the processes: give one or the other")
+        if executors == "process" or workers > 1:  # before anything starts
             from tradeoff.server.shared_arena import check_room
 
-            check_room(executor_memory_mb << 20)
+            check_room(executor_memory_mb << 20, 2 * workers)
     except InvalidValue as exc:
         raise click.UsageError(str(exc)) from None
     options = ServeOptions(
@@ -293,7 +302,11 @@ def serve(repository: Path, host: str, http_port: int, metrics_port: int, no_met
             body_timeout_s=body_timeout, max_connections=max_connections,
             max_connections_per_client=max_connections_per_client,
             max_body_memory=max_body_memory, max_json_bytes=max_json_bytes))
-    if ray_address is None:
+    if workers > 1:
+        from tradeoff.server.workers import serve_workers
+
+        serve_workers(options, workers)
+    elif ray_address is None:
         run_server(options)
     else:
         _serve_on_ray(options, ray_address, replicas, autoscale,

@@ -11,6 +11,7 @@ answered directly, through its router or through the response cache
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal, Protocol, cast
 
@@ -193,21 +194,24 @@ class DataPlane:
         return merge_model_stats([mine, *await self.peers.statistics(name, version)])
 
     async def load_model(self, name: str, parameters: dict[str, Any] | None = None, *,
-                         publish: bool = True) -> None:
+                         publish: bool = True, share: str | None = None) -> None:
         """The repository extension's load. ``parameters`` may carry Triton's ``config``
         (the model config as a JSON string) to use instead of the config file; any
         failure but an unknown model is a 400 naming the model and the cause. A replica
-        then has every other replica load it too (``publish``)."""
+        then has every other replica load it too (``publish``), naming the load alike
+        (``share``: front ends that share executor processes hold one build)."""
         override = config_override(parameters or {})
+        if share is None and publish and self.peers is not None:
+            share = uuid.uuid4().hex
         try:
-            await self.manager.load(name, override)
+            await self.manager.load(name, override, share)
         except NotFound:
             raise
         except Exception as exc:
             raise InvalidInput(f"failed to load {name!r}: {exc}") from exc
         if publish and self.peers is not None:
             await self.peers.publish({"op": "load", "model": name,
-                                      "parameters": parameters or {}})
+                                      "parameters": parameters or {}, "share": share})
 
     async def unload_model(self, name: str, *, publish: bool = True) -> None:
         """The repository extension's unload, on every replica (``publish``)."""

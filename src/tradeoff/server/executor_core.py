@@ -3,7 +3,8 @@ front ends (``server/executor_process.py`` is their side).
 
 Each front end is a client with its own pipe and its own two shared arenas (requests in,
 answers out), named in its :class:`Hello`. A model loaded by several front ends with the
-same repository, name and config is built once and held by each; it is released when the
+same repository, name, config and share (one repository change) is built once and held
+by each; it is released when the
 last one unloads it or goes away. A request is answered on the pipe it came from.
 
 What a model's statistics record leaves with the next answers of any front end, once, so
@@ -259,8 +260,8 @@ class ExecutorCore:
     async def load(self, client: int, message: LoadModel) -> None:
         """Build the model's versions, or hold those another front end built with the
         same repository, name and config."""
-        key = json.dumps([message.root, message.name, message.config_override],
-                         sort_keys=True, default=str)
+        key = json.dumps([message.root, message.name, message.config_override,
+                          message.share], sort_keys=True, default=str)
         if key not in self.by_key:
             load = self.loading.get(key)
             if load is None:
@@ -476,6 +477,9 @@ def run_shared(control: multiprocessing.connection.Connection, address: str,
     """An executor process shared by a server's front ends (``serve --workers``): front
     ends dial ``address``; the process ends when ``control`` (its supervisor's pipe)
     closes."""
+    if os.path.exists(address):  # a dead executor's, for the same device
+        os.unlink(address)
+
     async def main() -> None:
         executor = ExecutorCore()
         listener = multiprocessing.connection.Listener(address, "AF_UNIX", authkey=authkey)

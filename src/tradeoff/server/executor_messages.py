@@ -81,7 +81,9 @@ class Hello(msgspec.Struct, tag=True, array_like=True, frozen=True):
 
 
 class LoadModel(msgspec.Struct, tag=True, array_like=True, frozen=True):
-    """Build a model's versions from the repository at ``root`` (as a server load does)."""
+    """Build a model's versions from the repository at ``root`` (as a server load does).
+    Front ends that load the same model, config and ``share`` (one repository change,
+    named alike in every front end) hold one build."""
 
     load: int
     root: str
@@ -89,6 +91,7 @@ class LoadModel(msgspec.Struct, tag=True, array_like=True, frozen=True):
     config_override: dict[str, Any] | None
     limits: BuildLimits
     inline_limit_ns: int
+    share: str
 
 
 class CancelLoad(msgspec.Struct, tag=True, array_like=True, frozen=True):

@@ -4,7 +4,7 @@ answers; the executor process batches and runs, under a GIL of its own.
 
     processes = ExecutorProcesses(arena_bytes=64 << 20)
     process = await processes.get("cpu")
-    numbers = await process.load(name, root, None, limits, inline_limit_ns, cancel)
+    numbers = await process.load(name, root, None, limits, inline_limit_ns, cancel, "a")
     executor = RemoteExecutor(process, numbers[1], name, stats)  # a TensorExecutor
     timings, outputs = await executor.infer(request)
 
@@ -99,8 +99,10 @@ class SharedExecutors(Protocol):
     """Where the executor processes a server's front ends share are (``serve --workers``:
     its supervisor starts one per device when first asked, and again after one died)."""
 
-    async def executor(self, device: str) -> tuple[str, bytes, int]:
-        """The device's executor: its address, the key to dial it, its pid."""
+    async def executor(self, device: str, dead: int | None = None
+                       ) -> tuple[str, bytes, int]:
+        """The device's executor: its address, the key to dial it, its pid; a new one
+        when the one this front end saw die (pid ``dead``) is still named."""
 
 
 def _error(failure: Failure) -> RequestError:
@@ -192,14 +194,15 @@ class ExecutorProcess:
             pass  # gone: the reader reports its end
 
     async def load(self, name: str, root: Path, config_override: dict[str, Any] | None,
-                   limits: BuildLimits, inline_limit_ns: int, cancel: threading.Event
-                   ) -> dict[int, int]:
-        """Build a model's versions in the process (sessions, warmups): each version's
-        executor number. Raises the load's error."""
+                   limits: BuildLimits, inline_limit_ns: int, cancel: threading.Event,
+                   share: str) -> dict[int, int]:
+        """Build a model's versions in the process (sessions, warmups), or hold those
+        another front end built for the same ``share``: each version's executor number.
+        Raises the load's error."""
         number = next(self._load_numbers)
         answer = self._loads[number] = self.loop.create_future()
         self.send(LoadModel(number, str(root), name, config_override, limits,
-                            inline_limit_ns))
+                            inline_limit_ns, share))
         told = False
         try:
             while True:
@@ -291,14 +294,16 @@ class ExecutorProcesses:
             process = self._processes.get(device)
             if process is not None and process.alive:
                 return process
+            dead = None
             if process is not None:
+                dead = process.pid
                 process.stop_reading()
                 await asyncio.to_thread(process.close)
             if self.shared is None:
                 process = ExecutorProcess.spawn(device, self.arena_bytes,
                                                 asyncio.get_running_loop())
             else:
-                address, authkey, pid = await self.shared.executor(device)
+                address, authkey, pid = await self.shared.executor(device, dead)
                 process = await ExecutorProcess.dial(device, self.arena_bytes, address,
                                                      authkey, pid)
             self._processes[device] = process

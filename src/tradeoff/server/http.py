@@ -117,6 +117,8 @@ class HttpApp:
         self._direct_bytes = min(FREE_BODY_BYTES, max_request_bytes)  # direct_route's bound
         self.on_startup = on_startup
         self.on_shutdown = on_shutdown
+        # serve --workers: the other front ends' metric families, summed into /metrics
+        self.others_metrics: Callable[[], Awaitable[list[list[dict[str, Any]]]]] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -307,8 +309,10 @@ class HttpApp:
         if self.metrics_port is not None and server and server[1] == self.metrics_port:
             if scope["path"] == "/metrics":
                 self.access.check_metrics(scope["headers"])
-                await send_body(send, 200, metrics.render(self.registry),
-                            [(b"content-type", metrics.CONTENT_TYPE.encode())])
+                text = metrics.render(self.registry) if self.others_metrics is None else \
+                    metrics.render_summed(self.registry, await self.others_metrics())
+                await send_body(send, 200, text,
+                                [(b"content-type", metrics.CONTENT_TYPE.encode())])
                 return
             raise NotFound(f"no route {scope['path']}; the metrics port serves /metrics")
         try:

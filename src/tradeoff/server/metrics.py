@@ -8,10 +8,12 @@ turns it into metric families when ``/metrics`` is scraped. Names follow Triton'
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from tradeoff.generate.engine_client import EngineClient
@@ -28,8 +30,10 @@ __all__ = [
     "GenerationCollector",
     "RouterCollector",
     "ServerCollector",
+    "families",
     "make_registry",
     "render",
+    "render_summed",
 ]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -369,3 +373,55 @@ def make_registry(manager: ModelManager, dataplane: DataPlane | None = None
 
 def render(registry: CollectorRegistry) -> bytes:
     return generate_latest(registry)
+
+
+# serve --workers: gauges each front end holds a share of, summed over them; the other
+# gauges read alike in every front end (an executor's batcher, a model's readiness) and
+# the highest is shown, but for the start time, the earliest
+SUMMED_GAUGES = frozenset({
+    "tradeoff_inference_in_flight", "tradeoff_server_in_flight", "tradeoff_cache_bytes",
+    "tradeoff_cache_entries", "tradeoff_executor_shared_memory_used_bytes",
+    "tradeoff_executor_shared_memory_size_bytes", "tradeoff_generation_requests_running",
+    "tradeoff_generation_requests_waiting", "process_resident_memory_bytes",
+    "process_virtual_memory_bytes", "process_open_fds"})
+EARLIEST_GAUGES = frozenset({"process_start_time_seconds"})
+
+
+def families(registry: CollectorRegistry) -> list[dict[str, Any]]:
+    """The registry's metric families now, as plain data (for another process to sum)."""
+    return [{"name": f.name, "documentation": f.documentation, "type": f.type,
+             "unit": f.unit, "samples": [[x.name, x.labels, x.value] for x in f.samples]}
+            for f in registry.collect()]
+
+
+def _combine(kind: str, name: str, a: float, b: float) -> float:
+    if kind != "gauge" or name in SUMMED_GAUGES:
+        return a + b
+    return min(a, b) if name in EARLIEST_GAUGES else max(a, b)
+
+
+def render_summed(registry: CollectorRegistry, others: list[list[dict[str, Any]]]) -> bytes:
+    """``/metrics`` of one server of several processes (``serve --workers``): this
+    process's families and the others' (:func:`families`), each family once; counters and
+    histograms added up, gauges by :data:`SUMMED_GAUGES` and :data:`EARLIEST_GAUGES`."""
+    merged: dict[str, tuple[dict[str, Any], dict[tuple[str, tuple], float]]] = {}
+    for document in [families(registry), *others]:
+        for family in document:
+            head, values = merged.setdefault(family["name"], (family, {}))
+            for sample, labels, value in family["samples"]:
+                key = (sample, tuple(sorted(labels.items())))
+                values[key] = value if key not in values else \
+                    _combine(head["type"], head["name"], values[key], value)
+
+    class Summed(Collector):
+        def collect(self) -> Iterator[Metric]:
+            for head, values in merged.values():
+                metric = Metric(head["name"], head["documentation"], head["type"],
+                                head["unit"])
+                for (sample, labels), value in values.items():
+                    metric.add_sample(sample, dict(labels), value)
+                yield metric
+
+    summed = CollectorRegistry(auto_describe=False)
+    summed.register(Summed())
+    return generate_latest(summed)

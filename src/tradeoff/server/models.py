@@ -15,11 +15,12 @@ import asyncio
 import functools
 import logging
 import threading
+import uuid
 from collections.abc import Awaitable
 from typing import Any
 
 from tradeoff.backends.registry import GENERATIVE
-from tradeoff.errors import InvalidInput, TradeoffError
+from tradeoff.errors import InvalidInput, ModelLoadError, TradeoffError
 from tradeoff.generate.engine_client import EngineClient
 from tradeoff.repository.config import ModelConfig
 from tradeoff.repository.repository import ROUTER, ROUTER_FILE, ModelRepository
@@ -67,11 +68,16 @@ class ModelManager(ModelCatalog):
         self._locks: dict[str, asyncio.Lock] = {}
         self._stopping: set[asyncio.Task] = set()
         self._cancels: dict[str, threading.Event] = {}  # loads in progress, by model
+        self.front_ends_share = False  # one of serve --workers' front ends
 
-    async def load(self, name: str, config_override: dict[str, Any] | None = None) -> ModelEntry:
+    async def load(self, name: str, config_override: dict[str, Any] | None = None,
+                   share: str | None = None) -> ModelEntry:
         """Load (or reload) a model; raises ConfigError/ModelLoadError/NotFound.
 
         ``config_override`` replaces the config file for this load (Triton's JSON form).
+        In an executor process several front ends share (``serve --workers``), the front
+        ends that load with the same ``share`` (one repository change) hold one build;
+        None builds anew.
         """
         self.repository.model_dir(name)  # NotFound before any state changes
         lock = self._locks.setdefault(name, asyncio.Lock())
@@ -90,7 +96,7 @@ class ModelManager(ModelCatalog):
                 elif kind == GENERATIVE:
                     versions = await self._load_generative(name, config_override)
                 else:
-                    versions = await self._load_tensor(name, config_override, entry)
+                    versions = await self._load_tensor(name, config_override, entry, share)
             except Exception as exc:  # whatever a runtime raises: this model alone fails
                 clear_finished_frames(exc)  # releases the failed build's sessions now
                 error = load_failure(name, exc)
@@ -112,10 +118,11 @@ class ModelManager(ModelCatalog):
             return entry
 
     async def _load_tensor(self, name: str, config_override: dict[str, Any] | None,
-                           entry: ModelEntry) -> dict[int, Served]:
+                           entry: ModelEntry, share: str | None) -> dict[int, Served]:
         if self.executor_processes is not None:
             return await self._load_in_executor(name, config_override, entry,
-                                                self.executor_processes)
+                                                self.executor_processes,
+                                                share or uuid.uuid4().hex)
         cancel = self._cancels[name] = threading.Event()
         try:
             config, built = await asyncio.to_thread(build_tensor, self.repository, name,
@@ -140,7 +147,7 @@ class ModelManager(ModelCatalog):
         return versions
 
     async def _load_in_executor(self, name: str, config_override: dict[str, Any] | None,
-                                entry: ModelEntry, processes: ExecutorProcesses
+                                entry: ModelEntry, processes: ExecutorProcesses, share: str
                                 ) -> dict[int, Served]:
         """A tensor model's versions built in its device's executor process."""
         source = await asyncio.to_thread(self.repository.read, name, config_override)
@@ -149,7 +156,8 @@ class ModelManager(ModelCatalog):
         cancel = self._cancels[name] = threading.Event()
         try:
             numbers = await process.load(name, self.repository.root, config_override,
-                                         self.limits, self.inline_batch_us * 1000, cancel)
+                                         self.limits, self.inline_batch_us * 1000, cancel,
+                                         share)
         finally:
             if self._cancels.get(name) is cancel:
                 del self._cancels[name]
@@ -181,6 +189,10 @@ class ModelManager(ModelCatalog):
         if config_override is not None:
             raise InvalidInput(f"model {name!r} is generative: its settings come from "
                                "generate.yaml, not a 'config' load parameter")
+        if self.front_ends_share:
+            raise ModelLoadError(f"model {name!r} is generative, and serve --workers runs "
+                                 "tensor models only (each front end would start an engine "
+                                 "of its own): serve it without --workers")
         model = await asyncio.to_thread(build_generative, self.repository, name, self.limits,
                                         asyncio.get_running_loop())
         model.on_dead = functools.partial(self._version_died, name, model, "engine stopped")
@@ -218,7 +230,10 @@ class ModelManager(ModelCatalog):
                   f"POST /v2/repository/models/{name}/load to bring it back")
         if restart and name not in self._restarting:  # once for all its versions
             self._restarting.add(name)
-            self._background(self._restart(name))
+            # front ends sharing the dead process load one build again in the next
+            died_in = dead.executor.process.pid if isinstance(dead, ModelVersion) and \
+                isinstance(dead.executor, RemoteExecutor) else None
+            self._background(self._restart(name, f"after executor {died_in}"))
         self._background(dead.stop())  # releases its sessions, joins its engine
 
     def _background(self, work: Awaitable[Any]) -> None:
@@ -226,9 +241,9 @@ class ModelManager(ModelCatalog):
         self._stopping.add(task)
         task.add_done_callback(self._stopping.discard)
 
-    async def _restart(self, name: str) -> None:
+    async def _restart(self, name: str, share: str) -> None:
         try:
-            await self.load(name)
+            await self.load(name, share=share)
         except Exception as exc:
             log.error("model %s: could not load it again: %s", name, exc)
         finally:
@@ -265,8 +280,8 @@ class ModelManager(ModelCatalog):
         names = self.repository.names()
         routers = [n for n in names if self.repository.kind(n) == ROUTER]
         for name in [n for n in names if n not in routers] + routers:
-            try:
-                await self.load(name)
+            try:  # front ends that share executors share the builds of the start
+                await self.load(name, share="start" if self.front_ends_share else None)
             except TradeoffError:
                 pass
 

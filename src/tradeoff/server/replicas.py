@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from tradeoff.errors import InferenceFailed
@@ -180,6 +181,7 @@ class ReplicaLink:
         self.replica = replica
         self.identity = (node, pid, metrics_url)
         self.applied = 0
+        self.metrics: Callable[[], list[dict[str, Any]]] | None = None  # the registry's
         self._follower: asyncio.Task[None] | None = None
         self._answers: set[asyncio.Task[None]] = set()
 
@@ -225,7 +227,7 @@ class ReplicaLink:
             try:
                 if change["op"] == "load":
                     await self.dataplane.load_model(change["model"], change["parameters"],
-                                                    publish=False)
+                                                    publish=False, share=change.get("share"))
                 else:
                     await self.dataplane.unload_model(change["model"], publish=False)
                 log.info("replica group: %s %s", change["op"], change["model"])
@@ -237,10 +239,14 @@ class ReplicaLink:
         await self.coordinator.acknowledge.remote(self.replica, generation, error)
 
     async def _answer(self, query: dict[str, Any]) -> None:
+        document: dict[str, Any]
         try:
-            document = self.dataplane.statistics(query["model"], query["version"])
+            if query["kind"] == "metrics":
+                document = {"families": self.metrics() if self.metrics else []}
+            else:
+                document = self.dataplane.statistics(query["model"], query["version"])
         except Exception as exc:  # this replica has no such model (yet)
-            document = {"model_stats": [], "error": str(exc)}
+            document = {"model_stats": [], "families": [], "error": str(exc)}
         await self.coordinator.answer.remote(self.replica, query["query"], document)
 
     async def publish(self, change: dict[str, Any]) -> None:
@@ -256,3 +262,9 @@ class ReplicaLink:
         return await self.coordinator.gather.remote(
             self.replica, {"kind": "statistics", "model": name, "version": version},
             GATHER_TIMEOUT_S)
+
+    async def metric_families(self) -> list[list[dict[str, Any]]]:
+        """The other replicas' metric families (:func:`~tradeoff.server.metrics.families`)."""
+        answers = await self.coordinator.gather.remote(self.replica, {"kind": "metrics"},
+                                                       GATHER_TIMEOUT_S)
+        return [answer.get("families", []) for answer in answers]

@@ -26,18 +26,20 @@ from tradeoff.heap import settle_heap
 from tradeoff.repository.repository import ModelRepository
 from tradeoff.server.cache import ResponseCache
 from tradeoff.server.dataplane import DataPlane
-from tradeoff.server.executor_process import ExecutorProcesses
+from tradeoff.server.executor_process import ExecutorProcesses, SharedExecutors
+from tradeoff.server.front_end import FrontEnd, front_end_id
 from tradeoff.server.http import HttpApp
 from tradeoff.server.logs import install_rate_limit
-from tradeoff.server.metrics import make_registry
+from tradeoff.server.metrics import families, make_registry
 from tradeoff.server.models import ModelManager
 from tradeoff.server.options import ServeOptions, TransportLimits
 from tradeoff.server.origins import OriginPolicy
 from tradeoff.server.process import PARENT_PID_ENV
+from tradeoff.server.replicas import ReplicaLink
 from tradeoff.server.shared_arena import remove_stale_segments
 from tradeoff.server.transport import guarded_protocol, raise_open_files_limit
 
-__all__ = ["make_app", "make_dataplane", "serve"]
+__all__ = ["bind", "exit_with_parent", "make_app", "make_dataplane", "serve"]
 
 log = logging.getLogger("tradeoff.server")
 
@@ -59,7 +61,7 @@ class _GracefulServer(uvicorn.Server):
             self.on_signal()
 
 
-def _exit_with_parent() -> None:
+def exit_with_parent() -> None:
     """A server started by another tradeoff process (``ServerProcess``: a plan, a tuner, a
     benchmark) stops as on SIGTERM once that process is gone, even killed with SIGKILL:
     ``$TRADEOFF_PARENT_PID`` names it, and a thread looks for it every half second."""
@@ -90,10 +92,15 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    """A socket bound to listen on ``host:port`` (LocalResourceError saying what to do
+    when the port is taken); ``reuse_port``: other sockets of this user may bind it too
+    (``serve --workers``' front ends, between which the kernel shares connections)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError as exc:
@@ -140,18 +147,23 @@ def _fit_open_files(limits: TransportLimits) -> TransportLimits:
     return replace(limits, max_connections=fitted, max_connections_per_client=per_client)
 
 
-def _executor_processes(options: ServeOptions) -> ExecutorProcesses | None:
+def _executor_processes(options: ServeOptions, shared: SharedExecutors | None
+                        ) -> ExecutorProcesses | None:
     """With ``--executors process``: the executor processes, none started yet (the
-    shared memory that servers killed earlier left behind is removed first)."""
+    shared memory that servers killed earlier left behind is removed first); a front
+    end of ``serve --workers`` dials its supervisor's (``shared``)."""
     if options.executors != "process":
         return None
-    for name in remove_stale_segments():
-        log.info("removed shared memory %s of a server no longer running", name)
-    return ExecutorProcesses(options.executor_memory_mb << 20)
+    if shared is None:
+        for name in remove_stale_segments():
+            log.info("removed shared memory %s of a server no longer running", name)
+    return ExecutorProcesses(options.executor_memory_mb << 20, shared)
 
 
-def make_dataplane(options: ServeOptions) -> DataPlane:
-    """The data plane over the repository's models (not loaded yet) and the cache."""
+def make_dataplane(options: ServeOptions, shared: SharedExecutors | None = None
+                   ) -> DataPlane:
+    """The data plane over the repository's models (not loaded yet) and the cache; a
+    front end of ``serve --workers`` shares its supervisor's executors (``shared``)."""
     repository = ModelRepository(options.model_repository, options.default_max_batch_size)
     manager = ModelManager(repository, default_intra_op_threads=options.intra_op_threads,
                            allow_fault_injection=options.allow_fault_injection,
@@ -159,7 +171,8 @@ def make_dataplane(options: ServeOptions) -> DataPlane:
                            max_instances=options.max_instances,
                            inline_batch_us=options.inline_batch_us,
                            warmup_timeout_s=options.warmup_timeout,
-                           executor_processes=_executor_processes(options))
+                           executor_processes=_executor_processes(options, shared))
+    manager.front_ends_share = shared is not None
     cache = ResponseCache.from_spec(options.cache) if options.cache is not None else None
     manager.cache_enabled = cache is not None
     dataplane = DataPlane(manager, options.max_inflight, options.limits, cache)
@@ -179,31 +192,44 @@ def make_app(options: ServeOptions, dataplane: DataPlane, transport: TransportLi
                                                  options.allowed_origins))
 
 
-def serve(options: ServeOptions) -> None:
-    """Run the server in this process until it is told to stop."""
-    _exit_with_parent()
+def serve(options: ServeOptions, front_end: FrontEnd | None = None) -> None:
+    """Run the server in this process until it is told to stop; with ``front_end``, as
+    one of ``serve --workers``' front ends (``server/workers.py``)."""
+    if front_end is None:
+        exit_with_parent()  # a front end stops with its supervisor's link
     install_rate_limit()
     tls = None
     if options.tls_cert is not None or options.tls_key is not None:
         if options.tls_cert is None or options.tls_key is None:
             raise InvalidValue("TLS needs both --tls-cert and --tls-key")
         tls = _read_tls(options.tls_cert, options.tls_key)
-    dataplane = make_dataplane(options)
-    sockets = [_bind(options.host, options.http_port)]
-    http_port = sockets[0].getsockname()[1]
-    metrics_port = None
+    dataplane = make_dataplane(options, front_end.link if front_end else None)
+    shared = front_end is not None  # the supervisor holds the ports for its front ends
+    sockets = [bind(options.host, options.http_port, shared)]
     if options.metrics_port is not None:
-        sockets.append(_bind(options.host, options.metrics_port))
-        metrics_port = sockets[1].getsockname()[1]
+        sockets.append(bind(options.host, options.metrics_port, shared))
+    http_port = sockets[0].getsockname()[1]
+    metrics_port = sockets[1].getsockname()[1] if options.metrics_port is not None else None
 
     loop_box: list[asyncio.AbstractEventLoop] = []
 
     grpc_box: list = []
+    peers: list[ReplicaLink] = []
 
     async def startup() -> None:
         loop_box.append(asyncio.get_running_loop())
+        if front_end is not None:
+            await front_end.link.start()
         await dataplane.manager.load_all()
         settle_heap()
+        if front_end is not None:  # the repository changes made since the start
+            link = ReplicaLink(front_end.link.coordinator, dataplane,
+                               front_end_id(front_end.index, os.getpid()), "local",
+                               os.getpid(), None)
+            link.metrics = lambda: families(app.registry)
+            await link.join()
+            app.others_metrics = link.metric_families
+            peers.append(link)
         if options.grpc_port is not None:
             from tradeoff.server.grpc_server import start_grpc_server
 
@@ -232,9 +258,13 @@ def serve(options: ServeOptions) -> None:
 
     async def shutdown() -> None:
         dataplane.begin_shutdown()  # once more if a signal started it: deadlines keep
+        for link in peers:  # the other front ends stop asking this one
+            await link.close()
         for server in grpc_box:
             await server.stop(options.shutdown_timeout)  # answers the calls in flight
         await dataplane.close()
+        if front_end is not None:
+            front_end.link.close()
         log.info("stopped")
 
     transport = _fit_open_files(options.transport)

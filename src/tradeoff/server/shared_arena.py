@@ -131,12 +131,12 @@ class SharedArena:
 
 def check_room(size: int, count: int = 2, folder: Path = SHM_FOLDER) -> None:
     """InvalidValue unless ``count`` arenas of ``size`` bytes fit the shared memory
-    filesystem (an executor process takes two)."""
+    filesystem (each front end takes two: one each way)."""
     total = shutil.disk_usage(folder).total if folder.is_dir() else 0
     if count * _aligned(size) > total:
-        raise InvalidValue(f"an executor process takes {count} shared memory arenas of "
-                           f"{size >> 20} MiB, and {folder} holds {total >> 20} MiB in all: "
-                           "give a smaller --executor-memory-mb")
+        raise InvalidValue(f"the executor processes take {count} shared memory arenas of "
+                           f"{size >> 20} MiB (two per front end), and {folder} holds "
+                           f"{total >> 20} MiB in all: give a smaller --executor-memory-mb")
 
 
 def remove_stale_segments(folder: Path = SHM_FOLDER) -> list[str]:

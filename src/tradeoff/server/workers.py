@@ -1,0 +1,289 @@
+"""``tradeoff serve --workers N``: N front-end processes on one port, sharing one
+executor process per device, and the supervisor that keeps them.
+
+    serve_workers(options, workers=4)     # this process supervises until SIGTERM/SIGINT
+
+The supervisor holds the ports (HTTP, gRPC, metrics: bound with SO_REUSEPORT, never
+listening) and every front end binds and listens on them too, so the kernel gives each new
+connection to one of the front ends listening (by a hash of its addresses), never to one
+still loading or gone. A front end parses, validates, routes, caches and answers; tensor models run
+in the executor processes (``server/executor_core.py``), which the supervisor starts when
+a front end first asks for a device's, and again after one has died.
+
+The front ends are kept in step as Ray Serve's replicas are (``server/replicas.py``: the
+same coordinator, here in the supervisor, reached over a socket pair): a repository load
+or unload on one is applied on every other, and the statistics extension and ``/metrics``
+add up all of them. A front end that dies is started again (it loads the repository and
+replays the changes made since); only its own connections are lost.
+
+On SIGTERM or SIGINT every front end drains as a single server does, then the executor
+processes stop and the supervisor exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import secrets
+import signal
+import socket
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from multiprocessing import resource_tracker
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
+
+from tradeoff.errors import InvalidValue
+from tradeoff.server.executor_core import run_shared
+from tradeoff.server.front_end import Channel, FrontEnd, SupervisorLink, front_end_id
+from tradeoff.server.options import ServeOptions
+from tradeoff.server.replicas import ReplicaCoordinator
+from tradeoff.server.shared_arena import check_room, remove_stale_segments
+
+__all__ = ["RESTARTS_WITHIN_S", "serve_workers"]
+
+log = logging.getLogger("tradeoff.server")
+
+RESTARTS_WITHIN_S = 30.0  # a front end that dies this soon after its start, 3 times over,
+FAILED_STARTS = 3         # stops the server (it would only fail again)
+EXECUTOR_START_S = 60.0   # longest an executor process may take to listen
+
+
+def run_front_end(options: ServeOptions, index: int, link: socket.socket, log_level: int
+                  ) -> None:
+    """A front end's main (a spawned process)."""
+    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s "
+                                                "%(processName)s: %(message)s")
+    from tradeoff.server.runner import serve
+
+    serve(options, FrontEnd(index, SupervisorLink(link)))
+
+
+@dataclass
+class _Member:
+    """A front end as the supervisor keeps it."""
+
+    index: int
+    process: BaseProcess
+    channel: Channel
+    started: float
+    reader: asyncio.Task[None]
+
+
+@dataclass
+class _Executor:
+    process: BaseProcess
+    control: multiprocessing.connection.Connection
+    address: str
+
+
+class Supervisor:
+    """The processes of one ``serve --workers`` server, on this process's event loop."""
+
+    def __init__(self, options: ServeOptions, workers: int) -> None:
+        self.options = options
+        self.workers = workers
+        self.context = multiprocessing.get_context("spawn")
+        self.coordinator = ReplicaCoordinator()
+        self.members: dict[int, _Member] = {}
+        self.executors: dict[str, _Executor] = {}
+        self.folder = Path(tempfile.mkdtemp(prefix="tradeoff-executors-"))  # 0700
+        self.authkey = secrets.token_bytes(32)
+        self.failed_starts = 0
+        self.ready = 0  # front ends that joined (a restarted one again)
+        self.stopping = False
+        self.exit_code = 0
+        self.stopped = asyncio.Event()
+        self._executor_lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # ------------------------------------------------------------ front ends
+    async def start_front_end(self, index: int) -> None:
+        mine, theirs = socket.socketpair()
+        process = self.context.Process(
+            target=run_front_end, name=f"front-end-{index}",
+            args=(self.options, index, theirs, logging.getLogger().level))
+        process.start()
+        theirs.close()
+        channel = await Channel.open(mine)
+        member = _Member(index, process, channel, time.monotonic(),
+                         asyncio.create_task(self._serve_calls(channel)))
+        self.members[index] = member
+        asyncio.get_running_loop().add_reader(process.sentinel, self._ended, member)
+        log.info("front end %d: pid %s", index, process.pid)
+
+    def _ended(self, member: _Member) -> None:
+        """A front end's process is gone: expected while stopping; else start another."""
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(member.process.sentinel)
+        member.process.join()
+        member.reader.cancel()
+        member.channel.close()
+        if self.members.get(member.index) is member:
+            del self.members[member.index]
+        # no load waits for it to apply, no statistics for it to answer
+        self._background(self.coordinator.leave(front_end_id(member.index,
+                                                             member.process.pid or 0)))
+        for name in remove_stale_segments():  # its arenas, when it was killed
+            resource_tracker.unregister(f"/{name}", "shared_memory")
+        if self.stopping:
+            if not self.members:
+                self.stopped.set()
+            return
+        code = member.process.exitcode
+        early = time.monotonic() - member.started < RESTARTS_WITHIN_S
+        self.failed_starts = self.failed_starts + 1 if early else 0
+        if self.failed_starts >= FAILED_STARTS:
+            log.error("front end %d ended with exit code %s, %d times within %g s of its "
+                      "start: stopping the server", member.index, code, FAILED_STARTS,
+                      RESTARTS_WITHIN_S)
+            self.exit_code = 1
+            self.stop()
+            return
+        log.error("front end %d (pid %s) ended with exit code %s: starting it again",
+                  member.index, member.process.pid, code)
+        self._background(self.start_front_end(member.index))
+
+    def _background(self, work: Any) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _serve_calls(self, channel: Channel) -> None:
+        while True:
+            try:
+                number, kind, args = await channel.receive()
+            except EOFError:
+                return
+            self._background(self._answer(channel, number, kind, args))
+
+    async def _answer(self, channel: Channel, number: int, kind: str, args: tuple) -> None:
+        try:
+            if kind == "executor":
+                value = await self.executor(*args)
+            elif kind == "coordinator":
+                value = await getattr(self.coordinator, args[0])(*args[1:])
+                if args[0] == "register":
+                    self._joined()
+            else:
+                raise InvalidValue(f"no such call: {kind}")
+            channel.send((number, True, value))
+        except Exception as exc:
+            channel.send((number, False, f"{type(exc).__name__}: {exc}"))
+
+    def _joined(self) -> None:
+        """A front end serves (it joined after loading the repository)."""
+        self.ready += 1
+        if self.ready == self.workers:
+            log.info("ready: %d front ends", self.workers)
+
+    # ------------------------------------------------------------ executors
+    async def executor(self, device: str, dead: int | None = None
+                       ) -> tuple[str, bytes, int]:
+        """The device's executor process, started if none runs, or it died: a front end
+        that saw its pipe close names it (``dead``), maybe before it is reaped."""
+        async with self._executor_lock:
+            running = self.executors.get(device)
+            if running is not None and running.process.is_alive() and \
+                    running.process.pid != dead:
+                return running.address, self.authkey, running.process.pid or 0
+            if running is not None:
+                running.process.kill()  # gone already, or no longer answering
+                await asyncio.to_thread(running.process.join, 10)
+                log.error("executor process %s (pid %s) ended with exit code %s: starting "
+                          "another", device, running.process.pid, running.process.exitcode)
+                running.control.close()
+            if self.stopping:
+                raise InvalidValue("the server is stopping")
+            address = str(self.folder / f"{device.replace(',', '-')}.sock")
+            control, theirs = self.context.Pipe()
+            process = self.context.Process(target=run_shared, name=f"executor-{device}",
+                                           args=(theirs, address, self.authkey), daemon=True)
+            process.start()
+            theirs.close()
+            if not await asyncio.to_thread(control.poll, EXECUTOR_START_S):
+                process.kill()
+                raise InvalidValue(f"the executor process for {device} did not start within "
+                                   f"{EXECUTOR_START_S:g} s")
+            control.recv_bytes()
+            self.executors[device] = _Executor(process, control, address)
+            log.info("executor process %s: pid %s", device, process.pid)
+            return address, self.authkey, process.pid or 0
+
+    # ------------------------------------------------------------ stopping
+    def stop(self) -> None:
+        """Every front end drains (SIGTERM), then the executors stop."""
+        if self.stopping:
+            return
+        self.stopping = True
+        for member in self.members.values():
+            if member.process.pid is not None:
+                try:
+                    os.kill(member.process.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        if not self.members:
+            self.stopped.set()
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self._signalled, signum)
+        for index in range(self.workers):
+            await self.start_front_end(index)
+        await self.stopped.wait()
+        for running in self.executors.values():
+            running.control.close()  # the process releases its instances and exits
+        for running in self.executors.values():
+            await asyncio.to_thread(running.process.join, 10)
+            if running.process.is_alive():
+                running.process.kill()
+        for path in self.folder.glob("*"):
+            path.unlink(missing_ok=True)
+        self.folder.rmdir()
+        log.info("stopped")
+        return self.exit_code
+
+    def _signalled(self, signum: int) -> None:
+        log.info("signal %s: the front ends finish what they accepted",
+                 signal.Signals(signum).name)
+        self.stop()
+
+
+def serve_workers(options: ServeOptions, workers: int) -> None:
+    """Serve with ``workers`` front-end processes until told to stop (exit code 1 when
+    the front ends could not be kept running)."""
+    from tradeoff.server.runner import bind, exit_with_parent
+
+    exit_with_parent()
+    check_room(options.executor_memory_mb << 20, 2 * workers)
+    for name in remove_stale_segments():
+        log.info("removed shared memory %s of a server no longer running", name)
+    held = {flag: bind(options.host, port, reuse_port=True)  # the ports, for the front ends
+            for flag, port in (("http_port", options.http_port),
+                               ("metrics_port", options.metrics_port),
+                               ("grpc_port", options.grpc_port)) if port is not None}
+    options = replace(options, executors="process",
+                      **{flag: sock.getsockname()[1] for flag, sock in held.items()})
+    log.info("%d front ends on %s:%d (HTTP), sharing one executor process per device",
+             workers, options.host, options.http_port)
+
+    async def main() -> int:
+        return await Supervisor(options, workers).run()
+
+    try:
+        import uvloop
+
+        code = uvloop.run(main())
+    except ImportError:
+        code = asyncio.run(main())
+    finally:
+        for sock in held.values():
+            sock.close()
+    if code:
+        raise SystemExit(code)
