@@ -12,7 +12,8 @@ counted by ``gil_waits``, which gpu_tensor.py runs on a GPU) and served (`tradeo
 pinned to one core, the load from this process on another, at twice the batch in rows),
 interleaved and repeated, and reports served/ceiling with the server's own compute time
 per batch. One variant runs the server with a lower GIL switch interval; the last ones
-run the batches in an executor process (`--executors process`), on the server's core.
+run the batches in an executor process (`--executors process`), and behind several front
+ends (`--workers`), all on the server's core.
 
     .venv/bin/python benchmarks/gil_handoff.py --duration 5 --repeats 3
 """
@@ -162,6 +163,9 @@ def main() -> None:
                         help="the last variant's GIL switch interval (most hand-offs)")
     parser.add_argument("--process-releases", default="1,16",
                         help="hand-offs per batch also served with --executors process")
+    parser.add_argument("--workers-releases", default="",
+                        help="hand-offs per batch also served with --workers (front ends)")
+    parser.add_argument("--workers", type=int, default=2, help="front ends of --workers")
     parser.add_argument("--json", type=Path, default=Path("benchmarks/results/gil_handoff.json"))
     args = parser.parse_args()
     releases = [int(r) for r in args.releases.split(",")]
@@ -182,6 +186,9 @@ def main() -> None:
         variants += [(f"{r} per batch, executor process", names[r], r, None,
                       (*plain, "--executors", "process"))
                      for r in (int(x) for x in args.process_releases.split(",") if x)]
+        variants += [(f"{r} per batch, {args.workers} front ends", names[r], r, None,
+                      (*plain, "--workers", str(args.workers)))
+                     for r in (int(x) for x in args.workers_releases.split(",") if x)]
         runs: dict[tuple[str, int], list[dict]] = {}
         for repeat in range(args.repeats):
             for label, name, _, interval, extra in variants:

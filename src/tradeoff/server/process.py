@@ -135,7 +135,7 @@ class ServerProcess:
                 context = ssl._create_unverified_context() if self.scheme == "https" else None
                 with urllib.request.urlopen(f"{self.url}/v2/health/ready", timeout=1,
                                             context=context) as r:
-                    if r.status == 200:
+                    if r.status == 200 and self._every_front_end_ready():
                         return self
             # not listening yet, or something else answers there (our child then exits)
             except (urllib.error.URLError, ConnectionError, TimeoutError,
@@ -143,6 +143,13 @@ class ServerProcess:
                 pass
             time.sleep(0.1)
         self._fail(f"tradeoff serve was not ready within {timeout:.0f}s")
+
+    def _every_front_end_ready(self) -> bool:
+        """With ``--workers N``: whether all N front ends serve, not only the first."""
+        if "--workers" not in self.extra_args:
+            return True
+        workers = self.extra_args[self.extra_args.index("--workers") + 1]
+        return int(workers) < 2 or f"ready: {workers} front ends" in self.log_text()
 
     def _fail(self, why: str) -> NoReturn:
         self.stop()

@@ -72,7 +72,8 @@ class _Member:
     process: BaseProcess
     channel: Channel
     started: float
-    reader: asyncio.Task[None]
+    reader: asyncio.Task[None] | None = None
+    ready: bool = False  # it joined the others, its repository loaded
 
 
 @dataclass
@@ -95,7 +96,6 @@ class Supervisor:
         self.folder = Path(tempfile.mkdtemp(prefix="tradeoff-executors-"))  # 0700
         self.authkey = secrets.token_bytes(32)
         self.failed_starts = 0
-        self.ready = 0  # front ends that joined (a restarted one again)
         self.stopping = False
         self.exit_code = 0
         self.stopped = asyncio.Event()
@@ -111,8 +111,8 @@ class Supervisor:
         process.start()
         theirs.close()
         channel = await Channel.open(mine)
-        member = _Member(index, process, channel, time.monotonic(),
-                         asyncio.create_task(self._serve_calls(channel)))
+        member = _Member(index, process, channel, time.monotonic())
+        member.reader = asyncio.create_task(self._serve_calls(member))
         self.members[index] = member
         asyncio.get_running_loop().add_reader(process.sentinel, self._ended, member)
         log.info("front end %d: pid %s", index, process.pid)
@@ -122,7 +122,8 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         loop.remove_reader(member.process.sentinel)
         member.process.join()
-        member.reader.cancel()
+        if member.reader is not None:
+            member.reader.cancel()
         member.channel.close()
         if self.members.get(member.index) is member:
             del self.members[member.index]
@@ -154,32 +155,33 @@ class Supervisor:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _serve_calls(self, channel: Channel) -> None:
+    async def _serve_calls(self, member: _Member) -> None:
         while True:
             try:
-                number, kind, args = await channel.receive()
+                number, kind, args = await member.channel.receive()
             except EOFError:
                 return
-            self._background(self._answer(channel, number, kind, args))
+            self._background(self._answer(member, number, kind, args))
 
-    async def _answer(self, channel: Channel, number: int, kind: str, args: tuple) -> None:
+    async def _answer(self, member: _Member, number: int, kind: str, args: tuple) -> None:
+        channel = member.channel
         try:
             if kind == "executor":
                 value = await self.executor(*args)
             elif kind == "coordinator":
                 value = await getattr(self.coordinator, args[0])(*args[1:])
                 if args[0] == "register":
-                    self._joined()
+                    self._joined(member)
             else:
                 raise InvalidValue(f"no such call: {kind}")
             channel.send((number, True, value))
         except Exception as exc:
             channel.send((number, False, f"{type(exc).__name__}: {exc}"))
 
-    def _joined(self) -> None:
-        """A front end serves (it joined after loading the repository)."""
-        self.ready += 1
-        if self.ready == self.workers:
+    def _joined(self, member: _Member) -> None:
+        """A front end serves (it joins the others once its repository is loaded)."""
+        member.ready = True
+        if len(self.members) == self.workers and all(m.ready for m in self.members.values()):
             log.info("ready: %d front ends", self.workers)
 
     # ------------------------------------------------------------ executors

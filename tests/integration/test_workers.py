@@ -1,0 +1,242 @@
+"""``serve --workers N``: front-end processes on one port that answer as one server. The
+kernel shares new connections between them; they share one executor process per device;
+a repository change on one reaches all; the statistics extension and ``/metrics`` add up
+over them; a front end or an executor process that dies is started again, and SIGTERM
+stops every process and leaves no shared memory."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as triton_grpc
+
+from tradeoff.server.process import ServerProcess
+
+from .helpers import get_text, metric_samples, model_metric, request, running_server, wait_for
+from .model_repo import build_test_repository
+from .test_engine_process import alive, engine_children
+
+pytestmark = pytest.mark.integration
+
+WORKERS = 2
+CONNECTIONS = 32  # new connections, hashed over the front ends by their addresses
+ROW = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 256],
+                              "data": [0.5] * 256}]})
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tradeoff.models.generative import write_synthetic_llm
+
+    root = build_test_repository(tmp_path_factory.mktemp("models"))
+    write_synthetic_llm(root, "llm", model={"step_ms": 1.0})
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(repository: Path) -> Iterator[ServerProcess]:
+    yield from running_server(repository, extra_args=("--workers", str(WORKERS)))
+
+
+def front_ends(server: ServerProcess) -> list[int]:
+    """The front ends running now, as the supervisor's log names them."""
+    return _named(server, r"tradeoff\.server: front end \d+: pid (\d+)")
+
+
+def executors(server: ServerProcess) -> list[int]:
+    return _named(server, r"tradeoff\.server: executor process cpu: pid (\d+)")
+
+
+def _named(server: ServerProcess, pattern: str) -> list[int]:
+    assert server.process is not None
+    children = set(engine_children(server.process.pid))
+    return [pid for pid in map(int, re.findall(pattern, server.log_text()))
+            if pid in children and alive(pid)]
+
+
+def answered_by(server: ServerProcess, count: int = CONNECTIONS) -> dict[int, int]:
+    """Send one request on each of ``count`` new connections, each kept open; which
+    front end holds each (by the sockets in /proc): pid -> connections. Every answer
+    must be 200."""
+    pids = front_ends(server)
+    connections = open_connections(server, count)
+    established = _established(server.http_port)
+    held = {pid: len(_socket_inodes(pid) & established) for pid in pids}
+    for connection in connections:
+        connection.close()
+    return held
+
+
+def open_connections(server: ServerProcess, count: int) -> list[http.client.HTTPConnection]:
+    """``count`` new connections, each with one request answered 200, kept open."""
+    connections = []
+    for _ in range(count):
+        connection = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=10)
+        connection.request("POST", "/v2/models/mlp/infer", ROW)
+        answer = connection.getresponse()
+        assert answer.status == 200, answer.read()
+        answer.read()
+        connections.append(connection)
+    return connections
+
+
+def again(connection: http.client.HTTPConnection) -> int | None:
+    """A second request on the connection: its status, None when the connection is
+    gone."""
+    try:
+        connection.request("POST", "/v2/models/mlp/infer", ROW)
+        answer = connection.getresponse()
+        answer.read()
+        return answer.status
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        connection.close()
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    return inodes
+
+
+def _established(port: int) -> set[str]:
+    """The inodes of the established TCP connections to ``port`` on this host."""
+    found = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[1].split(":")[1], 16) == port and fields[3] == "01":
+            found.add(fields[9])
+    return found
+
+
+def success_count(server: ServerProcess, model: str) -> int:
+    answer = request(server.url, "GET", f"/v2/models/{model}/stats")
+    return int(answer.json()["model_stats"][0]["inference_stats"]["success"]["count"])
+
+
+def test_the_front_ends_share_the_connections_and_one_executor(server: ServerProcess) -> None:
+    """Two front ends, one executor process for the CPU; new connections reach both, and
+    each answers HTTP and gRPC."""
+    assert len(front_ends(server)) == WORKERS and len(executors(server)) == 1
+    held = answered_by(server)
+    assert sum(held.values()) == CONNECTIONS
+    assert all(count > 0 for count in held.values()), held
+    client = triton_grpc.InferenceServerClient(server.grpc_url)
+    for _ in range(8):  # each a new channel: both front ends bound the gRPC port
+        tensor = triton_grpc.InferInput("INPUT0", [1, 256], "FP32")
+        tensor.set_data_from_numpy(np.full((1, 256), 0.5, np.float32))
+        assert client.infer("mlp", [tensor]).as_numpy("OUTPUT0").shape == (1, 10)
+        client = triton_grpc.InferenceServerClient(server.grpc_url)
+
+
+def test_statistics_and_metrics_add_up_over_the_front_ends(server: ServerProcess) -> None:
+    before = success_count(server, "mlp")
+    held = answered_by(server)
+    assert all(count > 0 for count in held.values()), held
+    assert success_count(server, "mlp") == before + CONNECTIONS
+    text = get_text(server.metrics_url)
+    families = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")]
+    assert len(families) == len(set(families))  # each family once
+    assert model_metric(server, "tradeoff_inference_request_success_total", "mlp") == \
+        before + CONNECTIONS
+    samples = metric_samples(server)
+    # each front end's two arenas of 64 MiB (the default): the requests' one counted
+    sizes = samples[("tradeoff_executor_shared_memory_size_bytes",
+                     frozenset({"device": "cpu"}.items()))]
+    assert sizes == WORKERS * (64 << 20)
+
+
+def test_a_repository_change_on_one_front_end_reaches_every_other(
+        server: ServerProcess) -> None:
+    def ready_everywhere() -> set[int]:
+        statuses = set()
+        for _ in range(CONNECTIONS):
+            connection = http.client.HTTPConnection("127.0.0.1", server.http_port)
+            connection.request("GET", "/v2/models/add_sub/ready")
+            statuses.add(connection.getresponse().status)
+            connection.close()
+        return statuses
+
+    assert ready_everywhere() == {200}
+    assert request(server.url, "POST", "/v2/repository/models/add_sub/unload").status == 200
+    assert ready_everywhere() == {503}
+    assert request(server.url, "POST", "/v2/repository/models/add_sub/load").status == 200
+    assert ready_everywhere() == {200}
+    refused = request(server.url, "POST", "/v2/repository/models/llm/load")
+    assert refused.status == 400 and "serve --workers runs tensor models only" in \
+        refused.json()["error"]
+
+
+def test_a_killed_front_end_is_started_again_and_the_other_keeps_its_connections(
+        server: ServerProcess) -> None:
+    """SIGKILL one front end: the connections it held are lost, the other's answer on,
+    and a new front end takes new connections."""
+    victim, survivor = front_ends(server)
+    connections = open_connections(server, CONNECTIONS)
+    survivors = len(_socket_inodes(survivor) & _established(server.http_port))
+    assert 0 < survivors < CONNECTIONS
+    os.kill(victim, signal.SIGKILL)
+    wait_for(lambda: not alive(victim), "the front end gone")
+    statuses = [again(connection) for connection in connections]
+    assert statuses.count(200) == survivors, statuses
+    assert set(statuses) <= {200, None}
+    wait_for(lambda: len(front_ends(server)) == WORKERS, "a new front end", timeout=60)
+    wait_for(lambda: server.log_text().count(f"ready: {WORKERS} front ends") == 2,
+             "the new front end ready", timeout=60)
+    assert "ended with exit code -9: starting it again" in server.log_text()
+    held = answered_by(server)
+    assert all(count > 0 for count in held.values()), held
+
+
+def test_a_killed_executor_is_started_again_for_every_front_end(
+        server: ServerProcess) -> None:
+    """SIGKILL the executor process: every front end dials the one new process the
+    supervisor starts, and loads its models there again."""
+    [executor] = executors(server)
+    os.kill(executor, signal.SIGKILL)
+    wait_for(lambda: executors(server) not in ([], [executor]), "a new executor process",
+             timeout=60)
+    wait_for(lambda: set(_ready_codes(server)) == {200}, "mlp ready everywhere", timeout=60)
+    assert len(executors(server)) == 1
+    held = answered_by(server)
+    assert sum(held.values()) == CONNECTIONS
+
+
+def _ready_codes(server: ServerProcess) -> list[int]:
+    codes = []
+    for _ in range(8):
+        connection = http.client.HTTPConnection("127.0.0.1", server.http_port)
+        connection.request("GET", "/v2/models/mlp/ready")
+        codes.append(connection.getresponse().status)
+        connection.close()
+    return codes
+
+
+def test_sigterm_stops_every_process_and_leaves_no_shared_memory(repository: Path) -> None:
+    server = ServerProcess(repository, extra_args=("--workers", str(WORKERS))).start()
+    assert server.process is not None
+    children = engine_children(server.process.pid)
+    assert len(children) == WORKERS + 1
+    server.process.send_signal(signal.SIGTERM)
+    assert server.process.wait(60) == 0, server.log_text()[-3000:]
+    server.close_log()
+    wait_for(lambda: not any(alive(pid) for pid in children), "every child gone")
+    mine = f"tradeoff-{os.getuid()}-"
+    leftover = [p.name for p in Path("/dev/shm").iterdir() if p.name.startswith(mine) and
+                int(p.name[len(mine):].split("-")[0]) in children]
+    assert leftover == []
