@@ -245,7 +245,7 @@ EARLIER = {"a.json": ["bench", "--model", "mlp"], "b.json": ["bench", "--model",
            "sweep-mlp.json": ["sweep", "--model", "mlp", "--concurrency-range", "1:2"],
            "sweep-mlp_nobatch.json": ["sweep", "--model", "mlp_nobatch",
                                       "--concurrency-range", "1:2"]}
-LONGER_RUNS = {"--budget": "10s", "--seconds": "0.2", "--interval": "0.3s",
+LONGER_RUNS = {"--budget": "5s", "--seconds": "0.2", "--interval": "0.3s",
                "--window": "0.5s", "--duration": "0.5s", "--concurrency-range": "1:2",
                "--rate-range": "250:400", "--rounds": "1"}
 # a run the page leaves at its default length (until stable, 5 s rounds) made short too
@@ -253,7 +253,7 @@ SHORT_DEFAULTS = {"bench": ["--duration", "0.5s"],
                   "sweep": ["--duration", "0.5s", "--warmup", "0s"],
                   "compare": ["--duration", "0.5s", "--rounds", "1", "--warmup", "0s"],
                   "tune batch-size": ["--seconds", "0.2"],
-                  "tune serve": ["--duration", "0.5s", "--budget", "10s"]}
+                  "tune serve": ["--duration", "0.5s", "--budget", "5s"]}
 
 
 def page_script(page: str, server: ServerProcess, skipped: list[str]) -> str:

@@ -11,6 +11,8 @@ import json
 import os
 import re
 import signal
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +22,15 @@ import tritonclient.grpc as triton_grpc
 
 from tradeoff.server.process import ServerProcess
 
-from .helpers import get_text, metric_samples, model_metric, request, running_server, wait_for
+from .helpers import (
+    get_text,
+    infer_json,
+    metric_samples,
+    model_metric,
+    request,
+    running_server,
+    wait_for,
+)
 from .model_repo import build_test_repository
 from .test_engine_process import alive, engine_children
 
@@ -63,16 +73,32 @@ def _named(server: ServerProcess, pattern: str) -> list[int]:
 
 
 def answered_by(server: ServerProcess, count: int = CONNECTIONS) -> dict[int, int]:
-    """Send one request on each of ``count`` new connections, each kept open; which
-    front end holds each (by the sockets in /proc): pid -> connections. Every answer
-    must be 200."""
-    pids = front_ends(server)
+    """Send one request on each of ``count`` new connections (each answered 200): how
+    many each front end holds, pid -> connections."""
     connections = open_connections(server, count)
-    established = _established(server.http_port)
-    held = {pid: len(_socket_inodes(pid) & established) for pid in pids}
-    for connection in connections:
-        connection.close()
-    return held
+    try:
+        return holders(server, connections)
+    finally:
+        for connection in connections:
+            connection.close()
+
+
+def holders(server: ServerProcess, connections: list[http.client.HTTPConnection]
+            ) -> dict[int, int]:
+    """Which front end accepted each of ``connections`` (by the sockets in /proc):
+    pid -> how many; waits until every one is accepted."""
+    ports = {c.sock.getsockname()[1] for c in connections if c.sock is not None}
+    assert len(ports) == len(connections)
+    accepted: dict[int, str] = {}
+
+    def all_accepted() -> bool:
+        accepted.clear()
+        accepted.update(_server_sides(server.http_port, ports))
+        return len(accepted) == len(ports) and "0" not in accepted.values()
+
+    wait_for(all_accepted, "every connection accepted")
+    inodes = set(accepted.values())
+    return {pid: len(_socket_inodes(pid) & inodes) for pid in front_ends(server)}
 
 
 def open_connections(server: ServerProcess, count: int) -> list[http.client.HTTPConnection]:
@@ -114,13 +140,15 @@ def _socket_inodes(pid: int) -> set[str]:
     return inodes
 
 
-def _established(port: int) -> set[str]:
-    """The inodes of the established TCP connections to ``port`` on this host."""
-    found = set()
+def _server_sides(port: int, clients: set[int]) -> dict[int, str]:
+    """The server's sockets of the connections to ``port`` from the client ports
+    ``clients``: client port -> socket inode ("0" until accepted)."""
+    found = {}
     for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
         fields = line.split()
-        if int(fields[1].split(":")[1], 16) == port and fields[3] == "01":
-            found.add(fields[9])
+        local, remote = (int(a.split(":")[1], 16) for a in fields[1:3])
+        if local == port and remote in clients:
+            found[remote] = fields[9]
     return found
 
 
@@ -142,6 +170,33 @@ def test_the_front_ends_share_the_connections_and_one_executor(server: ServerPro
         tensor.set_data_from_numpy(np.full((1, 256), 0.5, np.float32))
         assert client.infer("mlp", [tensor]).as_numpy("OUTPUT0").shape == (1, 10)
         client = triton_grpc.InferenceServerClient(server.grpc_url)
+
+
+def test_requests_from_every_front_end_batch_together(server: ServerProcess) -> None:
+    """``held`` runs a batch at 16 rows or after 2 s: 16 one-row requests that reach both
+    front ends run as one batch in the executor they share."""
+    def executions() -> int:
+        return int(request(server.url, "GET", "/v2/models/held/stats").json()[
+            "model_stats"][0]["execution_count"])
+
+    before = executions()
+    body = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4],
+                                   "data": [1.0] * 4}]})
+    connections = []
+    try:
+        for _ in range(16):
+            connection = http.client.HTTPConnection("127.0.0.1", server.http_port,
+                                                    timeout=10)
+            connection.request("POST", "/v2/models/held/infer", body)
+            connections.append(connection)
+        held = holders(server, connections)
+        assert all(held.values()) and sum(held.values()) == 16, held  # both hold some
+        answers = [connection.getresponse() for connection in connections]
+        assert [a.status for a in answers] == [200] * 16
+    finally:
+        for connection in connections:
+            connection.close()
+    assert executions() == before + 1
 
 
 def test_statistics_and_metrics_add_up_over_the_front_ends(server: ServerProcess) -> None:
@@ -177,6 +232,9 @@ def test_a_repository_change_on_one_front_end_reaches_every_other(
     assert ready_everywhere() == {503}
     assert request(server.url, "POST", "/v2/repository/models/add_sub/load").status == 200
     assert ready_everywhere() == {200}
+    # loaded again while loaded (a reload): every front end serves the new build
+    assert request(server.url, "POST", "/v2/repository/models/mlp/load").status == 200
+    assert sum(answered_by(server).values()) == CONNECTIONS
     refused = request(server.url, "POST", "/v2/repository/models/llm/load")
     assert refused.status == 400 and "serve --workers runs tensor models only" in \
         refused.json()["error"]
@@ -188,7 +246,7 @@ def test_a_killed_front_end_is_started_again_and_the_other_keeps_its_connections
     and a new front end takes new connections."""
     victim, survivor = front_ends(server)
     connections = open_connections(server, CONNECTIONS)
-    survivors = len(_socket_inodes(survivor) & _established(server.http_port))
+    survivors = holders(server, connections)[survivor]
     assert 0 < survivors < CONNECTIONS
     os.kill(victim, signal.SIGKILL)
     wait_for(lambda: not alive(victim), "the front end gone")
@@ -205,10 +263,29 @@ def test_a_killed_front_end_is_started_again_and_the_other_keeps_its_connections
 
 def test_a_killed_executor_is_started_again_for_every_front_end(
         server: ServerProcess) -> None:
-    """SIGKILL the executor process: every front end dials the one new process the
+    """SIGKILL the executor process with requests waiting in it from both front ends:
+    each is answered 503 within a second; every front end dials the one new process the
     supervisor starts, and loads its models there again."""
     [executor] = executors(server)
+    row = [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1.0] * 4}]
+    statuses: list[tuple[int, float]] = []
+
+    def wait_in_held() -> None:
+        answer = infer_json(server.url, "held", row)
+        statuses.append((answer.status, time.monotonic()))
+
+    threads = [threading.Thread(target=wait_in_held) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    wait_for(lambda: model_metric(server, "tradeoff_inference_queue_depth", "held") >= 1,
+             "requests waiting in the executor")
+    time.sleep(0.5)  # the others reach it too
     os.kill(executor, signal.SIGKILL)
+    killed = time.monotonic()
+    for thread in threads:
+        thread.join(10)
+    assert [s for s, _ in statuses] == [503] * 8
+    assert all(at - killed < 1.0 for _, at in statuses), statuses
     wait_for(lambda: executors(server) not in ([], [executor]), "a new executor process",
              timeout=60)
     wait_for(lambda: set(_ready_codes(server)) == {200}, "mlp ready everywhere", timeout=60)
