@@ -5,6 +5,7 @@ and the segments of dead servers removed."""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -108,3 +109,18 @@ def test_arenas_larger_than_the_shared_memory_are_refused_before_the_server_star
                                     "--executors", "process",
                                     "--executor-memory-mb", str(1 << 40)])
     assert run.exit_code == 2 and "give a smaller --executor-memory-mb" in run.output
+
+
+def test_workers_take_two_arenas_each_and_do_not_go_with_ray(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from tradeoff.cli import main
+
+    total = shutil.disk_usage("/dev/shm").total >> 20
+    each = total // 6 + 1  # two front ends' four arenas fit, eight do not
+    run = CliRunner().invoke(main, ["serve", "--model-repository", str(tmp_path),
+                                    "--workers", "4", "--executor-memory-mb", str(each)])
+    assert run.exit_code == 2 and "8 shared memory arenas" in run.output, run.output
+    run = CliRunner().invoke(main, ["serve", "--model-repository", str(tmp_path),
+                                    "--workers", "2", "--ray", "local"])
+    assert run.exit_code == 2 and "give one or the other" in run.output, run.output
