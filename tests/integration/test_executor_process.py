@@ -207,24 +207,9 @@ def test_a_killed_executor_fails_its_requests_at_once_and_its_models_load_again(
     try:
         assert server.process is not None
         [executor] = engine_children(server.process.pid)
-        row = [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1.0] * 4}]
-        statuses: list[tuple[int, float]] = []
-
-        def wait_in_held() -> None:
-            answer = infer_json(server.url, "held", row)
-            statuses.append((answer.status, time.monotonic()))
-
-        threads = [threading.Thread(target=wait_in_held) for _ in range(3)]
-        for thread in threads:
-            thread.start()
-        wait_for(lambda: model_metric(server, "tradeoff_inference_queue_depth", "held") == 3,
-                 "three requests waiting in the executor")
-        os.kill(executor, signal.SIGKILL)
-        killed = time.monotonic()
-        for thread in threads:
-            thread.join(10)
+        statuses = kill_with_requests_waiting(server, executor, 3)
         assert [s for s, _ in statuses] == [503] * 3
-        assert all(at - killed < 1.0 for _, at in statuses), statuses
+        assert all(after < 1.0 for _, after in statuses), statuses
         ready = request(server.url, "GET", "/v2/models/mlp/ready")
         wait_for(lambda: request(server.url, "GET", "/v2/models/mlp/ready").status == 200,
                  "mlp ready again", timeout=60)
@@ -240,6 +225,31 @@ def test_a_killed_executor_fails_its_requests_at_once_and_its_models_load_again(
         code = server.stop()
         server.close_log()
     assert code == 0
+
+
+def kill_with_requests_waiting(server: ServerProcess, executor: int, count: int
+                               ) -> list[tuple[int, float]]:
+    """``count`` requests waiting in the executor's queue of ``held`` (2 s of delay),
+    then SIGKILL ``executor``: each answer's status and how long after the kill it came."""
+    row = [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1.0] * 4}]
+    answered: list[tuple[int, float]] = []
+
+    def wait_in_held() -> None:
+        answer = infer_json(server.url, "held", row)
+        answered.append((answer.status, time.monotonic()))
+
+    threads = [threading.Thread(target=wait_in_held) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    # the queue as each front end last heard it from the executor: at least one waits
+    wait_for(lambda: model_metric(server, "tradeoff_inference_queue_depth", "held") >= 1,
+             "requests waiting in the executor")
+    time.sleep(0.5)  # the others reach it too
+    os.kill(executor, signal.SIGKILL)
+    killed = time.monotonic()
+    for thread in threads:
+        thread.join(10)
+    return [(status, at - killed) for status, at in answered]
 
 
 def test_the_segments_of_a_killed_server_are_removed_at_the_next_start(

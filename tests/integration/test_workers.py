@@ -11,8 +11,6 @@ import json
 import os
 import re
 import signal
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +22,6 @@ from tradeoff.server.process import ServerProcess
 
 from .helpers import (
     get_text,
-    infer_json,
     metric_samples,
     model_metric,
     request,
@@ -33,6 +30,7 @@ from .helpers import (
 )
 from .model_repo import build_test_repository
 from .test_engine_process import alive, engine_children
+from .test_executor_process import kill_with_requests_waiting
 
 pytestmark = pytest.mark.integration
 
@@ -267,25 +265,9 @@ def test_a_killed_executor_is_started_again_for_every_front_end(
     each is answered 503 within a second; every front end dials the one new process the
     supervisor starts, and loads its models there again."""
     [executor] = executors(server)
-    row = [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1.0] * 4}]
-    statuses: list[tuple[int, float]] = []
-
-    def wait_in_held() -> None:
-        answer = infer_json(server.url, "held", row)
-        statuses.append((answer.status, time.monotonic()))
-
-    threads = [threading.Thread(target=wait_in_held) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    wait_for(lambda: model_metric(server, "tradeoff_inference_queue_depth", "held") >= 1,
-             "requests waiting in the executor")
-    time.sleep(0.5)  # the others reach it too
-    os.kill(executor, signal.SIGKILL)
-    killed = time.monotonic()
-    for thread in threads:
-        thread.join(10)
+    statuses = kill_with_requests_waiting(server, executor, 8)
     assert [s for s, _ in statuses] == [503] * 8
-    assert all(at - killed < 1.0 for _, at in statuses), statuses
+    assert all(after < 1.0 for _, after in statuses), statuses
     wait_for(lambda: executors(server) not in ([], [executor]), "a new executor process",
              timeout=60)
     wait_for(lambda: set(_ready_codes(server)) == {200}, "mlp ready everywhere", timeout=60)
