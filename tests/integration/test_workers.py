@@ -1,5 +1,6 @@
 """``serve --workers N``: front-end processes on one port that answer as one server. The
-kernel shares new connections between them; they share one executor process per device;
+kernel shares new connections between them; they share one executor process per device
+and one engine process per generative model;
 a repository change on one reaches all; the statistics extension and ``/metrics`` add up
 over them; a front end or an executor process that dies is started again, and SIGTERM
 stops every process and leaves no shared memory."""
@@ -158,7 +159,9 @@ def success_count(server: ServerProcess, model: str) -> int:
 def test_the_front_ends_share_the_connections_and_one_executor(server: ServerProcess) -> None:
     """Two front ends, one executor process for the CPU; new connections reach both, and
     each answers HTTP and gRPC."""
+    assert server.process is not None
     assert len(front_ends(server)) == WORKERS and len(executors(server)) == 1
+    assert len(engine_children(server.process.pid)) == WORKERS + 2  # and one engine
     held = answered_by(server)
     assert sum(held.values()) == CONNECTIONS
     assert all(count > 0 for count in held.values()), held
@@ -233,9 +236,12 @@ def test_a_repository_change_on_one_front_end_reaches_every_other(
     # loaded again while loaded (a reload): every front end serves the new build
     assert request(server.url, "POST", "/v2/repository/models/mlp/load").status == 200
     assert sum(answered_by(server).values()) == CONNECTIONS
-    refused = request(server.url, "POST", "/v2/repository/models/llm/load")
-    assert refused.status == 400 and "serve --workers runs tensor models only" in \
-        refused.json()["error"]
+    # a generative model loaded again: every front end feeds the one new engine
+    [engine] = engines(server)
+    assert request(server.url, "POST", "/v2/repository/models/llm/load").status == 200
+    assert sum(complete_on_new_connections(server).values()) == CONNECTIONS
+    wait_for(lambda: len(engines(server)) == 1 and engines(server) != [engine],
+             "the old engine process gone")
 
 
 def test_a_killed_front_end_is_started_again_and_the_other_keeps_its_connections(
@@ -286,11 +292,73 @@ def _ready_codes(server: ServerProcess) -> list[int]:
     return codes
 
 
+def engines(server: ServerProcess) -> list[int]:
+    return _named(server, r"tradeoff\.server: engine process llm: pid (\d+)")
+
+
+def complete_on_new_connections(server: ServerProcess, count: int = CONNECTIONS
+                                ) -> dict[int, int]:
+    """``count`` greedy generations of 8 tokens, each started on a new connection (kept
+    until all are answered): which front end holds each, pid -> connections."""
+    body = json.dumps({"model": "llm", "prompt": "hello there", "max_tokens": 8,
+                       "temperature": 0, "ignore_eos": True})
+    connections = []
+    try:
+        for _ in range(count):
+            connection = http.client.HTTPConnection("127.0.0.1", server.http_port,
+                                                    timeout=30)
+            connection.request("POST", "/v1/completions", body,
+                               {"content-type": "application/json"})
+            connections.append(connection)
+        held = holders(server, connections)
+        answers = [json.loads(c.getresponse().read()) for c in connections]
+    finally:
+        for connection in connections:
+            connection.close()
+    assert all(a["usage"]["completion_tokens"] == 8 for a in answers), answers[0]
+    assert len({a["choices"][0]["text"] for a in answers}) == 1  # greedy: one answer
+    return held
+
+
+def test_a_generative_model_runs_in_one_engine_every_front_end_feeds(
+        server: ServerProcess) -> None:
+    """The front ends share one engine process: generations from both run in it, and its
+    counts are shown once (not once per front end) in /metrics and the statistics."""
+    assert len(engines(server)) == 1
+
+    def finished() -> float:
+        return metric_samples(server)[("tradeoff_generation_requests_finished_total",
+                                       frozenset({"model": "llm"}.items()))]
+
+    before, stats_before = finished(), success_count(server, "llm")
+    held = complete_on_new_connections(server)
+    assert all(held.values()) and sum(held.values()) == CONNECTIONS, held
+    assert finished() == before + CONNECTIONS
+    assert success_count(server, "llm") == stats_before + CONNECTIONS
+    streamed = request(server.url, "POST", "/v1/completions", json.dumps(
+        {"model": "llm", "prompt": "hi", "max_tokens": 4, "stream": True}),
+        {"content-type": "application/json"})
+    assert streamed.status == 200 and streamed.body.rstrip().endswith(b"data: [DONE]")
+
+
+def test_a_killed_engine_is_started_again_once_for_every_front_end(
+        server: ServerProcess) -> None:
+    [engine] = engines(server)
+    os.kill(engine, signal.SIGKILL)
+    wait_for(lambda: engines(server) not in ([], [engine]), "a new engine process",
+             timeout=60)
+    wait_for(lambda: {request(server.url, "GET", "/v2/models/llm/ready").status
+                      for _ in range(8)} == {200}, "llm ready everywhere", timeout=60)
+    assert len(engines(server)) == 1
+    held = complete_on_new_connections(server)
+    assert sum(held.values()) == CONNECTIONS
+
+
 def test_sigterm_stops_every_process_and_leaves_no_shared_memory(repository: Path) -> None:
     server = ServerProcess(repository, extra_args=("--workers", str(WORKERS))).start()
     assert server.process is not None
     children = engine_children(server.process.pid)
-    assert len(children) == WORKERS + 1
+    assert len(children) == WORKERS + 2  # and an executor process, an engine process
     server.process.send_signal(signal.SIGTERM)
     assert server.process.wait(60) == 0, server.log_text()[-3000:]
     server.close_log()

@@ -68,3 +68,21 @@ def test_a_model_only_another_front_end_serves_is_shown() -> None:
                 (("model", "other"), ("version", "1")))] == 7
     assert got[("tradeoff_inference_request_success_total",
                 (("model", "mlp"), ("version", "1")))] == 1
+
+
+def test_a_shared_engines_counts_are_shown_once() -> None:
+    def engine(finished: float) -> CollectorRegistry:
+        class Engine(Collector):
+            def collect(self) -> Iterator[Metric]:
+                family = CounterMetricFamily("tradeoff_generation_requests_finished",
+                                             "Generations finished", labels=["model"])
+                family.add_metric(["llm"], finished)
+                yield family
+
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(Engine())
+        return registry
+
+    # two front ends read the same engine, one a moment later
+    got = samples(render_summed(engine(40), [families(engine(41))]).decode())
+    assert got[("tradeoff_generation_requests_finished_total", (("model", "llm"),))] == 41

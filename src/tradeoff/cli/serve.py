@@ -142,8 +142,9 @@ def _default(options: type, name: str, text: Callable[[Any], str] | None = None
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(1),
               help="Front-end processes on the same ports, each parsing, validating and "
                    "answering its connections' requests; tensor models run in one "
-                   "executor process per device that they share (--executors process). "
-                   "Tensor models only. docs/serving.md says how to choose N.")
+                   "executor process per device that they share (--executors process), "
+                   "each generative model in one engine process. docs/serving.md says "
+                   "how to choose N.")
 @click.option("--executor-memory-mb", **_default(ServeOptions, "executor_memory_mb"),
               type=click.IntRange(1),
               help="With --executors process: the shared memory each way per executor "

@@ -160,6 +160,12 @@ class EngineClient:
             for key, value in dataclasses.asdict(self.config).items()}}
 
     @property
+    def core_pid(self) -> int | None:
+        """The process the core runs in, when not this one's."""
+        pid = getattr(self._core, "pid", None)
+        return pid if isinstance(pid, int) else None
+
+    @property
     def waiting(self) -> int:
         """Generations queued and not yet running: the core's last count and those it
         has not taken yet."""

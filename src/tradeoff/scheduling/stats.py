@@ -14,7 +14,7 @@ from typing import Any
 
 from tradeoff.scheduling.request import InferenceRequest, Timings
 
-__all__ = ["LATENCY_BUCKETS_S", "ModelStats", "merge_model_stats"]
+__all__ = ["LATENCY_BUCKETS_S", "ModelStats", "merge_model_stats", "response_cache_only"]
 
 # Upper bounds (seconds) of the latency histogram buckets in /metrics.
 LATENCY_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
@@ -165,6 +165,21 @@ def merge_model_stats(documents: list[dict[str, Any]]) -> dict[str, Any]:
                     into["batch_stats"].append(copy.deepcopy(batch))
             into["batch_stats"].sort(key=lambda b: b["batch_size"])
     return {"model_stats": [merged[key] for key in sorted(merged)]}
+
+
+def response_cache_only(entry: dict[str, Any]) -> dict[str, Any]:
+    """A ``model_stats`` entry with only its response cache's counts (each hit a
+    success): what one server adds to another's entry for the same model executions."""
+    zero = {"count": 0, "ns": 0}
+    stats = entry["inference_stats"]
+    hits, misses = stats.get("cache_hit", zero), stats.get("cache_miss", zero)
+    return {"name": entry["name"], "version": entry["version"],
+            "last_inference": entry["last_inference"], "inference_count": 0,
+            "execution_count": 0,
+            "inference_stats": {**{part: dict(zero) for part in stats},
+                                "success": dict(hits), "cache_hit": dict(hits),
+                                "cache_miss": dict(misses)},
+            "batch_stats": []}
 
 
 def _add_durations(into: dict[str, Any], other: dict[str, Any]) -> None:

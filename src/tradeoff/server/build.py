@@ -36,7 +36,8 @@ from tradeoff.server.router import RoutedModel
 from tradeoff.server.warmup import run_warmup
 
 __all__ = ["BuildLimits", "TensorInstances", "build_generative", "build_router",
-           "build_tensor", "clear_finished_frames", "load_engine_parts", "load_failure"]
+           "build_tensor", "clear_finished_frames", "engine_loader", "load_engine_parts",
+           "load_failure"]
 
 log = logging.getLogger("tradeoff.server")
 
@@ -123,15 +124,27 @@ def _load_in_child(root: Path, name: str, limits: BuildLimits
     return load_engine_parts(ModelRepository(root), name, limits)
 
 
+def engine_loader(root: Path, name: str, limits: BuildLimits
+                  ) -> Callable[[], tuple[GenerativeConfig, Decoder, Tokenizer]]:
+    """What an engine process calls to load a generative model (picklable)."""
+    return functools.partial(_load_in_child, root, name, limits)
+
+
 def build_generative(repository: ModelRepository, name: str, limits: BuildLimits,
-                     loop: asyncio.AbstractEventLoop) -> EngineClient:
+                     loop: asyncio.AbstractEventLoop,
+                     shared: tuple[str, bytes, int] | None = None) -> EngineClient:
     """A generative model's engine: weights, tokenizer, KV cache, on a thread of this
-    process or (``process: true``) in a process of its own; its events go to ``loop``."""
+    process or (``process: true``) in a process of its own; its events go to ``loop``.
+    ``shared``: the engine process ``serve --workers``' front ends share (its address,
+    key and pid)."""
     config = GenerativeConfig.of_model(repository.model_dir(name),
                                        repository.backends.generative_formats())
+    if shared is not None:
+        core = ProcessCore.dial(name, *shared, limits.warmup_timeout_s)
+        return EngineClient(name, 1, config, core.tokenizer, core, loop)
     if config.process:
-        core = ProcessCore(name, 1, functools.partial(_load_in_child, repository.root, name,
-                                                      limits), limits.warmup_timeout_s)
+        core = ProcessCore.spawn(name, 1, engine_loader(repository.root, name, limits),
+                                 limits.warmup_timeout_s)
         return EngineClient(name, 1, config, core.tokenizer, core, loop)
     config, decoder, tokenizer = load_engine_parts(repository, name, limits)
     return EngineClient.in_process(name, 1, config, decoder, tokenizer, loop)

@@ -22,7 +22,7 @@ from tradeoff.repository.router import Target
 from tradeoff.scheduling.executor import Outputs
 from tradeoff.scheduling.priority import DEFAULT_GENERATION_PRIORITY, GenerationPriority
 from tradeoff.scheduling.request import InferenceRequest, Timings
-from tradeoff.scheduling.stats import merge_model_stats
+from tradeoff.scheduling.stats import merge_model_stats, response_cache_only
 from tradeoff.server.asgi import OFF_LOOP_BYTES
 from tradeoff.server.cache import ResponseCache
 from tradeoff.server.catalog import ModelVersion
@@ -187,11 +187,19 @@ class DataPlane:
         return {"model_stats": entries}
 
     async def all_statistics(self, name: str | None, version: str | None) -> dict[str, Any]:
-        """``statistics``, summed over every replica when this is one of several."""
+        """``statistics``, summed over every replica when this is one of several; front
+        ends that share a generative model's engine (``serve --workers``) add only their
+        response caches' counts to its."""
         mine = self.statistics(name, version)
         if self.peers is None:
             return mine
-        return merge_model_stats([mine, *await self.peers.statistics(name, version)])
+        others = await self.peers.statistics(name, version)
+        if self.manager.front_ends_share:
+            shared = {v.name for v in self.manager.generative_versions()}
+            others = [{**doc, "model_stats": [
+                response_cache_only(entry) if entry["name"] in shared else entry
+                for entry in doc.get("model_stats", [])]} for doc in others]
+        return merge_model_stats([mine, *others])
 
     async def load_model(self, name: str, parameters: dict[str, Any] | None = None, *,
                          publish: bool = True, share: str | None = None) -> None:

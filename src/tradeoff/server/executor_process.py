@@ -96,13 +96,19 @@ def device_of(config: ModelConfig) -> str:
 
 
 class SharedExecutors(Protocol):
-    """Where the executor processes a server's front ends share are (``serve --workers``:
-    its supervisor starts one per device when first asked, and again after one died)."""
+    """Where the processes a server's front ends share are (``serve --workers``: its
+    supervisor starts an executor per device, and an engine per generative model and
+    load, when first asked, and again after one died)."""
 
     async def executor(self, device: str, dead: int | None = None
                        ) -> tuple[str, bytes, int]:
         """The device's executor: its address, the key to dial it, its pid; a new one
         when the one this front end saw die (pid ``dead``) is still named."""
+
+    async def engine(self, root: Path, name: str, limits: BuildLimits, share: str,
+                     dead: int | None = None) -> tuple[str, bytes, int]:
+        """The engine process of generative model ``name`` for the load ``share`` (its
+        address, key and pid), started and loaded when none runs."""
 
 
 def _error(failure: Failure) -> RequestError:

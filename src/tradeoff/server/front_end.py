@@ -19,9 +19,11 @@ import signal
 import socket
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from tradeoff.errors import Unavailable
+from tradeoff.server.build import BuildLimits
 
 __all__ = ["Channel", "FrontEnd", "SupervisorLink", "front_end_id"]
 
@@ -139,6 +141,12 @@ class SupervisorLink:
         """The device's shared executor process: its address, key and pid (a new one
         when the one of pid ``dead`` is still named)."""
         address, authkey, pid = await self.call("executor", device, dead)
+        return address, authkey, pid
+
+    async def engine(self, root: Path, name: str, limits: BuildLimits, share: str,
+                     dead: int | None = None) -> tuple[str, bytes, int]:
+        """The shared engine process of a generative model's load ``share``."""
+        address, authkey, pid = await self.call("engine", root, name, limits, share, dead)
         return address, authkey, pid
 
     def close(self) -> None:

@@ -394,7 +394,13 @@ def families(registry: CollectorRegistry) -> list[dict[str, Any]]:
             for f in registry.collect()]
 
 
+# a generative model's engine is one process every front end reads: its counts once
+SHARED_ENGINE_PREFIX = "tradeoff_generation_"
+
+
 def _combine(kind: str, name: str, a: float, b: float) -> float:
+    if name.startswith(SHARED_ENGINE_PREFIX):
+        return max(a, b)  # the freshest of the same engine's counts
     if kind != "gauge" or name in SUMMED_GAUGES:
         return a + b
     return min(a, b) if name in EARLIEST_GAUGES else max(a, b)
@@ -403,7 +409,8 @@ def _combine(kind: str, name: str, a: float, b: float) -> float:
 def render_summed(registry: CollectorRegistry, others: list[list[dict[str, Any]]]) -> bytes:
     """``/metrics`` of one server of several processes (``serve --workers``): this
     process's families and the others' (:func:`families`), each family once; counters and
-    histograms added up, gauges by :data:`SUMMED_GAUGES` and :data:`EARLIEST_GAUGES`."""
+    histograms added up, gauges by :data:`SUMMED_GAUGES` and :data:`EARLIEST_GAUGES`, and
+    a shared engine's families (:data:`SHARED_ENGINE_PREFIX`) counted once."""
     merged: dict[str, tuple[dict[str, Any], dict[tuple[str, tuple], float]]] = {}
     for document in [families(registry), *others]:
         for family in document:

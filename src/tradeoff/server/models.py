@@ -20,7 +20,7 @@ from collections.abc import Awaitable
 from typing import Any
 
 from tradeoff.backends.registry import GENERATIVE
-from tradeoff.errors import InvalidInput, ModelLoadError, TradeoffError
+from tradeoff.errors import InvalidInput, TradeoffError
 from tradeoff.generate.engine_client import EngineClient
 from tradeoff.repository.config import ModelConfig
 from tradeoff.repository.repository import ROUTER, ROUTER_FILE, ModelRepository
@@ -94,7 +94,7 @@ class ModelManager(ModelCatalog):
                 if kind == ROUTER:
                     versions = self._load_router(name, config_override)
                 elif kind == GENERATIVE:
-                    versions = await self._load_generative(name, config_override)
+                    versions = await self._load_generative(name, config_override, share)
                 else:
                     versions = await self._load_tensor(name, config_override, entry, share)
             except Exception as exc:  # whatever a runtime raises: this model alone fails
@@ -184,17 +184,18 @@ class ModelManager(ModelCatalog):
             log.warning("model %s: %s", name, warning)
         log.info("model %s versions=%s %s", name, sorted(versions), config.summary())
 
-    async def _load_generative(self, name: str, config_override: dict[str, Any] | None
-                               ) -> dict[int, Served]:
+    async def _load_generative(self, name: str, config_override: dict[str, Any] | None,
+                               share: str | None) -> dict[int, Served]:
         if config_override is not None:
             raise InvalidInput(f"model {name!r} is generative: its settings come from "
                                "generate.yaml, not a 'config' load parameter")
-        if self.front_ends_share:
-            raise ModelLoadError(f"model {name!r} is generative, and serve --workers runs "
-                                 "tensor models only (each front end would start an engine "
-                                 "of its own): serve it without --workers")
+        engine = None
+        if self.executor_processes is not None and self.executor_processes.shared:
+            # serve --workers: one engine process, which every front end dials
+            engine = await self.executor_processes.shared.engine(
+                self.repository.root, name, self.limits, share or uuid.uuid4().hex)
         model = await asyncio.to_thread(build_generative, self.repository, name, self.limits,
-                                        asyncio.get_running_loop())
+                                        asyncio.get_running_loop(), engine)
         model.on_dead = functools.partial(self._version_died, name, model, "engine stopped")
         log.info("generative model %s: %s", name, model.config)
         if model.config.response_cache and not self.cache_enabled:
@@ -222,7 +223,7 @@ class ModelManager(ModelCatalog):
         if entry.latest is None:
             entry.state = ModelState.UNAVAILABLE
         # an engine process, or a model whose executor process died: a new one loads it
-        restart = (isinstance(dead, EngineClient) and dead.config.process) or (
+        restart = (isinstance(dead, EngineClient) and dead.core_pid is not None) or (
             isinstance(dead, ModelVersion) and isinstance(dead.executor, RemoteExecutor)
             and dead.executor.process_died)
         log.error("model %s: %s; %s", name, entry.reason,
@@ -232,8 +233,9 @@ class ModelManager(ModelCatalog):
             self._restarting.add(name)
             # front ends sharing the dead process load one build again in the next
             died_in = dead.executor.process.pid if isinstance(dead, ModelVersion) and \
-                isinstance(dead.executor, RemoteExecutor) else None
-            self._background(self._restart(name, f"after executor {died_in}"))
+                isinstance(dead.executor, RemoteExecutor) else \
+                dead.core_pid if isinstance(dead, EngineClient) else None
+            self._background(self._restart(name, f"after process {died_in}"))
         self._background(dead.stop())  # releases its sessions, joins its engine
 
     def _background(self, work: Awaitable[Any]) -> None:

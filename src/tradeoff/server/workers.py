@@ -1,14 +1,16 @@
-"""``tradeoff serve --workers N``: N front-end processes on one port, sharing one
-executor process per device, and the supervisor that keeps them.
+"""``tradeoff serve --workers N``: N front-end processes on one port, the processes they
+share (one executor per device, one engine per generative model), and the supervisor
+that keeps them.
 
     serve_workers(options, workers=4)     # this process supervises until SIGTERM/SIGINT
 
 The supervisor holds the ports (HTTP, gRPC, metrics: bound with SO_REUSEPORT, never
 listening) and every front end binds and listens on them too, so the kernel gives each new
 connection to one of the front ends listening (by a hash of its addresses), never to one
-still loading or gone. A front end parses, validates, routes, caches and answers; tensor models run
-in the executor processes (``server/executor_core.py``), which the supervisor starts when
-a front end first asks for a device's, and again after one has died.
+still loading or gone. A front end parses, validates, routes, tokenizes, caches and
+answers; tensor models run in the executor processes (``server/executor_core.py``), and
+each generative model in an engine process (``server/engine_process.py``), which the
+supervisor starts when a front end first asks for one, and again after one has died.
 
 The front ends are kept in step as Ray Serve's replicas are (``server/replicas.py``: the
 same coordinator, here in the supervisor, reached over a socket pair): a repository load
@@ -16,13 +18,14 @@ or unload on one is applied on every other, and the statistics extension and ``/
 add up all of them. A front end that dies is started again (it loads the repository and
 replays the changes made since); only its own connections are lost.
 
-On SIGTERM or SIGINT every front end drains as a single server does, then the executor
+On SIGTERM or SIGINT every front end drains as a single server does, then the shared
 processes stop and the supervisor exits 0.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -39,13 +42,15 @@ from pathlib import Path
 from typing import Any
 
 from tradeoff.errors import InvalidValue
+from tradeoff.server.build import BuildLimits, engine_loader
+from tradeoff.server.engine_process import ready_or_failed, run_shared_engine
 from tradeoff.server.executor_core import run_shared
 from tradeoff.server.front_end import Channel, FrontEnd, SupervisorLink, front_end_id
 from tradeoff.server.options import ServeOptions
 from tradeoff.server.replicas import ReplicaCoordinator
 from tradeoff.server.shared_arena import check_room, remove_stale_segments
 
-__all__ = ["RESTARTS_WITHIN_S", "serve_workers"]
+__all__ = ["RESTARTS_WITHIN_S", "Supervisor", "run_front_end", "serve_workers"]
 
 log = logging.getLogger("tradeoff.server")
 
@@ -78,6 +83,8 @@ class _Member:
 
 @dataclass
 class _Executor:
+    """An executor or engine process the front ends share, and its supervisor's pipe."""
+
     process: BaseProcess
     control: multiprocessing.connection.Connection
     address: str
@@ -93,6 +100,9 @@ class Supervisor:
         self.coordinator = ReplicaCoordinator()
         self.members: dict[int, _Member] = {}
         self.executors: dict[str, _Executor] = {}
+        self.engines: dict[tuple[str, str], _Executor] = {}  # (model, share) -> its engine
+        self._engine_numbers = itertools.count(1)
+        self._engine_lock = asyncio.Lock()
         self.folder = Path(tempfile.mkdtemp(prefix="tradeoff-executors-"))  # 0700
         self.authkey = secrets.token_bytes(32)
         self.failed_starts = 0
@@ -168,6 +178,8 @@ class Supervisor:
         try:
             if kind == "executor":
                 value = await self.executor(*args)
+            elif kind == "engine":
+                value = await self.engine(*args)
             elif kind == "coordinator":
                 value = await getattr(self.coordinator, args[0])(*args[1:])
                 if args[0] == "register":
@@ -217,6 +229,40 @@ class Supervisor:
             log.info("executor process %s: pid %s", device, process.pid)
             return address, self.authkey, process.pid or 0
 
+    async def engine(self, root: Path, name: str, limits: BuildLimits, share: str,
+                     dead: int | None = None) -> tuple[str, bytes, int]:
+        """The engine process of a generative model's load ``share``, started (and the
+        model loaded there) if none runs; it ends when the last front end leaves it."""
+        async with self._engine_lock:
+            running = self.engines.get((name, share))
+            if running is not None and running.process.is_alive() and \
+                    running.process.pid != dead:
+                return running.address, self.authkey, running.process.pid or 0
+            if running is not None:
+                running.process.kill()
+                await asyncio.to_thread(running.process.join, 10)
+                running.control.close()
+            if self.stopping:
+                raise InvalidValue("the server is stopping")
+            address = str(self.folder / f"engine-{next(self._engine_numbers)}.sock")
+            control, theirs = self.context.Pipe()
+            process = self.context.Process(
+                target=run_shared_engine, name=f"engine-{name}", daemon=True,
+                args=(theirs, address, self.authkey, name, 1,
+                      engine_loader(root, name, limits)))
+            process.start()
+            theirs.close()
+            try:
+                await asyncio.to_thread(ready_or_failed, control, name,
+                                        limits.warmup_timeout_s)
+            except Exception:
+                process.kill()
+                control.close()
+                raise
+            self.engines[(name, share)] = _Executor(process, control, address)
+            log.info("engine process %s: pid %s", name, process.pid)
+            return address, self.authkey, process.pid or 0
+
     # ------------------------------------------------------------ stopping
     def stop(self) -> None:
         """Every front end drains (SIGTERM), then the executors stop."""
@@ -239,9 +285,10 @@ class Supervisor:
         for index in range(self.workers):
             await self.start_front_end(index)
         await self.stopped.wait()
-        for running in self.executors.values():
+        processes = [*self.executors.values(), *self.engines.values()]
+        for running in processes:
             running.control.close()  # the process releases its instances and exits
-        for running in self.executors.values():
+        for running in processes:
             await asyncio.to_thread(running.process.join, 10)
             if running.process.is_alive():
                 running.process.kill()
