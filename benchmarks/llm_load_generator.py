@@ -12,7 +12,9 @@ Two servers, each pinned to the first core, the client (`tradeoff bench`, closed
   with the same step and batch: the whole serving path, whose own limit on one core
   shows in its CPU share;
 * `serve-process`: the same with the engine in a process of its own (`process: true`),
-  on the same core as the server (it inherits the server's pinning).
+  on the same core as the server (it inherits the server's pinning);
+* `serve-workers`: `tradeoff serve --workers 2`, two front ends feeding one engine
+  process, all on the server's core.
 
 For each: output tokens/s as the client measured it, the rate the step allows
 (max_num_seqs / step), the client's CPU share (the busiest worker's, from its result)
@@ -225,7 +227,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--targets", default="stub,serve",
                         help="comma-separated: stub, serve, serve-process (the engine in a "
-                             "process of its own; the server's CPU counts its children)")
+                             "process of its own; the server's CPU counts its children), "
+                             "serve-workers (two front ends, one engine process)")
     parser.add_argument("--step-ms", type=float, default=3.0)
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--concurrency", type=int, default=64)
@@ -263,7 +266,7 @@ def main() -> None:
                 finally:
                     child.terminate()
                     child.wait(10)
-            elif target in ("serve", "serve-process"):
+            elif target in ("serve", "serve-process", "serve-workers"):
                 repo = Path(scratch) / target
                 settings: dict[str, Any] = \
                     {"process": True} if target == "serve-process" else {}
@@ -271,13 +274,15 @@ def main() -> None:
                     settings["prefill_stretch"] = args.prefill_stretch
                 write_synthetic_llm(repo, model={"step_ms": args.step_ms},
                                     max_num_seqs=args.max_num_seqs, **settings)
-                with ServerProcess(repo, cpus=str(server_cpu)) as server:
+                extra = ("--workers", "2") if target == "serve-workers" else ()
+                with ServerProcess(repo, cpus=str(server_cpu), extra_args=extra) as server:
                     assert server.process is not None
                     for n in workers:
                         rows.append(measure(target, server.process.pid, f"{server.url}/v1",
                                             client_cpu, args, n))
             else:
-                parser.error(f"unknown target {target!r}: stub, serve or serve-process")
+                parser.error(f"unknown target {target!r}: stub, serve, serve-process or "
+                             "serve-workers")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"settings": {k: v for k, v in vars(args).items()
                                                   if k not in ("json", "stub_port")},
