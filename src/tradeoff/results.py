@@ -879,6 +879,9 @@ class Replayed(Record):
     output_tokens_per_s: float | None = field(default=None, metadata=written(omit_none=True))
     # requests per second that met both TTFT and TPOT bounds
     goodput_rps: float | None = field(default=None, metadata=written(omit_none=True))
+    # each replay round's p99 (a generative model's TTFT): their spread is the noise
+    p99_rounds_ms: list[float | None] = field(
+        default_factory=list, metadata=written(when=lambda r: bool(r.p99_rounds_ms)))
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@ quoted: `serve.sh` runs the one command it names, its comments stay comments."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -20,7 +21,7 @@ from tradeoff.plan.deployment import (
     written_by,
 )
 from tradeoff.repository.safe_yaml import read_yaml
-from tradeoff.results import PlanCandidate, Prediction
+from tradeoff.results import PlanCandidate, Prediction, Replayed
 
 HOSTILE_NAME = "bulk\n%x ;touch PWNED\n---\n#"
 
@@ -103,3 +104,76 @@ def test_the_verdict_names_the_classes_that_met_and_those_that_missed() -> None:
     assert every.startswith("the plan meets the SLA of every class")
     none = verdict([start, replayed("plan", {"chat": False, "bulk": False})], goal)
     assert none.startswith("the plan misses the SLA of every class")
+
+
+def _replay(name: str, role: str, p99: float, rounds: list[float], met: bool = True
+            ) -> Replayed:
+    predicted = Prediction(1.0, 2.0, 1.0, 0.0, 0.5)
+    return Replayed(name, role, p99 / 2, p99, 100.0, 0.0, None, None, predicted, met, None,
+                    p99_rounds_ms=list(rounds))
+
+
+def test_the_noise_is_the_widest_spread_of_one_deployment_between_rounds() -> None:
+    from tradeoff.plan.planner import noise_ms
+
+    start = _replay("start", "baseline", 2.6, [2.4, 2.9])
+    plan = _replay("plan", "plan", 2.3, [2.2, 2.35])
+    assert noise_ms(start, plan) == pytest.approx(0.5)
+    assert noise_ms(_replay("one", "plan", 2.0, [2.0])) is None  # one round: no noise known
+
+
+def test_a_change_must_beat_a_start_that_meets_the_sla_by_more_than_the_noise() -> None:
+    from tradeoff.plan.planner import no_gain, verdict
+    from tradeoff.tune.goal import Goal
+
+    goal = Goal(sla_p99_ms=5.0, max_drop=0.0)
+    start, change = _candidate("start"), _candidate("b4")
+    # the docs' example: 2.61 against 2.33 ms, rounds 0.5 ms apart: the start stays
+    replays = [_replay("start", "baseline", 2.61, [2.4, 2.9]),
+               _replay("b4", "plan", 2.33, [2.2, 2.4])]
+    assert no_gain(*replays, change, start) == pytest.approx(0.5)
+    said = verdict(replays, goal, start, start, stays=True)
+    assert said.startswith("no change: the starting deployment meets the SLA of p99 <= 5 ms")
+    assert "(rounds 2.40-2.90 ms)" in said and "noise (0.50 ms between rounds)" in said
+    # faster by more than the noise: worth it
+    clear = [replays[0], _replay("b4", "plan", 1.2, [1.1, 1.3])]
+    assert no_gain(*clear, change, start) is None
+    # the start missed the SLA, or the change costs less: no noise bar
+    missed = [_replay("start", "baseline", 9.0, [8.0, 9.5], met=False), replays[1]]
+    assert no_gain(*missed, change, start) is None
+    cheaper = dataclasses.replace(change, cores=change.cores / 2)
+    assert no_gain(*replays, cheaper, start) is None
+
+
+def test_the_verdict_says_no_change_and_not_decided() -> None:
+    from tradeoff.plan.planner import verdict
+    from tradeoff.tune.goal import Goal
+
+    goal = Goal(sla_p99_ms=50.0, max_drop=0.0)
+    start = _candidate("start")
+    # the plan is the start
+    same = [_replay("start", "baseline", 20.0, [18.0, 40.0]),
+            _replay("start", "plan", 30.0, [25.0, 31.0])]
+    assert verdict(same, goal, start, start).startswith(
+        "no change: the plan is the starting deployment; the plan meets the SLA")
+    # a change whose difference from the start is within the rounds' spread
+    close = [_replay("start", "baseline", 40.0, [30.0, 48.0], met=False),
+             _replay("b8", "plan", 35.0, [34.0, 36.0])]
+    said = verdict(close, goal, _candidate("b8"), start)
+    assert said.startswith("not decided: the machine's noise between replay rounds "
+                           "(18.00 ms) is larger than the difference between the plan and "
+                           "the start (5.00 ms)"), said
+    assert "p99 35.00 ms (rounds 34.00-36.00 ms)" in said
+    decided = [close[0], _replay("b8", "plan", 10.0, [9.0, 11.0])]
+    assert verdict(decided, goal, _candidate("b8"), start).startswith("the plan meets")
+
+
+def test_with_classes_the_start_is_not_kept_on_one_p99() -> None:
+    from tradeoff.plan.planner import no_gain
+    from tradeoff.results import ClassReplayed
+
+    predicted = Prediction(1.0, 2.0, 1.0, 0.0, 0.5)
+    plan = dataclasses.replace(_replay("prio", "plan", 2.6, [2.5, 2.7]), classes=[
+        ClassReplayed("chat", 3.0, 1.0, predicted, 0.0, True)])
+    start = _replay("start", "baseline", 2.6, [2.4, 2.9])
+    assert no_gain(start, plan, _candidate("prio"), _candidate("start")) is None

@@ -344,8 +344,11 @@ def run_compare(endpoints: list[EndpointSpec], spec: LoadSpec, rounds: int = 3,
                 facts: dict[str, dict[str, str]] | None = None,
                 prices: dict[str, Price] | None = None, alpha: float = 0.5,
                 sla_p99_ms: float | None = None, max_error_percent: float = 1.0,
-                console: Console | None = None) -> CompareResult:
-    """Measure every endpoint ``rounds`` times, interleaved; the comparison."""
+                console: Console | None = None,
+                later_rounds: list[list[EndpointSpec]] | None = None) -> CompareResult:
+    """Measure every endpoint ``rounds`` times, interleaved; the comparison.
+    ``later_rounds``: what rounds 2, 3, ... send instead, per endpoint (the same
+    endpoints with other prompts, where a prompt seen in round 1 would be cached)."""
     if len(endpoints) < 2:
         raise InvalidValue("compare needs at least two endpoints")
     names = [e.label for e in endpoints]
@@ -362,6 +365,10 @@ def run_compare(endpoints: list[EndpointSpec], spec: LoadSpec, rounds: int = 3,
     per_round: list[list[BenchResult]] = [[] for _ in endpoints]
     measured: list[list[dict[str, np.ndarray]]] = [[] for _ in endpoints]
     for round_no in range(rounds):
+        if round_no and later_rounds:
+            adapters = [make_adapter(e) for e in later_rounds[round_no - 1]]
+            for adapter in adapters:
+                adapter.prepare()
         for i, adapter in enumerate(adapters):
             if console:
                 console.print(f"[bold]round {round_no + 1}/{rounds}: {escape(names[i])}[/]")

@@ -286,7 +286,8 @@ def replay_tensor(baseline_server: ServerProcess, target: Path, model: str,
             predicted.name, role, summary.latency("p50"), p99, summary.throughput_rps,
             summary.error_percent, hit, batch, predicted.predicted,
             _met(goal, per_class, p99, None, summary.error_percent),
-            goal.cost_per_million(predicted.cores, summary.throughput_rps), per_class))
+            goal.cost_per_million(predicted.cores, summary.throughput_rps), per_class,
+            p99_rounds_ms=[r.latency("p99") for r in entry.rounds]))
     return out
 
 
@@ -349,8 +350,8 @@ def _percentiles(summary: Summary) -> tuple[float | None, ...]:
 
 def replay_generation(baseline: ServerProcess, target: Path, model: str,
                       candidate: PlanCandidate, start: PlanCandidate, goal: Goal,
-                      lengths: Lengths, prompts: Path, warmup_prompts: Path, load: LoadSpec,
-                      cpus: str | None, classes: dict[str, float] | None = None,
+                      lengths: Lengths, prompts: tuple[Path, Path], warmup_prompts: Path,
+                      load: LoadSpec, cpus: str | None, classes: dict[str, float] | None = None,
                       class_sequence: tuple[int, ...] = ()) -> list[Replayed]:
     """The starting deployment and the candidate's side by side, the prompts replayed at
     the traffic's arrivals: TTFT (p50, p99) and TPOT against both SLAs, and the prefix
@@ -358,9 +359,11 @@ def replay_generation(baseline: ServerProcess, target: Path, model: str,
     each request carries its class (drawn by the shares, or a trace's in its order:
     ``class_sequence``) and each class is measured against its own SLAs."""
     with ServerProcess(target, cpus=cpus) as plan_server:
-        endpoints = [generation_endpoint(url, model, role, prompts, lengths, goal, classes,
-                                         class_sequence)
-                     for url, role in zip((baseline.url, plan_server.url), ROLES, strict=True)]
+        endpoints, later = ([generation_endpoint(url, model, role, file, lengths, goal,
+                                                 classes, class_sequence)
+                             for url, role in zip((baseline.url, plan_server.url), ROLES,
+                                                  strict=True)]
+                            for file in prompts)
         # the start was warmed by the calibration: the plan's first answers (lazy set-up,
         # the prefill pacer learning its costs) are not its steady state either
         warm = generation_endpoint(plan_server.url, model, "warm-up", warmup_prompts, lengths,
@@ -369,9 +372,9 @@ def replay_generation(baseline: ServerProcess, target: Path, model: str,
                                                    warmup_s=0.0))
         servers = (baseline, plan_server)
         before = [scrape(server.metrics_url) for server in servers]
-        # one round each: a second would send the same prompts again, found whole in the
-        # prefix cache
-        compared = run_compare(endpoints, load, rounds=1)
+        # two rounds, each with prompts of its own: a prompt sent again would be found
+        # whole in the prefix cache
+        compared = run_compare(endpoints, load, rounds=2, later_rounds=[later])
         engines = ([model], _engines(target))
         hits = [prefix_hit_ratio(b, scrape(server.metrics_url), names)
                 for b, server, names in zip(before, servers, engines, strict=True)]
@@ -389,7 +392,8 @@ def replay_generation(baseline: ServerProcess, target: Path, model: str,
             _met(goal, per_class, ttft99, tpot99, summary.error_percent),
             goal.cost_per_million(predicted.cores, tokens_per_s), per_class,
             tpot_p99_ms=tpot99, output_tokens_per_s=tokens_per_s,
-            goodput_rps=generation.goodput_rps if generation else None))
+            goodput_rps=generation.goodput_rps if generation else None,
+            p99_rounds_ms=[_percentiles(r)[1] for r in entry.rounds]))
     return out
 
 

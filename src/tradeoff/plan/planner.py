@@ -249,7 +249,8 @@ def _plan_generative(request: PlanRequest, goal: Goal, config: GenerativeConfig,
         load = replay_load(traffic, goal.replay_s)
         replayed = min(max(256, math.ceil(traffic.rate_rps * (goal.replay_s + load.warmup_s))
                            + 16), MAX_REPLAY_PROMPTS)
-        prompts = replay_prompts(work / "replay.jsonl", lengths, replayed, 0)
+        prompts = (replay_prompts(work / "replay.jsonl", lengths, replayed, 0),
+                   replay_prompts(work / "replay-2.jsonl", lengths, replayed, 4))
         say("calibrating the starting deployment under the traffic's load")
         calibration = calibrate_generation_load(baseline_server, name,
                                                 costs[original.version], start, alone,
@@ -290,9 +291,12 @@ def _plan_generative(request: PlanRequest, goal: Goal, config: GenerativeConfig,
                                      request.server_cpus, traffic.classes,
                                      traffic.class_sequence()), target
 
-        attempts, stop = _prove(ranked, goal, goal.strictest(searcher.classes), started,
-                                attempt, say)
-    chosen, shown, kept = _conclude(attempts, ranked, output)
+        attempts, stop, stays = _prove(ranked, baseline, goal,
+                                       goal.strictest(searcher.classes), started, attempt,
+                                       say)
+        kept_start = (baseline, write_engine_deployment(
+            work / "start", model_dir, baseline, searcher.priority)) if stays else None
+    chosen, shown, kept = _conclude(attempts, ranked, output, kept_start)
     return PlanResult(
         model=name, repository=str(model_dir.parent), output=str(output),
         goal=goal.plan_dict(), traffic={**traffic.describe(), **served.describe()},
@@ -301,25 +305,31 @@ def _plan_generative(request: PlanRequest, goal: Goal, config: GenerativeConfig,
         levers=engine_levers(versions, baseline, chosen, served, searcher.priority,
                              pools_why, bool(pools)),
         proof=[r for _, replayed, _ in attempts for r in replayed],
-        verdict=verdict(shown, goal), stop_reason=stop,
+        verdict=verdict(shown, goal, chosen, baseline, stays), stop_reason=stop,
         elapsed_s=time.monotonic() - started)
 
 
-def _conclude(attempts: list[Attempt], ranked: list[PlanCandidate], output: Path
+def _conclude(attempts: list[Attempt], ranked: list[PlanCandidate], output: Path,
+              kept_start: tuple[PlanCandidate, Path] | None = None
               ) -> tuple[PlanCandidate | None, list[Replayed], list[PlanCandidate]]:
-    """The deployment kept: the first attempt that met the SLA on replay, else the one
-    replayed fastest at p99, moved to ``output/repository`` with its ``serve.sh``; its
-    replay; and the candidates the document keeps (the best ranked, the Pareto front and
-    the chosen), the front marked."""
+    """The deployment kept: the start where it stays (``kept_start``: it and where it was
+    written), else the first attempt that met the SLA on replay, else the one replayed
+    fastest at p99, moved to ``output/repository`` with its ``serve.sh``; its replay
+    (with the start's); and the candidates the document keeps (the best ranked, the
+    Pareto front and the chosen), the front marked."""
     chosen: PlanCandidate | None = None
     shown: list[Replayed] = []
     if attempts:
         chosen, shown, target = min(attempts, key=lambda a: (not a[1][-1].meets_sla,
                                                              a[1][-1].p99_ms or math.inf))
+        met = shown[-1].meets_sla
+        if kept_start is not None:
+            shown = attempts[-1][1]
+            (chosen, target), met = kept_start, shown[-2].meets_sla
         deployment = output / "repository"
         with local_resource(f"cannot write the plan into {output}"):
             shutil.move(str(target), deployment)
-            write_serve_script(output, deployment, chosen, met=shown[-1].meets_sla)
+            write_serve_script(output, deployment, chosen, met=met)
     front = pareto(ranked)
     kept = ranked[:KEPT_CANDIDATES] + [c for c in ranked[KEPT_CANDIDATES:]
                                        if c.name in front or c == chosen]
@@ -363,9 +373,12 @@ def _plan(request: PlanRequest, goal: Goal, config: ModelConfig, output: Path,
             return replay_tensor(baseline_server, target, config.name, candidate, baseline,
                                  request.traffic, goal, request.server_cpus), target
 
-        attempts, stop = _prove(ranked, goal, shared.sla_p99_ms, started, attempt, say)
+        attempts, stop, stays = _prove(ranked, baseline, goal, shared.sla_p99_ms, started,
+                                       attempt, say)
+        kept_start = (baseline, write_deployment(work / "start", candidates, baseline,
+                                                 config)) if stays else None
     proof = [r for _, replayed, _ in attempts for r in replayed]
-    chosen, shown, kept = _conclude(attempts, ranked, output)
+    chosen, shown, kept = _conclude(attempts, ranked, output, kept_start)
     return PlanResult(
         model=name, repository=str(Path(request.model_dir).parent), output=str(output),
         goal=goal.plan_dict(), traffic=request.traffic.describe(), environment=environment(),
@@ -373,41 +386,71 @@ def _plan(request: PlanRequest, goal: Goal, config: ModelConfig, output: Path,
         candidates=kept, chosen=chosen.name if chosen else None,
         levers=levers(versions, original, baseline, chosen, cache, pools_why,
                       bool(pools)),
-        proof=proof, verdict=verdict(shown, goal), stop_reason=stop,
-        elapsed_s=time.monotonic() - started)
+        proof=proof, verdict=verdict(shown, goal, chosen, baseline, stays),
+        stop_reason=stop, elapsed_s=time.monotonic() - started)
 
 
 Attempt = tuple[PlanCandidate, list[Replayed], Path]
 
 
-def _prove(ranked: list[PlanCandidate], goal: Goal, sla_ms: float, started: float,
+def _prove(ranked: list[PlanCandidate], start: PlanCandidate, goal: Goal, sla_ms: float,
+           started: float,
            attempt: Callable[[int, PlanCandidate], tuple[list[Replayed], Path]],
-           say: Progress) -> tuple[list[Attempt], str]:
+           say: Progress) -> tuple[list[Attempt], str, bool]:
     """Write and replay the best ranked (``attempt``: the written deployment's replay,
     the start's first, and where it was written), then the next while each misses the
-    SLA on replay (at most ATTEMPTS, within the budget); the attempts and why it
-    stopped."""
+    SLA on replay (at most ATTEMPTS, within the budget); the attempts, why it stopped,
+    and whether the start stays: it met the SLA on replay and the change, costing no
+    less, was not faster by more than the machine's noise."""
     attempts: list[Attempt] = []
     stop = "met the SLA on replay"
     for number, candidate in enumerate(ranked[:ATTEMPTS], 1):
         if not candidate.meets_sla and attempts:
-            return attempts, stop + "; no further candidate is predicted to meet the SLA"
+            return attempts, stop + "; no further candidate is predicted to meet the SLA", \
+                False
         if goal.budget_s - (time.monotonic() - started) < _replay_seconds(goal):
             return attempts, (f"the budget ({goal.budget_s:.0f} s) ran out before "
-                              f"replaying {candidate.name}")
+                              f"replaying {candidate.name}"), False
         say(f"writing and replaying {candidate.name}")
         replayed, target = attempt(number, candidate)
         attempts.append((candidate, replayed, target))
+        if candidate.name != start.name and \
+                no_gain(replayed[-2], replayed[-1], candidate, start) is not None:
+            return attempts, (f"the start met the SLA on replay and {candidate.name} "
+                              "was not faster by more than the machine's noise"), True
         if not candidate.meets_sla:  # the best is predicted to miss: none can meet it
             return attempts, (f"no deployment is predicted to meet p99 <= {sla_ms:g} ms"
                               f"{_and_tpot(goal)}: the best, {candidate.name}, is "
                               f"predicted at {candidate.predicted.p99_ms:.2f} ms and "
-                              f"measured at {_shown(replayed[-1].p99_ms)} on replay")
+                              f"measured at {_shown(replayed[-1].p99_ms)} on replay"), False
         if replayed[-1].meets_sla:
             return attempts, "met the SLA on replay" + (f" (attempt {number})"
-                                                        if number > 1 else "")
+                                                        if number > 1 else ""), False
         stop = f"{candidate.name} missed the SLA on replay"
-    return attempts, stop + (f" ({ATTEMPTS} attempts)" if len(attempts) == ATTEMPTS else "")
+    return attempts, stop + (f" ({ATTEMPTS} attempts)" if len(attempts) == ATTEMPTS
+                             else ""), False
+
+
+def noise_ms(*replays: Replayed) -> float | None:
+    """The machine's noise in a replay: the widest spread of one deployment's p99 (a
+    generative model's TTFT) between its rounds; None without two rounds measured."""
+    spreads = [max(known) - min(known) for known in
+               ([x for x in r.p99_rounds_ms if x is not None] for r in replays)
+               if len(known) >= 2]
+    return max(spreads) if spreads else None
+
+
+def no_gain(baseline: Replayed, plan: Replayed, candidate: PlanCandidate,
+            start: PlanCandidate) -> float | None:
+    """The noise that ``candidate``'s p99 gain over the start does not beat, where the
+    start met the SLA on replay and the candidate costs no less (a change must then beat
+    the start by more than the noise); None where the change is worth making. With
+    classes each has its own SLA, which one p99 does not weigh: None."""
+    if not baseline.meets_sla or candidate.cost < start.cost or plan.classes or \
+            baseline.p99_ms is None or plan.p99_ms is None:
+        return None
+    noise = noise_ms(baseline, plan) or 0.0
+    return noise if baseline.p99_ms - plan.p99_ms <= noise else None
 
 
 def _and_tpot(goal: Goal) -> str:
@@ -456,12 +499,44 @@ def _per_class(plan: Replayed, sla: str) -> str:
     return f"meets the {sla} of {', '.join(met)} and misses those of {', '.join(missed)}"
 
 
-def verdict(proof: list[Replayed], goal: Goal) -> str:
+def _rounds(replayed: Replayed) -> str:
+    """`` (rounds 2.10-2.61 ms)``: the p99 of each replay round, where there are two."""
+    known = [x for x in replayed.p99_rounds_ms if x is not None]
+    if len(known) < 2:
+        return ""
+    return f" (rounds {min(known):.2f}-{max(known):.2f} ms)"
+
+
+def verdict(proof: list[Replayed], goal: Goal, chosen: PlanCandidate | None = None,
+            start: PlanCandidate | None = None, stays: bool = False) -> str:
     """One line: did the written deployment meet the SLA on replay (``proof``: the start's
-    replay and its own), against the start; with classes, each class against its own."""
+    replay and its own), against the start; with classes, each class against its own.
+    Each p99 comes with its rounds' spread; "no change" where the start stays (the plan
+    is the start, or ``stays``: the change did not beat it by more than the machine's
+    noise), "not decided" where the noise between rounds is larger than the difference
+    between the plan and the start."""
     if not proof:
         return "not replayed"
     baseline, plan = proof[-2], proof[-1]
+    noise = noise_ms(baseline, plan)
+    if stays:
+        return (f"no change: the starting deployment meets the SLA of p99 <= "
+                f"{goal.sla_p99_ms:g} ms on replay, p99 {_shown(baseline.p99_ms)}"
+                f"{_rounds(baseline)}, and {plan.name} was not faster by more than the "
+                f"machine's noise ({noise or 0:.2f} ms between rounds): p99 "
+                f"{_shown(plan.p99_ms)}{_rounds(plan)}")
+    said = _verdict(baseline, plan, goal)
+    if chosen is not None and start is not None and chosen.name == start.name:
+        return f"no change: the plan is the starting deployment; {said}"
+    if noise is not None and baseline.p99_ms is not None and plan.p99_ms is not None and \
+            abs(plan.p99_ms - baseline.p99_ms) <= noise:
+        return (f"not decided: the machine's noise between replay rounds ({noise:.2f} ms) "
+                f"is larger than the difference between the plan and the start "
+                f"({abs(plan.p99_ms - baseline.p99_ms):.2f} ms); {said}")
+    return said
+
+
+def _verdict(baseline: Replayed, plan: Replayed, goal: Goal) -> str:
     met = "meets" if plan.meets_sla else "misses"
     if plan.classes and goal.sla_tpot_ms is not None:
         start = {c.request_class: c for c in baseline.classes}
@@ -475,10 +550,12 @@ def verdict(proof: list[Replayed], goal: Goal) -> str:
         return f"the plan {_per_class(plan, 'SLAs')} on replay: {each}"
     if goal.sla_tpot_ms is not None:
         return (f"the plan {met} the SLA of TTFT p99 <= {goal.sla_p99_ms:g} ms and TPOT "
-                f"p99 <= {goal.sla_tpot_ms:g} ms on replay: TTFT {_shown(plan.p99_ms)}, TPOT "
+                f"p99 <= {goal.sla_tpot_ms:g} ms on replay: TTFT {_shown(plan.p99_ms)}"
+                f"{_rounds(plan)}, TPOT "
                 f"{_shown(plan.tpot_p99_ms)} (predicted {plan.predicted.p99_ms:.2f} and "
                 f"{plan.predicted.tpot_p99_ms or math.inf:.2f} ms) against the starting "
-                f"deployment's {_shown(baseline.p99_ms)} and {_shown(baseline.tpot_p99_ms)}")
+                f"deployment's {_shown(baseline.p99_ms)}{_rounds(baseline)} and "
+                f"{_shown(baseline.tpot_p99_ms)}")
     if plan.classes:
         start = {c.request_class: c for c in baseline.classes}
         each = "; ".join(
@@ -488,6 +565,6 @@ def verdict(proof: list[Replayed], goal: Goal) -> str:
             for c in plan.classes)
         return f"the plan {_per_class(plan, 'SLA')} on replay: {each}"
     return (f"the plan {met} the SLA of p99 <= {goal.sla_p99_ms:g} ms on replay: p99 "
-            f"{_shown(plan.p99_ms)} (predicted {plan.predicted.p99_ms:.2f} ms) against the "
-            f"starting deployment's {_shown(baseline.p99_ms)} (predicted "
-            f"{baseline.predicted.p99_ms:.2f} ms)")
+            f"{_shown(plan.p99_ms)}{_rounds(plan)} (predicted {plan.predicted.p99_ms:.2f} "
+            f"ms) against the starting deployment's {_shown(baseline.p99_ms)}"
+            f"{_rounds(baseline)} (predicted {baseline.predicted.p99_ms:.2f} ms)")
