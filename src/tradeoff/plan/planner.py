@@ -77,7 +77,7 @@ from tradeoff.stats.pareto import front
 from tradeoff.tune.goal import Goal
 from tradeoff.tune.knobs import Knobs
 
-__all__ = ["PlanRequest", "default_output", "make_plan", "pareto", "verdict"]
+__all__ = ["PlanRequest", "default_output", "make_plan", "no_gain", "noise_ms", "pareto", "verdict"]
 
 Progress = Callable[[str], None]
 ATTEMPTS = 3  # candidates replayed at most, while each misses the SLA
