@@ -232,7 +232,7 @@ def test_a_generative_model_gets_the_engine_batch_its_rate_needs(tmp_path: Path)
         "plan", str(model), "--sla-ttft-ms", "400", "--sla-tpot-ms", "60", "--rate", "3",
         "--prompt-words", "24", "--output-tokens", "16", "--shared-prefix-words", "12",
         "--precision", "none",
-        "--replay", "3s", "--seconds", "0.5s", "--budget", "4m",
+        "--replay", "2s", "--seconds", "0.5s", "--budget", "4m",
         "--json", str(tmp_path / "plan.json")])
     assert run.exit_code == 0, run.output
     result = load_as(PlanResult, tmp_path / "plan.json")
@@ -275,7 +275,7 @@ def test_two_classes_of_generations_get_their_priority_in_one_engine(tmp_path: P
         "plan", str(model), "--sla-ttft-ms", "2000", "--sla-tpot-ms", "55",
         "--class-sla", "chat=300", "--rate", "5", "--class-share", "chat=0.3",
         "--class-share", "batch=0.7", "--prompt-words", "4", "--output-tokens", "8",
-        "--precision", "none", "--replay", "8s", "--seconds", "0.5s", "--budget", "4m",
+        "--precision", "none", "--replay", "5s", "--seconds", "0.5s", "--budget", "4m",
         "--json", str(tmp_path / "plan.json")])
     assert run.exit_code == 0, run.output
     result = load_as(PlanResult, tmp_path / "plan.json")
@@ -322,7 +322,7 @@ def test_a_class_whose_tpot_one_engine_cannot_keep_gets_an_engine_of_its_own(
         "--class-sla", "chat=300", "--class-sla-tpot", "chat=40", "--rate", "6",
         "--class-share", "chat=0.3", "--class-share", "batch=0.7", "--cores", "2",
         "--prompt-words", "4", "--output-tokens", "8", "--precision", "none",
-        "--replay", "3s", "--seconds", "0.5s", "--budget", "4m",
+        "--replay", "2s", "--seconds", "0.5s", "--budget", "4m",
         "--json", str(tmp_path / "plan.json")])
     assert run.exit_code in (0, 3), run.output  # 3: missed on replay (checked below)
     result = load_as(PlanResult, tmp_path / "plan.json")
