@@ -8,7 +8,6 @@ because numpy has no bfloat16 of its own.
 from __future__ import annotations
 
 import numpy as np
-from onnx import TensorProto
 
 from tradeoff.errors import InvalidValue
 
@@ -43,21 +42,11 @@ _NUMPY = {
     "BYTES": np.dtype(object),
 }
 
+# ONNX's TensorProto.DataType codes (fixed by the ONNX standard; written out so that the
+# server and the clients do not import onnx, 50 ms a process)
 _ONNX: dict[int, str] = {
-    TensorProto.BOOL: "BOOL",
-    TensorProto.UINT8: "UINT8",
-    TensorProto.UINT16: "UINT16",
-    TensorProto.UINT32: "UINT32",
-    TensorProto.UINT64: "UINT64",
-    TensorProto.INT8: "INT8",
-    TensorProto.INT16: "INT16",
-    TensorProto.INT32: "INT32",
-    TensorProto.INT64: "INT64",
-    TensorProto.FLOAT16: "FP16",
-    TensorProto.FLOAT: "FP32",
-    TensorProto.DOUBLE: "FP64",
-    TensorProto.BFLOAT16: "BF16",
-    TensorProto.STRING: "BYTES",
+    9: "BOOL", 2: "UINT8", 4: "UINT16", 12: "UINT32", 13: "UINT64", 3: "INT8", 5: "INT16",
+    6: "INT32", 7: "INT64", 10: "FP16", 1: "FP32", 11: "FP64", 16: "BF16", 8: "BYTES",
 }
 _ONNX_BY_NAME = {name: code for code, name in _ONNX.items()}
 

@@ -698,3 +698,17 @@ def test_a_kept_header_is_checked_against_each_body_size() -> None:
         decode_request(body + b"\0\0\0\0", length)
     with pytest.raises(InvalidInput, match="runs past the end"):
         decode_request(body[:-4], length)
+
+
+def test_the_onnx_codes_written_out_are_onnxs_own() -> None:
+    from onnx import TensorProto
+
+    from tradeoff.dtypes import from_onnx, to_onnx
+
+    for datatype, name in (("BOOL", "BOOL"), ("UINT8", "UINT8"), ("UINT16", "UINT16"),
+                           ("UINT32", "UINT32"), ("UINT64", "UINT64"), ("INT8", "INT8"),
+                           ("INT16", "INT16"), ("INT32", "INT32"), ("INT64", "INT64"),
+                           ("FP16", "FLOAT16"), ("FP32", "FLOAT"), ("FP64", "DOUBLE"),
+                           ("BF16", "BFLOAT16"), ("BYTES", "STRING")):
+        code = getattr(TensorProto, name)
+        assert to_onnx(datatype) == code and from_onnx(code) == datatype

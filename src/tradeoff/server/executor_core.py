@@ -218,6 +218,9 @@ class ExecutorCore:
         for number, model in list(self.models.items()):
             if client.number in model.holders:
                 self._task(self.unload(client.number, number, tell=False))
+        for arena in (client.inputs, client.outputs):
+            if arena is not None:  # a batch still reading one keeps its mapping till done
+                arena.close()
         if self.single:
             self.closed.set()
 
