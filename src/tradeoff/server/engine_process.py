@@ -97,16 +97,25 @@ _to_child = msgspec.msgpack.Decoder(_ToChild)
 _from_child = msgspec.msgpack.Decoder(_FromChild)
 
 
+def _load_core(conn: multiprocessing.connection.Connection, name: str, version: int,
+               loader: Loader) -> tuple[EngineCore, Tokenizer] | None:
+    """The model loaded into a core; None, the failure said on ``conn``, when it fails."""
+    try:
+        config, decoder, tokenizer = loader()
+        return EngineCore(name, version, config, decoder, tokenizer), tokenizer
+    except Exception as exc:
+        conn.send_bytes(_encode(_LoadFailed(f"{type(exc).__name__}: {exc}")))
+        return None
+
+
 def _child(conn: multiprocessing.connection.Connection, name: str, version: int,
            loader: Loader) -> None:
     """The child's main: load, answer Ready, then relay the pipe to the core and the
     core's messages to the pipe until told to stop or the pipe closes."""
-    try:
-        config, decoder, tokenizer = loader()
-        core = EngineCore(name, version, config, decoder, tokenizer)
-    except Exception as exc:
-        conn.send_bytes(_encode(_LoadFailed(f"{type(exc).__name__}: {exc}")))
+    loaded = _load_core(conn, name, version, loader)
+    if loaded is None:
         return
+    core, tokenizer = loaded
     sending = threading.Lock()
 
     def send(message: _FromChild) -> None:
@@ -455,12 +464,10 @@ def run_shared_engine(control: multiprocessing.connection.Connection, address: s
     so on ``control`` (its supervisor's pipe), then serves the front ends that dial
     ``address``. It ends when the last front end leaves, the core stops on its own, or
     the supervisor goes."""
-    try:
-        config, decoder, tokenizer = loader()
-        core = EngineCore(name, version, config, decoder, tokenizer)
-    except Exception as exc:
-        control.send_bytes(_encode(_LoadFailed(f"{type(exc).__name__}: {exc}")))
+    loaded = _load_core(control, name, version, loader)
+    if loaded is None:
         return
+    core, tokenizer = loaded
     if os.path.exists(address):
         os.unlink(address)
     listener = multiprocessing.connection.Listener(address, "AF_UNIX", authkey=authkey)
