@@ -194,7 +194,7 @@ class DataPlane:
         if self.peers is None:
             return mine
         others = await self.peers.statistics(name, version)
-        if self.manager.front_ends_share:
+        if self.manager.shared is not None:
             shared = {v.name for v in self.manager.generative_versions()}
             others = [{**doc, "model_stats": [
                 response_cache_only(entry) if entry["name"] in shared else entry

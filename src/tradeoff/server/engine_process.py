@@ -154,22 +154,7 @@ class ProcessCore:
         self._conn = conn
         self._process = process  # None: a shared core, not this server's to reap
         self.pid = pid if process is None else process.pid
-        if not self._conn.poll(start_timeout_s):
-            self._kill()
-            raise ModelLoadError(f"model {name!r}: its engine process did not load it "
-                                 f"within {start_timeout_s:g} s")
-        try:
-            first = _from_child.decode(self._conn.recv_bytes())
-        except (EOFError, OSError):
-            if process is not None:
-                process.join(5)
-            raise ModelLoadError(f"model {name!r}: its engine process exited while loading "
-                                 f"(exit code {self._exit_code()})") from None
-        if isinstance(first, _LoadFailed):
-            if process is not None:
-                process.join(5)
-            raise ModelLoadError(f"model {name!r}: {first.reason}")
-        assert isinstance(first, _Ready)
+        first = ready_or_failed(conn, name, start_timeout_s, process)
         self.info = first.info
         self.tokenizer: Tokenizer = pickle.loads(first.tokenizer)
         self._sending = threading.Lock()
@@ -201,9 +186,6 @@ class ProcessCore:
         (:func:`run_shared_engine`)."""
         conn = multiprocessing.connection.Client(address, "AF_UNIX", authkey=authkey)
         return cls(name, conn, None, pid, start_timeout_s)
-
-    def _exit_code(self) -> int | None:
-        return self._process.exitcode if self._process is not None else None
 
     def start(self, publish: Callable[[Outbound], None]) -> None:
         self._publish = publish
@@ -259,7 +241,7 @@ class ProcessCore:
         except (EOFError, OSError):
             if self._process is not None:
                 self._process.join(1)
-            code = self._exit_code()
+            code = self._process.exitcode if self._process is not None else None
             log.error("model %s: its engine process ended (exit code %s)", self.name, code)
             self._publish(CoreEnded(f"its engine process ended (exit code {code})"))
         with self._answer:
@@ -442,20 +424,31 @@ class _Part:
     taken: int = 0
 
 
-def ready_or_failed(control: multiprocessing.connection.Connection, name: str,
-                    timeout_s: float) -> None:
-    """Wait for a shared engine process to load its model (ModelLoadError saying why
-    when it does not). Blocking."""
-    if not control.poll(timeout_s):
+def ready_or_failed(conn: multiprocessing.connection.Connection, name: str,
+                    timeout_s: float, process: BaseProcess | None = None) -> _Ready:
+    """An engine process's first message once it has loaded its model; ModelLoadError
+    saying why when it does not (``process``, where this side started it, is then
+    reaped, or killed when it takes too long). Blocking."""
+    if not conn.poll(timeout_s):
+        if process is not None and process.is_alive():
+            process.kill()
+            process.join(5)
         raise ModelLoadError(f"model {name!r}: its engine process did not load it within "
                              f"{timeout_s:g} s")
     try:
-        first = _from_child.decode(control.recv_bytes())
+        first = _from_child.decode(conn.recv_bytes())
     except (EOFError, OSError):
-        raise ModelLoadError(f"model {name!r}: its engine process exited while "
-                             "loading") from None
+        if process is not None:
+            process.join(5)
+        raise ModelLoadError(f"model {name!r}: its engine process exited while loading "
+                             f"(exit code {process.exitcode if process else None})"
+                             ) from None
     if isinstance(first, _LoadFailed):
+        if process is not None:
+            process.join(5)
         raise ModelLoadError(f"model {name!r}: {first.reason}")
+    assert isinstance(first, _Ready)
+    return first
 
 
 def run_shared_engine(control: multiprocessing.connection.Connection, address: str,

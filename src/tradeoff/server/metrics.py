@@ -381,8 +381,7 @@ def render(registry: CollectorRegistry) -> bytes:
 SUMMED_GAUGES = frozenset({
     "tradeoff_inference_in_flight", "tradeoff_server_in_flight", "tradeoff_cache_bytes",
     "tradeoff_cache_entries", "tradeoff_executor_shared_memory_used_bytes",
-    "tradeoff_executor_shared_memory_size_bytes", "tradeoff_generation_requests_running",
-    "tradeoff_generation_requests_waiting", "process_resident_memory_bytes",
+    "tradeoff_executor_shared_memory_size_bytes", "process_resident_memory_bytes",
     "process_virtual_memory_bytes", "process_open_fds"})
 EARLIEST_GAUGES = frozenset({"process_start_time_seconds"})
 

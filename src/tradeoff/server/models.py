@@ -35,7 +35,12 @@ from tradeoff.server.build import (
     load_failure,
 )
 from tradeoff.server.catalog import ModelCatalog, ModelEntry, ModelState, ModelVersion, Served
-from tradeoff.server.executor_process import ExecutorProcesses, RemoteExecutor, device_of
+from tradeoff.server.executor_process import (
+    ExecutorProcesses,
+    RemoteExecutor,
+    SharedExecutors,
+    device_of,
+)
 
 __all__ = ["NO_CACHE_WARNING", "ModelManager"]
 
@@ -68,7 +73,12 @@ class ModelManager(ModelCatalog):
         self._locks: dict[str, asyncio.Lock] = {}
         self._stopping: set[asyncio.Task] = set()
         self._cancels: dict[str, threading.Event] = {}  # loads in progress, by model
-        self.front_ends_share = False  # one of serve --workers' front ends
+
+    @property
+    def shared(self) -> SharedExecutors | None:
+        """As one of ``serve --workers``' front ends: where the processes it shares with
+        the others are; None for a server of its own."""
+        return self.executor_processes.shared if self.executor_processes else None
 
     async def load(self, name: str, config_override: dict[str, Any] | None = None,
                    share: str | None = None) -> ModelEntry:
@@ -190,9 +200,8 @@ class ModelManager(ModelCatalog):
             raise InvalidInput(f"model {name!r} is generative: its settings come from "
                                "generate.yaml, not a 'config' load parameter")
         engine = None
-        if self.executor_processes is not None and self.executor_processes.shared:
-            # serve --workers: one engine process, which every front end dials
-            engine = await self.executor_processes.shared.engine(
+        if self.shared is not None:  # serve --workers: one engine process, which every
+            engine = await self.shared.engine(  # front end dials
                 self.repository.root, name, self.limits, share or uuid.uuid4().hex)
         model = await asyncio.to_thread(build_generative, self.repository, name, self.limits,
                                         asyncio.get_running_loop(), engine)
@@ -283,7 +292,7 @@ class ModelManager(ModelCatalog):
         routers = [n for n in names if self.repository.kind(n) == ROUTER]
         for name in [n for n in names if n not in routers] + routers:
             try:  # front ends that share executors share the builds of the start
-                await self.load(name, share="start" if self.front_ends_share else None)
+                await self.load(name, share="start" if self.shared else None)
             except TradeoffError:
                 pass
 

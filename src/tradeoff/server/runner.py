@@ -172,7 +172,6 @@ def make_dataplane(options: ServeOptions, shared: SharedExecutors | None = None
                            inline_batch_us=options.inline_batch_us,
                            warmup_timeout_s=options.warmup_timeout,
                            executor_processes=_executor_processes(options, shared))
-    manager.front_ends_share = shared is not None
     cache = ResponseCache.from_spec(options.cache) if options.cache is not None else None
     manager.cache_enabled = cache is not None
     dataplane = DataPlane(manager, options.max_inflight, options.limits, cache)

@@ -35,6 +35,7 @@ import signal
 import socket
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from multiprocessing import resource_tracker
 from multiprocessing.process import BaseProcess
@@ -57,6 +58,14 @@ log = logging.getLogger("tradeoff.server")
 RESTARTS_WITHIN_S = 30.0  # a front end that dies this soon after its start, 3 times over,
 FAILED_STARTS = 3         # stops the server (it would only fail again)
 EXECUTOR_START_S = 60.0   # longest an executor process may take to listen
+
+
+def _listening(control: multiprocessing.connection.Connection, process: BaseProcess
+               ) -> None:
+    """Wait for an executor process to listen for its front ends. Blocking."""
+    if not control.poll(EXECUTOR_START_S):
+        raise InvalidValue(f"{process.name} did not start within {EXECUTOR_START_S:g} s")
+    control.recv_bytes()
 
 
 def run_front_end(options: ServeOptions, index: int, link: socket.socket, log_level: int
@@ -196,72 +205,63 @@ class Supervisor:
         if len(self.members) == self.workers and all(m.ready for m in self.members.values()):
             log.info("ready: %d front ends", self.workers)
 
-    # ------------------------------------------------------------ executors
+    # ------------------------------------------------------------ shared processes
     async def executor(self, device: str, dead: int | None = None
                        ) -> tuple[str, bytes, int]:
         """The device's executor process, started if none runs, or it died: a front end
         that saw its pipe close names it (``dead``), maybe before it is reaped."""
         async with self._executor_lock:
-            running = self.executors.get(device)
-            if running is not None and running.process.is_alive() and \
-                    running.process.pid != dead:
-                return running.address, self.authkey, running.process.pid or 0
-            if running is not None:
-                running.process.kill()  # gone already, or no longer answering
-                await asyncio.to_thread(running.process.join, 10)
-                log.error("executor process %s (pid %s) ended with exit code %s: starting "
-                          "another", device, running.process.pid, running.process.exitcode)
-                running.control.close()
-            if self.stopping:
-                raise InvalidValue("the server is stopping")
-            address = str(self.folder / f"{device.replace(',', '-')}.sock")
-            control, theirs = self.context.Pipe()
-            process = self.context.Process(target=run_shared, name=f"executor-{device}",
-                                           args=(theirs, address, self.authkey), daemon=True)
-            process.start()
-            theirs.close()
-            if not await asyncio.to_thread(control.poll, EXECUTOR_START_S):
-                process.kill()
-                raise InvalidValue(f"the executor process for {device} did not start within "
-                                   f"{EXECUTOR_START_S:g} s")
-            control.recv_bytes()
-            self.executors[device] = _Executor(process, control, address)
-            log.info("executor process %s: pid %s", device, process.pid)
-            return address, self.authkey, process.pid or 0
+            return await self._shared(
+                self.executors, device, dead, f"executor process {device}", run_shared,
+                (), str(self.folder / f"{device.replace(',', '-')}.sock"), _listening)
 
     async def engine(self, root: Path, name: str, limits: BuildLimits, share: str,
                      dead: int | None = None) -> tuple[str, bytes, int]:
         """The engine process of a generative model's load ``share``, started (and the
         model loaded there) if none runs; it ends when the last front end leaves it."""
+        def loaded(control: multiprocessing.connection.Connection,
+                   process: BaseProcess) -> None:
+            ready_or_failed(control, name, limits.warmup_timeout_s, process)
+
         async with self._engine_lock:
-            running = self.engines.get((name, share))
-            if running is not None and running.process.is_alive() and \
-                    running.process.pid != dead:
-                return running.address, self.authkey, running.process.pid or 0
-            if running is not None:
-                running.process.kill()
-                await asyncio.to_thread(running.process.join, 10)
-                running.control.close()
-            if self.stopping:
-                raise InvalidValue("the server is stopping")
-            address = str(self.folder / f"engine-{next(self._engine_numbers)}.sock")
-            control, theirs = self.context.Pipe()
-            process = self.context.Process(
-                target=run_shared_engine, name=f"engine-{name}", daemon=True,
-                args=(theirs, address, self.authkey, name, 1,
-                      engine_loader(root, name, limits)))
-            process.start()
-            theirs.close()
-            try:
-                await asyncio.to_thread(ready_or_failed, control, name,
-                                        limits.warmup_timeout_s)
-            except Exception:
-                process.kill()
-                control.close()
-                raise
-            self.engines[(name, share)] = _Executor(process, control, address)
-            log.info("engine process %s: pid %s", name, process.pid)
-            return address, self.authkey, process.pid or 0
+            return await self._shared(
+                self.engines, (name, share), dead, f"engine process {name}",
+                run_shared_engine, (name, 1, engine_loader(root, name, limits)),
+                str(self.folder / f"engine-{next(self._engine_numbers)}.sock"), loaded)
+
+    async def _shared(self, running: dict[Any, _Executor], key: Any, dead: int | None,
+                      label: str, target: Any, args: tuple, address: str,
+                      ready: Callable[[multiprocessing.connection.Connection, BaseProcess],
+                                      None]) -> tuple[str, bytes, int]:
+        """``running[key]``: the process the front ends dial (its address, the key to
+        dial it, its pid), started (``target(control, address, authkey, *args)``, and
+        waited for until ``ready`` returns) if none runs or it is the ``dead`` one."""
+        old = running.get(key)
+        if old is not None and old.process.is_alive() and old.process.pid != dead:
+            return old.address, self.authkey, old.process.pid or 0
+        if old is not None:
+            old.process.kill()  # gone already, or no longer answering
+            await asyncio.to_thread(old.process.join, 10)
+            log.error("%s (pid %s) ended with exit code %s: starting another", label,
+                      old.process.pid, old.process.exitcode)
+            old.control.close()
+        if self.stopping:
+            raise InvalidValue("the server is stopping")
+        control, theirs = self.context.Pipe()
+        process = self.context.Process(target=target, name=label.replace(" process ", "-"),
+                                       args=(theirs, address, self.authkey, *args),
+                                       daemon=True)
+        process.start()
+        theirs.close()
+        try:
+            await asyncio.to_thread(ready, control, process)
+        except Exception:
+            process.kill()
+            control.close()
+            raise
+        running[key] = _Executor(process, control, address)
+        log.info("%s: pid %s", label, process.pid)
+        return address, self.authkey, process.pid or 0
 
     # ------------------------------------------------------------ stopping
     def stop(self) -> None:
