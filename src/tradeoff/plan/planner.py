@@ -320,12 +320,13 @@ def _conclude(attempts: list[Attempt], ranked: list[PlanCandidate], output: Path
     chosen: PlanCandidate | None = None
     shown: list[Replayed] = []
     if attempts:
-        chosen, shown, target = min(attempts, key=lambda a: (not a[1][-1].meets_sla,
-                                                             a[1][-1].p99_ms or math.inf))
-        met = shown[-1].meets_sla
-        if kept_start is not None:
-            shown = attempts[-1][1]
-            (chosen, target), met = kept_start, shown[-2].meets_sla
+        if kept_start is not None:  # the last replay: the start's, and the change tried
+            (chosen, target), shown = kept_start, attempts[-1][1]
+            met = shown[-2].meets_sla
+        else:
+            chosen, shown, target = min(attempts, key=lambda a: (
+                not a[1][-1].meets_sla, a[1][-1].p99_ms or math.inf))
+            met = shown[-1].meets_sla
         deployment = output / "repository"
         with local_resource(f"cannot write the plan into {output}"):
             shutil.move(str(target), deployment)
