@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from typing import Any
 
@@ -27,13 +28,18 @@ SERVER_FOLDERS = ("integration", "compat")
 SPREAD = {"test_plan.py", "test_docs_examples.py", "test_plan_pools.py"}
 # two local Ray clusters at once would share 127.0.0.2's ports and Ray's session folder
 GROUPS = {"test_ray.py": "ray", "test_ray_autoscale.py": "ray"}
+SPLIT = re.compile(r"\[(.+-)?split(-.+)?\]$")
 
 
 def work_unit(nodeid: str) -> str:
-    """What one worker runs together: the test's file, its group, or (SPREAD) the test."""
+    """What one worker runs together: the test's file, its group, or (SPREAD) the test;
+    a file's tests against a split server (``server_mode``) apart from the others."""
     path = nodeid.split("::", 1)[0]
     name = path.rsplit("/", 1)[-1]
-    return nodeid if name in SPREAD else GROUPS.get(name, path)
+    if name in SPREAD:
+        return nodeid
+    unit = GROUPS.get(name, path)
+    return f"{unit}[split]" if SPLIT.search(nodeid) else unit
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -22,6 +22,9 @@ from tradeoff.bench.soak import read_rss
 from tradeoff.server.process import ServerProcess
 
 TIMEOUT_S = 60.0
+# how a test's server runs: a module marked ``both_modes`` runs each test in each mode
+# (conftest.py); "split": two front-end processes and an executor process per device
+SERVER_MODES: dict[str, tuple[str, ...]] = {"in-process": (), "split": ("--workers", "2")}
 
 
 @dataclass
@@ -123,10 +126,18 @@ class References:
         return dict(zip(names, session.run(names, inputs), strict=True))
 
 
+def front_end_count(server: ServerProcess) -> int:
+    """How many front-end processes serve (``--workers``), 1 in one process."""
+    args = server.extra_args
+    return int(args[args.index("--workers") + 1]) if "--workers" in args else 1
+
+
 def running_server(repository: Path, cls: type[ServerProcess] = ServerProcess,
-                   **options: Any) -> Iterator[ServerProcess]:
-    """A `tradeoff serve` for a fixture's lifetime (``options`` as ServerProcess, or the
-    subclass ``cls``, takes them); it must stop with exit code 0."""
+                   mode: str = "in-process", **options: Any) -> Iterator[ServerProcess]:
+    """A `tradeoff serve` for a fixture's lifetime, in ``mode`` (SERVER_MODES; ``options``
+    as ServerProcess, or the subclass ``cls``, takes them); it must stop with exit code
+    0."""
+    options["extra_args"] = (*options.get("extra_args", ()), *SERVER_MODES[mode])
     process = cls(repository, **options).start()
     try:
         yield process

@@ -15,7 +15,7 @@ from tradeoff.server.process import ServerProcess
 
 from .helpers import References, infer_json, metric_samples, model_metric, request
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.both_modes]
 
 CONCURRENCY = 64
 T = TypeVar("T")

@@ -16,7 +16,7 @@ from tradeoff.server.process import ServerProcess
 from .helpers import request
 from .model_repo import BROKEN_MODELS, IDENTITY_TYPES, QUEUE_DELAY_US, QUEUE_LIMIT, identity_name
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.both_modes]
 
 SERVED = [*EXAMPLE_MODELS, *(identity_name(t) for t in [*IDENTITY_TYPES, "BF16"]), "add_sub",
           "versioned", "versioned_latest", "autocomplete", "queue_limited", "reloadable", "held"]

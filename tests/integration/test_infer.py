@@ -17,7 +17,7 @@ from tradeoff.server.process import ServerProcess
 from .helpers import References, infer_json
 from .model_repo import IDENTITY_TYPES, identity_name
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.both_modes]
 
 ENCODINGS = [pytest.param(True, id="binary"), pytest.param(False, id="json")]
 

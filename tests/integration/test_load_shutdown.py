@@ -22,10 +22,18 @@ import pytest
 import tradeoff
 from tradeoff.server.process import ServerProcess, free_ports, source_tree
 
-from .helpers import Response, infer_json, metric_samples, model_metric, request, wait_for
+from .helpers import (
+    SERVER_MODES,
+    Response,
+    infer_json,
+    metric_samples,
+    model_metric,
+    request,
+    wait_for,
+)
 from .model_repo import QUEUE_LIMIT, build_shutdown_repository
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.both_modes]
 
 
 def gauges(server: ServerProcess, model: str) -> tuple[float, float]:
@@ -77,9 +85,10 @@ MAX_LOOPS = 2000
 
 
 @pytest.fixture
-def stoppable_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def stoppable_server(tmp_path_factory: pytest.TempPathFactory, server_mode: str
+                     ) -> Iterator[ServerProcess]:
     root = build_shutdown_repository(tmp_path_factory.mktemp("shutdown-models"))
-    process = ServerProcess(root)
+    process = ServerProcess(root, extra_args=SERVER_MODES[server_mode])
     with process:
         yield process
 

@@ -27,20 +27,21 @@ from tradeoff.server.process import ServerProcess  # noqa: E402
 
 from .helpers import get_text, request, running_server  # noqa: E402
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.both_modes]
 
 SMALL = {"max_num_seqs": 4, "max_num_batched_tokens": 64, "num_blocks": 64, "block_size": 8}
 GREEDY = {"temperature": 0, "max_tokens": 12, "extra_body": {"ignore_eos": True}}
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def server(tmp_path_factory: pytest.TempPathFactory, server_mode: str
+           ) -> Iterator[ServerProcess]:
     repo = Path(tmp_path_factory.mktemp("llm")) / "models"
     write_generative(repo, "tinyllama", **SMALL)
     write_generative(repo, "tinyllama", "tinyllama_static", batching="static", **SMALL)
     if not torch.cuda.is_available():  # a model asking for a GPU that is not there
         write_generative(repo, "tinyllama", "tinyllama_gpu", device="cuda", **SMALL)
-    yield from running_server(repo)
+    yield from running_server(repo, mode=server_mode)
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from ..synthetic_model import write_synthetic_model
 from .helpers import infer_json, metric_samples, model_metric, request, running_server, wait_for
 from .model_repo import CONSTANT_CONFIG, _write, add_constant_model, build_shutdown_repository
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.both_modes]
 
 LIMIT = 3
 # waits up to 2 s for a batch, but a request may wait only 300 ms (or less, if it asks)
@@ -42,11 +42,13 @@ dynamic_batching {
 
 
 @pytest.fixture(scope="module")
-def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def limited(tmp_path_factory: pytest.TempPathFactory, server_mode: str
+            ) -> Iterator[ServerProcess]:
     """A server that holds at most LIMIT inference requests at once."""
     repo = build_shutdown_repository(tmp_path_factory.mktemp("limited"))
     _write(repo, "timed", {1: add_constant_model(1.0)}, TIMED_CONFIG)
-    yield from running_server(repo, extra_args=("--max-inflight", str(LIMIT)))
+    yield from running_server(repo, mode=server_mode,
+                              extra_args=("--max-inflight", str(LIMIT)))
 
 
 def row(value: float) -> list[dict]:

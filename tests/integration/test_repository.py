@@ -17,7 +17,7 @@ from tradeoff.server.process import ServerProcess
 from .helpers import infer_json, model_metric, request, wait_for
 from .model_repo import BROKEN_MODELS, add_constant_model
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.both_modes]
 
 
 def fp32_input(rows: int = 1, value: float = 0.5) -> tuple[triton.InferInput, np.ndarray]:

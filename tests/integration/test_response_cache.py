@@ -23,6 +23,8 @@ from tradeoff.server.process import ServerProcess
 from .helpers import infer_json, metric_samples, post_json, request, running_server
 from .model_repo import CONSTANT_CONFIG, _write, add_constant_model
 
+# in one process only: under serve --workers each front end keeps a local cache of its
+# own (test_workers.py); test_redis_cache.py runs the shared cache in both modes
 pytestmark = pytest.mark.integration
 
 CACHED = 'response_cache { enable: true }\n'
@@ -63,8 +65,8 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(repo: Path) -> Iterator[ServerProcess]:
-    yield from running_server(repo, extra_args=("--cache", "local,size=4MB",
+def server(repo: Path, server_mode: str) -> Iterator[ServerProcess]:
+    yield from running_server(repo, mode=server_mode, extra_args=("--cache", "local,size=4MB",
                                                 "--allow-fault-injection"))
 
 
@@ -241,11 +243,11 @@ def test_whole_greedy_generations_replay_and_streams_are_not_cached(server: Serv
 ALICE, BOB = "alice-key-0123456789", "bob-key-0123456789"
 
 
-def test_with_api_keys_each_key_sees_only_its_own_answers(repo: Path) -> None:
+def test_with_api_keys_each_key_sees_only_its_own_answers(repo: Path, server_mode: str) -> None:
     """Tenants over HTTP, gRPC and /v1: another key's identical request is a miss, and
     identical requests of two keys in flight together are not coalesced."""
-    server_gen = running_server(repo, extra_args=("--cache", "local,size=4MB",
-                                                  "--allow-fault-injection",
+    server_gen = running_server(repo, mode=server_mode, extra_args=(
+        "--cache", "local,size=4MB", "--allow-fault-injection",
                                                   "--api-key", ALICE, "--api-key", BOB))
     server = next(server_gen)
 
@@ -294,10 +296,10 @@ def test_with_api_keys_each_key_sees_only_its_own_answers(repo: Path) -> None:
             next(server_gen)
 
 
-def test_bench_and_the_server_report_one_hit_ratio(repo: Path) -> None:
+def test_bench_and_the_server_report_one_hit_ratio(repo: Path, server_mode: str) -> None:
     """On a server that nothing else has sent to, a run with no warmup sees what the
     server's statistics and its Prometheus counters say: hits / lookups."""
-    server_gen = running_server(repo, extra_args=("--cache", "local,size=4MB"))
+    server_gen = running_server(repo, mode=server_mode, extra_args=("--cache", "local,size=4MB"))
     server = next(server_gen)
     try:
         spec = EndpointSpec(server.url, model="mlp", distinct_inputs=30, zipf=1.0, seed=3)

@@ -29,7 +29,7 @@ from .helpers import (
     running_server,
     wait_for,
 )
-from .model_repo import build_test_repository
+from .model_repo import CONSTANT_CONFIG, _write, add_constant_model, build_test_repository
 from .test_engine_process import alive, engine_children
 from .test_executor_process import kill_with_requests_waiting
 
@@ -47,12 +47,15 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     root = build_test_repository(tmp_path_factory.mktemp("models"))
     write_synthetic_llm(root, "llm", model={"step_ms": 1.0})
+    _write(root, "cached", {1: add_constant_model(1.0)}, CONSTANT_CONFIG.format(
+        name="cached", extra="response_cache { enable: true }\n"))
     return root
 
 
 @pytest.fixture(scope="module")
 def server(repository: Path) -> Iterator[ServerProcess]:
-    yield from running_server(repository, extra_args=("--workers", str(WORKERS)))
+    yield from running_server(repository, extra_args=("--workers", str(WORKERS), "--cache",
+                                                      "local,size=1MB"))
 
 
 def front_ends(server: ServerProcess) -> list[int]:
@@ -367,3 +370,31 @@ def test_sigterm_stops_every_process_and_leaves_no_shared_memory(repository: Pat
     leftover = [p.name for p in Path("/dev/shm").iterdir() if p.name.startswith(mine) and
                 int(p.name[len(mine):].split("-")[0]) in children]
     assert leftover == []
+
+
+def test_each_front_end_keeps_a_local_cache_of_its_own(server: ServerProcess) -> None:
+    """--cache local: a repeated request hits in the front end that answered it, and is
+    a miss in another; the server says so at start and points to Redis."""
+    assert "each of the 2 front ends keeps a cache of its own" in server.log_text()
+    body = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4],
+                                   "data": [7.0] * 4}]})
+
+    def verdict(connection: http.client.HTTPConnection) -> str:
+        connection.request("POST", "/v2/models/cached/infer", body)
+        answer = connection.getresponse()
+        assert answer.status == 200, answer.read()
+        answer.read()
+        return (answer.getheader("server-timing") or "").split(";desc=")[1].split(";")[0]
+
+    connections = open_connections(server, CONNECTIONS)
+    try:
+        by_front_end: dict[int, http.client.HTTPConnection] = {}
+        for connection in connections:
+            [(pid, _)] = [(p, n) for p, n in holders(server, [connection]).items() if n]
+            by_front_end.setdefault(pid, connection)
+        first, second = by_front_end.values()
+        assert [verdict(first), verdict(first)] == ["miss", "hit"]
+        assert [verdict(second), verdict(second)] == ["miss", "hit"]
+    finally:
+        for connection in connections:
+            connection.close()

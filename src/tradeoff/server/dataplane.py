@@ -26,10 +26,11 @@ from tradeoff.scheduling.stats import merge_model_stats, response_cache_only
 from tradeoff.server.asgi import OFF_LOOP_BYTES
 from tradeoff.server.cache import ResponseCache
 from tradeoff.server.catalog import ModelVersion
+from tradeoff.server.front_end import InflightCounts
 from tradeoff.server.generation import Generation
 from tradeoff.server.generations import Generations, Prompt
 from tradeoff.server.models import ModelManager
-from tradeoff.server.router import RoutedModel, check_direct
+from tradeoff.server.router import RoutedModel, check_direct, merge_router_stats
 from tradeoff.server.validation import (
     config_override,
     expected_outputs,
@@ -93,6 +94,8 @@ class DataPlane:
         self.strict_readiness = False
         self.max_inflight = max_inflight  # server-wide; None: no limit
         self.in_flight = 0  # inference requests admitted and not yet answered
+        # every front end's, where this is one of serve --workers' (server/front_end.py)
+        self.shared_in_flight: InflightCounts | None = None
         self.overload_refusals = 0
         self._background: set[asyncio.Task] = set()  # shadow copies in flight
         self.peers: Peers | None = None  # a replica of a Ray Serve deployment
@@ -105,7 +108,9 @@ class DataPlane:
         the cheap check before a request body is read."""
         if self.shutting_down:
             raise Unavailable("the server is shutting down and takes no new requests")
-        if self.max_inflight is not None and self.in_flight >= self.max_inflight:
+        if self.max_inflight is not None and self.max_inflight <= (
+                self.in_flight if self.shared_in_flight is None
+                else self.shared_in_flight.total()):
             self.overload_refusals += 1
             raise Overloaded(f"the server holds its limit of {self.max_inflight} requests in "
                              "flight (--max-inflight); retry after a short wait")
@@ -115,9 +120,13 @@ class DataPlane:
         shutting down or holds ``max_inflight`` requests. Pair with :meth:`release`."""
         self.check_admission()
         self.in_flight += 1
+        if self.shared_in_flight is not None:
+            self.shared_in_flight.set(self.in_flight)
 
     def release(self) -> None:
         self.in_flight -= 1
+        if self.shared_in_flight is not None:
+            self.shared_in_flight.set(self.in_flight)
 
     def admitted(self) -> Admission:
         """``with dataplane.admitted():`` a slot taken on entry (or a 503), given back on
@@ -199,7 +208,14 @@ class DataPlane:
             others = [{**doc, "model_stats": [
                 response_cache_only(entry) if entry["name"] in shared else entry
                 for entry in doc.get("model_stats", [])]} for doc in others]
-        return merge_model_stats([mine, *others])
+        documents = [mine, *others]
+        merged = merge_model_stats(documents)
+        for entry in merged["model_stats"]:
+            if "routes" in entry:  # a router: its arms, fallbacks and shadow copies too
+                entry.update(merge_router_stats([
+                    e for doc in documents for e in doc.get("model_stats", [])
+                    if (e["name"], e["version"]) == (entry["name"], entry["version"])]))
+        return merged
 
     async def load_model(self, name: str, parameters: dict[str, Any] | None = None, *,
                          publish: bool = True, share: str | None = None) -> None:

@@ -150,7 +150,10 @@ class ExecutorCore:
         self.by_key: dict[str, dict[int, int]] = {}  # load key -> version -> number
         self.loading: dict[str, _Load] = {}
         self.pending: dict[tuple[int, int, int], InferenceRequest] = {}
+        # (front end, model) -> set once none of its requests there is pending
+        self.settling: dict[tuple[int, int], asyncio.Event] = {}
         self.outbox: dict[tuple[int, int], list[Answer]] = {}
+        self.touched: set[int] = set()  # models whose queue changed this loop turn
         self.numbers = itertools.count(1)
         self.client_numbers = itertools.count(1)
         self.closed = asyncio.Event()
@@ -205,9 +208,9 @@ class ExecutorCore:
             pass
         client.conn.close()
         for key in [k for k in self.pending if k[0] == client.number]:
-            request = self.pending.pop(key)
+            request = self._forget(key)
             model = self.models.get(key[1])
-            if model is not None:
+            if model is not None and request is not None:
                 model.scheduler.cancel(request)
         for box in [k for k in self.outbox if k[0] == client.number]:
             del self.outbox[box]
@@ -327,9 +330,11 @@ class ExecutorCore:
                 self.send(client, Unloaded(number, BatchRecord([], [], [])))
             return
         model.holders.discard(client)
-        if model.holders:
+        if model.holders:  # others still send to it: this front end's requests end first
+            await self._settled(client, number)
+            self.flush()
             if tell:
-                self.send(client, Unloaded(number, BatchRecord([], [], [])))
+                self.send(client, Unloaded(number, model.stats.take()))
             return
         await model.scheduler.stop()
         self.flush()
@@ -339,6 +344,21 @@ class ExecutorCore:
             del self.by_key[model.key]
         if tell:
             self.send(client, Unloaded(number, model.stats.take()))
+
+    async def _settled(self, client: int, number: int) -> None:
+        """Until none of the front end's requests to the model is pending."""
+        if any(key[:2] == (client, number) for key in self.pending):
+            settled = self.settling.setdefault((client, number), asyncio.Event())
+            await settled.wait()
+
+    def _forget(self, key: tuple[int, int, int]) -> InferenceRequest | None:
+        """A request no longer pending (answered, released, its front end gone)."""
+        request = self.pending.pop(key, None)
+        waiter = self.settling.get(key[:2])
+        if waiter is not None and not any(k[:2] == key[:2] for k in self.pending):
+            del self.settling[key[:2]]
+            waiter.set()
+        return request
 
     def died(self, number: int, cause: str) -> None:
         def tell() -> None:
@@ -371,7 +391,7 @@ class ExecutorCore:
         try:
             model.scheduler.submit_call(request, functools.partial(self.done, *key))
         except RequestError as exc:  # refused at once (queue full, draining)
-            del self.pending[key]
+            self._forget(key)
             self.answer(client.number, message.model, Answer(
                 message.request, _NO_TIMINGS, failure=Failure(type(exc).__name__, str(exc))))
             return
@@ -379,7 +399,7 @@ class ExecutorCore:
 
     def done(self, client: int, model: int, request: int,
              result: ExecutorAnswer | BaseException) -> None:
-        if self.pending.pop((client, model, request), None) is None:
+        if self._forget((client, model, request)) is None:
             return  # its front end went away
         try:
             self._answer_with(client, model, request, result)
@@ -415,12 +435,23 @@ class ExecutorCore:
 
     def _outbox(self, client: int, model: int) -> list[Answer]:
         """The model's answers to a front end this loop turn, sent at its end."""
-        if not self.outbox:
-            self.loop.call_soon(self.flush)
+        self._touch(model)
         return self.outbox.setdefault((client, model), [])
+
+    def _touch(self, model: int) -> None:
+        """The model's queue changed: at the turn's end, every front end that holds it
+        hears its load (each reads the shared queue's depth from it)."""
+        if not self.outbox and not self.touched:
+            self.loop.call_soon(self.flush)
+        self.touched.add(model)
 
     def flush(self) -> None:
         outbox, self.outbox = self.outbox, {}
+        touched, self.touched = self.touched, set()
+        for number in touched:
+            holders = self.models[number].holders if number in self.models else ()
+            for client in holders:
+                outbox.setdefault((client, number), [])
         for (client, number), answers in outbox.items():
             model = self.models.get(number)
             load = model.scheduler.load() if model else ExecutorLoad(0, 0, 0)
@@ -428,10 +459,11 @@ class ExecutorCore:
             self.send(client, Answered(number, answers, record, load))
 
     def released(self, client: int, model: int, request: int, dropped: bool) -> None:
-        self.pending.pop((client, model, request), None)
+        self._forget((client, model, request))
         stats = self.models[model].stats if model in self.models else None
         self.send(client, Released(model, request,
                                    stats.take() if stats else BatchRecord([], [], [])))
+        self._touch(model)
 
     async def close(self) -> None:
         """Every front end is gone, or the process is told to stop: release every

@@ -25,7 +25,7 @@ from typing import Any
 from tradeoff.errors import Unavailable
 from tradeoff.server.build import BuildLimits
 
-__all__ = ["Channel", "FrontEnd", "SupervisorLink", "front_end_id"]
+__all__ = ["Channel", "FrontEnd", "InflightCounts", "SupervisorLink", "front_end_id"]
 
 log = logging.getLogger("tradeoff.server")
 
@@ -35,6 +35,24 @@ _HEADER = 4  # bytes: each message's length, big-endian
 def front_end_id(index: int, pid: int) -> str:
     """How the front ends' coordinator names a front end (a restarted one anew)."""
     return f"front-end-{index}-{pid}"
+
+
+class InflightCounts:
+    """The requests each front end holds, in memory they all share, so that
+    ``--max-inflight`` bounds the whole server: a front end writes its own count only
+    and admits against the sum. Two front ends that admit at the same instant may pass
+    the limit by one each; a lock could do better, but one held by a front end that dies
+    would stop them all."""
+
+    def __init__(self, counts: Any, index: int) -> None:
+        self.counts = counts  # multiprocessing RawArray("q", front ends), handed down
+        self.index = index
+
+    def set(self, count: int) -> None:
+        self.counts[self.index] = count
+
+    def total(self) -> int:
+        return sum(self.counts)
 
 
 class Channel:
@@ -163,3 +181,4 @@ class FrontEnd:
 
     index: int
     link: SupervisorLink = field(repr=False)
+    inflight: InflightCounts | None = field(default=None, repr=False)

@@ -14,7 +14,7 @@ import asyncio
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, TypeVar
 
 import numpy as np
@@ -31,7 +31,8 @@ from tradeoff.errors import (
 from tradeoff.protocol.v2 import TensorOutput
 from tradeoff.repository.router import Decision, RouterConfig, Signature, Target, class_name_problem
 
-__all__ = ["SHADOW_IN_FLIGHT", "RoutedModel", "RouterStats", "ShadowStats", "T", "check_direct"]
+__all__ = ["SHADOW_IN_FLIGHT", "RoutedModel", "RouterStats", "ShadowStats", "T", "check_direct",
+           "merge_router_stats"]
 
 SHADOW_IN_FLIGHT = 8  # shadow copies a router holds at once; more are dropped
 
@@ -82,14 +83,25 @@ class ShadowStats:
         self.sum_max_abs_diff += worst
 
     def to_dict(self) -> dict[str, Any]:
-        return {"sent": self.sent, "dropped": self.dropped, "failed": self.failed,
-                "compared": self.compared, "max_abs_diff": self.max_abs_diff,
+        """The counts (which :meth:`from_dict` reads back) and the ratios they give."""
+        return {**asdict(self),
                 "mean_max_abs_diff": self.sum_max_abs_diff / self.compared
                 if self.compared else None,
                 "top1_agreement": self.top1_agree / self.top1_total
                 if self.top1_total else None,
                 "token_agreement": self.token_agree / self.token_total
                 if self.token_total else None}
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> ShadowStats:
+        return cls(**{f.name: doc[f.name] for f in fields(cls)})
+
+    def add(self, other: ShadowStats) -> None:
+        """Count ``other``'s copies too (another front end's)."""
+        for f in fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            setattr(self, f.name, max(mine, theirs) if f.name == "max_abs_diff"
+                    else mine + theirs)
 
 
 @dataclass
@@ -138,6 +150,26 @@ class RouterStats:
             "batch_stats": [],
             "routes": self.routes(), "fallbacks": dict(self.fallbacks),
             "shadow": self.shadow.to_dict()}
+
+
+def merge_router_stats(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """One router's ``routes``, ``fallbacks`` and ``shadow`` from several front ends'
+    statistics (:meth:`RouterStats.to_dict`) as one: every count added."""
+    arms: dict[tuple[int, int], dict[str, Any]] = {}
+    fallbacks: dict[str, int] = {}
+    shadow = ShadowStats()
+    for entry in entries:
+        for route in entry["routes"]:
+            key = (route["route"], route["arm"])
+            if key in arms:
+                arms[key]["count"] += route["count"]
+            else:
+                arms[key] = dict(route)
+        for label, count in entry["fallbacks"].items():
+            fallbacks[label] = fallbacks.get(label, 0) + count
+        shadow.add(ShadowStats.from_dict(entry["shadow"]))
+    return {"routes": [arms[key] for key in sorted(arms)], "fallbacks": fallbacks,
+            "shadow": shadow.to_dict()}
 
 
 class RoutedModel:

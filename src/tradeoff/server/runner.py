@@ -203,6 +203,8 @@ def serve(options: ServeOptions, front_end: FrontEnd | None = None) -> None:
             raise InvalidValue("TLS needs both --tls-cert and --tls-key")
         tls = _read_tls(options.tls_cert, options.tls_key)
     dataplane = make_dataplane(options, front_end.link if front_end else None)
+    if front_end is not None:
+        dataplane.shared_in_flight = front_end.inflight
     shared = front_end is not None  # the supervisor holds the ports for its front ends
     sockets = [bind(options.host, options.http_port, shared)]
     if options.metrics_port is not None:

@@ -46,7 +46,13 @@ from tradeoff.errors import InvalidValue
 from tradeoff.server.build import BuildLimits, engine_loader
 from tradeoff.server.engine_process import ready_or_failed, run_shared_engine
 from tradeoff.server.executor_core import run_shared
-from tradeoff.server.front_end import Channel, FrontEnd, SupervisorLink, front_end_id
+from tradeoff.server.front_end import (
+    Channel,
+    FrontEnd,
+    InflightCounts,
+    SupervisorLink,
+    front_end_id,
+)
 from tradeoff.server.options import ServeOptions
 from tradeoff.server.replicas import ReplicaCoordinator
 from tradeoff.server.shared_arena import check_room, remove_stale_segments
@@ -68,14 +74,15 @@ def _listening(control: multiprocessing.connection.Connection, process: BaseProc
     control.recv_bytes()
 
 
-def run_front_end(options: ServeOptions, index: int, link: socket.socket, log_level: int
-                  ) -> None:
-    """A front end's main (a spawned process)."""
+def run_front_end(options: ServeOptions, index: int, link: socket.socket, log_level: int,
+                  inflight: Any) -> None:
+    """A front end's main (a spawned process); ``inflight``: every front end's count of
+    requests held (:class:`InflightCounts`)."""
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s "
                                                 "%(processName)s: %(message)s")
     from tradeoff.server.runner import serve
 
-    serve(options, FrontEnd(index, SupervisorLink(link)))
+    serve(options, FrontEnd(index, SupervisorLink(link), InflightCounts(inflight, index)))
 
 
 @dataclass
@@ -106,6 +113,7 @@ class Supervisor:
         self.options = options
         self.workers = workers
         self.context = multiprocessing.get_context("spawn")
+        self.inflight = self.context.RawArray("q", workers)  # each front end's, shared
         self.coordinator = ReplicaCoordinator()
         self.members: dict[int, _Member] = {}
         self.executors: dict[str, _Executor] = {}
@@ -126,7 +134,7 @@ class Supervisor:
         mine, theirs = socket.socketpair()
         process = self.context.Process(
             target=run_front_end, name=f"front-end-{index}",
-            args=(self.options, index, theirs, logging.getLogger().level))
+            args=(self.options, index, theirs, logging.getLogger().level, self.inflight))
         process.start()
         theirs.close()
         channel = await Channel.open(mine)
@@ -146,6 +154,7 @@ class Supervisor:
         member.channel.close()
         if self.members.get(member.index) is member:
             del self.members[member.index]
+            self.inflight[member.index] = 0  # what it held went with it
         # no load waits for it to apply, no statistics for it to answer
         self._background(self.coordinator.leave(front_end_id(member.index,
                                                              member.process.pid or 0)))
@@ -321,6 +330,10 @@ def serve_workers(options: ServeOptions, workers: int) -> None:
                       **{flag: sock.getsockname()[1] for flag, sock in held.items()})
     log.info("%d front ends on %s:%d (HTTP), sharing one executor process per device",
              workers, options.host, options.http_port)
+    if options.cache is not None and options.cache.kind == "local" and workers > 1:
+        log.warning("--cache local: each of the %d front ends keeps a cache of its own, so "
+                    "a repeated request hits only in a front end that answered it before; "
+                    "--cache redis://... shares one", workers)
 
     async def main() -> int:
         return await Supervisor(options, workers).run()
