@@ -11,6 +11,9 @@
 * ``timing`` tests assert bounds that move with the machine's load: ``make test`` runs them
   alone, after the parallel run.
 * ``gpu`` tests need a CUDA device and are skipped without one.
+* Modules marked ``both_modes`` run each test that asks for ``server_mode`` twice:
+  against a server in one process and one split into front-end and executor processes
+  (``serve --workers 2``); a file's split tests are a work unit of their own.
 * Tests that share their node id with another (schemathesis' tests, one per API
   operation, under pytest 9) are marked ``serial``: pytest-xdist hands out tests by node
   id and would run one of them; ``make test`` runs them after the parallel run.
@@ -69,6 +72,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.get_closest_marker("gpu") and not _cuda():
             item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
     items.sort(key=lambda item: item.path not in slow_files)  # stable: order kept within
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test that asks for ``server_mode`` runs its server in one process, or, in a
+    module marked ``both_modes``, once in each of ``SERVER_MODES`` (the same test against
+    a server split into front-end and executor processes)."""
+    if "server_mode" in metafunc.fixturenames:
+        from tests.integration.helpers import SERVER_MODES
+
+        both = metafunc.definition.get_closest_marker("both_modes") is not None
+        # session-wide: a server shared by several modules is started once per mode
+        metafunc.parametrize("server_mode", list(SERVER_MODES) if both else ["in-process"],
+                             scope="session")
 
 
 def _cuda() -> bool:

@@ -22,8 +22,8 @@ def compat_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def compat_server(compat_repository: Path) -> Iterator[ServerProcess]:
-    yield from running_server(compat_repository)
+def compat_server(compat_repository: Path, server_mode: str) -> Iterator[ServerProcess]:
+    yield from running_server(compat_repository, mode=server_mode)
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ from tests.integration.helpers import References
 from tests.integration.model_repo import IDENTITY_TYPES, identity_name
 from tradeoff.server.process import ServerProcess
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.both_modes]
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import tritonclient.http.aio as httpaio
 from tests.integration.helpers import References
 from tradeoff.server.process import ServerProcess
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.both_modes]
 
 
 def test_asyncio_http_client(compat_server: ServerProcess,

@@ -4,9 +4,7 @@ The repository is written to a temporary directory at session start (see
 ``model_repo.py``); tests talk to the server with the official ``tritonclient.http`` or,
 where they need status codes and headers, with ``http.client``.
 
-A test that asks for ``server_mode`` gets how its server runs (``helpers.SERVER_MODES``):
-in one process, or, in a module marked ``both_modes``, once in each mode (the same test
-against a server split into front-end and executor processes).
+A test that asks for ``server_mode`` gets how its server runs (``tests/conftest.py``).
 """
 
 from __future__ import annotations
@@ -19,16 +17,8 @@ import tritonclient.http as triton
 
 from tradeoff.server.process import ServerProcess
 
-from .helpers import SERVER_MODES, References, running_server
+from .helpers import References, running_server
 from .model_repo import build_test_repository
-
-
-def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "server_mode" in metafunc.fixturenames:
-        both = metafunc.definition.get_closest_marker("both_modes") is not None
-        # session-wide: a server shared by several modules is started once per mode
-        metafunc.parametrize("server_mode", list(SERVER_MODES) if both else ["in-process"],
-                             scope="session")
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
@@ -70,19 +71,21 @@ def test_a_model_only_another_front_end_serves_is_shown() -> None:
                 (("model", "mlp"), ("version", "1")))] == 1
 
 
-def test_a_shared_engines_counts_are_shown_once() -> None:
-    def engine(finished: float) -> CollectorRegistry:
-        class Engine(Collector):
+@pytest.mark.parametrize("name", ["tradeoff_generation_requests_finished",
+                                  "tradeoff_inference_exec_on_loop_count"])
+def test_a_shared_processs_counts_are_shown_once(name: str) -> None:
+    """A generative model's engine process, or an executor process's batcher."""
+    def shared(count: float) -> CollectorRegistry:
+        class Shared(Collector):
             def collect(self) -> Iterator[Metric]:
-                family = CounterMetricFamily("tradeoff_generation_requests_finished",
-                                             "Generations finished", labels=["model"])
-                family.add_metric(["llm"], finished)
+                family = CounterMetricFamily(name, "Counted there", labels=["model"])
+                family.add_metric(["m"], count)
                 yield family
 
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(Engine())
+        registry.register(Shared())
         return registry
 
-    # two front ends read the same engine, one a moment later
-    got = samples(render_summed(engine(40), [families(engine(41))]).decode())
-    assert got[("tradeoff_generation_requests_finished_total", (("model", "llm"),))] == 41
+    # two front ends read the same process's count, one a moment later
+    got = samples(render_summed(shared(40), [families(shared(41))]).decode())
+    assert got[(f"{name}_total", (("model", "m"),))] == 41

@@ -395,11 +395,13 @@ def families(registry: CollectorRegistry) -> list[dict[str, Any]]:
 
 # a generative model's engine is one process every front end reads: its counts once
 SHARED_ENGINE_PREFIX = "tradeoff_generation_"
+# counts an executor process keeps (every front end reads the same total): once too
+SHARED_COUNTERS = frozenset({"tradeoff_inference_exec_on_loop_count"})
 
 
 def _combine(kind: str, name: str, a: float, b: float) -> float:
-    if name.startswith(SHARED_ENGINE_PREFIX):
-        return max(a, b)  # the freshest of the same engine's counts
+    if name.startswith(SHARED_ENGINE_PREFIX) or name in SHARED_COUNTERS:
+        return max(a, b)  # the freshest of the same process's counts
     if kind != "gauge" or name in SUMMED_GAUGES:
         return a + b
     return min(a, b) if name in EARLIEST_GAUGES else max(a, b)
@@ -409,7 +411,8 @@ def render_summed(registry: CollectorRegistry, others: list[list[dict[str, Any]]
     """``/metrics`` of one server of several processes (``serve --workers``): this
     process's families and the others' (:func:`families`), each family once; counters and
     histograms added up, gauges by :data:`SUMMED_GAUGES` and :data:`EARLIEST_GAUGES`, and
-    a shared engine's families (:data:`SHARED_ENGINE_PREFIX`) counted once."""
+    a shared engine's families (:data:`SHARED_ENGINE_PREFIX`) and an executor's
+    (:data:`SHARED_COUNTERS`) counted once."""
     merged: dict[str, tuple[dict[str, Any], dict[tuple[str, tuple], float]]] = {}
     for document in [families(registry), *others]:
         for family in document:
