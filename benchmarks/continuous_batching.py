@@ -157,7 +157,7 @@ def _engine(model_dir: Path, cpu: int) -> tuple[Any, Any]:
     os.sched_setaffinity(0, {cpu})
     torch.set_num_threads(1)
     config, decoder, tokenizer = load_generative(model_dir)
-    return new_engine(config, decoder, tokenizer), tokenizer
+    return new_engine(config, decoder), tokenizer
 
 
 def ceiling(engine: Any, tokenizer: Any, work: list[tuple[float, str, int]],

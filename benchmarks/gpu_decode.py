@@ -49,10 +49,10 @@ def engine_decode(model_dir: Path, batch: int, steps: int, input_tokens: int,
                   device: str) -> dict[str, Any]:
     """The engine in process: ``batch`` sequences prefilled, then ``steps`` timed pure
     decode steps, then a profiled few."""
-    config, decoder, tokenizer = load_generative(model_dir)
+    config, decoder, _ = load_generative(model_dir)
     config = GenerativeConfig(**{**config.__dict__, "max_num_seqs": max(batch, 1),
                                  "max_num_batched_tokens": max(batch * input_tokens, 2048)})
-    engine = new_engine(config, decoder, tokenizer)
+    engine = new_engine(config, decoder)
     generator = torch.Generator().manual_seed(0)
     vocab = decoder.config.vocab_size
     params = SamplingParams(max_tokens=steps + 16, temperature=0.0, ignore_eos=True)

@@ -25,6 +25,7 @@ from tradeoff.generate.engine_messages import (
     Drain,
     EngineLoad,
     ErrorOut,
+    Finish,
     FinishedOut,
     StepOutputs,
     as_error,
@@ -48,10 +49,10 @@ def test_the_request_types_and_sampling_settings_load_without_torch() -> None:
 def test_every_message_survives_the_wire() -> None:
     params = SamplingParams(max_tokens=5, temperature=0.7, top_p=0.9, top_k=3, seed=2**64 - 1,
                             stop=("\n", "end"), ignore_eos=True)
-    inbound = [Add(3, [1, 2, 3], params, -5), Abort(3), Drain(2.5)]
+    inbound = [Add(3, [1, 2, 3], params, -5), Abort(3), Finish(3, 1.5), Drain(2.5)]
     for message in inbound:
         assert decode_inbound(encode(message)) == message
-    outbound = [StepOutputs(12.5, [3, 5], [42, 7], ["a\u00e9", ""], [FinishedOut(4, "stop", 16)],
+    outbound = [StepOutputs(12.5, [3, 5], [42, 7], [(5, 16)], [FinishedOut(4, "stop")],
                             [ErrorOut(5, "InvalidInput", "too long")], 2,
                             EngineLoad(1, 2, 0.25, 64, 32)),
                 CoreEnded(None), CoreEnded("the engine stopped (RuntimeError: lost)")]
@@ -121,7 +122,7 @@ def with_client(tmp_path: Path, scenario: Callable[[EngineClient], Awaitable[Any
     config, decoder, tokenizer = load_generative(directory)
 
     async def run() -> Any:
-        core = EngineCore("llm", 1, config, decoder, tokenizer)
+        core = EngineCore("llm", 1, config, decoder)
         client = EngineClient("llm", 1, config, tokenizer,
                               OverTheWire(core) if wire else core,
                               asyncio.get_running_loop())
@@ -166,8 +167,8 @@ def test_generations_over_the_wire_match_those_in_process(tmp_path: Path) -> Non
 
 
 def test_an_abort_before_the_core_takes_the_request_never_queues_it(tmp_path: Path) -> None:
-    config, decoder, tokenizer = load_generative(write_synthetic_llm(tmp_path))
-    core = EngineCore("llm", 1, config, decoder, tokenizer)
+    config, decoder, _ = load_generative(write_synthetic_llm(tmp_path))
+    core = EngineCore("llm", 1, config, decoder)
     core.send(Add(0, [1, 2, 3], SamplingParams(max_tokens=50), 0))
     core.send(Abort(0))
     core.send(Add(1, [4, 5], SamplingParams(max_tokens=2, temperature=0.0), 0))
@@ -213,3 +214,34 @@ def test_a_core_that_stops_on_its_own_fails_what_runs_and_refuses_what_comes(
     error, active = with_client(tmp_path, scenario, wire=True, step_ms=5.0)
     assert isinstance(error, Unavailable) and "RuntimeError: the device was lost" in str(error)
     assert active == 0
+
+
+def test_a_stop_string_ends_the_answer_in_the_client_and_the_core_counts_it_finished(
+        tmp_path: Path) -> None:
+    """The core sends token ids only; the client makes the text, and when a stop string
+    completes it ends the answer at once ("stop", the stop string never shown, no token
+    after it) and tells the core, which counts the generation finished, not failed, and
+    frees its sequence. Over the wire and in process alike."""
+    free = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    prompt = [1, 2, 3]
+
+    async def scenario(client: EngineClient) -> Any:
+        tokens, text, _ = await answer(client, prompt, free)
+        stop = text[5:8]  # three characters the answer holds, one token each
+        stopped = await answer(client, prompt, SamplingParams(
+            max_tokens=24, temperature=0.0, ignore_eos=True, stop=(stop,)))
+        for _ in range(300):  # the core hears of it after the answer ended
+            if client.stats.load.running == 0:
+                break
+            await asyncio.sleep(0.01)
+        return tokens, text, stopped, client.stats.to_dict(), client.stats.load
+
+    for wire in (False, True):
+        tokens, text, (kept, cut, reason), statistics, load = with_client(
+            tmp_path / str(wire), scenario, wire)
+        stop_at = text.index(text[5:8])
+        assert reason == "stop" and cut == text[:stop_at]
+        assert kept == tokens[:stop_at + 3]  # the token that completed it, none after
+        assert statistics["inference_count"] == 2
+        assert statistics["inference_stats"]["fail"]["count"] == 0
+        assert load.running == load.waiting == 0 and load.kv_usage == 0

@@ -3,15 +3,17 @@ chunked prefill, preemption by recompute, static batching, sampling and stopping
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from tradeoff.backends.llama import LlamaConfig, LlamaDecoder  # noqa: E402
 from tradeoff.errors import InvalidInput, Unavailable  # noqa: E402
-from tradeoff.generate.engine import GenerationEngine  # noqa: E402
+from tradeoff.generate.engine import GenerationEngine, StepReport  # noqa: E402
 from tradeoff.generate.events import Done, Event, Failed, Token  # noqa: E402
-from tradeoff.generate.iteration import IterationScheduler, SeqState  # noqa: E402
+from tradeoff.generate.iteration import GenSequence, IterationScheduler, SeqState  # noqa: E402
 from tradeoff.generate.kv_blocks import BlockAllocator  # noqa: E402
 from tradeoff.generate.sampling_params import SamplingParams  # noqa: E402
 
@@ -82,14 +84,15 @@ def test_preemption_by_recompute_gives_the_same_tokens(decoder: LlamaDecoder) ->
     assert engine.scheduler.preemptions > 0
 
 
-def overlapped(engine: GenerationEngine) -> int:
+def overlapped(engine: GenerationEngine,
+               collected: Callable[[StepReport], None] = lambda report: None) -> int:
     """Run the engine as its core does: step N+1 launched on step N's outcome before N
-    is collected, then N collected and its texts made. The steps launched."""
+    is collected, then N collected (and handed to ``collected``). The steps launched."""
     running, steps = None, 0
     while engine.has_work() or running is not None:
         launched = engine.launch(running) if engine.has_work() else None
         if running is not None:
-            engine.make_texts(engine.collect(running))
+            collected(engine.collect(running))
         running = launched
         steps += 1
         assert steps < 500
@@ -112,26 +115,28 @@ MIXED = [SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True),
 def test_overlapped_steps_give_the_tokens_of_steps_one_by_one(decoder: LlamaDecoder,
                                                               options: dict) -> None:
     """Overlap scheduling changes when the host works, never what is chosen: the same
-    tokens and endings as stepping one at a time, every block back at the end."""
+    tokens and endings as stepping one at a time, every block back at the end. With
+    "stop strings", the first sequence is finished (as its client does on a stop string)
+    once it has a token with a 1 in it: overlapped, its next step already runs then, and
+    the token that step chooses is dropped."""
     options = dict(options)
     stop = options.pop("stop", False)
     prompts = [*PROMPTS, [1, 5, 9, 13, 20], [1, 5, 9, 13, 21, 22]]  # shared prefixes
     outcomes = []
     for overlap in (False, True):
-        engine = GenerationEngine(decoder, detokenize=lambda ids: " ".join(map(str, ids)),
-                                  **options)
-        seqs = []
-        for i, prompt in enumerate(prompts):
-            params = MIXED[i % len(MIXED)]
-            if stop and i == 0:
-                params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True,
-                                        stop=("1",))  # any token id with a 1 in it
-            seqs.append(engine.add(prompt, params))
+        engine = GenerationEngine(decoder, **options)
+        seqs = [engine.add(prompt, MIXED[i % len(MIXED)]) for i, prompt in enumerate(prompts)]
+
+        def collected(report: StepReport, engine: GenerationEngine = engine,
+                      first: GenSequence = seqs[0]) -> None:
+            if stop and first in report.decoded and "1" in str(first.output[-1]):
+                engine.finish(first)
+
         if overlap:
-            overlapped(engine)
+            overlapped(engine, collected)
         else:
             while engine.has_work():
-                engine.step()
+                collected(engine.step())
         outcomes.append([(s.output, s.finish_reason) for s in seqs])
         assert engine.blocks.usage == 0 or engine.blocks.prefix_caching
         assert all(s.state is SeqState.FINISHED for s in seqs)
@@ -203,23 +208,26 @@ def test_top_k_one_and_a_tiny_top_p_are_greedy(decoder: LlamaDecoder) -> None:
         assert run(decoder, PROMPTS, params)[0] == greedy
 
 
-def test_stopping_on_eos_stop_strings_and_length(decoder: LlamaDecoder) -> None:
+def test_stopping_on_eos_on_length_and_when_finished(decoder: LlamaDecoder) -> None:
     free = run(decoder, [PROMPTS[0]], SamplingParams(max_tokens=30, temperature=0.0,
                                                       ignore_eos=True))[0][0]
-    engine = GenerationEngine(decoder, detokenize=lambda ids: " ".join(map(str, ids)))
+    engine = GenerationEngine(decoder)
     eos_at = engine.add(PROMPTS[0], SamplingParams(max_tokens=30, temperature=0.0))
-    stop_at = engine.add(PROMPTS[0], SamplingParams(max_tokens=30, temperature=0.0,
-                                                    ignore_eos=True, stop=(str(free[3]),)))
+    finished = engine.add(PROMPTS[0], SamplingParams(max_tokens=30, temperature=0.0,
+                                                     ignore_eos=True))
     length = engine.add(PROMPTS[0], SamplingParams(max_tokens=5, temperature=0.0,
                                                    ignore_eos=True))
     while engine.has_work():
         engine.step()
+        if len(finished.output) == 4 and finished.state is not SeqState.FINISHED:
+            engine.finish(finished)  # its client found a stop string in its text
     if 2 in free:
         assert eos_at.finish_reason == "stop" and eos_at.output == free[:free.index(2) + 1]
     else:
         assert eos_at.finish_reason == "length"
-    assert stop_at.finish_reason == "stop" and len(stop_at.output) <= 4
+    assert finished.finish_reason == "stop" and finished.output == free[:4]
     assert length.finish_reason == "length" and length.output == free[:5]
+    assert engine.blocks.usage == 0 and not engine.params
 
 
 def test_sampling_settings_are_checked() -> None:
@@ -304,34 +312,6 @@ def test_a_sampling_failure_fails_only_its_own_sequence(decoder: LlamaDecoder) -
     assert poisoned.finish_reason == "error" and poisoned.output == []
     assert healthy.output == alone[0] and healthy.finish_reason == "length"
     assert engine.blocks.usage == 0 and not engine.params  # nothing is left held
-
-
-def test_stop_strings_are_matched_on_the_new_text_only(decoder: LlamaDecoder) -> None:
-    """Each step used to detokenize the whole output and search it for every stop string
-    (quadratic in the output; with a long stop list it slowed everyone's stream): it now
-    looks at the last tokens, enough to hold any stop string, and still finds a stop
-    that a multi-token string completes."""
-    free = run(decoder, [PROMPTS[0]], SamplingParams(max_tokens=60, temperature=0.0,
-                                                      ignore_eos=True))[0][0]
-    seen: list[int] = []
-
-    def detokenize(ids: list[int]) -> str:
-        seen.append(len(ids))
-        return "".join(f"<{i}>" for i in ids)
-
-    engine = GenerationEngine(decoder, detokenize=detokenize)
-    never = engine.add(PROMPTS[0], SamplingParams(max_tokens=60, temperature=0.0,
-                                                  ignore_eos=True, stop=("<999>",)))
-    target = "".join(f"<{i}>" for i in free[40:43])  # three tokens, completed at the 43rd
-    stop_at = engine.add(PROMPTS[0], SamplingParams(max_tokens=60, temperature=0.0,
-                                                    ignore_eos=True, stop=(target,)))
-    while engine.has_work():
-        engine.step()
-    assert never.finish_reason == "length" and len(never.output) == 60
-    first = next(i for i in range(2, len(free)) if target in
-                 "".join(f"<{t}>" for t in free[:i + 1]))
-    assert stop_at.finish_reason == "stop" and stop_at.output == free[:first + 1]
-    assert max(seen) <= 4 * len(target) + 1 < 60
 
 
 def test_decodes_go_first_so_a_stream_of_long_prompts_never_skips_a_token() -> None:

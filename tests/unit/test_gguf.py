@@ -47,7 +47,7 @@ def test_smollm2_answers_a_question() -> None:
     text = "Hello, world! 12345 ünïcode"
     assert tokenizer.decode(tokenizer.encode(text)) == text
     prompt = tokenizer.chat([{"role": "user", "content": "What is the capital of France?"}])
-    engine = GenerationEngine(decoder, detokenize=tokenizer.decode)
+    engine = GenerationEngine(decoder)
     answer = engine.generate([tokenizer.encode(prompt)],
                              SamplingParams(max_tokens=16, temperature=0.0))[0]
     assert "Paris" in tokenizer.decode(answer.output)

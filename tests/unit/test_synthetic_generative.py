@@ -153,8 +153,7 @@ def test_the_engine_serves_it(tmp_path: Path) -> None:
     assert config.format == "synthetic" and isinstance(decoder, SyntheticDecoder)
     engine = GenerationEngine(decoder, num_blocks=config.num_blocks,
                               block_size=config.block_size, max_num_seqs=config.max_num_seqs,
-                              max_num_batched_tokens=8, prefix_caching=True,
-                              detokenize=tokenizer.decode)
+                              max_num_batched_tokens=8, prefix_caching=True)
     prompts = [tokenizer.encode(f"prompt {i % 3} shares a prefix") for i in range(7)]
     seqs = engine.generate(prompts, SamplingParams(max_tokens=9, temperature=0.8,
                                                    ignore_eos=True))

@@ -106,3 +106,22 @@ def test_a_stop_inside_one_token_and_across_many() -> None:
     assert full_text(decode, [0, 1, 2, 3], ("three",)) == ("one two ", True)
     assert full_text(decode, [0, 1, 2, 3], ("w",)) == ("one t", True)
     assert full_text(decode, [0, 1, 2, 3], ("five",)) == ("one two three four", False)
+
+
+def test_each_decode_looks_at_the_last_tokens_only_and_finds_a_stop_they_complete() -> None:
+    """Decoding the whole answer for every token, and searching all of it for every stop
+    string, is quadratic in the answer (with a long stop list it slowed every stream):
+    each push decodes a window that does not grow, and a stop that three tokens complete
+    is still found at the third."""
+    seen: list[int] = []
+
+    def decode(ids: Sequence[int]) -> str:
+        seen.append(len(ids))
+        return "".join(f"<{i}>" for i in ids)
+
+    tokens = list(range(100, 160))
+    target = "<140><141><142>"
+    text, stopped = full_text(decode, tokens, ("<999>", target))
+    assert stopped and text == "".join(f"<{i}>" for i in range(100, 140))
+    assert full_text(decode, tokens, ("<999>",)) == (decode(tokens), False)
+    assert max(seen[:-1]) <= 2  # tokens a decode saw (the last: the check above)

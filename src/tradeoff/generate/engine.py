@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,7 +34,6 @@ from tradeoff.generate.iteration import (
 from tradeoff.generate.kv_blocks import BlockAllocator, BlockTable
 from tradeoff.generate.sampling import FAILED, SamplingBatch, sample_tokens
 from tradeoff.generate.sampling_params import SamplingParams, as_seed, sampling_kind
-from tradeoff.generate.text_stream import TextStream
 from tradeoff.scheduling.priority import DEFAULT_GENERATION_PRIORITY, GenerationPriority
 
 __all__ = ["UNKNOWN_TOKEN", "GenerationEngine", "Launch", "StepReport"]
@@ -44,7 +42,7 @@ __all__ = ["UNKNOWN_TOKEN", "GenerationEngine", "Launch", "StepReport"]
 @dataclass
 class StepReport:
     """What one step did (for metrics): tokens computed, sequences that got a token (with
-    the token, and the text it let out, in the same order), sequences preempted, and its
+    the token, in the same order), sequences preempted, and its
     duration; ``failed``: sequences retired because choosing their token failed (each
     with the error), while the others went on; ``sequences``: how many the step ran."""
 
@@ -56,7 +54,6 @@ class StepReport:
     failed: list[tuple[GenSequence, Exception]] = field(default_factory=list)
     sequences: int = 0
     tokens: list[int] = field(default_factory=list)  # each decoded sequence's new token
-    texts: list[str] = field(default_factory=list)
 
 
 # a token chosen by a step still running: in a sequence's output until it is known
@@ -100,14 +97,13 @@ class GenerationEngine:
     block table, sampling on the device; CUDA graphs on a GPU) when the decoder has
     ``forward_decode``; prompt chunks run through the decoder's ``step`` beside them (on
     the CPU, a step with prompt chunks runs whole through ``step``: one launch).
-    ``detokenize`` (the tokenizer's decode): each answer's text is made here, token by
-    token (:class:`TextStream`), and stop strings end a sequence here."""
+    It deals in token ids only: the engine's client makes the texts and finds the stop
+    strings (:meth:`finish` ends a sequence one completed)."""
 
     def __init__(self, decoder: Decoder, *, num_blocks: int = 512, block_size: int = 16,
                  max_num_seqs: int = 16, max_num_batched_tokens: int = 512,
                  max_num_queued: int = 256, policy: str = "fcfs", mode: str = "continuous",
                  priority_aging_steps: int = AGING_STEPS, prefix_caching: bool = False,
-                 detokenize: Callable[[Sequence[int]], str] | None = None,
                  cuda_graphs: bool | None = None, prefill_stretch: float = 0.0,
                  threads: int = 0) -> None:
         self.decoder = decoder
@@ -118,14 +114,12 @@ class GenerationEngine:
             self.blocks, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, max_num_queued=max_num_queued,
             policy=policy, mode=mode, aging_steps=priority_aging_steps)
-        self.detokenize = detokenize
         # continuous batching only: a static batch prefills before anything decodes
         self.pacer = PrefillPacer(prefill_stretch if mode == "continuous" else 0.0,
                                   floor=block_size, ceiling=max_num_batched_tokens)
         self.vocab = int(decoder.config.vocab_size)
         self.params: dict[int, SamplingParams] = {}
         self.seeds: dict[int, int] = {}
-        self.texts: dict[int, TextStream] = {}
         max_position = getattr(decoder.config, "max_position", None)
         width = self.blocks.needed(max_position) if max_position else num_blocks
         width = min(width, num_blocks)
@@ -159,13 +153,18 @@ class GenerationEngine:
         # a request without a seed gets one of its own: its draws are its own either way
         self.seeds[seq.seq_id] = as_seed(random.getrandbits(64) if params.seed is None
                                          else params.seed)
-        if self.detokenize is not None:
-            self.texts[seq.seq_id] = TextStream(self.detokenize, params.stop)
         return seq
 
     def abort(self, seq: GenSequence) -> None:
         if seq.state is not SeqState.FINISHED:
             self.scheduler.abort(seq)
+        self._forget(seq)
+
+    def finish(self, seq: GenSequence) -> None:
+        """End a sequence whose answer a stop string completed ("stop"); a token a
+        step still running chooses for it is dropped."""
+        if seq.state is not SeqState.FINISHED:
+            self._retire(seq, "stop")
         self._forget(seq)
 
     def has_work(self) -> bool:
@@ -179,20 +178,16 @@ class GenerationEngine:
     def _forget(self, seq: GenSequence) -> None:
         self.params.pop(seq.seq_id, None)
         self.seeds.pop(seq.seq_id, None)
-        self.texts.pop(seq.seq_id, None)
         self.table.release(seq.seq_id)
 
     def step(self) -> StepReport:
-        """One whole step, nothing overlapped: :meth:`launch`, :meth:`collect`,
-        :meth:`make_texts`."""
-        report = self.collect(self.launch())
-        self.make_texts(report)
-        return report
+        """One whole step, nothing overlapped: :meth:`launch`, then :meth:`collect`."""
+        return self.collect(self.launch())
 
     def launch(self, running: Launch | None = None) -> Launch:
         """Schedule the next step and start it on the engine's worker thread (the device
         work, and reading the chosen tokens back); returns at once. Until its
-        :meth:`collect` the caller may do other work (the last step's texts, say): a
+        :meth:`collect` the caller may do other work (the last step's events, say): a
         sequence that ends or is aborted meanwhile has its token dropped.
 
         ``running``: a step launched and not yet collected. The next one is then
@@ -284,8 +279,7 @@ class GenerationEngine:
 
     def collect(self, launched: Launch) -> StepReport:
         """Wait for a launched step; record its tokens and retire the sequences that end
-        on EOS or length, or whose token could not be chosen. The texts (and the stop
-        strings) come from :meth:`make_texts`."""
+        on EOS or length, or whose token could not be chosen."""
         plan = launched.plan
         if launched.tokens is None:
             return StepReport(0, [], [], len(plan.preempted), 0.0)
@@ -324,10 +318,11 @@ class GenerationEngine:
             if ending:
                 seq.finish_reason = reason
                 report.finished.append(seq)
+                self._forget(seq)
             elif reason is not None:  # retired now: its slot and blocks serve the next step
                 self._retire(seq, reason)
-                self.table.release(seq.seq_id)
                 report.finished.append(seq)
+                self._forget(seq)
         report.seconds = launched.ran_s
         return report
 
@@ -338,26 +333,6 @@ class GenerationEngine:
             seq.finish_reason = reason
         else:
             self.scheduler.finish(seq, reason)
-
-    def make_texts(self, report: StepReport) -> None:
-        """The text each of the report's tokens lets out, in ``report.texts``; a
-        sequence whose stop string this token completes ends here ("stop", added to
-        ``report.finished`` unless it ended on this token already)."""
-        for seq, token in zip(report.decoded, report.tokens, strict=True):
-            stream = self.texts.get(seq.seq_id)
-            text = ""
-            if stream is not None:
-                text = stream.push(token)
-                if stream.stopped:
-                    if seq.state is not SeqState.FINISHED:
-                        report.finished.append(seq)
-                        self.scheduler.finish(seq, "stop")
-                    seq.finish_reason = "stop"
-                elif seq.state is SeqState.FINISHED:
-                    text += stream.finish()
-            report.texts.append(text)
-            if seq.state is SeqState.FINISHED:
-                self._forget(seq)
 
     def close(self) -> None:
         """Stop the worker thread (once the step it runs, if any, is done)."""

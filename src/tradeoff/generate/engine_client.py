@@ -4,7 +4,9 @@ core's messages back into each generation's events, on the loop.
 
 It reads nothing of the engine: admission counts what the core last reported waiting
 plus what was sent since, and ``/metrics`` reads the core's snapshot. The tokenizer is
-the client's (the front end tokenizes); the core detokenizes and applies stop strings.
+the client's: the front end tokenizes the prompts, and makes each answer's text from the
+token ids the core sends (:class:`TextStream`); when a stop string completes, the answer
+ends here at once and the core is told (:class:`Finish`).
 
     client = EngineClient.in_process("llm", 1, config, decoder, tokenizer, loop)
     handle = client.submit(token_ids, SamplingParams(max_tokens=8))
@@ -34,6 +36,7 @@ from tradeoff.generate.engine_messages import (
     Drain,
     EngineInfo,
     EngineLoad,
+    Finish,
     Inbound,
     Outbound,
     StepOutputs,
@@ -42,7 +45,7 @@ from tradeoff.generate.engine_messages import (
 from tradeoff.generate.events import Done, Event, Failed, Token
 from tradeoff.generate.generation_stats import StatsSnapshot
 from tradeoff.generate.sampling_params import SamplingParams
-from tradeoff.generate.text_stream import full_text
+from tradeoff.generate.text_stream import TextStream, full_text
 from tradeoff.scheduling.priority import DEFAULT_GENERATION_PRIORITY, GenerationPriority
 
 __all__ = ["Core", "EngineClient", "GenerationStatistics", "Handle"]
@@ -82,6 +85,7 @@ class Handle:
     cache_ns: int = 0  # how long the lookup took
     shadow: Any = None  # the router a generation came through (it may want a shadow copy)
     route: str = ""  # the model a router sent this request to
+    text: TextStream | None = None  # the answer's text so far (None: a replayed answer)
 
     @classmethod
     def replay(cls, prompt: list[int], params: SamplingParams, tokens: list[int],
@@ -146,7 +150,7 @@ class EngineClient:
                    tokenizer: Tokenizer, loop: asyncio.AbstractEventLoop) -> EngineClient:
         """A client whose core steps on a thread of this process."""
         return cls(name, version, config, tokenizer,
-                   EngineCore(name, version, config, decoder, tokenizer), loop)
+                   EngineCore(name, version, config, decoder), loop)
 
     def metadata(self, versions: list[str]) -> dict[str, Any]:
         """The v2 model metadata: a generative model takes text, not tensors."""
@@ -202,7 +206,8 @@ class EngineClient:
                priority: GenerationPriority = DEFAULT_GENERATION_PRIORITY) -> Handle:
         """Queue a generation (:meth:`check_accepting` first)."""
         self.check_accepting()
-        handle = Handle(prompt, params, priority, request_id=next(self._ids))
+        handle = Handle(prompt, params, priority, request_id=next(self._ids),
+                        text=TextStream(self.tokenizer.decode, params.stop))
         self._handles[handle.request_id] = handle
         self.pending += 1
         self.active += 1
@@ -267,15 +272,30 @@ class EngineClient:
         self.load = message.load
         handles = self._handles
         at = message.at
-        for request_id, token, text in zip(message.request_ids, message.tokens,
-                                           message.texts, strict=True):
+        for request_id, cached in message.cached:
             handle = handles.get(request_id)
             if handle is not None:
+                handle.cached_tokens = cached
+        ending = {f.request_id for f in message.finished} if message.finished else ()
+        for request_id, token in zip(message.request_ids, message.tokens, strict=True):
+            handle = handles.get(request_id)
+            if handle is None:
+                continue  # ended here already (a stop string, the client left)
+            stream = handle.text
+            assert stream is not None
+            text = stream.push(token)
+            if stream.stopped:
+                self._end(handle)
                 handle.events.put_nowait(Token(token, at, text))
+                handle.events.put_nowait(Done("stop"))
+                self._core.send(Finish(request_id, at))
+                continue
+            if request_id in ending:
+                text += stream.finish()  # what was held back for a stop string
+            handle.events.put_nowait(Token(token, at, text))
         for finished in message.finished:
             handle = handles.get(finished.request_id)
             if handle is not None:
-                handle.cached_tokens = finished.cached_tokens
                 self._end(handle)
                 handle.events.put_nowait(Done(finished.reason))
         for error in message.errors:

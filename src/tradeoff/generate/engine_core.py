@@ -1,15 +1,15 @@
 """The engine core: a generative model's :class:`GenerationEngine` stepped on a thread
 of its own, reached only by messages (``generate/engine_messages.py``).
 
-It takes :class:`Add`, :class:`Abort` and :class:`Drain` from its inbox and publishes a
-:class:`StepOutputs` per turn that changed anything, then :class:`CoreEnded`. It shares
-no mutable object with its client: the client (``generate/engine_client.py``) knows a
-generation by its request id. Steps overlap the host work around them (scheduling,
-inputs, texts, events) on the engine's worker: step N+1 is scheduled on step N's
-outcome before it is known and queued behind it, then step N is collected and its
-texts and events made while N+1 runs.
+It takes :class:`Add`, :class:`Abort`, :class:`Finish` and :class:`Drain` from its inbox
+and publishes a :class:`StepOutputs` per turn that changed anything, then
+:class:`CoreEnded`. It shares no mutable object with its client: the client
+(``generate/engine_client.py``) knows a generation by its request id, and makes its text.
+Steps overlap the host work around them (scheduling, inputs, messages) on the engine's
+worker: step N+1 is scheduled on step N's outcome before it is known and queued behind
+it, then step N is collected and its message sent while N+1 runs.
 
-    core = EngineCore("llm", 1, config, decoder, tokenizer)
+    core = EngineCore("llm", 1, config, decoder)
     core.start(publish)          # publish(message) is called on the core's thread
     core.send(Add(1, [1, 2, 3], SamplingParams(max_tokens=4), 0))
 """
@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tradeoff.backends.decoding import Decoder, Tokenizer
+from tradeoff.backends.decoding import Decoder
 from tradeoff.errors import InferenceFailed, TradeoffError, Unavailable
 from tradeoff.generate.config import GenerativeConfig
 from tradeoff.generate.engine_messages import (
@@ -34,6 +34,7 @@ from tradeoff.generate.engine_messages import (
     EngineInfo,
     EngineLoad,
     ErrorOut,
+    Finish,
     FinishedOut,
     Inbound,
     Outbound,
@@ -54,10 +55,10 @@ request_log = logging.getLogger("tradeoff.server.requests")
 class EngineCore:
     """One generative model version's engine and the thread that steps it."""
 
-    def __init__(self, name: str, version: int, config: GenerativeConfig, decoder: Decoder,
-                 tokenizer: Tokenizer) -> None:
+    def __init__(self, name: str, version: int, config: GenerativeConfig, decoder: Decoder
+                 ) -> None:
         self.name = name
-        self.engine = new_engine(config, decoder, tokenizer)
+        self.engine = new_engine(config, decoder)
         self.info = EngineInfo(int(decoder.config.vocab_size),
                                int(decoder.config.max_position))
         self.stats = GenerationStats(name, version)
@@ -67,6 +68,7 @@ class EngineCore:
         self._deadline: float | None = None  # time.monotonic() when the drain ends
         self._sequences: dict[int, Any] = {}  # request id -> its engine sequence
         self._requests: dict[int, int] = {}  # engine sequence id -> request id
+        self._fresh: set[int] = set()  # request ids queued that have no token yet
         self._taken = 0  # adds taken since the last message
         self._errors: list[ErrorOut] = []  # refusals to send with the next message
         self._publish: Callable[[Outbound], None] = lambda message: None
@@ -122,6 +124,8 @@ class EngineCore:
                     self._add(message)
             elif isinstance(message, Abort):
                 self._abort(message.request_id)
+            elif isinstance(message, Finish):
+                self._finish(message)
             else:
                 self._drain(message)
 
@@ -136,14 +140,23 @@ class EngineCore:
             return
         self._sequences[message.request_id] = seq
         self._requests[seq.seq_id] = message.request_id
+        self._fresh.add(message.request_id)
         self.stats.arrived(seq.seq_id, len(message.prompt))
 
     def _abort(self, request_id: int) -> None:
         seq = self._sequences.pop(request_id, None)
+        self._fresh.discard(request_id)
         if seq is not None:
             self.engine.abort(seq)
             self._requests.pop(seq.seq_id, None)
             self.stats.forget(seq.seq_id)
+
+    def _finish(self, message: Finish) -> None:
+        seq = self._sequences.pop(message.request_id, None)
+        if seq is not None:  # else it ended on this core's side first
+            self.engine.finish(seq)
+            self._requests.pop(seq.seq_id, None)
+            self.stats.stopped(seq.seq_id, message.at)
 
     def _drain(self, message: Drain) -> None:
         deadline = time.monotonic() + message.seconds
@@ -168,7 +181,7 @@ class EngineCore:
     def _serve(self) -> None:
         """Each turn: launch step N+1 scheduled on step N's outcome (overlap
         scheduling: the worker runs it as soon as N ends), collect step N, then make
-        its texts and events while N+1 runs."""
+        its message while N+1 runs."""
         running: Any = None  # a launched step not collected yet
         while not self._stop:
             self._take_inbox()
@@ -202,33 +215,32 @@ class EngineCore:
                 log.exception("model %s: generation step failed", self.name)
 
     def _send_turn(self, report: Any) -> None:
-        """One message for the turn: a collected step's tokens and endings (its texts
-        made now), the refusals and failures since the last message, and the load; none
-        when nothing changed."""
+        """One message for the turn: a collected step's tokens and endings, the
+        refusals and failures since the last message, and the load; none when nothing
+        changed."""
         if report is None and not self._taken and not self._errors:
             return
         request_ids: list[int] = []
         tokens: list[int] = []
-        texts: list[str] = []
+        cached: list[tuple[int, int]] = []
         finished: list[FinishedOut] = []
         now = time.perf_counter()
         if report is not None:
-            self.engine.make_texts(report)
             self.stats.step(report, now)
-            requests = self._requests
-            for seq, token, text in zip(report.decoded, report.tokens, report.texts,
-                                        strict=True):
+            requests, fresh = self._requests, self._fresh
+            for seq, token in zip(report.decoded, report.tokens, strict=True):
                 request_id = requests.get(seq.seq_id)
                 if request_id is not None:
                     request_ids.append(request_id)
                     tokens.append(token)
-                    texts.append(text)
+                    if request_id in fresh:
+                        fresh.discard(request_id)
+                        cached.append((request_id, seq.cached_tokens))
             for seq in report.finished:
                 request_id = requests.pop(seq.seq_id, None)
                 if request_id is not None:
                     self._sequences.pop(request_id, None)
-                    finished.append(FinishedOut(request_id, seq.finish_reason,
-                                                seq.cached_tokens))
+                    finished.append(FinishedOut(request_id, seq.finish_reason))
             failed = []
             for seq, error in report.failed:  # this request alone hears it
                 request_log.error("model %s: request %d failed: %s", self.name, seq.seq_id,
@@ -237,10 +249,11 @@ class EngineCore:
                 request_id = requests.pop(seq.seq_id, None)
                 if request_id is not None:
                     self._sequences.pop(request_id, None)
+                    fresh.discard(request_id)
                     self._errors.append(error_out(request_id, InferenceFailed(
                         f"generation failed: {error}")))
             self.stats.failed(failed)
-        message = StepOutputs(now, request_ids, tokens, texts, finished, self._errors,
+        message = StepOutputs(now, request_ids, tokens, cached, finished, self._errors,
                               self._taken, self._load())
         self._taken, self._errors = 0, []
         self._publish(message)
@@ -252,3 +265,4 @@ class EngineCore:
             self._errors.append(error_out(request_id, error))
         self._sequences.clear()
         self._requests.clear()
+        self._fresh.clear()

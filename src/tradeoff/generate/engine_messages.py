@@ -2,13 +2,14 @@
 nothing shared. In one process they are handed over as objects; between processes the
 same structs go through msgspec's msgpack codec (``encode`` / ``decode_outbound``).
 
-In (client to core): :class:`Add`, :class:`Abort`, :class:`Drain`. Out (core to
-client): a :class:`StepOutputs` per turn of the core's loop that changed anything (the
-step's tokens, the generations that ended, how many adds it took, its load), and one
-:class:`CoreEnded` when it stops.
+In (client to core): :class:`Add`, :class:`Abort`, :class:`Finish`, :class:`Drain`.
+Out (core to client): a :class:`StepOutputs` per turn of the core's loop that changed
+anything (the step's token ids, the generations that ended, how many adds it took, its
+load), and one :class:`CoreEnded` when it stops. Texts are the client's: it detokenizes
+and finds the stop strings (a stop string found is a :class:`Finish`).
 
     core.send(Add(7, [1, 2, 3], SamplingParams(max_tokens=8), 0))
-    # ... the client's receive() gets StepOutputs(request_ids=[7], tokens=[42], texts=["a"], ...)
+    # ... the client's receive() gets StepOutputs(request_ids=[7], tokens=[42], ...)
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ __all__ = [
     "EngineInfo",
     "EngineLoad",
     "ErrorOut",
+    "Finish",
     "FinishedOut",
     "Inbound",
     "Outbound",
@@ -54,6 +56,16 @@ class Abort(msgspec.Struct, tag=True, array_like=True, frozen=True):
     request_id: int
 
 
+class Finish(msgspec.Struct, tag=True, array_like=True, frozen=True):
+    """A stop string ended the answer's text (the client found it): end the generation
+    as finished ("stop"); ``at`` (time.perf_counter) is when its last token was
+    published, the end of its end-to-end time. Tokens the core made for it meanwhile are
+    counted as generated, never sent."""
+
+    request_id: int
+    at: float
+
+
 class Drain(msgspec.Struct, tag=True, array_like=True, frozen=True):
     """The server stops: the generations in flight may run ``seconds`` more, then each
     still running ends with an error saying why."""
@@ -61,7 +73,7 @@ class Drain(msgspec.Struct, tag=True, array_like=True, frozen=True):
     seconds: float
 
 
-Inbound = Add | Abort | Drain
+Inbound = Add | Abort | Finish | Drain
 
 
 class EngineInfo(msgspec.Struct, frozen=True):
@@ -82,12 +94,10 @@ class EngineLoad(msgspec.Struct, array_like=True, frozen=True):
 
 
 class FinishedOut(msgspec.Struct, array_like=True, frozen=True):
-    """A generation ended: ``stop`` or ``length``. ``cached_tokens``: of its prompt,
-    found in the prefix cache."""
+    """A generation ended: ``stop`` (end of sequence) or ``length``."""
 
     request_id: int
     reason: str
-    cached_tokens: int
 
 
 class ErrorOut(msgspec.Struct, array_like=True, frozen=True):
@@ -101,15 +111,15 @@ class ErrorOut(msgspec.Struct, array_like=True, frozen=True):
 
 class StepOutputs(msgspec.Struct, tag=True, array_like=True, frozen=True):
     """One turn of the core: ``at`` (time.perf_counter) when it was published; the
-    step's tokens in columns (``request_ids[i]`` got ``tokens[i]``, which lets out
-    ``texts[i]``: held back while a stop string may still claim it, so that joined the
-    texts are the answer); the generations that ended; ``taken``: how many Add messages
-    the core took since its last message; its load after the turn."""
+    step's tokens in columns (``request_ids[i]`` got ``tokens[i]``); ``cached``: for
+    each generation this step gave its first token, (request id, its prompt's tokens
+    found in the prefix cache); the generations that ended; ``taken``: how many Add
+    messages the core took since its last message; its load after the turn."""
 
     at: float
     request_ids: list[int]
     tokens: list[int]
-    texts: list[str]
+    cached: list[tuple[int, int]]
     finished: list[FinishedOut]
     errors: list[ErrorOut]
     taken: int

@@ -114,6 +114,15 @@ class GenerationStats:
             for seq_id in seq_ids:
                 self.forget(seq_id)
 
+    def stopped(self, seq_id: int, at: float) -> None:
+        """A request a stop string ended (found by the client): finished, its
+        end-to-end time ending at ``at``, when its last token was published."""
+        with self._lock:
+            self.requests_finished += 1
+            self.last_inference_ms = int(time.time() * 1000)
+            self.observe("e2e", at - self._arrival.get(seq_id, at))
+            self.forget(seq_id)
+
     def step(self, report: Any, now: float) -> None:
         with self._lock:
             self._step(report, now)

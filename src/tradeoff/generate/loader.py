@@ -24,7 +24,7 @@ def load_generative(directory: Path, backends: BackendRegistry | None = None
     return config, decoder, tokenizer
 
 
-def new_engine(config: GenerativeConfig, decoder: Decoder, tokenizer: Tokenizer) -> Any:
+def new_engine(config: GenerativeConfig, decoder: Decoder) -> Any:
     """A :class:`GenerationEngine` with the settings of ``config``."""
     from tradeoff.generate.engine import GenerationEngine  # needs torch
 
@@ -34,5 +34,5 @@ def new_engine(config: GenerativeConfig, decoder: Decoder, tokenizer: Tokenizer)
         max_num_queued=config.max_num_queued_requests, policy=config.scheduling,
         priority_aging_steps=config.priority_aging_steps, mode=config.batching,
         prefix_caching=config.prefix_caching,
-        detokenize=tokenizer.decode, cuda_graphs=None if config.cuda_graphs else False,
+        cuda_graphs=None if config.cuda_graphs else False,
         prefill_stretch=config.prefill_stretch, threads=config.threads)

@@ -46,6 +46,7 @@ from tradeoff.generate.engine_messages import (
     EngineInfo,
     EngineLoad,
     ErrorOut,
+    Finish,
     FinishedOut,
     Inbound,
     Outbound,
@@ -102,7 +103,7 @@ def _load_core(conn: multiprocessing.connection.Connection, name: str, version: 
     """The model loaded into a core; None, the failure said on ``conn``, when it fails."""
     try:
         config, decoder, tokenizer = loader()
-        return EngineCore(name, version, config, decoder, tokenizer), tokenizer
+        return EngineCore(name, version, config, decoder), tokenizer
     except Exception as exc:
         conn.send_bytes(_encode(_LoadFailed(f"{type(exc).__name__}: {exc}")))
         return None
@@ -316,12 +317,12 @@ class _Hub:
                         peer.ids[message.request_id] = number
                         self.adds.append(peer)
                         self.core.send(msgspec.structs.replace(message, request_id=number))
-                elif isinstance(message, Abort):
+                elif isinstance(message, (Abort, Finish)):
                     with self.lock:
                         ours = peer.ids.pop(message.request_id, None)
                         if ours is not None:
                             self.owners.pop(ours, None)
-                            self.core.send(Abort(ours))
+                            self.core.send(msgspec.structs.replace(message, request_id=ours))
                 elif isinstance(message, Drain):
                     self._drain(peer, message.seconds)
         except (EOFError, OSError):
@@ -383,26 +384,28 @@ class _Hub:
             for _ in range(message.taken):
                 if self.adds:
                     parts.setdefault(self.adds.popleft(), _Part()).taken += 1
-            for number, token, text in zip(message.request_ids, message.tokens,
-                                           message.texts, strict=True):
+            for number, token in zip(message.request_ids, message.tokens, strict=True):
                 owner = self.owners.get(number)
                 if owner is not None:
                     part = parts.setdefault(owner[0], _Part())
                     part.request_ids.append(owner[1])
                     part.tokens.append(token)
-                    part.texts.append(text)
+            for number, cached in message.cached:
+                owner = self.owners.get(number)
+                if owner is not None:
+                    parts.setdefault(owner[0], _Part()).cached.append((owner[1], cached))
             for finished in message.finished:
                 owner = self._forget(finished.request_id)
                 if owner is not None:
                     parts.setdefault(owner[0], _Part()).finished.append(
-                        FinishedOut(owner[1], finished.reason, finished.cached_tokens))
+                        FinishedOut(owner[1], finished.reason))
             for error in message.errors:
                 owner = self._forget(error.request_id)
                 if owner is not None:
                     parts.setdefault(owner[0], _Part()).errors.append(
                         ErrorOut(owner[1], error.kind, error.message))
         for peer, part in parts.items():
-            peer.send(StepOutputs(message.at, part.request_ids, part.tokens, part.texts,
+            peer.send(StepOutputs(message.at, part.request_ids, part.tokens, part.cached,
                                   part.finished, part.errors, part.taken, message.load))
 
     def _forget(self, number: int) -> tuple[_Peer, int] | None:
@@ -418,7 +421,7 @@ class _Part:
 
     request_ids: list[int] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
-    texts: list[str] = field(default_factory=list)
+    cached: list[tuple[int, int]] = field(default_factory=list)
     finished: list[FinishedOut] = field(default_factory=list)
     errors: list[ErrorOut] = field(default_factory=list)
     taken: int = 0
