@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from harness import server_and_client_cores
+from harness import cpu_seconds, server_and_client_cores
 
 from tradeoff.bench.adapters import split_url
 from tradeoff.bench.openai_stream import (
@@ -108,12 +108,6 @@ def spy(pid: int, svg: Path | None) -> subprocess.Popen[bytes] | None:
     return subprocess.Popen([tool, "record", "--pid", str(pid), "--output", str(svg),
                              "--idle", "--threads", "--nonblocking"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of process ``pid``, all its threads (Linux)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def engine_steps(url: str, model: str) -> tuple[int, float]:

@@ -26,6 +26,20 @@ def server_and_client_cores(client: str = "client") -> tuple[int, int]:
     return cores[0], cores[1]
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process, all its threads, and of its live children (a
+    server's front ends, executor or engine processes), from /proc."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if stat.parent.name == str(pid) or fields[1] == str(pid):
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def command_line() -> str:
     """How this script was run, as from the repository's root: ``benchmarks/<script>``
     and its arguments."""

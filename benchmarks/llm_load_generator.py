@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from harness import cpu_seconds
 
 from tradeoff.models.generative import write_synthetic_llm
 from tradeoff.server.process import ServerProcess, free_port
@@ -166,20 +167,6 @@ def stub_main(port: int, step_ms: float, max_num_seqs: int) -> None:
 
 
 # ---------------------------------------------------------------------- measuring
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process and of its live children (an engine in a
-    process of its own), from /proc."""
-    total = 0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if stat.parent.name == str(pid) or fields[1] == str(pid):
-            total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
-
 
 def bench(url: str, cpu: int, args: argparse.Namespace, workers: int) -> dict[str, Any]:
     with tempfile.NamedTemporaryFile(suffix=".json") as out:

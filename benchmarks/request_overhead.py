@@ -15,6 +15,12 @@ a change's per-request cost is measured before and after:
     .venv/bin/python benchmarks/request_overhead.py
     git worktree add /tmp/before <commit>
     .venv/bin/python benchmarks/request_overhead.py --baseline-src /tmp/before/src
+
+``--http-only`` skips the in-process stages (they reach into the server's internals,
+which an older tree may lay out differently). ``--workers N`` adds `tradeoff serve
+--workers N` on `tiny` to the HTTP targets, every process of it on the server's core.
+Each HTTP target's row has its req/s, its p50 and the server's CPU per request (every
+process of the server: front ends, executor, supervisor).
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from typing import Any
 import numpy as np
 import orjson
 import uvloop
+from harness import cpu_seconds
 
 from tradeoff.bench.adapters import Adapter, HttpJsonAdapter, V2Adapter
 from tradeoff.bench.load import LoadSpec
@@ -283,39 +290,59 @@ def interleaved_stages(repo: Path, baseline_src: Path | None, cpu: int, repeats:
     return least(runs), least(baseline_runs) if baseline_runs else None
 
 
+FIGURES = ("req_s", "p50_ms", "cpu_us")  # per request: the server's CPU, all processes
+
+
 def over_http(repo: Path, server_cpu: int, client_cpu: int, duration: float,
-              repeats: int, baseline_src: Path | None = None) -> dict[str, dict[int, float]]:
-    names = ["bare ASGI app", "tradeoff serve tiny"] + \
-        (["tradeoff serve tiny (baseline)"] if baseline_src else [])
-    results: dict[str, dict[int, list[float]]] = {name: {} for name in names}
+              repeats: int, baseline_src: Path | None = None, workers: int = 0
+              ) -> dict[str, dict[int, dict[str, float]]]:
+    """Each target's req/s, p50 and server CPU µs per request at concurrency 1 and 64:
+    medians over ``repeats`` rounds, the targets interleaved in each."""
+    results: dict[str, dict[int, dict[str, list[float]]]] = {}
     hello_port = free_port()
     hello = subprocess.Popen(
         ["taskset", "-c", str(server_cpu), sys.executable, __file__, "--hello-server",
          str(hello_port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(2)
     os.sched_setaffinity(0, {client_cpu})
-    baseline = ServerProcess(repo, cpus=str(server_cpu),
-                             env={"PYTHONPATH": str(baseline_src)}) if baseline_src else None
+    servers = {"tradeoff serve tiny": ServerProcess(repo, cpus=str(server_cpu))}
+    if baseline_src:
+        servers["tradeoff serve tiny (baseline)"] = ServerProcess(
+            repo, cpus=str(server_cpu), env={"PYTHONPATH": str(baseline_src)})
+    if workers:
+        servers[f"tradeoff serve tiny --workers {workers}"] = ServerProcess(
+            repo, cpus=str(server_cpu), extra_args=("--workers", str(workers)))
     try:
-        with ServerProcess(repo, cpus=str(server_cpu)) as server, \
-                (baseline or contextlib.nullcontext()):
-            targets: dict[str, Adapter] = {
-                "bare ASGI app": HttpJsonAdapter(f"http://127.0.0.1:{hello_port}/"),
-                "tradeoff serve tiny": V2Adapter(server.url, "tiny"),
-            }
-            if baseline is not None:
-                targets["tradeoff serve tiny (baseline)"] = V2Adapter(baseline.url, "tiny")
+        with contextlib.ExitStack() as running:
+            for server in servers.values():
+                running.enter_context(server)
+            targets: dict[str, tuple[Adapter, int]] = {
+                "bare ASGI app": (HttpJsonAdapter(f"http://127.0.0.1:{hello_port}/"),
+                                  hello.pid)}
+            for name, server in servers.items():
+                assert server.process is not None
+                targets[name] = (V2Adapter(server.url, "tiny"), server.process.pid)
             for _ in range(repeats):
-                for name, adapter in targets.items():
+                for name, (adapter, pid) in targets.items():
                     for concurrency in (1, 64):
+                        before = cpu_seconds(pid)
                         result, _, _ = run_benchmark(adapter, LoadSpec(
                             concurrency=concurrency, duration_s=duration, warmup_s=0.5))
-                        results[name].setdefault(concurrency, []).append(
-                            result.summary.throughput_rps)
+                        summary = result.summary
+                        # the warmup's requests are not in the summary: the CPU over
+                        # the whole run is shared by the measured requests alone
+                        share = summary.duration_s / (summary.duration_s + 0.5)
+                        figures = results.setdefault(name, {}).setdefault(
+                            concurrency, {figure: [] for figure in FIGURES})
+                        figures["req_s"].append(summary.throughput_rps)
+                        figures["p50_ms"].append(summary.latency("p50") or float("nan"))
+                        figures["cpu_us"].append(
+                            (cpu_seconds(pid) - before) * share / summary.successes * 1e6)
     finally:
         hello.terminate()
         hello.wait()
-    return {name: {c: statistics.median(v) for c, v in by_c.items()}
+    return {name: {c: {figure: statistics.median(values) for figure, values in by.items()}
+                   for c, by in by_c.items()}
             for name, by_c in results.items()}
 
 
@@ -327,6 +354,10 @@ def main() -> None:
     parser.add_argument("--stages-only", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--baseline-src", type=source_tree,
                         help="also measure the code in this src folder, side by side")
+    parser.add_argument("--http-only", action="store_true",
+                        help="skip the in-process stages (an older tree's internals differ)")
+    parser.add_argument("--workers", type=int, default=0,
+                        help="also measure serve --workers N over HTTP")
     parser.add_argument("--json", type=Path,
                         default=Path("benchmarks/results/request_overhead.json"))
     args = parser.parse_args()
@@ -344,11 +375,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "models"
         build_repository(repo, ("tiny",))
-        stages, before = interleaved_stages(repo, args.baseline_src, server_cpu,
-                                            args.repeats)
+        stages, before = ({}, None) if args.http_only else \
+            interleaved_stages(repo, args.baseline_src, server_cpu, args.repeats)
         http = over_http(repo, server_cpu, client_cpu, args.duration, args.repeats,
-                         args.baseline_src)
-    if before is None:
+                         args.baseline_src, args.workers)
+    if args.http_only:
+        pass
+    elif before is None:
         print("| stage (in process, one core) | µs per call (least of the runs) |")
         print("|---|---:|")
         for name, value in stages.items():
@@ -359,16 +392,18 @@ def main() -> None:
         for name, value in stages.items():
             print(f"| {name} | {before[name]:.1f} | {value:.1f} | {value / before[name]:.2f} |")
     print()
-    print("| over HTTP, server core 0, client core 1 | c=1 req/s | c=64 req/s | "
-          "µs of server core per request at c=64 |")
-    print("|---|---:|---:|---:|")
+    print("| over HTTP, server core 0, client core 1 | c=1 req/s | c=1 p50 ms | "
+          "c=64 req/s | c=64 p50 ms | server CPU µs per request at c=1 | at c=64 |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for name, by_c in http.items():
-        print(f"| {name} | {by_c[1]:,.0f} | {by_c[64]:,.0f} | {1e6 / by_c[64]:.0f} |")
+        one, many = by_c[1], by_c[64]
+        print(f"| {name} | {one['req_s']:,.0f} | {one['p50_ms']:.3f} | {many['req_s']:,.0f} "
+              f"| {many['p50_ms']:.3f} | {one['cpu_us']:.0f} | {many['cpu_us']:.0f} |")
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"schema": "tradeoff.bench.request_overhead/1",
+    args.json.write_text(json.dumps({"schema": "tradeoff.bench.request_overhead/2",
                                      "command": " ".join(sys.argv), "stages_us": stages,
                                      "baseline_stages_us": before,
-                                     "http_rps": http}, indent=2))
+                                     "http": http}, indent=2))
     print(f"results in {args.json}")
 
 

@@ -154,6 +154,7 @@ class ExecutorCore:
         self.settling: dict[tuple[int, int], asyncio.Event] = {}
         self.outbox: dict[tuple[int, int], list[Answer]] = {}
         self.touched: set[int] = set()  # models whose queue changed this loop turn
+        self.heard: dict[tuple[int, int], int] = {}  # (front end, model) -> queue depth
         self.numbers = itertools.count(1)
         self.client_numbers = itertools.count(1)
         self.closed = asyncio.Event()
@@ -214,6 +215,8 @@ class ExecutorCore:
                 model.scheduler.cancel(request)
         for box in [k for k in self.outbox if k[0] == client.number]:
             del self.outbox[box]
+        for box in [k for k in self.heard if k[0] == client.number]:
+            del self.heard[box]
         for load in self.loading.values():
             load.waiting.pop(client.number, None)
             if not load.waiting:
@@ -339,11 +342,16 @@ class ExecutorCore:
         await model.scheduler.stop()
         self.flush()
         self.models.pop(number, None)
+        self._forget_model(number)
         numbers = self.by_key.get(model.key, {})
         if number in numbers.values() and not any(n in self.models for n in numbers.values()):
             del self.by_key[model.key]
         if tell:
             self.send(client, Unloaded(number, model.stats.take()))
+
+    def _forget_model(self, number: int) -> None:
+        for box in [k for k in self.heard if k[1] == number]:
+            del self.heard[box]
 
     async def _settled(self, client: int, number: int) -> None:
         """Until none of the front end's requests to the model is pending."""
@@ -364,6 +372,7 @@ class ExecutorCore:
         def tell() -> None:
             self.flush()  # the requests its scheduler failed first
             model = self.models.pop(number, None)
+            self._forget_model(number)
             if model is None:
                 return
             if number in self.by_key.get(model.key, {}).values():
@@ -440,7 +449,8 @@ class ExecutorCore:
 
     def _touch(self, model: int) -> None:
         """The model's queue changed: at the turn's end, every front end that holds it
-        hears its load (each reads the shared queue's depth from it)."""
+        hears its load (each reads the shared queue's depth from it), those that sent
+        or got nothing this turn only when the depth is not the one they last heard."""
         if not self.outbox and not self.touched:
             self.loop.call_soon(self.flush)
         self.touched.add(model)
@@ -449,13 +459,18 @@ class ExecutorCore:
         outbox, self.outbox = self.outbox, {}
         touched, self.touched = self.touched, set()
         for number in touched:
-            holders = self.models[number].holders if number in self.models else ()
-            for client in holders:
-                outbox.setdefault((client, number), [])
+            model = self.models.get(number)
+            if model is None:
+                continue
+            depth = model.scheduler.load().queue_depth
+            for client in model.holders:
+                if (client, number) not in outbox and self.heard.get((client, number)) != depth:
+                    outbox[(client, number)] = []
         for (client, number), answers in outbox.items():
             model = self.models.get(number)
             load = model.scheduler.load() if model else ExecutorLoad(0, 0, 0)
             record = model.stats.take() if model else BatchRecord([], [], [])
+            self.heard[(client, number)] = load.queue_depth
             self.send(client, Answered(number, answers, record, load))
 
     def released(self, client: int, model: int, request: int, dropped: bool) -> None:
