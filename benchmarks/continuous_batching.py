@@ -41,12 +41,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from harness import cpu_seconds, server_and_client_cores
+from harness import cpu_seconds, engine_steps, server_and_client_cores
 
 from tradeoff.bench.adapters import split_url
 from tradeoff.bench.openai_stream import (
@@ -108,15 +107,6 @@ def spy(pid: int, svg: Path | None) -> subprocess.Popen[bytes] | None:
     return subprocess.Popen([tool, "record", "--pid", str(pid), "--output", str(svg),
                              "--idle", "--threads", "--nonblocking"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-def engine_steps(url: str, model: str) -> tuple[int, float]:
-    """The steps the engine of ``model`` has run and the seconds they took (the
-    statistics extension: its batch_stats count steps by their number of sequences)."""
-    with urllib.request.urlopen(f"{url}/v2/models/{model}/stats", timeout=10) as answer:
-        batches = [b["compute_infer"] for s in json.load(answer)["model_stats"]
-                   for b in s["batch_stats"]]
-    return sum(b["count"] for b in batches), sum(b["ns"] for b in batches) / 1e9
 
 
 def pct(values: list[float], q: float) -> float | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,15 @@ def cpu_seconds(pid: int) -> float:
         if stat.parent.name == str(pid) or fields[1] == str(pid):
             total += int(fields[11]) + int(fields[12])
     return total / os.sysconf("SC_CLK_TCK")
+
+
+def engine_steps(url: str, model: str) -> tuple[int, float]:
+    """The steps the engine of ``model`` has run and the seconds they took (the
+    statistics extension: its batch_stats count steps by their number of sequences)."""
+    with urllib.request.urlopen(f"{url}/v2/models/{model}/stats", timeout=10) as answer:
+        batches = [b["compute_infer"] for s in json.load(answer)["model_stats"]
+                   for b in s["batch_stats"]]
+    return sum(b["count"] for b in batches), sum(b["ns"] for b in batches) / 1e9
 
 
 def command_line() -> str:

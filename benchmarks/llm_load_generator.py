@@ -26,6 +26,7 @@ and verdict (client-bound or not), and the server's CPU share over the bench run
     .venv/bin/python benchmarks/llm_load_generator.py --workers 1,2 --duration 10
     .venv/bin/python benchmarks/llm_load_generator.py --targets serve --prefill-stretch 0
     .venv/bin/python benchmarks/llm_load_generator.py --targets serve,serve-process
+    .venv/bin/python benchmarks/llm_load_generator.py --targets serve --no-overlap
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from harness import cpu_seconds
+from harness import cpu_seconds, engine_steps
 
 from tradeoff.models.generative import write_synthetic_llm
 from tradeoff.server.process import ServerProcess, free_port
@@ -182,9 +183,15 @@ def bench(url: str, cpu: int, args: argparse.Namespace, workers: int) -> dict[st
 
 def measure(name: str, pid: int, url: str, cpu: int, args: argparse.Namespace,
             workers: int) -> dict[str, Any]:
+    served = name != "stub"  # a tradeoff serve: its statistics count the engine's steps
+    steps = engine_steps(url.removesuffix("/v1"), MODEL) if served else (0, 0.0)
     before, started = cpu_seconds(pid), time.monotonic()
     doc = bench(url, cpu, args, workers)
-    server_cpu = (cpu_seconds(pid) - before) / (time.monotonic() - started) * 100
+    elapsed = time.monotonic() - started
+    server_cpu = (cpu_seconds(pid) - before) / elapsed * 100
+    if served:  # every step of the run, warmup included: what a step took on the worker
+        after = engine_steps(url.removesuffix("/v1"), MODEL)
+        steps = (after[0] - steps[0], after[1] - steps[1])
     summary, client = doc["summary"], doc["client"]
     generation = summary  # the generation figures are written flat into it
     row = {"target": name, "workers": workers,
@@ -192,6 +199,9 @@ def measure(name: str, pid: int, url: str, cpu: int, args: argparse.Namespace,
            "step_allows_tokens_per_s": args.max_num_seqs / args.step_ms * 1e3,
            "tpot_p50_ms": (generation.get("tpot_ms") or {}).get("p50"),
            "ttft_p50_ms": (generation.get("ttft_ms") or {}).get("p50"),
+           "ttft_p99_ms": (generation.get("ttft_ms") or {}).get("p99"),
+           "mean_step_ms": steps[1] / steps[0] * 1e3 if steps[0] else None,
+           "steps_busy_percent": steps[1] / elapsed * 100 if steps[0] else None,
            "itl_p99_ms": (generation.get("itl_ms") or {}).get("p99"),
            "errors": summary["errors"],
            "exact_lengths": generation["output_length"]["exact"],
@@ -202,7 +212,10 @@ def measure(name: str, pid: int, url: str, cpu: int, args: argparse.Namespace,
            "server_cpu_percent": server_cpu}
     print(f"{name:5} workers {workers}: {row['output_tokens_per_s']:,.0f} tok/s "
           f"(step allows {row['step_allows_tokens_per_s']:,.0f}), TPOT p50 "
-          f"{row['tpot_p50_ms'] or 0:.2f} ms, TTFT p50 {row['ttft_p50_ms'] or 0:.1f} ms, "
+          f"{row['tpot_p50_ms'] or 0:.2f} ms, TTFT p50 {row['ttft_p50_ms'] or 0:.1f} ms "
+          f"p99 {row['ttft_p99_ms'] or 0:.1f} ms, "
+          + (f"mean step {row['mean_step_ms']:.2f} ms (busy {row['steps_busy_percent']:.0f}%), "
+             if row["mean_step_ms"] else "") +
           f"errors {row['errors']}, exact "
           f"{row['exact_lengths']}/{row['requests']}, client CPU "
           f"{row['client_cpu_percent']:.0f}%{' CLIENT-BOUND' if row['client_bound'] else ''}"
@@ -226,6 +239,8 @@ def main() -> None:
     parser.add_argument("--workers", default="1", help="comma-separated worker counts")
     parser.add_argument("--prefill-stretch", type=float,
                         help="serve: generate.yaml's prefill_stretch (default: its default)")
+    parser.add_argument("--no-overlap", action="store_true",
+                        help="serve: generate.yaml's overlap: false (steps one by one)")
     parser.add_argument("--json", type=Path,
                         default=Path("benchmarks/results/llm_load_generator.json"))
     parser.add_argument("--stub-port", type=int, help=argparse.SUPPRESS)
@@ -259,6 +274,8 @@ def main() -> None:
                     {"process": True} if target == "serve-process" else {}
                 if args.prefill_stretch is not None:
                     settings["prefill_stretch"] = args.prefill_stretch
+                if args.no_overlap:
+                    settings["overlap"] = False
                 write_synthetic_llm(repo, model={"step_ms": args.step_ms},
                                     max_num_seqs=args.max_num_seqs, **settings)
                 extra = ("--workers", "2") if target == "serve-workers" else ()

@@ -117,8 +117,9 @@ class OverTheWire:
 
 
 def with_client(tmp_path: Path, scenario: Callable[[EngineClient], Awaitable[Any]],
-                wire: bool, **model: float) -> Any:
-    directory = write_synthetic_llm(tmp_path, model={"step_ms": 1.0, **model})
+                wire: bool, settings: dict[str, Any] | None = None, **model: float) -> Any:
+    directory = write_synthetic_llm(tmp_path, model={"step_ms": 1.0, **model},
+                                    **(settings or {}))
     config, decoder, tokenizer = load_generative(directory)
 
     async def run() -> Any:
@@ -245,3 +246,30 @@ def test_a_stop_string_ends_the_answer_in_the_client_and_the_core_counts_it_fini
         assert statistics["inference_count"] == 2
         assert statistics["inference_stats"]["fail"]["count"] == 0
         assert load.running == load.waiting == 0 and load.kv_usage == 0
+
+
+def test_steps_one_by_one_give_the_answers_of_overlapped_steps(tmp_path: Path) -> None:
+    """``overlap: false`` launches each step once the last is collected: the same
+    tokens, and the core ends every generation."""
+    prompts = [[1, 2, 3], [4, 5, 6, 7], [1, 2, 3, 9]]
+    settings = [SamplingParams(max_tokens=8, temperature=0.0),
+                SamplingParams(max_tokens=6, temperature=0.9, seed=7),
+                SamplingParams(max_tokens=5, temperature=0.0, stop=("x",))]
+
+    async def scenario(client: EngineClient) -> Any:
+        engine = client._core.engine  # type: ignore[attr-defined]
+        launch, behind = engine.launch, []
+
+        def launched(running: Any = None) -> Any:  # was a step still running?
+            behind.append(running is not None)
+            return launch(running)
+
+        engine.launch = launched
+        answers = await asyncio.gather(*(answer(client, p, s)
+                                         for p, s in zip(prompts, settings, strict=True)))
+        return answers, client.stats.to_dict()["inference_count"], any(behind)
+
+    answers, count, behind = with_client(tmp_path / "overlap", scenario, wire=False)
+    assert count == 3 and behind  # steps launched behind a running one
+    assert with_client(tmp_path / "one", scenario, wire=False,
+                       settings={"overlap": False}) == (answers, 3, False)

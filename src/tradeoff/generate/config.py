@@ -18,6 +18,7 @@
     prefill_stretch: 2.0        # a step that prefills takes at most this many decode steps
     threads: 0                  # CPU threads of this engine's steps (0: the server's cores)
     process: false              # true: the engine in a process of its own
+    overlap: true               # schedule step N+1 while step N runs (false: one by one)
 
 Validated like ``config.pbtxt``: an error names the file, the field and what is wrong,
 with "did you mean" for a misspelt field or value. The sizes have upper bounds
@@ -78,6 +79,9 @@ class GenerativeConfig:
     prefill_stretch: float = 2.0
     threads: int = 0  # the CPU threads of the engine's steps; 0: torch's default
     process: bool = False  # the engine core in a process of its own (server/engine_process)
+    # step N+1 scheduled while step N runs (engine_core.py); False: one by one, a new
+    # request's first token a step sooner, the host work between steps
+    overlap: bool = True
     fault_nan_on_token: int = -1  # tests only, with --allow-fault-injection (backends/faults)
 
     @classmethod

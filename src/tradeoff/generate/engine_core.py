@@ -59,6 +59,7 @@ class EngineCore:
                  ) -> None:
         self.name = name
         self.engine = new_engine(config, decoder)
+        self.overlap = config.overlap
         self.info = EngineInfo(int(decoder.config.vocab_size),
                                int(decoder.config.max_position))
         self.stats = GenerationStats(name, version)
@@ -181,7 +182,9 @@ class EngineCore:
     def _serve(self) -> None:
         """Each turn: launch step N+1 scheduled on step N's outcome (overlap
         scheduling: the worker runs it as soon as N ends), collect step N, then make
-        its message while N+1 runs."""
+        its message while N+1 runs. Without overlap (``overlap: false``), launch a step
+        and collect it in the same turn: a request that arrives while a step runs is in
+        the next one, not the one after."""
         running: Any = None  # a launched step not collected yet
         while not self._stop:
             self._take_inbox()
@@ -196,6 +199,8 @@ class EngineCore:
                 except Exception as exc:  # the model failed: every running request hears it
                     log.exception("model %s: generation step failed", self.name)
                     self._fail_all(exc)
+            if not self.overlap:  # collect the step just launched (nothing else runs)
+                running, launched = launched, None
             report = None
             if running is not None:
                 try:
