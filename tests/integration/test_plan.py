@@ -75,6 +75,44 @@ def test_the_plan_batches_a_model_that_cannot_keep_up_alone(tmp_path: Path) -> N
     assert load_as(PlanResult, document) == result
 
 
+@pytest.mark.timing  # what each round measures moves with the load, beside the pace set
+@pytest.mark.slow
+def test_a_difference_inside_the_noise_between_rounds_decides_nothing(tmp_path: Path) -> None:
+    """The model's speed is varied between the replay's rounds, as a noisy host does:
+    the start's first round and the plan's second run at full speed, the others at a
+    fifth of it. The start holds requests up to 5 ms for a batch, which the plan drops:
+    a few milliseconds better, while each deployment's two rounds differ by more. The
+    verdict keeps the start ("no change") or says "not decided", naming the noise, and
+    each round's p99 is kept."""
+    pace = tmp_path / "pace"
+    model = write_synthetic_model(
+        tmp_path / "repo", fixed_ms=2.0, per_row_ms=0.05, max_batch_size=16, pace_file=pace,
+        extra="dynamic_batching { max_queue_delay_microseconds: 5000 }")
+    slow = {("1", "plan"), ("2", "baseline")}
+    rounds: list[str] = []
+
+    def say(line: str) -> None:
+        if line.startswith("replay round "):
+            number, role = line.removeprefix("replay round ").split(" of 2: ")
+            rounds.append(line)
+            pace.write_text("5" if (number, role) in slow else "1")
+
+    result = make_plan(PlanRequest(model, Traffic.law(100),
+                                   Goal(sla_p99_ms=50.0, max_drop=0.01, replay_s=2.0,
+                                        budget_s=120),
+                                   variants=(), seconds_per_version=0.5,
+                                   server_cpus=_cores()), say)
+    assert rounds[:4] == ["replay round 1 of 2: baseline", "replay round 1 of 2: plan",
+                          "replay round 2 of 2: baseline", "replay round 2 of 2: plan"]
+    baseline, plan = result.proof[:2]
+    for replayed, slowed in ((baseline, 1), (plan, 0)):
+        fast_p99, slow_p99 = (replayed.p99_rounds_ms[i] for i in (1 - slowed, slowed))
+        assert fast_p99 is not None and slow_p99 is not None
+        assert slow_p99 > fast_p99, (replayed.p99_rounds_ms, result.verdict)
+    assert result.verdict.startswith(("no change", "not decided")), result.verdict
+    assert "noise" in result.verdict and "rounds" in result.verdict
+
+
 @pytest.mark.slow
 def test_an_impossible_sla_is_reported_with_the_best_p99(tmp_path: Path) -> None:
     """No deployment meets 1 ms: the best one reached is replayed and written, its

@@ -56,3 +56,28 @@ def test_gil_releases_not_a_whole_number_in_range_is_refused(tmp_path: Path,
                                                              value: object) -> None:
     with pytest.raises(ModelLoadError, match="gil_releases must be a whole number from 1"):
         read_cost(model_file(tmp_path, {"gil_releases": value}))
+
+
+def test_the_pace_file_multiplies_each_batchs_cost_while_it_serves(tmp_path: Path) -> None:
+    """Missing or unreadable: 1; written: that multiple, read again once 50 ms passed on
+    the instance's clock."""
+    pace = tmp_path / "pace"
+    path = model_file(tmp_path, {"fixed_ms": 2.0, "pace_file": str(pace)})
+    clock = ModelledClock()
+    backend = SyntheticBackend(InstanceSpec(name="s", path=path, clock=clock))
+    rows = {"INPUT0": np.zeros((1, 4), dtype=np.float32)}
+
+    def batch_ms(after_s: float) -> float:
+        clock.sleep(after_s)
+        before = clock.now()
+        backend.run(rows, ["OUTPUT0"])
+        return (clock.now() - before) * 1e3
+
+    assert batch_ms(0.0) == pytest.approx(2.0)  # no file yet
+    pace.write_text("5")
+    assert batch_ms(0.01) == pytest.approx(2.0)  # read 12 ms ago: not again yet
+    assert batch_ms(0.05) == pytest.approx(10.0)
+    pace.write_text("not a number")
+    assert batch_ms(0.05) == pytest.approx(2.0)
+    pace.write_text("0.5")
+    assert batch_ms(0.05) == pytest.approx(1.0)

@@ -21,6 +21,7 @@ document ``tradeoff compare --json`` writes.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -345,10 +346,12 @@ def run_compare(endpoints: list[EndpointSpec], spec: LoadSpec, rounds: int = 3,
                 prices: dict[str, Price] | None = None, alpha: float = 0.5,
                 sla_p99_ms: float | None = None, max_error_percent: float = 1.0,
                 console: Console | None = None,
-                later_rounds: list[list[EndpointSpec]] | None = None) -> CompareResult:
+                later_rounds: list[list[EndpointSpec]] | None = None,
+                on_round: Callable[[int, str], None] | None = None) -> CompareResult:
     """Measure every endpoint ``rounds`` times, interleaved; the comparison.
     ``later_rounds``: what rounds 2, 3, ... send instead, per endpoint (the same
-    endpoints with other prompts, where a prompt seen in round 1 would be cached)."""
+    endpoints with other prompts, where a prompt seen in round 1 would be cached).
+    ``on_round(round, endpoint)`` is called as each endpoint's round begins (from 1)."""
     if len(endpoints) < 2:
         raise InvalidValue("compare needs at least two endpoints")
     names = [e.label for e in endpoints]
@@ -372,6 +375,8 @@ def run_compare(endpoints: list[EndpointSpec], spec: LoadSpec, rounds: int = 3,
         for i, adapter in enumerate(adapters):
             if console:
                 console.print(f"[bold]round {round_no + 1}/{rounds}: {escape(names[i])}[/]")
+            if on_round is not None:
+                on_round(round_no + 1, names[i])
             result, records, start_ns = run_benchmark(adapter, spec, console)
             per_round[i].append(result.named(names[i]))
             measured[i].append(_measured(adapter, records, start_ns, spec,

@@ -18,6 +18,11 @@ retake waits. It sleeps on the instance's clock (``InstanceSpec.clock``): on a
 :class:`~tradeoff.backends.clock.ModelledClock` the cost is added to the clock at once
 instead, so an in-process measurement reads it exactly, however busy the machine.
 
+``"pace_file": PATH`` in ``cost`` makes its speed change while it serves, as a host's does
+under a noisy neighbour: each batch's cost is multiplied by the number written in that
+file (read again at most every 50 ms; 1 while the file is missing or unreadable). A
+test varies it between the rounds of a measurement.
+
 It holds ``memory_per_row_bytes`` per row while it runs. Each output is a copy of its
 ``copy_of`` input, so answers can be checked. The throughput and memory curves are
 therefore known in advance, which is what a test of the batch-size search or of the
@@ -27,6 +32,7 @@ adaptive batcher needs. Serve it with ``backend: "synthetic"`` in the config.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from tradeoff.backends.base import Backend, TensorSpec
+from tradeoff.backends.clock import Clock
 from tradeoff.backends.registry import InstanceSpec, TensorBackendType
 from tradeoff.errors import InvalidInput, ModelLoadError, shown
 
@@ -53,6 +60,7 @@ class Cost:
     per_row_ms_above: float = 0.0
     memory_per_row_bytes: int = 0
     gil_releases: int = 1
+    pace_file: str | None = None  # a multiplier of every batch's cost, read while serving
 
     def batch_ms(self, rows: int) -> float:
         """Time one batch of ``rows`` takes."""
@@ -99,7 +107,9 @@ def read_cost(path: Path, document: dict[str, Any] | None = None) -> Cost:
                                        else int(cost["slow_above_rows"])),
                       per_row_ms_above=float(cost.get("per_row_ms_above", 0.0)),
                       memory_per_row_bytes=int(document.get("memory_per_row_bytes", 0)),
-                      gil_releases=cost.get("gil_releases", 1))
+                      gil_releases=cost.get("gil_releases", 1),
+                      pace_file=None if cost.get("pace_file") is None
+                      else str(cost["pace_file"]))
     except (TypeError, ValueError) as exc:
         raise ModelLoadError(f"{path}: cost: {exc}") from None
     releases = parsed.gil_releases
@@ -110,6 +120,30 @@ def read_cost(path: Path, document: dict[str, Any] | None = None) -> Cost:
     return parsed
 
 
+PACE_READ_S = 0.05  # how often the pace file is read again, at most
+
+
+class Pace:
+    """The multiplier in a pace file, read again at most every PACE_READ_S of ``clock``."""
+
+    def __init__(self, path: str, clock: Clock) -> None:
+        self.path = Path(path)
+        self.clock = clock
+        self.factor = 1.0
+        self.read_at = -math.inf
+
+    def now(self) -> float:
+        at = self.clock.now()
+        if at - self.read_at >= PACE_READ_S:
+            self.read_at = at
+            try:
+                factor = float(self.path.read_text())
+            except (OSError, ValueError):
+                factor = 1.0
+            self.factor = factor if math.isfinite(factor) and factor > 0 else 1.0
+        return self.factor
+
+
 class SyntheticBackend(Backend):
     """Spends the batch's set cost on its clock, holding its set memory, and copies
     inputs out."""
@@ -118,6 +152,7 @@ class SyntheticBackend(Backend):
         document = _read(spec.path)
         self.cost = read_cost(spec.path, document)
         self.clock = spec.clock
+        self.pace = Pace(self.cost.pace_file, spec.clock) if self.cost.pace_file else None
         self.copy_of = {str(t["name"]): str(t.get("copy_of") or document["inputs"][0]["name"])
                         for t in document["outputs"]}
 
@@ -128,6 +163,8 @@ class SyntheticBackend(Backend):
         if self.cost.memory_per_row_bytes:
             held = np.ones(rows * self.cost.memory_per_row_bytes, dtype=np.uint8)  # touched
         part = self.cost.batch_ms(rows) / 1e3 / self.cost.gil_releases
+        if self.pace is not None:
+            part *= self.pace.now()
         for _ in range(self.cost.gil_releases):
             self.clock.sleep(part)
         del held

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -48,6 +49,7 @@ from tradeoff.plan.engine_search import (
     SCALE_BOUNDS,
     SIMULATED_REQUESTS,
     GenerationCalibration,
+    Progress,
     capacity_rps,
 )
 from tradeoff.plan.predict import simulate
@@ -248,11 +250,12 @@ def class_replays(classes: list[ClassSummary], candidate: PlanCandidate, goal: G
 
 def replay_tensor(baseline_server: ServerProcess, target: Path, model: str,
                   candidate: PlanCandidate, baseline: PlanCandidate, traffic: Traffic,
-                  goal: Goal, cpus: str | None) -> list[Replayed]:
+                  goal: Goal, cpus: str | None, say: Progress = lambda _: None
+                  ) -> list[Replayed]:
     """The starting deployment and the candidate's, served side by side and the traffic
-    replayed against both; with classes, each request carries its class (a trace's in
-    its order, else drawn by the classes' shares) and each class is measured against its
-    own SLA."""
+    replayed against both in two interleaved rounds (each said as it begins); with
+    classes, each request carries its class (a trace's in its order, else drawn by the
+    classes' shares) and each class is measured against its own SLA."""
     classes = _class_mix(traffic.classes)
     with ServerProcess(target, cpus=cpus,
                        extra_args=tuple(serve_flags(candidate))) as plan_server:
@@ -271,7 +274,8 @@ def replay_tensor(baseline_server: ServerProcess, target: Path, model: str,
                  for p in candidate.pools]
         before = [pool.server_stats() for pool in pools]
         compared = run_compare(endpoints, replay_load(traffic, goal.replay_s), rounds=2,
-                               sla_p99_ms=goal.strictest(traffic.classes))
+                               sla_p99_ms=goal.strictest(traffic.classes),
+                               on_round=_saying(say))
         pool_counts = [server_counts(b, pool.server_stats())
                        for b, pool in zip(before, pools, strict=True)]
     out = []
@@ -289,6 +293,10 @@ def replay_tensor(baseline_server: ServerProcess, target: Path, model: str,
             goal.cost_per_million(predicted.cores, summary.throughput_rps), per_class,
             p99_rounds_ms=[r.latency("p99") for r in entry.rounds]))
     return out
+
+
+def _saying(say: Progress) -> Callable[[int, str], None]:
+    return lambda number, role: say(f"replay round {number} of 2: {role}")
 
 
 def hits_and_batch(counts: list[ServerCounts | None]) -> tuple[float | None, float | None]:
@@ -352,7 +360,8 @@ def replay_generation(baseline: ServerProcess, target: Path, model: str,
                       candidate: PlanCandidate, start: PlanCandidate, goal: Goal,
                       lengths: Lengths, prompts: tuple[Path, Path], warmup_prompts: Path,
                       load: LoadSpec, cpus: str | None, classes: dict[str, float] | None = None,
-                      class_sequence: tuple[int, ...] = ()) -> list[Replayed]:
+                      class_sequence: tuple[int, ...] = (), say: Progress = lambda _: None
+                      ) -> list[Replayed]:
     """The starting deployment and the candidate's side by side, the prompts replayed at
     the traffic's arrivals: TTFT (p50, p99) and TPOT against both SLAs, and the prefix
     cache's hits read from each server's ``/metrics``; with two or more ``classes``,
@@ -374,7 +383,8 @@ def replay_generation(baseline: ServerProcess, target: Path, model: str,
         before = [scrape(server.metrics_url) for server in servers]
         # two rounds, each with prompts of its own: a prompt sent again would be found
         # whole in the prefix cache
-        compared = run_compare(endpoints, load, rounds=2, later_rounds=[later])
+        compared = run_compare(endpoints, load, rounds=2, later_rounds=[later],
+                               on_round=_saying(say))
         engines = ([model], _engines(target))
         hits = [prefix_hit_ratio(b, scrape(server.metrics_url), names)
                 for b, server, names in zip(before, servers, engines, strict=True)]

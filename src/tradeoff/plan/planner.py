@@ -289,7 +289,7 @@ def _plan_generative(request: PlanRequest, goal: Goal, config: GenerativeConfig,
             return replay_generation(baseline_server, target, name, candidate, baseline,
                                      goal, served, prompts, warmup_prompts, load,
                                      request.server_cpus, traffic.classes,
-                                     traffic.class_sequence()), target
+                                     traffic.class_sequence(), say), target
 
         attempts, stop, stays = _prove(ranked, baseline, goal,
                                        goal.strictest(searcher.classes), started, attempt,
@@ -372,7 +372,7 @@ def _plan(request: PlanRequest, goal: Goal, config: ModelConfig, output: Path,
             target = write_deployment(work / f"attempt-{number}", candidates, candidate,
                                       config)
             return replay_tensor(baseline_server, target, config.name, candidate, baseline,
-                                 request.traffic, goal, request.server_cpus), target
+                                 request.traffic, goal, request.server_cpus, say), target
 
         attempts, stop, stays = _prove(ranked, baseline, goal, shared.sla_p99_ms, started,
                                        attempt, say)
