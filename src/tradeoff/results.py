@@ -796,6 +796,8 @@ class Prediction(Record):
     utilisation: float  # the rate the model sees over the most it can serve
     tpot_p50_ms: float | None = field(default=None, metadata=written(omit_none=True))
     tpot_p99_ms: float | None = field(default=None, metadata=written(omit_none=True))
+    # the p99 (a generative model's TTFT p99) the calibration supports: least, most
+    p99_range_ms: list[float] | None = field(default=None, metadata=written(omit_none=True))
 
 
 @dataclass(frozen=True)

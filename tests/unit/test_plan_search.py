@@ -199,3 +199,23 @@ def test_the_predicted_p99_of_an_overloaded_deployment_is_infinite() -> None:
                                               CacheChoice(0, 0, 0.0, "off"))
     assert math.isinf(candidate.predicted.p99_ms) and not candidate.meets_sla
     assert version_cost(_version()).capacity_rps(1, 1, 0.0) == pytest.approx(1e3 / 2.05)
+
+
+def test_a_calibration_run_is_read_in_windows_as_the_load_moved() -> None:
+    """window_p99s: each third of a 3 s run on its own (the warmup before it and the
+    failures left out), so a slow second makes one window's p99, not the whole run's."""
+    from tradeoff.bench.records import OK, RecordBuffer
+    from tradeoff.plan.measure import window_p99s
+
+    buffer = RecordBuffer()
+    start = 10**12
+    for i in range(-50, 300):  # 100 a second, the first 0.5 s a warmup
+        at = start + i * 10_000_000
+        took = 40_000_000 if 100 <= i < 200 else 2_000_000  # the second second: 40 ms
+        outcome = OK if i % 50 else OK + 1  # now and then a failure, of 100 s
+        buffer.add(at, at, at + (100 * 10**9 if outcome != OK else took), outcome, 200,
+                   0, 0, 1, None)
+    records = buffer.freeze()
+    p99s = window_p99s(records, records.latency_ms, start, 3.0)
+    assert p99s == pytest.approx([2.0, 40.0, 2.0])
+    assert window_p99s(records, records.latency_ms, start + 3 * 10**9, 3.0) == []

@@ -20,6 +20,7 @@ from tradeoff.results import (
     CompareResult,
     OptimizeResult,
     PlanResult,
+    Replayed,
     ResultDocument,
     SoakResult,
     SweepResult,
@@ -499,7 +500,8 @@ PREDICTION_OFF = 2.0  # a replay this many times over (or under) its prediction
 
 def diagnose_plan(result: PlanResult) -> list[Finding]:
     """A plan whose replay missed its SLA, one never replayed, and a prediction the
-    replay disagrees with by more than PREDICTION_OFF times."""
+    replay disagrees with: every replay round outside the range its calibration
+    supports, or (a prediction without one) more than PREDICTION_OFF times off."""
     subject = f"plan of {result.model}"
     if not result.proof:
         return [Finding("plan_not_replayed", "warning", "no deployment was replayed: the "
@@ -515,18 +517,42 @@ def diagnose_plan(result: PlanResult) -> list[Finding]:
             "no deployment met the SLA here: loosen the SLA, lower the rate, or plan with "
             "more cores or another precision; its serve.sh is marked as missing it",
             subject))
-    predicted, replayed = plan.predicted.p99_ms, plan.p99_ms
-    if replayed is not None and 0 < predicted < float("inf") and replayed > 0 and \
-            max(replayed / predicted, predicted / replayed) > PREDICTION_OFF:
+    off = _prediction_off(plan)
+    if off is not None:
         out.append(Finding(
-            "plan_prediction_off", "warning", f"the replayed p99 is "
-            f"{replayed / predicted:.1f}x the predicted one", {
-                "predicted_p99_ms": predicted, "replayed_p99_ms": replayed,
+            "plan_prediction_off", "warning", off, {
+                "predicted_p99_ms": plan.predicted.p99_ms,
+                "predicted_p99_range_ms": plan.predicted.p99_range_ms,
+                "replayed_p99_ms": plan.p99_ms, "replayed_rounds_ms": plan.p99_rounds_ms,
                 "calibration": result.calibration},
             "the machine's load moved between calibration and replay, or the model's cost "
             "is not what was measured: replay again on a quiet machine before trusting "
             "the choice", subject))
     return out
+
+
+def _prediction_off(plan: Replayed) -> str | None:
+    """How far the replay is from its prediction, in one line, where it disagrees."""
+    predicted, replayed = plan.predicted.p99_ms, plan.p99_ms
+    if replayed is None or not 0 < predicted < float("inf"):
+        return None
+    span = plan.predicted.p99_range_ms
+    rounds = [x for x in plan.p99_rounds_ms if x is not None] or [replayed]
+    if span is not None:
+        low, high = span
+        shown = (f"rounds {min(rounds):.2f}-{max(rounds):.2f} ms" if len(rounds) > 1
+                 else f"{replayed:.2f} ms")
+        if min(rounds) > high:
+            return (f"the replayed p99 ({shown}) is {min(rounds) - high:.2f} ms above the "
+                    f"range its calibration supports ({low:.2f}-{high:.2f} ms)")
+        if max(rounds) < low:
+            return (f"the replayed p99 ({shown}) is {low - max(rounds):.2f} ms below the "
+                    f"range its calibration supports ({low:.2f}-{high:.2f} ms)")
+        return None
+    if replayed > 0 and max(replayed / predicted, predicted / replayed) > PREDICTION_OFF:
+        return (f"the replayed p99 is {replayed / predicted:.1f}x the predicted one "
+                f"({replayed:.2f} against {predicted:.2f} ms)")
+    return None
 
 
 def _diagnose_optimize(result: OptimizeResult) -> list[Finding]:

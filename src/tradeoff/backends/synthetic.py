@@ -45,7 +45,8 @@ from tradeoff.backends.clock import Clock
 from tradeoff.backends.registry import InstanceSpec, TensorBackendType
 from tradeoff.errors import InvalidInput, ModelLoadError, shown
 
-__all__ = ["BACKEND", "MAX_GIL_RELEASES", "Cost", "SyntheticBackend", "describe", "read_cost"]
+__all__ = ["BACKEND", "MAX_GIL_RELEASES", "PACE_READ_S", "Cost", "Pace", "SyntheticBackend",
+           "describe", "read_cost"]
 
 MAX_GIL_RELEASES = 10_000  # parts of one batch's sleep
 

@@ -218,9 +218,7 @@ def plan(model_dir: Path, sla_p99_ms: float | None, sla_ttft_ms: float | None,
     print_plan(result, console)
     for finding in diagnose_plan(result):
         if finding.rule == "plan_prediction_off":  # the calibration and replay disagree
-            console.print(f"[yellow]{finding.title}[/] ("
-                          f"{finding.evidence['replayed_p99_ms']:.2f} against "
-                          f"{finding.evidence['predicted_p99_ms']:.2f} ms): {finding.action}")
+            console.print(f"[yellow]{finding.title}[/]: {finding.action}")
     save_result(result, json_path, console, "plan")
     if not (result.proof and result.proof[-1].meets_sla):  # a verdict, as soak's 3 is
         console.print("[red]no deployment met the SLA on replay[/red]: "

@@ -41,7 +41,7 @@ from tradeoff.plan.continuous import (
     StepCost,
     simulate_engine,
 )
-from tradeoff.plan.search import rank_key, weigh
+from tradeoff.plan.search import rank_key, supported_range, weigh
 from tradeoff.plan.traffic import Traffic
 from tradeoff.results import (
     OptimizeResult,
@@ -84,6 +84,8 @@ class GenerationCalibration:
     # in, its tokenizing, the first event's way out), measured less simulated
     ttft_extra_p50_ms: float = 0.0
     ttft_extra_p99_ms: float = 0.0
+    # the least and the most of the p99's extra in the load run's windows (None: no run)
+    ttft_extra_p99_range_ms: tuple[float, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"prompt_tokens": self.prompt_tokens,
@@ -92,7 +94,9 @@ class GenerationCalibration:
                 "requests": self.requests, "load_scale": self.load_scale,
                 "load_rate_rps": self.load_rate_rps,
                 "ttft_extra_p50_ms": self.ttft_extra_p50_ms,
-                "ttft_extra_p99_ms": self.ttft_extra_p99_ms}
+                "ttft_extra_p99_ms": self.ttft_extra_p99_ms,
+                "ttft_extra_p99_range_ms": None if self.ttft_extra_p99_range_ms is None
+                else list(self.ttft_extra_p99_range_ms)}
 
     def cost(self, measured: StepCost) -> StepCost:
         """The in-process step cost as the served engine pays it under the load."""
@@ -274,10 +278,13 @@ class EngineSearcher:
         the requests ``mine`` selects."""
         ttft, tpot = run.ttft_ms[mine], run.tpot_ms[mine]
         c = self.calibration
+        simulated = run.percentile(ttft, 99)
         return Prediction(run.percentile(ttft, 50) + c.ttft_extra_p50_ms,
-                          run.percentile(ttft, 99) + c.ttft_extra_p99_ms,
+                          simulated + c.ttft_extra_p99_ms,
                           run.mean_running, run.prefix_hit_ratio, busy,
-                          run.percentile(tpot, 50), run.percentile(tpot, 99))
+                          run.percentile(tpot, 50), run.percentile(tpot, 99),
+                          supported_range(simulated, c.ttft_extra_p99_ms,
+                                          c.ttft_extra_p99_range_ms))
 
     @staticmethod
     def _same_run(settings: EngineSettings, runs: dict[EngineSettings, EngineRun]

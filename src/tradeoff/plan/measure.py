@@ -39,6 +39,7 @@ from tradeoff.bench.endpoint import EndpointSpec, GenerationOptions, make_adapte
 from tradeoff.bench.load import LoadSpec
 from tradeoff.bench.mix import RequestClass
 from tradeoff.bench.prompts import synthetic_prompts
+from tradeoff.bench.records import OK, Records
 from tradeoff.bench.result import server_counts
 from tradeoff.bench.scrape import Snapshot, scrape
 from tradeoff.bench.session import run_benchmark
@@ -71,12 +72,15 @@ from tradeoff.tune.knobs import Knobs
 
 __all__ = ["calibrate_generation", "calibrate_generation_load", "calibrate_tensor",
            "class_replays", "generation_endpoint", "hits_and_batch", "prefix_hit_ratio",
-           "replay_generation", "replay_load", "replay_prompts", "replay_tensor"]
+           "replay_generation", "replay_load", "replay_prompts", "replay_tensor",
+           "window_p99s"]
 
 ROLES = ("baseline", "plan")  # the starting deployment's replay, then the written one's
 WARMUP = 12  # requests a written deployment answers before its replay
 PREFIX_SEED = 7  # the shared prefix: the same words in every file of a plan
 LOAD_SECONDS = 8.0  # the at-rate calibration's measurement
+CALIBRATION_ANSWERS = 5  # answers one request at a time, at least, by the step costs
+CALIBRATION_MAX_S = 60.0  # ... within this long
 LOAD_BUSY = 0.7  # ... at the traffic's rate, or the rate that keeps the start this busy
 
 
@@ -92,7 +96,8 @@ def calibrate_tensor(server: ServerProcess, model: str, original: PlanVersion,
     """Two short runs on the starting deployment. One request at a time for 2 s: the
     server's CPU per request beyond the model's batch of one. Then Poisson arrivals at the
     traffic's rate (at most half what the deployment can serve) for 3 s: the latency the
-    simulation leaves out, at p50 and p99."""
+    simulation leaves out, at p50 and p99, and the range of the p99's share over the
+    run's three windows."""
     assert server.process is not None
     pid = server.process.pid
     batch1 = original.batch_ms[min(original.batch_ms)]
@@ -105,8 +110,8 @@ def calibrate_tensor(server: ServerProcess, model: str, original: PlanVersion,
     rate = min(traffic.rate_rps,
                0.5 * cost.capacity_rps(knobs.max_batch_size, knobs.instances, cpu_ms))
     seconds = 3.0
-    result, _, _ = run_benchmark(V2Adapter(server.url, model),
-                                 LoadSpec(rate=rate, duration_s=seconds, warmup_s=1.0))
+    result, records, start_ns = run_benchmark(V2Adapter(server.url, model), LoadSpec(
+        rate=rate, duration_s=seconds, warmup_s=1.0))
     p50, p99 = result.summary.latency("p50"), result.summary.latency("p99")
     if p50 is None or p99 is None:
         raise TuneError(f"the starting deployment of {model} answered no request; see the "
@@ -115,7 +120,29 @@ def calibrate_tensor(server: ServerProcess, model: str, original: PlanVersion,
     run = simulate(law.arrivals(max(2000, int(rate * seconds))), cost, knobs.max_batch_size,
                    knobs.max_queue_delay_us / 1e6, knobs.instances, cpu_ms)
     extra50 = max(0.0, p50 - run.p50_ms)  # the tail pays at least the median's extra
-    return Calibration(cpu_ms, extra50, max(extra50, p99 - run.p99_ms), rate)
+    windows = [max(extra50, x - run.p99_ms) for x in window_p99s(
+        records, records.latency_ms, start_ns + int(1e9), seconds)]
+    return Calibration(cpu_ms, extra50, max(extra50, p99 - run.p99_ms), rate,
+                       (min(windows), max(windows)) if len(windows) > 1 else None)
+
+
+CALIBRATION_WINDOWS = 3  # a calibration run's p99 is read in this many parts too
+
+
+def window_p99s(records: Records, values: np.ndarray, measured_ns: int, seconds: float,
+                windows: int = CALIBRATION_WINDOWS) -> list[float]:
+    """The p99 of ``values`` (one per record: its latency, its TTFT) over the successes
+    scheduled in each of ``windows`` equal parts of a run measured from ``measured_ns``
+    for ``seconds`` (parts with none left out): how much the machine's load moved it
+    while it ran."""
+    ok = (records.outcome == OK) & np.isfinite(values)
+    part = (records.scheduled_ns - measured_ns) // (seconds * 1e9 / windows)
+    out = []
+    for window in range(windows):
+        chosen = values[ok & (part == window)]
+        if chosen.size:
+            out.append(float(np.percentile(chosen, 99)))
+    return out
 
 
 def _scale(measured: float | None, simulated: float) -> float:
@@ -127,13 +154,18 @@ def _scale(measured: float | None, simulated: float) -> float:
 def calibrate_generation(server: ServerProcess, model: str, cost: StepCost,
                          start: EngineSettings, lengths: Lengths, goal: Goal, prompts: Path
                          ) -> tuple[GenerationCalibration, Lengths]:
-    """The traffic's prompts one at a time for 4 s (after 1 s of warm-up) on the starting
-    deployment: the server's count of the prompt's tokens (the plan's lengths are words
-    until then), and its median TTFT and TPOT over what the step costs give a request
-    alone (nothing queues, so the ratio is the steps' own)."""
+    """The traffic's prompts one at a time (after 1 s of warm-up) on the starting
+    deployment, for 4 s or as long as CALIBRATION_ANSWERS answers take by the in-process
+    step costs (at most CALIBRATION_MAX_S): the server's count of the prompt's tokens (the
+    plan's lengths are words until then), and its median TTFT and TPOT over what the step
+    costs give a request alone (nothing queues, so the ratio is the steps' own). A scale
+    read from one slow answer would be one sample's."""
     spec = generation_endpoint(server.url, model, "start", prompts, lengths, goal)
-    result, _, _ = run_benchmark(make_adapter(spec), LoadSpec(concurrency=1, duration_s=4.0,
-                                                              warmup_s=1.0))
+    one = simulate_engine(np.zeros(1), replace(lengths, shared_prefix=0), start, cost)
+    seconds = min(max(4.0, CALIBRATION_ANSWERS * float(one.e2e_ms[0]) / 1e3),
+                  CALIBRATION_MAX_S)
+    result, _, _ = run_benchmark(make_adapter(spec), LoadSpec(
+        concurrency=1, duration_s=seconds, warmup_s=1.0))
     generation = result.summary.generation
     if generation is None or generation.input_tokens is None or \
             not generation.input_tokens.per_request or not generation.ttft_ms:
@@ -165,7 +197,7 @@ def calibrate_generation_load(server: ServerProcess, model: str, cost: StepCost,
     scaled = calibration.cost(cost)
     rate = min(traffic.rate_rps, LOAD_BUSY * capacity_rps(scaled, start, lengths))
     spec = generation_endpoint(server.url, model, "start", prompts, lengths, goal)
-    result, _, _ = run_benchmark(make_adapter(spec), LoadSpec(
+    result, records, start_ns = run_benchmark(make_adapter(spec), LoadSpec(
         rate=rate, arrival="poisson", duration_s=LOAD_SECONDS, warmup_s=1.0))
     generation = result.summary.generation
     measured = (generation.tpot_ms or {}).get("p50") if generation else None
@@ -185,9 +217,13 @@ def calibrate_generation_load(server: ServerProcess, model: str, cost: StepCost,
              if ttft.get(f"p{q}") is not None else 0.0 for q in (50, 99)}
     # the server's own time is in every request: the tail pays at least the median's
     extra[99] = max(extra[99], extra[50])
+    simulated = run.percentile(run.ttft_ms, 99)
+    windows = [max(extra[50], x - simulated) for x in window_p99s(
+        records, records.ttft_ms, start_ns + int(1e9), LOAD_SECONDS)]
     return replace(calibration, load_scale=factor, load_rate_rps=rate,
-                   ttft_extra_p50_ms=extra[50], ttft_extra_p99_ms=extra[99]).at_rate(
-        traffic.rate_rps)
+                   ttft_extra_p50_ms=extra[50], ttft_extra_p99_ms=extra[99],
+                   ttft_extra_p99_range_ms=(min(windows), max(windows))
+                   if len(windows) > 1 else None).at_rate(traffic.rate_rps)
 
 
 def replay_load(traffic: Traffic, seconds: float) -> LoadSpec:

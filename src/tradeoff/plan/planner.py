@@ -275,7 +275,8 @@ def _plan_generative(request: PlanRequest, goal: Goal, config: GenerativeConfig,
             return replace(threaded, load_scale=calibration.load_scale,
                            load_rate_rps=calibration.load_rate_rps,
                            ttft_extra_p50_ms=calibration.ttft_extra_p50_ms,
-                           ttft_extra_p99_ms=calibration.ttft_extra_p99_ms)
+                           ttft_extra_p99_ms=calibration.ttft_extra_p99_ms,
+                           ttft_extra_p99_range_ms=calibration.ttft_extra_p99_range_ms)
 
         pools, pools_why = search_engine_pools(traffic, goal, versions, costs, served,
                                                (original.version, start), calibrate_engine,

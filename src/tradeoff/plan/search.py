@@ -38,7 +38,7 @@ from tradeoff.tune.knobs import Knobs
 __all__ = ["BENCH_INPUTS", "DELAYS_US", "MAX_POOLED_CLASSES", "NO_CACHE", "CacheChoice",
            "Calibration",
            "ClassSearch", "Searcher", "answer_bytes", "cache_choice", "label",
-           "pooled", "rank_key", "version_cost", "weigh"]
+           "pooled", "rank_key", "supported_range", "version_cost", "weigh"]
 
 DELAYS_US = (0, 100, 500, 1000, 2000, 5000, 10000)
 MIN_HIT_RATIO = 0.02  # a cache predicted to answer less costs more than it saves
@@ -50,16 +50,37 @@ class Calibration:
     """What the batch cost alone does not hold, measured on the starting deployment: the
     server's CPU per request beside the model (it shares the core), and the latency the
     simulation leaves out at p50 and p99 (the client, the wire, the OS), measured at
-    ``rate_rps`` as the measured latency less the simulated one."""
+    ``rate_rps`` as the measured latency less the simulated one. ``wire_p99_range_ms``:
+    the least and the most of the p99's share in the windows of that run, as the
+    machine's load moved while it was measured (None: not measured so)."""
 
     cpu_ms: float
     wire_p50_ms: float
     wire_p99_ms: float
     rate_rps: float
+    wire_p99_range_ms: tuple[float, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"server_cpu_ms_per_request": self.cpu_ms, "wire_p50_ms": self.wire_p50_ms,
-                "wire_p99_ms": self.wire_p99_ms, "rate_rps": self.rate_rps}
+                "wire_p99_ms": self.wire_p99_ms, "rate_rps": self.rate_rps,
+                "wire_p99_range_ms": None if self.wire_p99_range_ms is None
+                else list(self.wire_p99_range_ms)}
+
+    def p99_range(self, simulated_p99_ms: float) -> list[float] | None:
+        """The p99 the calibration supports for a simulated one (:func:`supported_range`)."""
+        return supported_range(simulated_p99_ms, self.wire_p99_ms, self.wire_p99_range_ms)
+
+
+def supported_range(simulated_ms: float, extra_ms: float,
+                    extra_range_ms: tuple[float, float] | None) -> list[float] | None:
+    """A predicted p99 as the range its calibration supports: the simulated p99 plus the
+    least and the most of what the calibration's windows found the simulation leaves
+    out, the prediction itself (plus ``extra_ms``) always inside; None without windows."""
+    if extra_range_ms is None or not math.isfinite(simulated_ms):
+        return None
+    low, high = extra_range_ms
+    point = simulated_ms + extra_ms
+    return [min(point, simulated_ms + low), max(point, simulated_ms + high)]
 
 
 @dataclass(frozen=True)
@@ -218,7 +239,8 @@ class Searcher:
             run = self.simulate(version, knobs, hit)
             prediction = Prediction(run.p50_ms + self.calibration.wire_p50_ms,
                                     run.p99_ms + self.calibration.wire_p99_ms,
-                                    run.mean_batch, hit, utilisation)
+                                    run.mean_batch, hit, utilisation,
+                                    p99_range_ms=self.calibration.p99_range(run.p99_ms))
         return PlanCandidate(
             name, version.version, version.precision, version.drop,
             {k: getattr(knobs, k) for k in ("max_batch_size", "max_queue_delay_us",
