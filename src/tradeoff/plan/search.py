@@ -51,8 +51,9 @@ class Calibration:
     server's CPU per request beside the model (it shares the core), and the latency the
     simulation leaves out at p50 and p99 (the client, the wire, the OS), measured at
     ``rate_rps`` as the measured latency less the simulated one. ``wire_p99_range_ms``:
-    the least and the most of the p99's share in the windows of that run, as the
-    machine's load moved while it was measured (None: not measured so)."""
+    the least and the most of each window's p99 less the simulated one in that run (below
+    zero where a window's p99 was under the simulation's), as the machine's load moved
+    while it was measured (None: not measured so)."""
 
     cpu_ms: float
     wire_p50_ms: float

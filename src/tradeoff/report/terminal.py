@@ -18,7 +18,6 @@ from tradeoff.results import (
     OptimizeResult,
     PlanCandidate,
     PlanResult,
-    Prediction,
     Ratio,
     ServeTune,
     SoakResult,
@@ -587,14 +586,6 @@ def _money(value: float | None) -> str:
     return "-" if value is None else f"{value:,.3f}"
 
 
-def _predicted_p99(p: Prediction) -> str:
-    """The predicted p99, and the range its calibration supports where it has one."""
-    if p.p99_range_ms is None:
-        return _ms(p.p99_ms)
-    low, high = p.p99_range_ms
-    return f"{_ms(p.p99_ms)}, {low:.2f}-{high:.2f}"
-
-
 def _candidate_row(c: PlanCandidate, generative: bool) -> list[str]:
     p = c.predicted
     if generative:  # p99: time to first token; batch: sequences a step; hits: prefix cache
@@ -644,8 +635,8 @@ def print_plan(result: PlanResult, console: Console) -> None:
                       + (f"; under the load, {c['load_scale']:.2f}x more, and "
                          f"{c['ttft_extra_p50_ms']:.0f} / {c['ttft_extra_p99_ms']:.0f} ms of "
                          "TTFT p50 / p99 the simulation leaves out"
-                         + (" (p99 {:.0f}-{:.0f} ms over the run's windows)".format(
-                             *c["ttft_extra_p99_range_ms"])
+                         + (" (in the run's windows the p99 ran {:+.0f} to {:+.0f} ms from "
+                            "the simulated)".format(*c["ttft_extra_p99_range_ms"])
                             if c.get("ttft_extra_p99_range_ms") else "")
                          + " (measured at "
                          f"{c['load_rate_rps']:.2f} req/s)" if c.get("load_rate_rps") else "")
@@ -655,8 +646,9 @@ def print_plan(result: PlanResult, console: Console) -> None:
                       f"{c['server_cpu_ms_per_request']:.3f} ms beside the model; latency "
                       f"the simulation leaves out (client, wire) {c['wire_p50_ms']:.2f} ms at "
                       f"p50, {c['wire_p99_ms']:.2f} ms at p99"
-                      + (" ({:.2f}-{:.2f} ms over the run's windows)".format(
-                          *c["wire_p99_range_ms"]) if c.get("wire_p99_range_ms") else "")
+                      + (" (in the run's windows the p99 ran {:+.2f} to {:+.2f} ms from the "
+                         "simulated)".format(*c["wire_p99_range_ms"])
+                         if c.get("wire_p99_range_ms") else "")
                       + f", at {c['rate_rps']:,.0f} req/s")
     versions = FoldingTable(title="versions weighed (tradeoff optimize)" + (
         ": a decode step by sequences" if generative else ""), box=box.SIMPLE_HEAD)
@@ -706,7 +698,7 @@ def print_plan(result: PlanResult, console: Console) -> None:
             if generative:
                 proof.add_row(
                     f"{_t(r.role)}: {_t(r.name)}",
-                    f"{_ms(r.p99_ms)} ({_predicted_p99(r.predicted)})",
+                    f"{_ms(r.p99_ms)} ({_ms(r.predicted.p99_ms)})",
                     f"{_ms(r.tpot_p99_ms)} ({_ms(r.predicted.tpot_p99_ms)})",
                     ("-" if r.hit_ratio is None else f"{r.hit_ratio:.0%}")
                     + f" ({r.predicted.hit_ratio:.0%})",
@@ -728,7 +720,7 @@ def print_plan(result: PlanResult, console: Console) -> None:
             batch = "-" if r.mean_batch is None else f"{r.mean_batch:.1f}"
             proof.add_row(
                 f"{_t(r.role)}: {_t(r.name)}", _ms(r.p99_ms) if r.classes else  # each class's below
-                f"{_ms(r.p99_ms)} ({_predicted_p99(r.predicted)})",
+                f"{_ms(r.p99_ms)} ({_ms(r.predicted.p99_ms)})",
                 f"{batch} ({r.predicted.mean_batch:.1f})",
                 f"{hits} ({r.predicted.hit_ratio:.0%})", f"{r.error_percent:.1f}%",
                 "[green]met[/green]" if r.meets_sla else "[red]missed[/red]")
@@ -739,6 +731,12 @@ def print_plan(result: PlanResult, console: Console) -> None:
                               f"{each.error_percent:.1f}%",
                               "[green]met[/green]" if each.meets_sla else "[red]missed[/red]")
         console.print(proof)
+        ranges = [f"{_t(r.role)} {r.predicted.p99_range_ms[0]:.3g}-"
+                  f"{r.predicted.p99_range_ms[1]:.3g} ms" for r in result.proof
+                  if r.predicted.p99_range_ms is not None]
+        if ranges:
+            console.print(f"the {'TTFT ' if generative else ''}p99 each calibration "
+                          f"supports: {', '.join(ranges)}")
         plan = result.proof[-1]
         console.print(f"replayed at {plan.throughput_rps:,.1f} req/s; cost per 1M "
                       f"{'output tokens' if generative else 'requests'}: "
