@@ -325,13 +325,14 @@ def test_a_replay_outside_the_range_its_calibration_supports_says_by_how_much() 
     assert supported_range(2.0, 0.5, None) is None
     assert supported_range(2.0, 2.0, (0.3, 1.2)) == [2.3, 4.0]  # the prediction inside
 
-    def finding(rounds: list[float]) -> list[str]:
+    def finding(rounds: list[float], tpot: float | None = None) -> list[str]:
         predicted = Prediction(1.0, 2.5, 1.0, 0.0, 0.5, p99_range_ms=[2.3, 3.2])
         start = PlanCandidate("start", 1, "fp32", 0.0, {}, 0, 1, predicted, None, True, 0)
         proof = [Replayed("start", "baseline", 1.0, 3.0, 100.0, 0.0, None, None, predicted,
                           True, None, p99_rounds_ms=[2.9, 3.1]),
                  Replayed("chosen", "plan", 1.0, max(rounds), 100.0, 0.0, None, None,
-                          predicted, True, None, p99_rounds_ms=list(rounds))]
+                          predicted, True, None, p99_rounds_ms=list(rounds),
+                          tpot_p99_ms=tpot)]
         result = PlanResult("m", "models", "out", {"sla_p99_ms": 50.0}, {}, {}, {}, [],
                             start, [start], "chosen", [], proof, "...", "done", 1.0)
         return [f.title for f in diagnose_plan(result) if f.rule == "plan_prediction_off"]
@@ -341,6 +342,8 @@ def test_a_replay_outside_the_range_its_calibration_supports_says_by_how_much() 
                                    "the range its calibration supports (2.30-3.20 ms)"]
     assert finding([1.1, 1.3]) == ["the replayed p99 (rounds 1.10-1.30 ms) is 1.00 ms below "
                                    "the range its calibration supports (2.30-3.20 ms)"]
+    assert finding([6.9, 7.3], tpot=40.0)[0].startswith(  # a generation's first token
+        "the replayed TTFT p99 (rounds 6.90-7.30 ms) is 3.70 ms above")
 
 
 def test_a_rate_sweep_whose_rates_are_not_served_is_saturated() -> None:

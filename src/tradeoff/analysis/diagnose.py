@@ -538,19 +538,20 @@ def _prediction_off(plan: Replayed) -> str | None:
         return None
     span = plan.predicted.p99_range_ms
     rounds = [x for x in plan.p99_rounds_ms if x is not None] or [replayed]
+    what = "p99" if plan.tpot_p99_ms is None else "TTFT p99"  # a generation's first token
     if span is not None:
         low, high = span
         shown = (f"rounds {min(rounds):.2f}-{max(rounds):.2f} ms" if len(rounds) > 1
                  else f"{replayed:.2f} ms")
         if min(rounds) > high:
-            return (f"the replayed p99 ({shown}) is {min(rounds) - high:.2f} ms above the "
-                    f"range its calibration supports ({low:.2f}-{high:.2f} ms)")
+            return (f"the replayed {what} ({shown}) is {min(rounds) - high:.2f} ms above "
+                    f"the range its calibration supports ({low:.2f}-{high:.2f} ms)")
         if max(rounds) < low:
-            return (f"the replayed p99 ({shown}) is {low - max(rounds):.2f} ms below the "
-                    f"range its calibration supports ({low:.2f}-{high:.2f} ms)")
+            return (f"the replayed {what} ({shown}) is {low - max(rounds):.2f} ms below "
+                    f"the range its calibration supports ({low:.2f}-{high:.2f} ms)")
         return None
     if replayed > 0 and max(replayed / predicted, predicted / replayed) > PREDICTION_OFF:
-        return (f"the replayed p99 is {replayed / predicted:.1f}x the predicted one "
+        return (f"the replayed {what} is {replayed / predicted:.1f}x the predicted one "
                 f"({replayed:.2f} against {predicted:.2f} ms)")
     return None
 
