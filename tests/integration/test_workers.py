@@ -319,6 +319,27 @@ def test_a_front_end_killed_under_load_costs_only_its_own_clients(
     assert all(count > 0 for count in held.values()), held
 
 
+def test_a_killed_front_ends_counts_stay_in_the_servers_metrics(
+        server: ServerProcess) -> None:
+    """The counters of the last /metrics a front end answered stay in the server's after
+    it is killed and started again: with nothing sent meanwhile, the total is the same,
+    not the survivor's alone."""
+    answered_by(server)  # both front ends answered some
+
+    def successes() -> set[float]:  # each scrape on a new connection: both front ends
+        return {model_metric(server, "tradeoff_inference_request_success_total", "mlp")
+                for _ in range(16)}
+
+    [before] = successes()
+    victim = front_ends(server)[0]
+    os.kill(victim, signal.SIGKILL)
+    wait_for(lambda: not alive(victim), "the front end gone")
+    wait_for(lambda: len(front_ends(server)) == WORKERS, "a new front end", timeout=60)
+    wait_for(lambda: server.log_text().count(f"ready: {WORKERS} front ends") >= 2,
+             "the new front end ready", timeout=60)
+    assert successes() == {before}
+
+
 def test_a_killed_executor_is_started_again_for_every_front_end(
         server: ServerProcess) -> None:
     """SIGKILL the executor process with requests waiting in it from both front ends:

@@ -81,6 +81,40 @@ def test_gather_asks_every_other_live_replica_and_skips_the_silent() -> None:
     run(scenario())
 
 
+def test_a_replica_that_leaves_leaves_its_counts_in_every_later_metrics() -> None:
+    """The counters and histograms of the last /metrics a replica answered are added to
+    every /metrics gathered after it left (a front end killed and started again: the
+    server's counters do not step back); its gauges are not."""
+    counter = {"name": "tradeoff_inference_request_success", "type": "counter",
+               "documentation": "", "unit": "",
+               "samples": [["tradeoff_inference_request_success_total", {}, 40.0]]}
+    gauge = {"name": "tradeoff_server_in_flight", "type": "gauge", "documentation": "",
+             "unit": "", "samples": [["tradeoff_server_in_flight", {}, 3.0]]}
+
+    async def scrape(coordinator: ReplicaCoordinator, answering: str | None
+                     ) -> list[dict[str, Any]]:
+        asking = asyncio.ensure_future(coordinator.gather("a", {"kind": "metrics"}, 0.3))
+        await asyncio.sleep(0)
+        if answering is not None:
+            [query] = (await coordinator.poll(answering, 0))["queries"]
+            await coordinator.answer(answering, query["query"],
+                                     {"families": [counter, gauge]})
+        return await asking
+
+    async def scenario() -> None:
+        coordinator = ReplicaCoordinator()
+        for name in ("a", "b"):
+            await coordinator.register(name, "n", 1, None)
+        assert await scrape(coordinator, "b") == [{"families": [counter, gauge]}]
+        await coordinator.leave("b")
+        assert await scrape(coordinator, None) == [{"families": [counter]}]
+        await coordinator.register("b2", "n", 2, None)  # its replacement, from zero
+        answers = await scrape(coordinator, "b2")
+        assert answers == [{"families": [counter, gauge]}, {"families": [counter]}]
+
+    run(scenario())
+
+
 def test_a_replica_silent_for_too_long_is_not_waited_for() -> None:
     async def scenario() -> None:
         coordinator = ReplicaCoordinator()

@@ -30,6 +30,7 @@ __all__ = [
     "GenerationCollector",
     "RouterCollector",
     "ServerCollector",
+    "counts_only",
     "families",
     "make_registry",
     "render",
@@ -391,6 +392,12 @@ def families(registry: CollectorRegistry) -> list[dict[str, Any]]:
     return [{"name": f.name, "documentation": f.documentation, "type": f.type,
              "unit": f.unit, "samples": [[x.name, x.labels, x.value] for x in f.samples]}
             for f in registry.collect()]
+
+
+def counts_only(families: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The counters and histograms of :func:`families` (what a process that is gone
+    still adds to a server's totals); its gauges, a state of the moment, left out."""
+    return [f for f in families if f["type"] in ("counter", "histogram", "summary")]
 
 
 # a generative model's engine is one process every front end reads: its counts once

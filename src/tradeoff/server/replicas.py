@@ -11,7 +11,10 @@ owned by ``tradeoff serve --ray``:
 - the coordinator keeps the last change of each model, so a replica that Ray starts
   later (a replacement, or autoscaling) replays them and serves the same models;
 - a statistics request is asked of every live replica through the same poll, and the
-  answers are summed.
+  answers are summed;
+- a replica that leaves (it stopped, or died and ``serve --workers`` started another)
+  leaves its counters behind: the counters and histograms of the last ``/metrics`` it
+  answered are counted in every later one, so the server's counters do not step back.
 
 A replica that has not polled for ``LIVE_S`` seconds is taken for dead and not waited for.
 """
@@ -26,6 +29,7 @@ from typing import Any
 
 from tradeoff.errors import InferenceFailed
 from tradeoff.server.dataplane import DataPlane
+from tradeoff.server.metrics import counts_only
 
 __all__ = [
     "APPLY_TIMEOUT_S",
@@ -57,6 +61,8 @@ class ReplicaCoordinator:
         self.answers: dict[tuple[int, str], dict[str, Any]] = {}
         self.news = asyncio.Event()  # set on every acknowledgement and answer
         self.queries = 0
+        self.families: dict[str, list[dict[str, Any]]] = {}  # each one's last /metrics
+        self.retired: list[list[dict[str, Any]]] = []  # the counts of those that left
 
     def _live(self, exclude: str | None = None) -> list[str]:
         now = time.monotonic()
@@ -154,15 +160,23 @@ class ReplicaCoordinator:
                 await asyncio.wait_for(self.news.wait(), left)
             except asyncio.TimeoutError:
                 pass
-        return [self.answers.pop((number, r)) for r in got]
+        answers = [self.answers.pop((number, r)) for r in got]
+        if query.get("kind") == "metrics":
+            answers += [{"families": counts} for counts in self.retired]
+        return answers
 
     async def answer(self, replica: str, number: int, document: dict[str, Any]) -> None:
         self.answers[(number, replica)] = document
+        if document.get("families"):
+            self.families[replica] = document["families"]
         self._notify()
 
     async def leave(self, replica: str) -> None:
         if replica in self.members:
             self.members[replica]["left"] = True
+        last = self.families.pop(replica, None)
+        if last:
+            self.retired.append(counts_only(last))
         self._notify()
 
     async def replicas(self) -> list[dict[str, Any]]:
