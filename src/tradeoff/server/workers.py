@@ -199,9 +199,9 @@ class Supervisor:
             elif kind == "engine":
                 value = await self.engine(*args)
             elif kind == "coordinator":
-                value = await getattr(self.coordinator, args[0])(*args[1:])
-                if args[0] == "register":
+                if args[0] == "poll":  # its first: the changes since the start replayed
                     self._joined(member)
+                value = await getattr(self.coordinator, args[0])(*args[1:])
             else:
                 raise InvalidValue(f"no such call: {kind}")
             channel.send((number, True, value))
@@ -209,7 +209,10 @@ class Supervisor:
             channel.send((number, False, f"{type(exc).__name__}: {exc}"))
 
     def _joined(self, member: _Member) -> None:
-        """A front end serves (it joins the others once its repository is loaded)."""
+        """A front end serves: its repository is loaded and the changes made since the
+        server started are applied."""
+        if member.ready:
+            return
         member.ready = True
         if len(self.members) == self.workers and all(m.ready for m in self.members.values()):
             log.info("ready: %d front ends", self.workers)
