@@ -69,7 +69,6 @@ class EngineCore:
         self._deadline: float | None = None  # time.monotonic() when the drain ends
         self._sequences: dict[int, Any] = {}  # request id -> its engine sequence
         self._requests: dict[int, int] = {}  # engine sequence id -> request id
-        self._fresh: set[int] = set()  # request ids queued that have no token yet
         self._taken = 0  # adds taken since the last message
         self._errors: list[ErrorOut] = []  # refusals to send with the next message
         self._publish: Callable[[Outbound], None] = lambda message: None
@@ -141,12 +140,10 @@ class EngineCore:
             return
         self._sequences[message.request_id] = seq
         self._requests[seq.seq_id] = message.request_id
-        self._fresh.add(message.request_id)
         self.stats.arrived(seq.seq_id, len(message.prompt))
 
     def _abort(self, request_id: int) -> None:
         seq = self._sequences.pop(request_id, None)
-        self._fresh.discard(request_id)
         if seq is not None:
             self.engine.abort(seq)
             self._requests.pop(seq.seq_id, None)
@@ -232,14 +229,15 @@ class EngineCore:
         now = time.perf_counter()
         if report is not None:
             self.stats.step(report, now)
-            requests, fresh = self._requests, self._fresh
+            requests = self._requests
             for seq, token in zip(report.decoded, report.tokens, strict=True):
                 request_id = requests.get(seq.seq_id)
                 if request_id is not None:
                     request_ids.append(request_id)
                     tokens.append(token)
-                    if request_id in fresh:
-                        fresh.discard(request_id)
+                    # its first token (the next one's place is added when that step
+                    # launches, after this message): its prompt's prefix-cache hits
+                    if len(seq.output) == 1:
                         cached.append((request_id, seq.cached_tokens))
             for seq in report.finished:
                 request_id = requests.pop(seq.seq_id, None)
@@ -254,7 +252,6 @@ class EngineCore:
                 request_id = requests.pop(seq.seq_id, None)
                 if request_id is not None:
                     self._sequences.pop(request_id, None)
-                    fresh.discard(request_id)
                     self._errors.append(error_out(request_id, InferenceFailed(
                         f"generation failed: {error}")))
             self.stats.failed(failed)
@@ -270,4 +267,3 @@ class EngineCore:
             self._errors.append(error_out(request_id, error))
         self._sequences.clear()
         self._requests.clear()
-        self._fresh.clear()
