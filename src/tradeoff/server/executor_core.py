@@ -458,17 +458,19 @@ class ExecutorCore:
     def flush(self) -> None:
         outbox, self.outbox = self.outbox, {}
         touched, self.touched = self.touched, set()
+        loads = {}  # every model with an answer box was touched
         for number in touched:
             model = self.models.get(number)
             if model is None:
                 continue
-            depth = model.scheduler.load().queue_depth
+            loads[number] = load = model.scheduler.load()
             for client in model.holders:
-                if (client, number) not in outbox and self.heard.get((client, number)) != depth:
+                if (client, number) not in outbox and \
+                        self.heard.get((client, number)) != load.queue_depth:
                     outbox[(client, number)] = []
         for (client, number), answers in outbox.items():
             model = self.models.get(number)
-            load = model.scheduler.load() if model else ExecutorLoad(0, 0, 0)
+            load = loads.get(number, ExecutorLoad(0, 0, 0))
             record = model.stats.take() if model else BatchRecord([], [], [])
             self.heard[(client, number)] = load.queue_depth
             self.send(client, Answered(number, answers, record, load))
