@@ -111,8 +111,8 @@ def calibrate_tensor(server: ServerProcess, model: str, original: PlanVersion,
                0.5 * cost.capacity_rps(knobs.max_batch_size, knobs.instances, cpu_ms))
     seconds = 3.0
     # Poisson, as the simulation it is set against (a constant rate queues less)
-    result, records, start_ns = run_benchmark(V2Adapter(server.url, model), LoadSpec(
-        rate=rate, arrival="poisson", duration_s=seconds, warmup_s=1.0))
+    load = LoadSpec(rate=rate, arrival="poisson", duration_s=seconds, warmup_s=1.0)
+    result, records, start_ns = run_benchmark(V2Adapter(server.url, model), load)
     p50, p99 = result.summary.latency("p50"), result.summary.latency("p99")
     if p50 is None or p99 is None:
         raise TuneError(f"the starting deployment of {model} answered no request; see the "
@@ -121,11 +121,8 @@ def calibrate_tensor(server: ServerProcess, model: str, original: PlanVersion,
     run = simulate(law.arrivals(max(2000, int(rate * seconds))), cost, knobs.max_batch_size,
                    knobs.max_queue_delay_us / 1e6, knobs.instances, cpu_ms)
     extra50 = max(0.0, p50 - run.p50_ms)  # the tail pays at least the median's extra
-    # each window's p99 less the simulated, as measured (below it too): their spread
-    windows = [x - run.p99_ms for x in window_p99s(
-        records, records.latency_ms, start_ns + int(1e9), seconds)]
     return Calibration(cpu_ms, extra50, max(extra50, p99 - run.p99_ms), rate,
-                       (min(windows), max(windows)) if len(windows) > 1 else None)
+                       _spread(records, records.latency_ms, load, start_ns, run.p99_ms))
 
 
 CALIBRATION_WINDOWS = 3  # a calibration run's p99 is read in this many parts too
@@ -145,6 +142,16 @@ def window_p99s(records: Records, values: np.ndarray, measured_ns: int, seconds:
         if chosen.size:
             out.append(float(np.percentile(chosen, 99)))
     return out
+
+
+def _spread(records: Records, values: np.ndarray, load: LoadSpec, start_ns: int,
+            simulated_ms: float) -> tuple[float, float] | None:
+    """The least and the most of a calibration run's window p99s (:func:`window_p99s`)
+    less the simulated p99, as measured (below it too); None with fewer than two."""
+    assert load.duration_s is not None
+    windows = [x - simulated_ms for x in window_p99s(
+        records, values, start_ns + int(load.warmup_s * 1e9), load.duration_s)]
+    return (min(windows), max(windows)) if len(windows) > 1 else None
 
 
 def _scale(measured: float | None, simulated: float) -> float:
@@ -199,8 +206,8 @@ def calibrate_generation_load(server: ServerProcess, model: str, cost: StepCost,
     scaled = calibration.cost(cost)
     rate = min(traffic.rate_rps, LOAD_BUSY * capacity_rps(scaled, start, lengths))
     spec = generation_endpoint(server.url, model, "start", prompts, lengths, goal)
-    result, records, start_ns = run_benchmark(make_adapter(spec), LoadSpec(
-        rate=rate, arrival="poisson", duration_s=LOAD_SECONDS, warmup_s=1.0))
+    load = LoadSpec(rate=rate, arrival="poisson", duration_s=LOAD_SECONDS, warmup_s=1.0)
+    result, records, start_ns = run_benchmark(make_adapter(spec), load)
     generation = result.summary.generation
     measured = (generation.tpot_ms or {}).get("p50") if generation else None
     ttft = (generation.ttft_ms or {}) if generation else {}
@@ -219,13 +226,11 @@ def calibrate_generation_load(server: ServerProcess, model: str, cost: StepCost,
              if ttft.get(f"p{q}") is not None else 0.0 for q in (50, 99)}
     # the server's own time is in every request: the tail pays at least the median's
     extra[99] = max(extra[99], extra[50])
-    simulated = run.percentile(run.ttft_ms, 99)
-    windows = [x - simulated for x in window_p99s(
-        records, records.ttft_ms, start_ns + int(1e9), LOAD_SECONDS)]
     return replace(calibration, load_scale=factor, load_rate_rps=rate,
                    ttft_extra_p50_ms=extra[50], ttft_extra_p99_ms=extra[99],
-                   ttft_extra_p99_range_ms=(min(windows), max(windows))
-                   if len(windows) > 1 else None).at_rate(traffic.rate_rps)
+                   ttft_extra_p99_range_ms=_spread(records, records.ttft_ms, load, start_ns,
+                                                   run.percentile(run.ttft_ms, 99))
+                   ).at_rate(traffic.rate_rps)
 
 
 def replay_load(traffic: Traffic, seconds: float) -> LoadSpec:
