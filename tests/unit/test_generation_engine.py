@@ -451,6 +451,6 @@ def test_threads_hold_on_the_engines_own_step_thread(decoder: LlamaDecoder) -> N
     plain = run(decoder, PROMPTS[:2])[0]
     outputs, engine, _ = run(decoder, PROMPTS[:2], threads=1)
     assert outputs == plain
-    assert engine._worker.submit(torch.get_num_threads).result() == 1
+    assert engine._worker.submit(lambda: torch.get_num_threads).result() == 1
     engine.close()
     assert torch.get_num_threads() == before or before == 1  # this thread keeps its own

@@ -142,8 +142,23 @@ def test_a_step_takes_at_least_its_set_time() -> None:
     cache = decoder.new_cache(4, BLOCK)
     started = time.perf_counter()
     decoder.step([SequenceStep(torch.tensor([1, 2, 3, 4, 5]), 0, slots([0, 1], 5))], cache)
+    decoder.synchronize()
     assert time.perf_counter() - started >= 0.040
     assert decoder.steps == 1 and decoder.tokens_computed == 5
+
+
+def test_steps_launched_together_run_one_after_the_other() -> None:
+    """As on a GPU stream: the second step starts when the first ends, and the host
+    waits for both where it reads back."""
+    decoder = SyntheticDecoder(SyntheticLLMConfig(step_ms=30.0))
+    cache = decoder.new_cache(4, BLOCK)
+    started = time.perf_counter()
+    for position in (0, 1):
+        decoder.step([SequenceStep(torch.tensor([7]), position, slots([0], position + 1)[-1:])],
+                     cache)
+    decoder.synchronize()
+    assert time.perf_counter() - started >= 0.060
+    assert decoder.steps == 2
 
 
 def test_the_engine_serves_it(tmp_path: Path) -> None:

@@ -66,6 +66,10 @@ class Decoder(Protocol):
         float32 logits of the token after each sequence, ``[len(steps), vocab]`` (with
         ``all_logits``, per sequence ``[n, vocab]``)."""
 
+    def synchronize(self) -> None:
+        """Return once the device has run the steps launched so far (the engine calls
+        it just before it reads a step's tokens back)."""
+
 
 class GraphDecoder(Decoder, Protocol):
     """A decoder whose pure-decode step a CUDA graph can capture (fixed shapes)."""

@@ -343,6 +343,9 @@ class LlamaDecoder:
                 "mlp.down_proj.weight")]
         return names
 
+    def synchronize(self) -> None:
+        """Nothing to wait for here: reading the tokens back waits for the stream."""
+
     def new_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
         """Keys and values for ``num_blocks`` blocks; ModelLoadError, before anything is
         allocated, when they would not fit in the device's free memory."""

@@ -15,6 +15,9 @@ depth. On the CPU the same code runs eagerly, at the batch's exact size.
 
     step = DecodeStep(decoder, cache, max_seqs=64, max_blocks=128, scratch_block=512)
     tokens = step.run(rows, floats, tables, greedy_only=True, truncating=False)
+
+``run`` is ``launch`` then ``read``: the engine's worker launches the next step before it
+reads this one's tokens back where it can (see :mod:`tradeoff.generate.step_worker`).
 """
 
 from __future__ import annotations
@@ -86,6 +89,12 @@ class DecodeStep:
         """The next token of each sequence: ``rows`` int64 ``[b, 6]`` (token, position,
         seed, produced, top_k, greedy), ``floats`` float64 ``[b, 2]`` (temperature,
         top_p), ``tables`` int32 ``[b, blocks]`` (its block table rows)."""
+        return self.read(self.launch(rows, floats, tables, greedy_only, truncating))
+
+    def launch(self, rows: np.ndarray, floats: np.ndarray, tables: np.ndarray,
+               greedy_only: bool, truncating: bool) -> int:
+        """Start :meth:`run`'s step on the device; returns its row count for
+        :meth:`read`."""
         count = len(rows)
         size = self.buckets[bisect.bisect_left(self.buckets, count)] if self.pad else count
         blocks = context_bucket(tables.shape[1], self.max_blocks) if self.pad \
@@ -111,6 +120,11 @@ class DecodeStep:
             graph.replay()
         else:
             self._forward(*key)
+        return count
+
+    def read(self, count: int) -> list[int]:
+        """The tokens of the step :meth:`launch` started, once the device has run it."""
+        self.decoder.synchronize()
         tokens: list[int] = self.outputs[:count].tolist()  # one copy out
         return tokens
 

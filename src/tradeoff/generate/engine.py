@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import random
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +35,7 @@ from tradeoff.generate.iteration import (
 from tradeoff.generate.kv_blocks import BlockAllocator, BlockTable
 from tradeoff.generate.sampling import FAILED, SamplingBatch, sample_tokens
 from tradeoff.generate.sampling_params import SamplingParams, as_seed, sampling_kind
+from tradeoff.generate.step_worker import StepWorker
 from tradeoff.scheduling.priority import DEFAULT_GENERATION_PRIORITY, GenerationPriority
 
 __all__ = ["UNKNOWN_TOKEN", "GenerationEngine", "Launch", "StepReport"]
@@ -80,6 +82,7 @@ class Launch:
     # advanced, so the next step gives their slots to others
     ending: set[int] = field(default_factory=set)
     ran_s: float = 0.0  # how long the worker ran it
+    picked: dict[int, int] | None = None  # its tokens, once the worker has read them
 
 
 def _use_threads(threads: int) -> None:
@@ -126,8 +129,8 @@ class GenerationEngine:
         self.table = BlockTable(max_num_seqs, width, scratch=num_blocks)
         # the device work of a step and reading its tokens back run here, so the thread
         # that launched it can do other work meanwhile
-        self._worker = ThreadPoolExecutor(1, thread_name_prefix="engine-step",
-                                          initializer=_use_threads, initargs=(threads,))
+        self._worker: StepWorker[dict[int, int]] = StepWorker(
+            "engine-step", setup=lambda: _use_threads(threads))
         self.decode_step = DecodeStep(
             decoder, self.cache, max_seqs=max_num_seqs, max_blocks=width,
             scratch_block=num_blocks, graphs=cuda_graphs) \
@@ -231,30 +234,34 @@ class GenerationEngine:
         chunk_fills = [(i, unknown[seq.seq_id] - seq.computed, seq.seq_id)
                        for i, (seq, n) in enumerate(chunks)
                        if seq.computed <= unknown.get(seq.seq_id, -1) < seq.computed + n]
-        before = running.tokens if running is not None and (decode_fills or chunk_fills) \
-            else None
+        before = running if running is not None and (decode_fills or chunk_fills) else None
 
-        def run() -> dict[int, int]:
+        def start() -> Callable[[], dict[int, int]]:
+            """Launch the step (after the one before it: its tokens are known here)."""
             if before is not None:
-                try:
-                    known = before.result()
-                except Exception:  # that step failed: so does this one, quietly
-                    return {}
+                known = before.picked
+                if known is None:  # that step failed: so does this one, quietly
+                    return dict
                 for row, owner in decode_fills:  # a failed choice (FAILED) reads as token 0
                     decode[0][row, 0] = max(known.get(owner, 0), 0)  # type: ignore[index]
                 for i, offset, owner in chunk_fills:
                     prefill[0][i].tokens[offset] = max(known.get(owner, 0), 0)  # type: ignore[index]
             begun = time.perf_counter()
-            picked: dict[int, int] = {}
-            if decode is not None:
-                assert self.decode_step is not None
-                picked.update(zip(owners, self.decode_step.run(*decode), strict=True))
-            if prefill is not None:
-                picked.update(self._prefill(*prefill))
-            launch.ran_s = time.perf_counter() - begun
-            return picked
+            count = self.decode_step.launch(*decode) if decode is not None else 0  # type: ignore[union-attr]
+            read_prefill = self._prefill(*prefill) if prefill is not None else dict
 
-        launch.tokens = self._worker.submit(run)
+            def read() -> dict[int, int]:
+                picked: dict[int, int] = {}
+                if decode is not None:
+                    picked.update(zip(owners, self.decode_step.read(count),  # type: ignore[union-attr]
+                                      strict=True))
+                picked.update(read_prefill())
+                launch.ran_s = time.perf_counter() - begun
+                launch.picked = picked
+                return picked
+            return read
+
+        launch.tokens = self._worker.submit(start)
         return launch
 
     def _advance(self, launched: Launch) -> None:
@@ -336,7 +343,7 @@ class GenerationEngine:
 
     def close(self) -> None:
         """Stop the worker thread (once the step it runs, if any, is done)."""
-        self._worker.shutdown(wait=True)
+        self._worker.close()
 
     def _decode_inputs(self, seqs: list[GenSequence]) -> tuple[Any, ...]:
         """The decode step's arguments for ``seqs`` (one new token each)."""
@@ -374,18 +381,23 @@ class GenerationEngine:
         return steps, ends, [s.seq_id for s in seqs], sampling
 
     def _prefill(self, steps: list[SequenceStep], ends: list[int], owners: list[int],
-                 sampling: tuple[Any, ...]) -> dict[int, int]:
-        """Prompt chunks (and, without a decode step, everything) through the decoder's
-        ``step``; the next token of each sequence whose chunk ends its prompt."""
+                 sampling: tuple[Any, ...]) -> Callable[[], dict[int, int]]:
+        """Launch prompt chunks (and, without a decode step, everything) through the
+        decoder's ``step``; returns the read of the next token of each sequence whose
+        chunk ends its prompt."""
         logits = self.decoder.step(steps, self.cache)
         if not ends:
-            return {}
+            return dict
         rows = logits[ends] if isinstance(logits, torch.Tensor) else \
             torch.stack([logits[i] for i in ends])
         params, seeds, produced = sampling
         batch = SamplingBatch.of(params, seeds, produced, self.vocab, rows.device)
-        tokens = sample_tokens(rows, batch).tolist()
-        return dict(zip(owners, tokens, strict=True))
+        chosen = sample_tokens(rows, batch)
+
+        def read() -> dict[int, int]:
+            self.decoder.synchronize()
+            return dict(zip(owners, chosen.tolist(), strict=True))
+        return read
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenSequence]:
         """Run prompts to the end (tests, benchmarks)."""
