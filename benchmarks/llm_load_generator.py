@@ -1,8 +1,8 @@
 """Can `tradeoff bench --protocol openai` drive and time GPU token rates? Streamed tokens/s
 of the load generator against the synthetic generative model, on a CPU.
 
-Two servers, each pinned to the first core, the client (`tradeoff bench`, closed loop,
---ignore-eos) pinned to the last:
+Two servers, each pinned to the first core, the client (`tradeoff bench`, closed loop, or
+Poisson arrivals at --rate; --ignore-eos) pinned to the last:
 
 * `stub`: an asyncio server in this file that streams what `tradeoff serve` streams
   (the same SSE events, chunked, one per token, then usage and [DONE]) on an engine's
@@ -27,6 +27,7 @@ and verdict (client-bound or not), and the server's CPU share over the bench run
     .venv/bin/python benchmarks/llm_load_generator.py --targets serve --prefill-stretch 0
     .venv/bin/python benchmarks/llm_load_generator.py --targets serve,serve-process
     .venv/bin/python benchmarks/llm_load_generator.py --targets serve --no-overlap
+    .venv/bin/python benchmarks/llm_load_generator.py --targets serve --rate 120
 """
 
 from __future__ import annotations
@@ -173,7 +174,9 @@ def bench(url: str, cpu: int, args: argparse.Namespace, workers: int) -> dict[st
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         command = ["taskset", "-c", str(cpu), sys.executable, "-m", "tradeoff", "bench", url,
                    "--protocol", "openai", "--model", MODEL, "--ignore-eos",
-                   "--concurrency", str(args.concurrency), "--duration", f"{args.duration:g}",
+                   *(("--rate", f"{args.rate:g}", "--arrival", "poisson") if args.rate
+                     else ("--concurrency", str(args.concurrency))),
+                   "--duration", f"{args.duration:g}",
                    "--warmup", f"{args.warmup:g}", "--input-tokens", str(args.input_tokens),
                    "--output-tokens", str(args.output_tokens), "--workers", str(workers),
                    "--json", out.name]
@@ -232,6 +235,9 @@ def main() -> None:
     parser.add_argument("--step-ms", type=float, default=3.0)
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--rate", type=float,
+                        help="requests/s, Poisson arrivals (an open loop) instead of "
+                             "--concurrency")
     parser.add_argument("--input-tokens", type=int, default=32)
     parser.add_argument("--output-tokens", type=int, default=128)
     parser.add_argument("--duration", type=float, default=10.0)
