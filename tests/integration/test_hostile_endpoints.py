@@ -417,8 +417,8 @@ def test_a_grpc_answer_over_the_bound_is_refused_from_its_length() -> None:
     import grpc
 
     from tradeoff.bench.grpc_adapter import GrpcConnection
-    from tradeoff.bench.http_client import ResponseTooLarge
     from tradeoff.bench.records import OUTCOME_NAMES, classify
+    from tradeoff.protocol.http_client import ResponseTooLarge
 
     handler = grpc.method_handlers_generic_handler("inference.GRPCInferenceService", {
         "ModelInfer": grpc.unary_unary_rpc_method_handler(lambda _, __: b"0" * (2 << 20))})

@@ -20,11 +20,11 @@ import numpy as np
 import orjson
 
 from tradeoff import dtypes
-from tradeoff.bench.http_client import DEFAULT_MAX_RESPONSE_BYTES, Response, build_request, get
-from tradeoff.bench.http_client import Connection as HttpConnection
 from tradeoff.bench.mix import InputMix
 from tradeoff.bench.records import SERVER_PARTS
 from tradeoff.errors import BenchSetupError
+from tradeoff.protocol.http_client import DEFAULT_MAX_RESPONSE_BYTES, Response, build_request, get
+from tradeoff.protocol.http_client import Connection as HttpConnection
 from tradeoff.protocol.v2 import encode_bytes_elements
 
 __all__ = [

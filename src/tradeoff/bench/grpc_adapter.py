@@ -17,9 +17,9 @@ from google.protobuf.message import DecodeError
 from grpc import aio
 
 from tradeoff.bench.adapters import Connection, V2Adapter
-from tradeoff.bench.http_client import DEFAULT_MAX_RESPONSE_BYTES, Response, ResponseTooLarge
 from tradeoff.errors import BenchSetupError
 from tradeoff.protocol import grpc_service_pb2 as pb
+from tradeoff.protocol.http_client import DEFAULT_MAX_RESPONSE_BYTES, Response, ResponseTooLarge
 from tradeoff.protocol.v2 import encode_bytes_elements
 
 __all__ = ["METHOD", "GrpcConnection", "GrpcV2Adapter"]

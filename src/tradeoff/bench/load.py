@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from tradeoff.errors import InvalidValue, shown
+from tradeoff.protocol.http_client import DEFAULT_MAX_RESPONSE_BYTES
 
 __all__ = [
     "DURATION_FORMS",
@@ -76,7 +77,7 @@ class LoadDefaults:
     warmup_s: float = 0.0  # the cold-start request is sent alone and reported apart anyway
     timeout_s: float = 30.0
     stop_grace_s: float = 30.0  # in flight when a run stops: at most min(this, timeout_s)
-    max_response_bytes: int = 64 << 20  # one answer, head included (--max-response-size)
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES  # one answer (--max-response-size)
     max_connections: int = 1024
     seed: int = 0
     stability_percent: float = 10.0

@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from tradeoff.bench.http_client import Connection, build_request
+from tradeoff.protocol.http_client import Connection, build_request
 
 __all__ = [
     "MAX_ERROR_BODY",

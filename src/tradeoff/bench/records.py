@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tradeoff.bench.http_client import ResponseTooLarge
 from tradeoff.errors import MissingDependency, local_resource
+from tradeoff.protocol.http_client import ResponseTooLarge
 
 __all__ = ["OUTCOME_NAMES", "SERVER_PARTS", "Generated", "RecordBuffer", "Records", "classify"]
 

@@ -27,7 +27,6 @@ from typing import Any
 import numpy as np
 
 from tradeoff.bench.adapters import Adapter, Connection
-from tradeoff.bench.http_client import ResponseTooLarge
 from tradeoff.bench.load import LoadSpec, arrival_offsets_ns
 from tradeoff.bench.openai_stream import StreamReader
 from tradeoff.bench.records import (
@@ -42,6 +41,7 @@ from tradeoff.bench.records import (
 )
 from tradeoff.errors import InvalidValue, RunStopped
 from tradeoff.heap import settled_heap
+from tradeoff.protocol.http_client import ResponseTooLarge
 
 __all__ = [
     "CONNECTION_WAIT",

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
-from tradeoff.bench.http_client import ResponseTooLarge, get
 from tradeoff.errors import BenchSetupError
+from tradeoff.protocol.http_client import ResponseTooLarge, get
 
 __all__ = [
     "MAX_SCRAPE_BYTES",

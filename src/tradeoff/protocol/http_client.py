@@ -1,4 +1,5 @@
-"""A small keep-alive HTTP/1.1 client for load generation (asyncio protocol + httptools).
+"""A small keep-alive HTTP/1.1 client (asyncio protocol + httptools): the load generator's,
+and the gateway's to its replicas.
 
 General clients (httpx, aiohttp) spend more CPU per request than a small model server
 does, which would make the client the bottleneck of the measurement. This one sends
@@ -32,8 +33,6 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from tradeoff.bench.load import LOAD_DEFAULTS
-
 __all__ = [
     "DEFAULT_MAX_RESPONSE_BYTES",
     "Connection",
@@ -43,7 +42,7 @@ __all__ = [
     "get",
 ]
 
-DEFAULT_MAX_RESPONSE_BYTES = LOAD_DEFAULTS.max_response_bytes
+DEFAULT_MAX_RESPONSE_BYTES = 64 << 20  # one answer, head included
 
 
 class ResponseTooLarge(ConnectionError):
