@@ -241,6 +241,12 @@ class InferenceFailed(RequestError):
     status = 500
 
 
+class BadGateway(InferenceFailed):
+    """A replica behind a gateway failed the request or answered what cannot be read."""
+
+    status = 502
+
+
 class InstanceDied(InferenceFailed):
     """A model instance can no longer run (crashed session, lost device): its batch
     fails, and the model is not ready until it is loaded again."""

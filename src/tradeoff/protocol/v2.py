@@ -6,6 +6,11 @@ are walked one by one.
 
     request = decode_request(body, header_length=None)
     body, json_length = encode_response("mlp", "1", request.id, outputs)
+
+A gateway sends a request on, and reads the answer back, with the other two:
+
+    body, json_length = encode_request(request)          # binary tensors, binary outputs
+    answer = decode_response(body, json_length)          # V2Response
 """
 
 from __future__ import annotations
@@ -29,11 +34,14 @@ __all__ = [
     "TensorInput",
     "TensorOutput",
     "V2Request",
+    "V2Response",
     "bf16_to_float32",
     "decode_binary_tensor",
     "decode_bytes_elements",
     "decode_request",
+    "decode_response",
     "encode_bytes_elements",
+    "encode_request",
     "encode_response",
     "parse_json_object",
 ]
@@ -499,6 +507,17 @@ def _json_data(array: np.ndarray, datatype: str) -> Any:
     return flat
 
 
+def _blob(array: np.ndarray, datatype: str) -> bytes | memoryview:
+    """A tensor's bytes in the binary extension's layout."""
+    if datatype == "BYTES":
+        return encode_bytes_elements(array)
+    array = np.ascontiguousarray(array)
+    if not _LITTLE_ENDIAN:
+        array = array.astype(array.dtype.newbyteorder("<"))
+    # a flat uint8 view, not memoryview.cast: cast refuses empty arrays
+    return array.reshape(-1).view(np.uint8).data
+
+
 def encode_response(model_name: str, model_version: str, request_id: str | None,
                     outputs: list[TensorOutput],
                     parameters: dict[str, Any] | None = None) -> tuple[bytes, int | None]:
@@ -509,14 +528,7 @@ def encode_response(model_name: str, model_version: str, request_id: str | None,
         entry: dict[str, Any] = {"name": out.name, "datatype": out.datatype,
                                  "shape": list(out.array.shape)}
         if out.binary:
-            if out.datatype == "BYTES":
-                blob: bytes | memoryview = encode_bytes_elements(out.array)
-            else:
-                array = np.ascontiguousarray(out.array)
-                if not _LITTLE_ENDIAN:
-                    array = array.astype(array.dtype.newbyteorder("<"))
-                # a flat uint8 view, not memoryview.cast: cast refuses empty arrays
-                blob = array.reshape(-1).view(np.uint8).data
+            blob = _blob(out.array, out.datatype)
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:
@@ -532,3 +544,88 @@ def encode_response(model_name: str, model_version: str, request_id: str | None,
     if not blobs:
         return header, None
     return b"".join([header, *blobs]), len(header)
+
+
+def encode_request(request: V2Request, parameters: dict[str, Any] | None = None
+                   ) -> tuple[bytes, int]:
+    """An infer request's body with every input binary, and its JSON header's length (the
+    Inference-Header-Content-Length). Every output asked for comes back binary.
+    ``parameters``: the request's parameters to send (default: its own)."""
+    entries = []
+    blobs: list[bytes | memoryview] = []
+    for tensor in request.inputs:
+        blob = _blob(tensor.array, tensor.datatype)
+        entries.append({"name": tensor.name, "datatype": tensor.datatype,
+                        "shape": list(tensor.shape),
+                        "parameters": {"binary_data_size": len(blob)}})
+        blobs.append(blob)
+    sent = dict(request.parameters if parameters is None else parameters)
+    sent.pop("binary_data_output", None)
+    doc: dict[str, Any] = {"inputs": entries}
+    if request.id is not None:
+        doc["id"] = request.id
+    if request.outputs is None:
+        sent["binary_data_output"] = True
+    else:
+        doc["outputs"] = [{"name": o.name, "parameters": {"binary_data": True}}
+                          for o in request.outputs]
+    if sent:
+        doc["parameters"] = sent
+    header = orjson.dumps(doc)
+    return b"".join([header, *blobs]), len(header)
+
+
+@dataclass(slots=True)
+class V2Response:
+    """An infer answer read back: the version that answered, its outputs, and its
+    parameters."""
+
+    model_version: str
+    outputs: list[TensorOutput]
+    parameters: dict[str, Any]
+
+
+def decode_response(body: bytes, header_length: int | None = None,
+                    limits: RequestLimits = DEFAULT_LIMITS) -> V2Response:
+    """Read an infer response (``header_length``: its Inference-Header-Content-Length);
+    InvalidInput saying what is wrong with it."""
+    view = memoryview(body)
+    if header_length is not None and not 0 <= header_length <= len(body):
+        raise InvalidInput(f"Inference-Header-Content-Length is {header_length} but the "
+                           f"answer has {len(body)} bytes")
+    end = len(body) if header_length is None else header_length
+    doc = parse_json_object(view[:end], "the answer")
+    raw_outputs = doc.get("outputs")
+    if not isinstance(raw_outputs, list):
+        raise InvalidInput("the answer has no 'outputs' list")
+    outputs = []
+    offset = end
+    for index, raw in enumerate(raw_outputs):
+        where = f"outputs[{index}]"
+        if not isinstance(raw, dict) or not isinstance(raw.get("name"), str) or \
+                not isinstance(raw.get("datatype"), str):
+            raise InvalidInput(f"{where}: needs a name and a datatype")
+        datatype = raw["datatype"]
+        if datatype not in dtypes.DATATYPES:
+            raise InvalidInput(f"{where}: unknown datatype {datatype!r}")
+        shape = _shape(raw.get("shape"), where)
+        if _element_count(shape) > limits.max_elements:
+            raise InvalidInput(f"{where}: shape {list(shape)} is over the limit of "
+                               f"{limits.max_elements} elements")
+        size = (raw.get("parameters") or {}).get("binary_data_size")
+        if size is not None:
+            if isinstance(size, bool) or not isinstance(size, int) or \
+                    not 0 <= size <= len(body) - offset:
+                raise InvalidInput(f"{where}: binary_data_size {size!r} does not fit the "
+                                   "answer")
+            array = decode_binary_tensor(view[offset:offset + size], datatype, shape,
+                                         where, limits)
+            offset += size
+        elif "data" in raw:
+            array = _decode_json_data(raw["data"], datatype, shape, where, limits)
+        else:
+            raise InvalidInput(f"{where}: has neither 'data' nor binary_data_size")
+        outputs.append(TensorOutput(raw["name"], array, datatype))
+    parameters = doc.get("parameters")
+    return V2Response(str(doc.get("model_version", "")), outputs,
+                      parameters if isinstance(parameters, dict) else {})
