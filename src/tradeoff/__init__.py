@@ -1,6 +1,7 @@
 """tradeoff: serve, benchmark and tune AI inference for the latency/throughput trade-off."""
 
 from tradeoff.errors import (
+    BadGateway,
     BenchSetupError,
     ConfigError,
     DatasetError,
@@ -42,6 +43,7 @@ from tradeoff.version import __version__
 __all__ = [
     "BatchSizeTune",
     "BenchResult",
+    "BadGateway",
     "BenchSetupError",
     "CompareResult",
     "ConfigError",

@@ -26,6 +26,7 @@
         │   ├── Overloaded       503: the server-wide limit of requests in flight
         │   └── RequestTimeout   503: timed out in the queue (Triton's UNAVAILABLE)
         └── InferenceFailed      500: the backend raised while running a batch
+            ├── BadGateway       502: a gateway's replica failed it, or answered nonsense
             └── InstanceDied     500: ... and the instance cannot run again
 
 Transports (HTTP, gRPC) map these to status codes; nothing here imports a web framework.
@@ -41,6 +42,7 @@ from contextlib import contextmanager
 
 __all__ = [
     "MESSAGE_LIMIT",
+    "BadGateway",
     "BenchSetupError",
     "ConfigError",
     "DatasetError",

@@ -15,6 +15,13 @@ that sends each request to one of its targets.
     shadow: {to: mlp_int8, fraction: 0.05}   # a copy of some requests, answer not waited for
     idempotent: false                        # true: a failed request may be tried again
     hide_targets: false                      # true: its targets answer only through it
+    pools:                                   # targets on other servers (a gateway)
+      remote_mlp:                            # a name routes use like a model's
+        protocol: v2                         # v2 (HTTP) or openai
+        model: mlp                           # its name on the replicas (default: the pool's)
+        policy: least_outstanding            # round_robin, least_outstanding,
+                                             # power_of_two, prefix, session
+        replicas: [http://127.0.0.2:8000, {url: http://127.0.0.3:8000, drain: true}]
 
 This module reads and checks the file and decides where a request goes; serving it is
 the server's. Errors name the file and the field, with "did you mean" for a misspelling.
@@ -26,9 +33,10 @@ import difflib
 import hashlib
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from tradeoff.errors import ConfigError, shown
 from tradeoff.repository.safe_yaml import read_yaml
@@ -36,13 +44,22 @@ from tradeoff.repository.safe_yaml import read_yaml
 __all__ = [
     "CLASS_PATTERN",
     "CONDITIONS",
+    "HEALTH_FIELDS",
+    "MAX_REPLICAS",
     "MAX_WEIGHT",
+    "POLICIES",
+    "POOL_FIELDS",
     "PRIORITY_LIMIT",
+    "PROTOCOLS",
+    "REPLICA_FIELDS",
     "ROUTE_FIELDS",
     "TARGET_FIELDS",
     "TOP_FIELDS",
     "Condition",
     "Decision",
+    "HealthCheck",
+    "PoolConfig",
+    "ReplicaConfig",
     "Route",
     "RouterConfig",
     "Shadow",
@@ -53,7 +70,14 @@ __all__ = [
     "sticky_point",
 ]
 
-TOP_FIELDS = ("routes", "fallback", "shadow", "idempotent", "hide_targets")
+TOP_FIELDS = ("routes", "fallback", "shadow", "idempotent", "hide_targets", "pools")
+POOL_FIELDS = ("protocol", "model", "policy", "replicas", "session", "health", "timeout_s",
+               "connections", "retry_budget", "forward_headers", "balance", "api_key_env")
+REPLICA_FIELDS = ("url", "drain")
+HEALTH_FIELDS = ("path", "interval_s", "timeout_s", "eject_after", "eject_s")
+PROTOCOLS = ("v2", "openai")
+POLICIES = ("round_robin", "least_outstanding", "power_of_two", "prefix", "session")
+MAX_REPLICAS = 256
 ROUTE_FIELDS = ("when", "to", "sticky", "priority")
 PRIORITY_LIMIT = 2**31  # a generation's priority, a route's or a request's, lies in
 # [-PRIORITY_LIMIT, PRIORITY_LIMIT)
@@ -159,12 +183,64 @@ class Decision:
 
 
 @dataclass(frozen=True)
+class ReplicaConfig:
+    """One server of a pool: its base URL (scheme, host, port, and a path prefix if
+    any), and whether it is draining (no new requests)."""
+
+    url: str
+    scheme: str
+    host: str
+    port: int
+    prefix: str = ""
+    drain: bool = False
+
+    @property
+    def name(self) -> str:
+        """``host:port``: what counters and answers call it."""
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class HealthCheck:
+    """Active checks of each replica's readiness, and passive ejection: a replica that
+    fails ``eject_after`` requests in a row (or a check) is out for at least ``eject_s``,
+    until a check passes again."""
+
+    path: str | None = None  # None: the protocol's (/v2/health/ready, /models)
+    interval_s: float = 1.0
+    timeout_s: float = 1.0
+    eject_after: int = 3
+    eject_s: float = 1.0
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """Replicas of one model on other servers, and how requests are spread over them."""
+
+    name: str
+    protocol: str
+    model: str
+    policy: str
+    replicas: tuple[ReplicaConfig, ...]
+    session: str | None = None   # policy session: the header (or "user") that keys it
+    health: HealthCheck = HealthCheck()
+    timeout_s: float = 60.0      # one request at one replica, its whole answer
+    connections: int = 64        # per replica, kept alive; more requests wait
+    retry_budget: float = 0.2    # retries in flight: at most this share of requests (min 3)
+    forward_headers: tuple[str, ...] = ()  # client headers passed on (none by default)
+    balance: float = 1.5         # prefix: a replica over this x the mean load is passed over
+    api_key_env: str | None = None  # the gateway's own key for the replicas, from this
+    # environment variable (Authorization: Bearer), never written in the file
+
+
+@dataclass(frozen=True)
 class RouterConfig:
     routes: tuple[Route, ...]
     fallback: tuple[Target, ...] = ()
     shadow: Shadow | None = None
     idempotent: bool = False
     hide_targets: bool = False  # direct calls to its targets are refused while it serves
+    pools: Mapping[str, PoolConfig] = field(default_factory=dict)
 
     @classmethod
     def read(cls, path: Path) -> RouterConfig:
@@ -207,15 +283,31 @@ class RouterConfig:
         hide = doc.get("hide_targets", False)
         if not isinstance(hide, bool):
             raise ConfigError(source, "hide_targets", "must be true or false")
-        return cls(routes, fallback, shadow, idempotent, hide)
+        pools = _pools(doc.get("pools"), source, name)
+        config = cls(routes, fallback, shadow, idempotent, hide, pools)
+        for route_index, route in enumerate(routes):
+            for arm in route.arms:
+                if arm.model in pools and arm.version is not None:
+                    raise ConfigError(source, f"routes[{route_index}].to", f"pool "
+                                      f"{arm.model!r} has no versions here: its replicas "
+                                      "serve the version their server chooses")
+        if hide and pools:
+            raise ConfigError(source, "hide_targets", "hides local targets only; a pool's "
+                              "replicas are other servers")
+        return config
 
     def models(self) -> list[str]:
-        """Every model the router may send to, each once, in order of appearance."""
+        """Every model or pool the router may send to, each once, in order of
+        appearance."""
         names = [arm.model for route in self.routes for arm in route.arms]
         names += [t.model for t in self.fallback]
         if self.shadow is not None:
             names.append(self.shadow.target.model)
         return list(dict.fromkeys(names))
+
+    def local_models(self) -> list[str]:
+        """The targets that are models of this server (not pools)."""
+        return [name for name in self.models() if name not in self.pools]
 
     def decide(self, request_class: str | None, deadline_ms: float | None,
                parameters: Mapping[str, Any], draw: float) -> Decision:
@@ -229,6 +321,142 @@ class RouterConfig:
                 arm = route.arm_at(point) if len(route.arms) > 1 else 0
                 return Decision(index, arm, route.arms[arm])
         raise LookupError("no route matches")  # from_mapping makes the last route total
+
+
+def _pools(raw: Any, source: str, router: str | None) -> dict[str, PoolConfig]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or not raw:
+        raise ConfigError(source, "pools", "must map pool names to {protocol, replicas, ...}")
+    pools = {}
+    for name, doc in raw.items():
+        where = f"pools.{name}"
+        if not isinstance(name, str) or _CLASS_NAME.fullmatch(name) is None:
+            raise ConfigError(source, where, "a pool's name is 1 to 64 letters, digits, "
+                              "'_', '.' or '-'")
+        if name == router:
+            raise ConfigError(source, where, "a pool cannot have its router's name")
+        pools[name] = _pool(name, doc, source, where)
+    return pools
+
+
+def _number(doc: Mapping[str, Any], key: str, default: float, source: str, where: str, *,
+            low: float, high: float, integer: bool = False) -> Any:
+    value = doc.get(key, default)
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds) or not low <= value <= high:
+        kind = "an integer" if integer else "a number"
+        raise ConfigError(source, f"{where}{key}", f"must be {kind} from {low:g} to {high:g}")
+    return value if integer else float(value)
+
+
+def _choice(doc: Mapping[str, Any], key: str, default: str, choices: Sequence[str],
+            source: str, where: str) -> str:
+    value = doc.get(key, default)
+    if value not in choices:
+        raise ConfigError(source, f"{where}{key}", f"must be one of {', '.join(choices)}"
+                          f"{_hint(str(value), choices)}")
+    return str(value)
+
+
+def _pool(name: str, doc: Any, source: str, where: str) -> PoolConfig:
+    if not isinstance(doc, dict):
+        raise ConfigError(source, where, "must be a mapping with protocol and replicas")
+    _known(doc, POOL_FIELDS, source, f"{where}.")
+    at = f"{where}."
+    protocol = _choice(doc, "protocol", "v2", PROTOCOLS, source, at)
+    model = doc.get("model", name)
+    if not isinstance(model, str) or not model or "/" in model or len(model) > 256:
+        raise ConfigError(source, f"{at}model", "must be the model's name on the replicas")
+    policy = _choice(doc, "policy", "least_outstanding", POLICIES, source, at)
+    if policy == "prefix" and protocol != "openai":
+        raise ConfigError(source, f"{at}policy", "prefix routes generations by their "
+                          "prompts: use it with protocol openai")
+    raw_replicas = doc.get("replicas")
+    if not isinstance(raw_replicas, list) or not raw_replicas:
+        raise ConfigError(source, f"{at}replicas", "must list the replicas' URLs")
+    if len(raw_replicas) > MAX_REPLICAS:
+        raise ConfigError(source, f"{at}replicas", f"at most {MAX_REPLICAS} replicas")
+    replicas = tuple(_replica(r, source, f"{at}replicas[{i}]")
+                     for i, r in enumerate(raw_replicas))
+    names = [r.name + r.prefix for r in replicas]
+    if len(set(names)) != len(names):
+        raise ConfigError(source, f"{at}replicas", "lists a replica twice")
+    session = doc.get("session")
+    if session is not None and (not isinstance(session, str) or
+                                re.fullmatch(r"[A-Za-z0-9-]{1,64}", session) is None):
+        raise ConfigError(source, f"{at}session", "must name a header (letters, digits, "
+                          "'-'), or be 'user' (the OpenAI body's field)")
+    if policy == "session" and session is None:
+        raise ConfigError(source, f"{at}session", "policy session needs the header that "
+                          "keys it (or 'user')")
+    health = _health(doc.get("health"), source, f"{at}health.")
+    forward = doc.get("forward_headers", [])
+    if not isinstance(forward, list) or not all(
+            isinstance(h, str) and re.fullmatch(r"[A-Za-z0-9-]{1,64}", h) for h in forward):
+        raise ConfigError(source, f"{at}forward_headers", "must list header names")
+    lowered = tuple(h.lower() for h in forward)
+    hop = {"host", "content-length", "connection", "transfer-encoding", "keep-alive",
+           "upgrade", "te", "trailer", "proxy-authorization", "expect"}
+    if bad := [h for h in lowered if h in hop]:
+        raise ConfigError(source, f"{at}forward_headers", f"{bad[0]!r} belongs to one "
+                          "connection and is never passed on")
+    key_env = doc.get("api_key_env")
+    if key_env is not None and (not isinstance(key_env, str) or
+                                re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", key_env) is None):
+        raise ConfigError(source, f"{at}api_key_env", "must name an environment variable")
+    return PoolConfig(
+        name, protocol, model, policy, replicas, session, health,
+        _number(doc, "timeout_s", 60.0, source, at, low=0.01, high=3600),
+        _number(doc, "connections", 64, source, at, low=1, high=4096, integer=True),
+        _number(doc, "retry_budget", 0.2, source, at, low=0, high=1),
+        lowered,
+        _number(doc, "balance", 1.5, source, at, low=1, high=100),
+        key_env)
+
+
+def _replica(raw: Any, source: str, where: str) -> ReplicaConfig:
+    drain = False
+    if isinstance(raw, dict):
+        _known(raw, REPLICA_FIELDS, source, f"{where}.")
+        drain = raw.get("drain", False)
+        if not isinstance(drain, bool):
+            raise ConfigError(source, f"{where}.drain", "must be true or false")
+        raw = raw.get("url")
+    if not isinstance(raw, str) or not raw:
+        raise ConfigError(source, where, "must be a URL, or {url, drain}")
+    try:
+        parts = urlsplit(raw)
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigError(source, where, f"{shown(raw)} is not a URL: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(source, where, f"{shown(raw)}: give http://HOST:PORT (or https)")
+    if parts.username or parts.password or parts.query or parts.fragment:
+        raise ConfigError(source, where, f"{shown(raw)}: no credentials, query or "
+                          "fragment in a replica's URL (forward_headers passes a key on)")
+    port = port or (443 if parts.scheme == "https" else 80)
+    return ReplicaConfig(raw, parts.scheme, parts.hostname, port,
+                         parts.path.rstrip("/"), drain)
+
+
+def _health(raw: Any, source: str, where: str) -> HealthCheck:
+    if raw is None:
+        return HealthCheck()
+    if not isinstance(raw, dict):
+        raise ConfigError(source, where.rstrip("."), f"must be a mapping of "
+                          f"{', '.join(HEALTH_FIELDS)}")
+    _known(raw, HEALTH_FIELDS, source, where)
+    path = raw.get("path")
+    if path is not None and (not isinstance(path, str) or not path.startswith("/") or
+                             any(c in path for c in " \r\n?#")):
+        raise ConfigError(source, f"{where}path", "must be a path such as /v2/health/ready")
+    return HealthCheck(
+        path,
+        _number(raw, "interval_s", 1.0, source, where, low=0.05, high=3600),
+        _number(raw, "timeout_s", 1.0, source, where, low=0.01, high=600),
+        _number(raw, "eject_after", 3, source, where, low=1, high=1000, integer=True),
+        _number(raw, "eject_s", 1.0, source, where, low=0, high=3600))
 
 
 def sticky_point(name: str, value: Any) -> float:

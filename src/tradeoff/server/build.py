@@ -32,12 +32,22 @@ from tradeoff.repository.repository import ROUTER_FILE, ModelRepository
 from tradeoff.repository.router import RouterConfig, Signature, common_signature
 from tradeoff.server.catalog import ModelVersion, Served
 from tradeoff.server.engine_process import ProcessCore
+from tradeoff.server.gateway import pool_signature
 from tradeoff.server.router import RoutedModel
 from tradeoff.server.warmup import run_warmup
 
-__all__ = ["BuildLimits", "TensorInstances", "build_generative", "build_router",
-           "build_tensor", "clear_finished_frames", "engine_loader", "load_engine_parts",
-           "load_failure"]
+__all__ = [
+    "BuildLimits",
+    "TensorInstances",
+    "adopt_pool_signatures",
+    "build_generative",
+    "build_router",
+    "build_tensor",
+    "clear_finished_frames",
+    "engine_loader",
+    "load_engine_parts",
+    "load_failure",
+]
 
 log = logging.getLogger("tradeoff.server")
 
@@ -158,7 +168,13 @@ def build_router(repository: ModelRepository, name: str,
     targets = [arm for route in config.routes for arm in route.arms]
     targets += list(config.fallback) + ([config.shadow.target] if config.shadow else [])
     served: dict[str, Served] = {}
+    for pool in config.pools:
+        if pool in repository.names():
+            raise ModelLoadError(f"router {name!r}: pool {pool!r} has the name of a model "
+                                 "of this repository; name the pool apart")
     for target in targets:
+        if target.model in config.pools:
+            continue
         version = loaded(target.model, target.version)
         if version is None:
             raise ModelLoadError(f"router {name!r}: target {target.label!r} is not "
@@ -168,6 +184,7 @@ def build_router(repository: ModelRepository, name: str,
                                  " a router sends to models only")
         served[target.label] = version
     kinds = {isinstance(v, EngineClient) for v in served.values()}
+    kinds |= {pool.protocol == "openai" for pool in config.pools.values()}
     if kinds == {True}:
         routed = RoutedModel(name, config, None, generative=True)
     elif kinds == {False}:
@@ -176,15 +193,32 @@ def build_router(repository: ModelRepository, name: str,
                                  "generative engine; a tensor request carries its own "
                                  "(parameter priority, the model's priority_levels)")
         tensors = {label: v for label, v in served.items() if isinstance(v, ModelVersion)}
+        # a gateway's signature comes from its replicas once its pools have started
         signature = common_signature(name, {label: _signature(v.config)
-                                            for label, v in tensors.items()})
-        batch = min(v.config.max_batch_size for v in tensors.values())
+                                            for label, v in tensors.items()}) \
+            if tensors else None
+        batch = min((v.config.max_batch_size for v in tensors.values()), default=0)
         routed = RoutedModel(name, config, signature, max_batch_size=batch)
     else:
         raise ModelLoadError(f"router {name!r}: mixes generative and tensor targets")
     log.info("router %s: %d routes over %s", name, len(config.routes),
              ", ".join(sorted(served)))
     return routed
+
+
+async def adopt_pool_signatures(routed: RoutedModel) -> None:
+    """A tensor router's signature and max_batch_size with its v2 pools' (as a ready
+    replica of each tells them) merged in; ModelLoadError when they disagree or none can
+    tell."""
+    if routed.generative:
+        return
+    signatures = {} if routed.signature is None else {"local targets": routed.signature}
+    batches = [routed.max_batch_size] if routed.signature is not None else []
+    for name, pool in routed.pools.items():
+        signatures[f"pool {name}"], batch = await pool_signature(pool)
+        batches.append(batch)
+    routed.signature = common_signature(routed.name, signatures)
+    routed.max_batch_size = min(batches)
 
 
 def _signature(config: ModelConfig) -> Signature:

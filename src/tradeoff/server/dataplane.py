@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any, Literal, Protocol, cast
 
 from tradeoff.errors import InvalidInput, NotFound, Overloaded, Unavailable
@@ -27,6 +27,7 @@ from tradeoff.server.asgi import OFF_LOOP_BYTES
 from tradeoff.server.cache import ResponseCache
 from tradeoff.server.catalog import ModelVersion
 from tradeoff.server.front_end import InflightCounts
+from tradeoff.server.gateway import RemoteAnswer, infer_v2
 from tradeoff.server.generation import Generation
 from tradeoff.server.generations import Generations, Prompt
 from tradeoff.server.models import ModelManager
@@ -44,6 +45,7 @@ __all__ = [
     "EXTENSIONS",
     "Admission",
     "Answered",
+    "Answerer",
     "DataPlane",
     "Dispatch",
     "Peers",
@@ -57,7 +59,9 @@ EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository", "
 TensorTarget = ModelVersion | RoutedModel  # what answers a tensor request
 # what a tensor request's callback gets: the version that answered, its timings and the
 # outputs the client asked for; or the error
-Answered = Callable[[tuple[ModelVersion, Timings, list[TensorOutput]] | BaseException], None]
+# what answered a tensor request: a model version here, or a pool's replica elsewhere
+Answerer = ModelVersion | RemoteAnswer
+Answered = Callable[[tuple[Answerer, Timings, list[TensorOutput]] | BaseException], None]
 
 
 # How the data plane answers a tensor request (DataPlane.dispatch_of): "direct", the
@@ -295,42 +299,52 @@ class DataPlane:
         return internal
 
     async def infer(self, name: str, version: str | None,
-                    request: V2Request) -> tuple[ModelVersion, Timings, list[TensorOutput]]:
+                    request: V2Request) -> tuple[Answerer, Timings, list[TensorOutput]]:
         """Run one request through the model's scheduler (a router's: its target's)."""
         return await self.infer_target(self.tensor_target(name, version), request)
 
     async def infer_target(self, target: TensorTarget, request: V2Request,
-                           dispatch: Dispatch | None = None
-                           ) -> tuple[ModelVersion, Timings, list[TensorOutput]]:
+                           dispatch: Dispatch | None = None,
+                           headers: dict[bytes, bytes] | None = None
+                           ) -> tuple[Answerer, Timings, list[TensorOutput]]:
         """:meth:`infer` for the target :meth:`tensor_target` returned, ``dispatch`` its
-        :meth:`dispatch_of` when the caller knows it already."""
+        :meth:`dispatch_of` when the caller knows it already; ``headers``: the client's
+        (a pool passes on those its ``forward_headers`` names)."""
         if self.shutting_down:
             raise Unavailable("the server is shutting down and takes no new requests")
         dispatch = dispatch or self.dispatch_of(target, request)
         if dispatch == "routed":
-            return await self._route(cast(RoutedModel, target), request)
+            return await self._route(cast(RoutedModel, target), request, headers or {})
         return await self._infer_served(cast(ModelVersion, target), request, dispatch)
 
-    async def _route(self, routed: RoutedModel, request: V2Request
-                     ) -> tuple[ModelVersion, Timings, list[TensorOutput]]:
+    async def _route(self, routed: RoutedModel, request: V2Request,
+                     headers: dict[bytes, bytes]
+                     ) -> tuple[Answerer, Timings, list[TensorOutput]]:
         """Send a request through a router of tensor models (RoutedModel.send: its
-        choice, then its fallbacks); a shadow copy, if the router takes one, is compared
-        with the answer in the background (``routed`` takes tensors: tensor_target made
-        sure)."""
-        def attempt(target: Target) -> Awaitable[tuple[ModelVersion, Timings,
-                                                       list[TensorOutput]]]:
-            return self._infer_model(target.model, _version(target.version), request)
+        choice, then its fallbacks); a target that is a pool is sent to one of its
+        replicas. A shadow copy, if the router takes one, is compared with the answer in
+        the background (``routed`` takes tensors: tensor_target made sure)."""
+        async def attempt(target: Target) -> tuple[Answerer, Timings, list[TensorOutput]]:
+            pool = routed.pools.get(target.model)
+            if pool is not None:
+                answer = await infer_v2(pool, request, headers, routed.config.idempotent)
+                return answer, answer.timings, answer.outputs
+            served, timings, outputs = await self._infer_model(
+                target.model, _version(target.version), request)
+            timings.route = target.label
+            return served, timings, outputs
 
-        (served, timings, outputs), target = await routed.send(request.parameters, attempt)
-        timings.route = target.label
+        (served, timings, outputs), _ = await routed.send(request.parameters, attempt)
 
         def busy(shadow: Target) -> bool:
+            pool = routed.pools.get(shadow.model)
+            if pool is not None:
+                return not pool.has_idle_replica()
             return self.manager.tensor(shadow.model,
                                        _version(shadow.version)).executor.queue_depth > 0
 
         async def copy(shadow: Target) -> None:
-            _, _, answer = await self._infer_model(shadow.model, _version(shadow.version),
-                                                   request)
+            _, _, answer = await attempt(shadow)
             routed.stats.shadow.compare(outputs, answer)
 
         self._in_background(routed.shadow(busy, copy))

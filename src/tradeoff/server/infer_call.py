@@ -30,8 +30,7 @@ from tradeoff.errors import InvalidInput, RequestError, Unauthorized, Unavailabl
 from tradeoff.protocol.v2 import TensorOutput, V2Request, decode_request, encode_response
 from tradeoff.scheduling.request import InferenceRequest, Timings
 from tradeoff.server.asgi import JSON_HEADERS, Headers, Scope
-from tradeoff.server.catalog import ModelVersion
-from tradeoff.server.dataplane import Admission, DataPlane, TensorTarget
+from tradeoff.server.dataplane import Admission, Answerer, DataPlane, TensorTarget
 
 __all__ = [
     "InferCall",
@@ -103,7 +102,8 @@ class InferCall:
                     self.target, request, self._end)  # type: ignore[arg-type]
             else:  # a router or the cache: the data plane's coroutine
                 self._task = asyncio.ensure_future(
-                    self.dataplane.infer_target(self.target, request, dispatch))
+                    self.dataplane.infer_target(self.target, request, dispatch,
+                                                self.headers))
                 self._task.add_done_callback(self._task_done)
         except Exception as exc:
             self._end(exc)
@@ -126,7 +126,7 @@ class InferCall:
         if not task.cancelled():
             self._end(task.exception() or task.result())
 
-    def _end(self, result: tuple[ModelVersion, Timings, list[TensorOutput]] | BaseException
+    def _end(self, result: tuple[Answerer, Timings, list[TensorOutput]] | BaseException
              ) -> None:
         respond = self._respond
         if respond is None:
@@ -180,7 +180,7 @@ def header_length(headers: dict[bytes, bytes], body_size: int) -> int | None:
     return length
 
 
-def infer_answer(name: str, served: ModelVersion, request_id: str | None, timings: Timings,
+def infer_answer(name: str, served: Answerer, request_id: str | None, timings: Timings,
                  outputs: list[TensorOutput], headers: dict[bytes, bytes]
                  ) -> tuple[bytes, Headers]:
     """An infer response's body and headers (compressed when the client accepts it)."""

@@ -28,6 +28,7 @@ from tradeoff.scheduling.scheduler import Scheduler
 from tradeoff.scheduling.stats import ModelStats
 from tradeoff.server.build import (
     BuildLimits,
+    adopt_pool_signatures,
     build_generative,
     build_router,
     build_tensor,
@@ -102,7 +103,7 @@ class ModelManager(ModelCatalog):
                     log.info("model %s: loading (a generative model: weights, tokenizer, "
                              "KV cache)", name)
                 if kind == ROUTER:
-                    versions = self._load_router(name, config_override)
+                    versions = await self._load_router(name, config_override)
                 elif kind == GENERATIVE:
                     versions = await self._load_generative(name, config_override, share)
                 else:
@@ -211,12 +212,19 @@ class ModelManager(ModelCatalog):
             log.warning("model %s: %s", name, NO_CACHE_WARNING)
         return {1: model}
 
-    def _load_router(self, name: str, config_override: dict[str, Any] | None
-                     ) -> dict[int, Served]:
+    async def _load_router(self, name: str, config_override: dict[str, Any] | None
+                           ) -> dict[int, Served]:
         if config_override is not None:
             raise InvalidInput(f"model {name!r} is a router: its rules come from "
                                f"{ROUTER_FILE}, not a 'config' load parameter")
-        return {1: build_router(self.repository, name, self.loaded)}
+        routed = build_router(self.repository, name, self.loaded)
+        try:
+            await routed.start()
+            await adopt_pool_signatures(routed)
+        except BaseException:
+            await routed.stop(0)
+            raise
+        return {1: routed}
 
     def _version_died(self, name: str, dead: Served, what: str, cause: str) -> None:
         """A served version can no longer run (every instance died, or its engine

@@ -4,8 +4,12 @@ tensor models and of generative models alike; the data plane says what one attem
 target is.
 
     routed = RoutedModel("mlp_router", config, signature)
+    await routed.start()                                      # its pools' first checks
     answer, target = await routed.send(parameters, attempt)   # attempt(target) -> answer
     routed.shadow(busy, copy)                                 # a background copy, bounded
+
+A target that names one of the router's ``pools`` is served by other servers
+(:mod:`tradeoff.server.replica_pool`, :mod:`tradeoff.server.gateway`).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from tradeoff.errors import (
 )
 from tradeoff.protocol.v2 import TensorOutput
 from tradeoff.repository.router import Decision, RouterConfig, Signature, Target, class_name_problem
+from tradeoff.server.replica_pool import ReplicaPool
 
 __all__ = ["SHADOW_IN_FLIGHT", "RoutedModel", "RouterStats", "ShadowStats", "T", "check_direct",
            "merge_router_stats"]
@@ -117,6 +122,7 @@ class RouterStats:
     arms: dict[tuple[int, int], int] = field(default_factory=dict)
     fallbacks: dict[str, int] = field(default_factory=dict)
     shadow: ShadowStats = field(default_factory=ShadowStats)
+    pools: list[ReplicaPool] = field(default_factory=list)
 
     def served(self, decision: Decision, fallback: Target | None, total_ns: int) -> None:
         key = (decision.route, decision.arm)
@@ -149,7 +155,8 @@ class RouterStats:
                                            "compute_output", "cache_hit", "cache_miss")}},
             "batch_stats": [],
             "routes": self.routes(), "fallbacks": dict(self.fallbacks),
-            "shadow": self.shadow.to_dict()}
+            "shadow": self.shadow.to_dict(),
+            **({"pools": [pool.snapshot() for pool in self.pools]} if self.pools else {})}
 
 
 def merge_router_stats(entries: list[dict[str, Any]]) -> dict[str, Any]:
@@ -168,8 +175,32 @@ def merge_router_stats(entries: list[dict[str, Any]]) -> dict[str, Any]:
         for label, count in entry["fallbacks"].items():
             fallbacks[label] = fallbacks.get(label, 0) + count
         shadow.add(ShadowStats.from_dict(entry["shadow"]))
-    return {"routes": [arms[key] for key in sorted(arms)], "fallbacks": fallbacks,
-            "shadow": shadow.to_dict()}
+    merged: dict[str, Any] = {"routes": [arms[key] for key in sorted(arms)],
+                              "fallbacks": fallbacks, "shadow": shadow.to_dict()}
+    pools = [pool for entry in entries for pool in entry.get("pools", [])]
+    if pools:
+        merged["pools"] = _merge_pools(pools)
+    return merged
+
+
+def _merge_pools(pools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each pool's replicas as all front ends saw them: counts added, ready where any
+    front end finds it ready."""
+    by_name: dict[str, dict[str, Any]] = {}
+    for pool in pools:
+        kept = by_name.setdefault(pool["pool"], {**pool, "replicas": []})
+        replicas = {r["replica"]: r for r in kept["replicas"]}
+        for replica in pool["replicas"]:
+            mine = replicas.get(replica["replica"])
+            if mine is None:
+                kept["replicas"].append(dict(replica))
+                continue
+            for key, value in replica.items():
+                if isinstance(value, bool):
+                    mine[key] = mine[key] or value if key == "ready" else mine[key] and value
+                elif isinstance(value, (int, float)):
+                    mine[key] += value
+    return list(by_name.values())
 
 
 class RoutedModel:
@@ -184,7 +215,9 @@ class RoutedModel:
         self.signature = signature  # None for a router of generative models
         self.generative = generative
         self.max_batch_size = max_batch_size  # the least max_batch_size of the targets
-        self.stats = RouterStats(name, config)
+        self.pools = {pool_name: ReplicaPool(pool, name)
+                      for pool_name, pool in config.pools.items()}
+        self.stats = RouterStats(name, config, pools=list(self.pools.values()))
         self.shadows_in_flight = 0
         self._random = random.Random()
 
@@ -310,11 +343,19 @@ class RoutedModel:
                 "output": tensors(signature.outputs) if signature else [],
                 "parameters": {"targets": {"string_value": ", ".join(self.config.models())}}}
 
+    async def start(self) -> None:
+        """Check each pool's replicas once, then keep checking them."""
+        for pool in self.pools.values():
+            await pool.start()
+
     def begin_drain(self, timeout_s: float) -> None:
         """Nothing queues here: the targets drain their own requests."""
 
     async def stop(self, timeout_s: float | None = None) -> None:
-        """Nothing to release: the targets are models of their own."""
+        """The pools' requests in flight finish (up to ``timeout_s``) and their
+        connections close; the local targets are models of their own."""
+        for pool in self.pools.values():
+            await pool.stop(timeout_s)
 
 
 def check_direct(hidden: Mapping[str, str], name: str) -> None:

@@ -1,0 +1,361 @@
+"""Requests sent on to a pool's replicas on other servers, and their answers read back:
+v2 tensor requests over HTTP, and OpenAI completions (whole or streamed).
+
+    outputs = await infer_v2(pool, request, headers)       # RemoteAnswer
+    stream = await open_generation(pool, body, "/chat/completions", headers, stream=True,
+                                   prompt=b"...", session=None)
+    async for chunk in stream.chunks():                     # the replica's bytes as they come
+        ...
+
+Each request goes to the replica the pool's policy picks. Until anything of its answer
+has been passed on, a request that a replica fails (a refused or broken connection, a
+timeout, a 502/503/504, a 429, or a 500 when ``idempotent``) is sent to another
+replica, within the pool's retry budget. A streamed answer is committed at its first
+bytes: a replica that breaks after that ends the stream with an error event (the
+caller's), never a silent cut. The client's headers are not passed on, except those the
+pool lists in ``forward_headers``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from tradeoff.errors import (
+    BadGateway,
+    InvalidInput,
+    ModelLoadError,
+    NotFound,
+    PayloadTooLarge,
+    RequestError,
+    Unavailable,
+)
+from tradeoff.protocol.http_client import Connection, Response
+from tradeoff.protocol.v2 import TensorOutput, V2Request, decode_response, encode_request
+from tradeoff.repository.router import Signature
+from tradeoff.scheduling.request import Timings
+from tradeoff.server.asgi import off_loop_if_large
+from tradeoff.server.replica_pool import Replica, ReplicaPool
+
+__all__ = ["RemoteAnswer", "RemoteStream", "infer_v2", "open_generation", "outgoing_headers",
+           "pool_signature"]
+
+# a replica's status that says it never ran the request: always safe to send elsewhere
+_NOT_RUN = {429, 503}
+_GATEWAY_FAILURES = {502, 504}
+
+
+@dataclass
+class RemoteAnswer:
+    """A v2 answer from a replica: which one, the version it says answered, and the
+    outputs as the client asked for them."""
+
+    replica: str
+    version: str
+    timings: Timings
+    outputs: list[TensorOutput]
+
+
+def outgoing_headers(pool: ReplicaPool, client: dict[bytes, bytes], content_type: str
+                     ) -> dict[str, str]:
+    """The headers a request to a replica carries: its content type, and the client's
+    headers that the pool's ``forward_headers`` names (credentials stay here unless
+    listed)."""
+    headers = {"Content-Type": content_type}
+    for name in pool.config.forward_headers:
+        value = client.get(name.encode())
+        if value is not None:
+            headers[name] = value.decode("latin-1")
+    return headers
+
+
+async def infer_v2(pool: ReplicaPool, request: V2Request, client_headers: dict[bytes, bytes],
+                   idempotent: bool = False) -> RemoteAnswer:
+    """Send a tensor request to a replica of ``pool`` (v2 over HTTP, binary tensors) and
+    read its answer."""
+    body, json_length = encode_request(request)
+    headers = outgoing_headers(pool, client_headers, "application/octet-stream")
+    headers["Inference-Header-Content-Length"] = str(json_length)
+    path = f"/v2/models/{pool.config.model}/infer"
+    exchange = await _exchange(pool, lambda r: r.request("POST", path, body, headers),
+                               idempotent=idempotent)
+    response = exchange.response
+    assert response is not None
+    length = response.headers.get(b"inference-header-content-length")
+    try:
+        answer = await off_loop_if_large(
+            len(response.body), decode_response, response.body,
+            int(length) if length is not None and length.isdigit() else None)
+    except InvalidInput as exc:
+        pool.request_failed(exchange.replica, "an unreadable answer")
+        raise BadGateway(f"replica {exchange.replica.name} of pool {pool.config.name!r} "
+                         f"answered what cannot be read: {exc}") from None
+    wanted = {o.name: o.binary for o in request.outputs} if request.outputs else None
+    default = request.binary_output
+    for output in answer.outputs:
+        chosen = wanted.get(output.name) if wanted is not None else None
+        output.binary = default if chosen is None else chosen
+    timings = Timings()
+    timings.route = f"{pool.config.name}@{exchange.replica.name}"
+    return RemoteAnswer(exchange.replica.name, answer.model_version, timings, answer.outputs)
+
+
+async def pool_signature(pool: ReplicaPool) -> tuple[Signature, int]:
+    """What the pool's model takes and gives, and its max_batch_size, as a ready replica
+    says (its v2 metadata and config); ModelLoadError when none can say."""
+    model = pool.config.model
+    problems = []
+    for replica in pool.replicas:
+        if not replica.ready:
+            problems.append(f"{replica.name}: not ready")
+            continue
+        connection = await replica.acquire()
+        kept = False
+        try:
+            metadata = await connection.request(
+                replica.request("GET", f"/v2/models/{model}"), timeout=pool.config.timeout_s)
+            config = await connection.request(
+                replica.request("GET", f"/v2/models/{model}/config"),
+                timeout=pool.config.timeout_s)
+            kept = True
+        except (OSError, TimeoutError, ConnectionError) as exc:
+            problems.append(f"{replica.name}: {exc or type(exc).__name__}")
+            continue
+        finally:
+            replica.release(connection, kept)
+        if metadata.status != 200:
+            hint = " (a replica that wants a key: set the pool's api_key_env)" \
+                if metadata.status in (401, 403) else ""
+            problems.append(f"{replica.name}: /v2/models/{model} answered {metadata.status}: "
+                            f"{_error_message(metadata.body)}{hint}")
+            continue
+        try:
+            doc = orjson.loads(metadata.body)
+            signature = Signature(*(tuple((t["name"], t["datatype"], tuple(t["shape"]))
+                                          for t in doc[kind]) for kind in ("inputs", "outputs")))
+        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+            problems.append(f"{replica.name}: its metadata cannot be read ({exc})")
+            continue
+        batch = 0
+        if config.status == 200:
+            try:
+                batch = int(orjson.loads(config.body).get("max_batch_size", 0))
+            except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
+                batch = 0
+        return signature, batch
+    raise ModelLoadError(f"pool {pool.config.name!r}: no replica told model {model!r}'s "
+                         f"inputs and outputs ({'; '.join(problems)})")
+
+
+class RemoteStream:
+    """A replica's answer being passed on: its bytes as they come (:meth:`chunks`)."""
+
+    def __init__(self, pool: ReplicaPool, replica: Replica, connection: Connection | None,
+                 task: asyncio.Future[Response], queue: asyncio.Queue[bytes],
+                 first: bytes, started: float) -> None:
+        self.pool = pool
+        self.replica = replica
+        self._connection = connection
+        self._task = task
+        self._queue = queue
+        self._first = first
+        self._started = started
+        self._ended = False
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The answer's bytes; BadGateway when the replica breaks off before its end."""
+        if self._first:
+            yield self._first
+        queue, task = self._queue, self._task
+        if self._connection is None:  # a whole answer: it was all in the first bytes
+            self._end(True)
+            return
+        while True:
+            if queue.empty():
+                if task.done():
+                    break
+                getter = asyncio.ensure_future(queue.get())
+                waited: set[asyncio.Future[Any]] = {getter, task}
+                await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
+                if not getter.done():
+                    getter.cancel()
+                    continue
+                yield getter.result()
+            else:
+                yield queue.get_nowait()
+        error = task.exception()
+        if error is not None:
+            self._end(False)
+            self.pool.request_failed(self.replica, f"its answer broke off: {error}")
+            raise BadGateway(f"replica {self.replica.name} of pool {self.pool.config.name!r}"
+                             f" broke off its answer: {error or type(error).__name__}")
+        self._end(True)
+
+    def close(self) -> None:
+        """The client left, or the answer was passed on whole: stop reading it."""
+        if not self._ended:
+            self._task.cancel()
+            self._end(None)
+
+    def _end(self, ok: bool | None) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        self.replica.in_flight -= 1
+        if self._connection is not None:  # None: given back already (a whole answer)
+            self.replica.release(self._connection, kept=ok is True and self._task.done())
+        if ok:
+            self.replica.finished(True, time.perf_counter() - self._started)
+
+
+async def open_generation(pool: ReplicaPool, body: dict[str, Any], path: str,
+                          client_headers: dict[bytes, bytes], *, stream: bool,
+                          prompt: bytes, session: str | None,
+                          idempotent: bool = False) -> RemoteStream:
+    """Send an OpenAI request (``path``: /completions or /chat/completions) to a replica
+    of ``pool``, its ``model`` field set to the pool's; returns once its answer is
+    committed (its first bytes of a 200)."""
+    sent = dict(body, model=pool.config.model)
+    payload = orjson.dumps(sent)
+    headers = outgoing_headers(pool, client_headers, "application/json")
+    blocks = pool.prefixes.blocks(prompt) if pool.prefixes is not None else None
+    exchange = await _exchange(pool, lambda r: r.request("POST", path, payload, headers),
+                               idempotent=idempotent, stream=stream, prefix=blocks,
+                               session=session)
+    assert exchange.stream is not None
+    return exchange.stream
+
+
+@dataclass
+class _Exchange:
+    replica: Replica
+    response: Response | None = None      # a whole answer
+    stream: RemoteStream | None = None    # an answer being passed on
+
+
+async def _exchange(pool: ReplicaPool, build: Callable[[Replica], bytes], *,
+                    idempotent: bool, stream: bool = False, prefix: list[int] | None = None,
+                    session: str | None = None) -> _Exchange:
+    """One request through the pool: a replica by the policy, then others while it fails
+    before any answer was passed on and the retry budget allows."""
+    tried: set[int] = set()
+    error: RequestError | None = None
+    while True:
+        replica = pool.choose(tried, prefix, session)
+        if replica is None:
+            raise error or Unavailable(pool.unavailable_reason())
+        retry = bool(tried)
+        if retry and not pool.may_retry():
+            assert error is not None
+            raise error
+        tried.add(replica.index)
+        replica.stats.requests += 1
+        replica.in_flight += 1
+        if retry:
+            pool.retries_in_flight += 1
+            replica.stats.retries += 1
+        committed = False
+        try:
+            result = await _send(pool, replica, build(replica), stream, idempotent)
+            if isinstance(result, RequestError):
+                error = result
+                continue
+            committed = True
+            return result
+        finally:
+            if retry:
+                pool.retries_in_flight -= 1
+            if not committed or result.stream is None:  # type: ignore[union-attr]
+                replica.in_flight -= 1
+
+
+async def _send(pool: ReplicaPool, replica: Replica, raw: bytes, stream: bool,
+                idempotent: bool) -> _Exchange | RequestError:
+    """One try at one replica: the exchange, or the error to answer with if no other
+    replica does better (raised when the request itself is at fault)."""
+    started = time.perf_counter()
+    connection = await replica.acquire()
+    name = f"replica {replica.name} of pool {pool.config.name!r}"
+    queue: asyncio.Queue[bytes] = asyncio.Queue()
+    statuses: list[int] = []
+
+    def sink(status: int, chunk: bytes) -> None:
+        statuses.append(status)
+        queue.put_nowait(chunk)
+
+    task = asyncio.ensure_future(connection.request(raw, on_body=sink if stream else None,
+                                                    timeout=pool.config.timeout_s))
+    first = b""
+    try:
+        if stream:
+            getter = asyncio.ensure_future(queue.get())
+            waited: set[asyncio.Future[Any]] = {getter, task}
+            await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
+            if getter.done():
+                first = getter.result()
+                if statuses[0] == 200:  # committed: passed on from here
+                    return _Exchange(replica, stream=RemoteStream(
+                        pool, replica, connection, task, queue, first, started))
+            else:
+                getter.cancel()
+        response = await task
+    except asyncio.CancelledError:
+        task.cancel()
+        replica.release(connection, kept=False)
+        raise
+    except (OSError, TimeoutError, ConnectionError) as exc:
+        replica.release(connection, kept=False)
+        why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        pool.request_failed(replica, why)
+        return Unavailable(f"{name} could not answer: {why}")
+    replica.release(connection, kept=True)
+    status = response.status
+    if stream:  # an answer whole before the first of its bytes was looked at
+        chunks = [first]
+        while not queue.empty():
+            chunks.append(queue.get_nowait())
+        response.body = b"".join(chunks)
+        if status == 200:
+            return _Exchange(replica, stream=RemoteStream(
+                pool, replica, None, task, queue, response.body, started))
+    if status == 200:
+        replica.finished(True, time.perf_counter() - started)
+        return _Exchange(replica, response=response)
+    message = _error_message(response.body)
+    if status in _NOT_RUN:
+        replica.stats.refused += 1
+        return Unavailable(f"{name} is busy ({status}): {message}")
+    if status in _GATEWAY_FAILURES or (status >= 500 and idempotent):
+        pool.request_failed(replica, f"status {status}")
+        return BadGateway(f"{name} failed the request ({status}): {message}")
+    if status == 404:
+        pool.request_failed(replica, "it does not serve the model")
+        return NotFound(f"{name} does not serve model {pool.config.model!r}: {message}")
+    replica.finished(False)
+    if status in (401, 403):
+        raise BadGateway(f"{name} refused the gateway ({status}): {message} (the pool's "
+                         "own key comes from its api_key_env; the client's credentials are "
+                         "passed on only when its forward_headers lists their header)")
+    if status == 413:
+        raise PayloadTooLarge(f"{name}: {message}")
+    if 400 <= status < 500:
+        raise InvalidInput(f"{name}: {message}")
+    raise BadGateway(f"{name} failed the request ({status}): {message}")
+
+
+def _error_message(body: bytes) -> str:
+    """A replica's error text: v2's {"error": "..."}, OpenAI's {"error": {"message"}}, or
+    the body's start."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body[:200].decode("utf-8", "replace") or "no message"
+    error = doc.get("error") if isinstance(doc, dict) else None
+    if isinstance(error, dict):
+        error = error.get("message")
+    return str(error)[:500] if error else str(doc)[:200]

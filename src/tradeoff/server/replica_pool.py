@@ -1,0 +1,340 @@
+"""A pool of replicas on other servers: which one takes the next request, whether each
+is healthy, and the connections kept to each. What goes over those connections is
+:mod:`tradeoff.server.gateway`'s.
+
+    pool = ReplicaPool(config, router="front")       # config: a router.yaml pool
+    await pool.start()                                # first checks, then every interval
+    replica = pool.choose(tried=set(), prefix=blocks, session=None)
+    connection = await replica.acquire()              # at most `connections` at once
+    ...
+    replica.release(connection, kept=True)
+    replica.finished(ok=True, seconds=0.004)
+    await pool.stop(timeout_s=30)                     # waits for requests in flight
+
+Health: every ``health.interval_s`` each replica's readiness path is asked (200 is
+ready). A replica that fails ``eject_after`` requests in a row (a refused connection, a
+timeout, a 5xx) is ejected at once and stays out for at least ``eject_s``, until a check
+passes. A draining replica takes no new requests. Retries are bounded by a budget: at
+most ``retry_budget`` of the requests in flight (and at least 3) may be retries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import random
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from tradeoff.errors import ModelLoadError
+from tradeoff.protocol.http_client import Connection, build_request
+from tradeoff.repository.router import PoolConfig, ReplicaConfig
+from tradeoff.server.prefix_index import PrefixIndex
+
+__all__ = ["MIN_RETRIES", "Replica", "ReplicaPool", "ReplicaStats"]
+
+log = logging.getLogger("tradeoff.server")
+
+MIN_RETRIES = 3  # retries in flight a pool always allows, whatever its budget
+HEALTH_PATHS = {"v2": "/v2/health/ready", "openai": "/models"}
+
+
+@dataclass
+class ReplicaStats:
+    """What one replica was sent and how it went."""
+
+    requests: int = 0
+    errors: int = 0        # failed: refused connection, timeout, 5xx, broken answer
+    refused: int = 0       # answered 429 or 503 (busy or stopping): tried elsewhere
+    retries: int = 0       # requests it got after another replica failed them
+    ejections: int = 0
+    latency_s: float = 0.0  # of its successful answers, summed
+    answered: int = 0
+    prefix_blocks_matched: int = 0  # prefix policy: blocks it was known to hold ...
+    prefix_blocks: int = 0          # ... of the blocks of the prompts it was sent
+
+
+class Replica:
+    """One server of a pool, its state and its kept connections."""
+
+    def __init__(self, config: ReplicaConfig, index: int, connections: int,
+                 timeout_s: float, api_key: str | None = None) -> None:
+        self.config = config
+        self._key = None if api_key is None else f"Bearer {api_key}"
+        self.index = index
+        self.in_flight = 0
+        self.ready = False       # the last check passed (and no ejection since)
+        self.checked = False     # a check has run
+        self.ejected_until = 0.0
+        self.failures = 0        # in a row
+        self.draining = config.drain
+        self.stats = ReplicaStats()
+        self._timeout_s = timeout_s
+        self._idle: list[Connection] = []
+        self._slots = asyncio.Semaphore(connections)
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    def available(self, now: float) -> bool:
+        return self.ready and not self.draining and now >= self.ejected_until
+
+    def path(self, path: str) -> str:
+        return self.config.prefix + path
+
+    def request(self, method: str, path: str, body: bytes = b"",
+                headers: dict[str, str] | None = None) -> bytes:
+        """The bytes of a request to this replica, with the pool's own key unless the
+        headers carry the client's."""
+        if self._key is not None and not any(k.lower() == "authorization"
+                                             for k in headers or {}):
+            headers = {**(headers or {}), "Authorization": self._key}
+        return build_request(method, f"{self.config.host}:{self.config.port}",
+                             self.path(path), body, headers)
+
+    async def acquire(self) -> Connection:
+        """A kept connection (a new one when none is idle); at most ``connections`` are
+        out at once, and a caller past that waits. Give it back with :meth:`release`."""
+        await self._slots.acquire()
+        if self._idle:
+            return self._idle.pop()
+        return Connection(self.config.host, self.config.port, timeout=self._timeout_s,
+                          tls=self.config.scheme == "https")
+
+    def release(self, connection: Connection, kept: bool) -> None:
+        """Give a connection back: kept for the next request, or closed (it failed, or
+        its answer was left unread)."""
+        if kept:
+            self._idle.append(connection)
+        else:
+            connection.close()
+        self._slots.release()
+
+    def close(self) -> None:
+        for connection in self._idle:
+            connection.close()
+        self._idle.clear()
+
+    def finished(self, ok: bool, seconds: float = 0.0) -> None:
+        """A request's outcome here: a success ends a run of failures."""
+        if ok:
+            self.failures = 0
+            self.stats.answered += 1
+            self.stats.latency_s += seconds
+        else:
+            self.failures += 1
+            self.stats.errors += 1
+
+    def eject(self, now: float, seconds: float, why: str) -> None:
+        if not self.ready:
+            return
+        self.ready = False
+        self.ejected_until = now + seconds
+        self.failures = 0
+        self.stats.ejections += 1
+        log.warning("replica %s ejected: %s", self.name, why)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Its state and counts, for the statistics extension and /metrics."""
+        return {"replica": self.name, "url": self.config.url, "ready": self.ready,
+                "draining": self.draining, "ejected": not self.ready and self.checked,
+                "in_flight": self.in_flight, **asdict(self.stats)}
+
+
+class ReplicaPool:
+    """The replicas of one ``router.yaml`` pool, the policy that picks one, and their
+    health checks."""
+
+    def __init__(self, config: PoolConfig, router: str) -> None:
+        self.config = config
+        self.router = router
+        key = None
+        if config.api_key_env is not None:
+            key = os.environ.get(config.api_key_env)
+            if not key:
+                raise ModelLoadError(f"pool {config.name!r}: api_key_env names "
+                                     f"${config.api_key_env}, which is not set")
+        self.replicas = [Replica(r, i, config.connections, config.timeout_s, key)
+                         for i, r in enumerate(config.replicas)]
+        self.prefixes = PrefixIndex() if config.policy == "prefix" else None
+        self.retries_in_flight = 0
+        self._next = 0
+        self._random = random.Random()
+        self._checker: asyncio.Task[None] | None = None
+        self._check_connections: dict[int, Connection] = {}
+        self._stopping = False
+
+    @property
+    def in_flight(self) -> int:
+        return sum(r.in_flight for r in self.replicas)
+
+    # ------------------------------------------------------------ choosing
+
+    def choose(self, tried: set[int], prefix: list[int] | None = None,
+               session: str | None = None) -> Replica | None:
+        """The replica for a request by the pool's policy, among those available and not
+        ``tried``; None when there is none. ``prefix``: the prompt's blocks (policy
+        prefix); ``session``: the request's session key (policy session)."""
+        now = time.monotonic()
+        open_ = [r for r in self.replicas if r.index not in tried and r.available(now)]
+        if not open_:
+            return None
+        policy = self.config.policy
+        if policy == "round_robin":
+            chosen = self._round_robin(open_)
+        elif policy == "power_of_two" and len(open_) > 2:
+            a, b = self._random.sample(open_, 2)
+            chosen = a if a.in_flight <= b.in_flight else b
+        elif policy == "session" and session is not None:
+            chosen = max(open_, key=lambda r: _rendezvous(session, r.config.url))
+        elif policy == "prefix" and prefix:
+            chosen = self._by_prefix(open_, prefix)
+        else:
+            chosen = self._least_outstanding(open_)
+        return chosen
+
+    def _round_robin(self, open_: list[Replica]) -> Replica:
+        count = len(self.replicas)
+        for step in range(count):
+            index = (self._next + step) % count
+            for replica in open_:
+                if replica.index == index:
+                    self._next = index + 1
+                    return replica
+        return open_[0]
+
+    def _least_outstanding(self, open_: list[Replica]) -> Replica:
+        """The fewest requests in flight; ties go round, so an idle pool is spread."""
+        least = min(r.in_flight for r in open_)
+        return self._round_robin([r for r in open_ if r.in_flight == least])
+
+    def _by_prefix(self, open_: list[Replica], prefix: list[int]) -> Replica:
+        """The longest known prefix among the replicas not over ``balance`` x the mean
+        load (counted with the request itself); ties to the least loaded."""
+        assert self.prefixes is not None
+        mean = sum(r.in_flight for r in open_) / len(open_)
+        bound = self.config.balance * (mean + 1)
+        fair = [r for r in open_ if r.in_flight + 1 <= bound] or open_
+        matched = self.prefixes.matches(prefix)
+        best = max(matched.get(r.index, 0) for r in fair)
+        candidates = [r for r in fair if matched.get(r.index, 0) == best]
+        chosen = self._least_outstanding(candidates)
+        chosen.stats.prefix_blocks_matched += best
+        chosen.stats.prefix_blocks += len(prefix)
+        self.prefixes.record(prefix, chosen.index)
+        return chosen
+
+    def has_idle_replica(self) -> bool:
+        """Whether a replica is available with nothing in flight (a shadow copy's
+        condition)."""
+        now = time.monotonic()
+        return any(r.available(now) and r.in_flight == 0 for r in self.replicas)
+
+    def may_retry(self) -> bool:
+        """Whether the retry budget allows one more retry now."""
+        allowed = max(MIN_RETRIES, self.config.retry_budget * self.in_flight)
+        return self.retries_in_flight < allowed
+
+    def unavailable_reason(self) -> str:
+        """Why no replica can take a request now."""
+        states = []
+        now = time.monotonic()
+        for replica in self.replicas:
+            state = "draining" if replica.draining else \
+                "ejected" if now < replica.ejected_until else \
+                "not ready" if not replica.ready else "tried"
+            states.append(f"{replica.name} {state}")
+        return f"pool {self.config.name!r}: no replica can take the request ({', '.join(states)})"
+
+    # ------------------------------------------------------------ health
+
+    async def start(self) -> None:
+        """Check every replica once, then keep checking every interval."""
+        await self._check_all()
+        self._checker = asyncio.ensure_future(self._check_forever())
+
+    async def _check_forever(self) -> None:
+        interval = self.config.health.interval_s
+        while not self._stopping:
+            await asyncio.sleep(interval)
+            await self._check_all()
+
+    async def _check_all(self) -> None:
+        await asyncio.gather(*(self._check(r) for r in self.replicas))
+
+    async def _check(self, replica: Replica) -> None:
+        health = self.config.health
+        path = health.path or HEALTH_PATHS[self.config.protocol]
+        connection = self._check_connections.get(replica.index)
+        if connection is None:
+            connection = self._check_connections[replica.index] = Connection(
+                replica.config.host, replica.config.port, timeout=health.timeout_s,
+                tls=replica.config.scheme == "https", max_bytes=1 << 20)
+        try:
+            response = await connection.request(replica.request("GET", path),
+                                                timeout=health.timeout_s)
+            ok = response.status == 200
+            why = f"its readiness check answered {response.status}"
+        except (OSError, TimeoutError, ConnectionError) as exc:
+            ok, why = False, f"its readiness check failed: {exc or type(exc).__name__}"
+        now = time.monotonic()
+        first = not replica.checked
+        replica.checked = True
+        if ok and not replica.ready and now >= replica.ejected_until:
+            replica.ready = True
+            replica.failures = 0
+            if self.prefixes is not None and not first:
+                self.prefixes.forget(replica.index)  # it may have restarted: cache gone
+            if not first:
+                log.info("replica %s of pool %s ready again", replica.name, self.config.name)
+        elif not ok and replica.ready:
+            replica.eject(now, health.eject_s, why)
+        elif not ok and first:
+            log.warning("replica %s of pool %s: %s", replica.name, self.config.name, why)
+
+    def request_failed(self, replica: Replica, why: str) -> None:
+        """A request failed at ``replica``: ejected after ``eject_after`` in a row."""
+        replica.finished(False)
+        if replica.failures >= self.config.health.eject_after:
+            replica.eject(time.monotonic(), self.config.health.eject_s,
+                          f"{replica.failures} requests in a row failed ({why})")
+
+    # ------------------------------------------------------------ lifecycle
+
+    def begin_drain(self, timeout_s: float) -> None:
+        """Nothing queues here: requests in flight finish at their replicas."""
+
+    async def stop(self, timeout_s: float | None = None) -> None:
+        """Stop checking; wait (up to ``timeout_s``) for requests in flight, then close
+        the connections."""
+        self._stopping = True
+        if self._checker is not None:
+            self._checker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._checker
+        deadline = time.monotonic() + (timeout_s if timeout_s is not None else 60.0)
+        # the counts move on every request: polled here, at unload, not signalled there
+        while self.in_flight and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        for replica in self.replicas:
+            replica.close()
+        for connection in self._check_connections.values():
+            connection.close()
+
+    def snapshot(self) -> dict[str, Any]:
+        """The pool's replicas and counts (the statistics extension's ``pools``)."""
+        return {"pool": self.config.name, "protocol": self.config.protocol,
+                "model": self.config.model, "policy": self.config.policy,
+                "replicas": [r.snapshot() for r in self.replicas]}
+
+
+def _rendezvous(key: str, url: str) -> int:
+    """Highest-random-weight hashing: a key stays on its replica while that one is
+    available, and only its keys move when it leaves."""
+    digest = hashlib.blake2b(f"{key}\0{url}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")

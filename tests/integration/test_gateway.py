@@ -1,0 +1,222 @@
+"""A gateway: a server whose router sends to pools of replicas on other servers (each on
+a loopback address of its own). v2 requests over HTTP through the official client, the
+policies, a replica killed and started again under load, draining and adding replicas by
+reloading router.yaml, and the client's credentials kept back unless configured."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as triton_http
+
+from tradeoff.server.process import ServerProcess
+
+from .helpers import background_load, infer_json, post_json, request, wait_for
+from .model_repo import CONSTANT_CONFIG, _write, add_constant_model
+
+pytestmark = [pytest.mark.integration]
+
+HOSTS = ("127.0.0.2", "127.0.0.3")
+ROW = [1.0, 2.0, 3.0, 4.0]
+
+
+def replica_repo(root: Path, constant: float) -> Path:
+    """A replica serving ``addc``: its input plus ``constant`` (so answers name it)."""
+    _write(root, "addc", {1: add_constant_model(constant)},
+           CONSTANT_CONFIG.format(name="addc", extra=""))
+    return root
+
+
+def write_router(root: Path, replicas: list[str], **pool: object) -> None:
+    (root / "front").mkdir(exist_ok=True)
+    doc = {"pools": {"addc_pool": {"protocol": "v2", "model": "addc",
+                                   "replicas": replicas,
+                                   "health": {"interval_s": 0.2, "eject_s": 0.5},
+                                   **pool}},
+           "routes": [{"to": "addc_pool"}]}
+    (root / "front" / "router.yaml").write_text(json.dumps(doc))
+
+
+def added(url: str, model: str = "front") -> float:
+    """Which replica answered: the constant its model adds."""
+    response = infer_json(url, model, [{"name": "INPUT0", "datatype": "FP32",
+                                        "shape": [1, 4], "data": ROW}])
+    assert response.status == 200, response.body
+    return round(json.loads(response.body)["outputs"][0]["data"][0] - ROW[0], 3)
+
+
+@pytest.fixture(scope="module")
+def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ServerProcess]]:
+    servers = [ServerProcess(replica_repo(tmp_path_factory.mktemp(f"replica{i}"), i + 1.0),
+                             host=host) for i, host in enumerate(HOSTS)]
+    for server in servers:
+        server.start()
+    try:
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
+            server.close_log()
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory,
+            replicas: list[ServerProcess]) -> Iterator[ServerProcess]:
+    root = tmp_path_factory.mktemp("gateway")
+    write_router(root, [r.url for r in replicas], policy="round_robin")
+    server = ServerProcess(root).start()
+    try:
+        yield server
+    finally:
+        code = server.stop()
+        log = server.close_log()
+        assert code == 0, log[-3000:]
+
+
+def test_round_robin_spreads_requests_over_the_replicas(gateway: ServerProcess) -> None:
+    answers = [added(gateway.url) for _ in range(6)]
+    assert sorted(set(answers)) == [1.0, 2.0]
+    assert all(a != b for a, b in zip(answers, answers[1:], strict=False))
+
+
+def test_the_router_takes_the_replicas_signature(gateway: ServerProcess) -> None:
+    metadata = json.loads(request(gateway.url, "GET", "/v2/models/front").body)
+    assert metadata["inputs"] == [{"name": "INPUT0", "datatype": "FP32", "shape": [-1, 4]}]
+    assert metadata["platform"] == "router"
+    bad = infer_json(gateway.url, "front", [{"name": "INPUT0", "datatype": "FP32",
+                                             "shape": [1, 3], "data": [1, 2, 3]}])
+    assert bad.status == 400
+
+
+def test_the_official_client_gets_binary_answers_through_the_gateway(
+        gateway: ServerProcess) -> None:
+    client = triton_http.InferenceServerClient(gateway.url.removeprefix("http://"))
+    data = np.arange(8, dtype=np.float32).reshape(2, 4)
+    tensor = triton_http.InferInput("INPUT0", [2, 4], "FP32")
+    tensor.set_data_from_numpy(data, binary_data=True)
+    wanted = triton_http.InferRequestedOutput("OUTPUT0", binary_data=True)
+    seen = set()
+    for _ in range(4):
+        result = client.infer("front", [tensor], outputs=[wanted])
+        difference = result.as_numpy("OUTPUT0") - data
+        assert np.allclose(difference, difference[0, 0])
+        seen.add(float(difference[0, 0]))
+        routed = result.get_response()["parameters"]["routed_to"]
+        assert routed.startswith("addc_pool@127.0.0.")
+    assert seen == {1.0, 2.0}
+
+
+def test_statistics_show_each_replica(gateway: ServerProcess) -> None:
+    for _ in range(4):
+        added(gateway.url)
+    stats = json.loads(request(gateway.url, "GET", "/v2/models/front/stats").body)
+    (pool,) = stats["model_stats"][0]["pools"]
+    assert pool["policy"] == "round_robin" and pool["protocol"] == "v2"
+    assert {r["replica"].split(":")[0] for r in pool["replicas"]} == set(HOSTS)
+    assert all(r["ready"] and r["answered"] >= 2 for r in pool["replicas"])
+
+
+def test_a_replica_killed_under_load_fails_no_request_and_comes_back(
+        tmp_path: Path) -> None:
+    servers = [ServerProcess(replica_repo(tmp_path / f"r{i}", i + 1.0), host=host).start()
+               for i, host in enumerate(HOSTS)]
+    root = tmp_path / "gw"
+    root.mkdir()
+    write_router(root, [s.url for s in servers], policy="least_outstanding")
+    gateway = ServerProcess(root).start()
+    body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": ROW}]}
+    try:
+        with background_load(lambda: post_json(gateway.url, "/v2/models/front/infer",
+                                               body).status) as statuses:
+            wait_for(lambda: len(statuses) > 50, "load before the kill")
+            victim = servers[1]
+            assert victim.process is not None
+            victim.process.send_signal(signal.SIGKILL)
+            victim.process.wait(10)
+            killed_at = time.monotonic()
+
+            def ejected() -> bool:
+                doc = json.loads(request(gateway.url, "GET", "/v2/models/front/stats").body)
+                return not doc["model_stats"][0]["pools"][0]["replicas"][1]["ready"]
+
+            wait_for(ejected, "the killed replica ejected", timeout=5)
+            assert time.monotonic() - killed_at < 1.5
+            served_before = len(statuses)
+            wait_for(lambda: len(statuses) > served_before + 50, "load after the kill")
+            victim.close_log()
+            again = ServerProcess(victim.repository, host=victim.host)
+            again.http_port, again.metrics_port, again.grpc_port = \
+                victim.http_port, victim.metrics_port, victim.grpc_port
+            servers[1] = again.start()  # the same address and ports
+            restarted_at = time.monotonic()
+            wait_for(lambda: 2.0 in {added(gateway.url) for _ in range(6)},
+                     "the restarted replica readmitted", timeout=10)
+            assert time.monotonic() - restarted_at < 5
+        assert statuses and set(statuses) == {200}, sorted(set(statuses))
+    finally:
+        gateway.stop()
+        gateway.close_log()
+        for server in servers:
+            server.stop()
+            server.close_log()
+
+
+def test_draining_and_adding_replicas_by_reloading_the_router(
+        tmp_path: Path, replicas: list[ServerProcess]) -> None:
+    root = tmp_path / "gw"
+    root.mkdir()
+    write_router(root, [replicas[0].url], policy="round_robin")
+    gateway = ServerProcess(root).start()
+    body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": ROW}]}
+    try:
+        assert {added(gateway.url) for _ in range(4)} == {1.0}
+        with background_load(lambda: post_json(gateway.url, "/v2/models/front/infer",
+                                               body).status) as statuses:
+            write_router(root, [replicas[0].url, replicas[1].url], policy="round_robin")
+            assert post_json(gateway.url, "/v2/repository/models/front/load", {}).status == 200
+            assert {added(gateway.url) for _ in range(20)} == {1.0, 2.0}
+            write_router(root, [{"url": replicas[0].url, "drain": True}, replicas[1].url],
+                         policy="round_robin")
+            assert post_json(gateway.url, "/v2/repository/models/front/load", {}).status == 200
+            assert {added(gateway.url) for _ in range(20)} == {2.0}
+        assert statuses and set(statuses) == {200}
+    finally:
+        gateway.stop()
+        gateway.close_log()
+
+
+def test_client_credentials_stay_at_the_gateway_unless_the_pool_forwards_them(
+        tmp_path: Path) -> None:
+    """The replica wants a key the gateway holds (api_key_env). A client's own
+    Authorization is not passed on, unless forward_headers names it: then the replica
+    sees the client's (wrong) key and refuses."""
+    replica = ServerProcess(replica_repo(tmp_path / "r", 1.0), host=HOSTS[0],
+                            extra_args=("--api-key", "replica-key")).start()
+    try:
+        for forward, expected in (([], 200), (["authorization"], 502)):
+            root = tmp_path / f"gw{len(forward)}"
+            root.mkdir()
+            write_router(root, [replica.url], forward_headers=forward,
+                         api_key_env="REPLICA_KEY")
+            gateway = ServerProcess(root, env={"REPLICA_KEY": "replica-key"}).start()
+            try:
+                response = post_json(
+                    gateway.url, "/v2/models/front/infer",
+                    {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4],
+                                 "data": ROW}]},
+                    headers={"Authorization": "Bearer a-client-key"})
+                assert response.status == expected, response.body
+                if expected == 502:
+                    assert b"forward_headers" in response.body
+            finally:
+                gateway.stop()
+                gateway.close_log()
+    finally:
+        replica.stop()
+        replica.close_log()
