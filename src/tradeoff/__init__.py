@@ -41,9 +41,9 @@ from tradeoff.results import (
 from tradeoff.version import __version__
 
 __all__ = [
+    "BadGateway",
     "BatchSizeTune",
     "BenchResult",
-    "BadGateway",
     "BenchSetupError",
     "CompareResult",
     "ConfigError",

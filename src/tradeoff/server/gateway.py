@@ -167,6 +167,15 @@ class RemoteStream:
         self._started = started
         self._ended = False
 
+    @classmethod
+    def whole(cls, pool: ReplicaPool, replica: Replica, response: Response) -> RemoteStream:
+        """A whole answer (already counted, its connection given back) as one chunk."""
+        done: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
+        done.set_result(response)
+        stream = cls(pool, replica, None, done, asyncio.Queue(), response.body, 0.0)
+        stream._ended = True
+        return stream
+
     async def chunks(self) -> AsyncIterator[bytes]:
         """The answer's bytes; BadGateway when the replica breaks off before its end."""
         if self._first:
@@ -188,6 +197,9 @@ class RemoteStream:
                 yield getter.result()
             else:
                 yield queue.get_nowait()
+        if task.cancelled():  # closed: the client left
+            self._end(None)
+            return
         error = task.exception()
         if error is not None:
             self._end(False)
@@ -227,8 +239,10 @@ async def open_generation(pool: ReplicaPool, body: dict[str, Any], path: str,
     exchange = await _exchange(pool, lambda r: r.request("POST", path, payload, headers),
                                idempotent=idempotent, stream=stream, prefix=blocks,
                                session=session)
-    assert exchange.stream is not None
-    return exchange.stream
+    if exchange.stream is not None:
+        return exchange.stream
+    assert exchange.response is not None  # a whole answer, counted and given back already
+    return RemoteStream.whole(pool, exchange.replica, exchange.response)
 
 
 @dataclass

@@ -1,0 +1,161 @@
+"""A gateway in front of OpenAI-compatible replicas (the synthetic LLM on loopback
+addresses of their own): the `openai` package streams through it, prompts that share a
+prefix stay on the replica that holds it, a session stays on its replica, and a replica
+killed mid-stream ends the stream with an error event."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("tokenizers")
+
+from tradeoff.backends.synthetic_generative import build_tokenizer, continuation
+from tradeoff.models.generative import write_synthetic_llm
+from tradeoff.server.process import ServerProcess
+
+from .helpers import post_json, request
+
+pytestmark = [pytest.mark.integration]
+
+HOSTS = ("127.0.0.2", "127.0.0.3")
+MODEL = "synthetic-llm"
+
+
+def write_router(root: Path, replicas: list[ServerProcess], **pool: object) -> None:
+    (root / "chat").mkdir(parents=True, exist_ok=True)
+    doc = {"pools": {"llm": {"protocol": "openai", "model": MODEL,
+                             "replicas": [f"{r.url}/v1" for r in replicas],
+                             "health": {"interval_s": 0.2, "eject_s": 0.5}, **pool}},
+           "routes": [{"to": "llm"}]}
+    (root / "chat" / "router.yaml").write_text(json.dumps(doc))
+
+
+@pytest.fixture(scope="module")
+def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ServerProcess]]:
+    servers = []
+    for host in HOSTS:
+        root = tmp_path_factory.mktemp(f"llm_{host}")
+        write_synthetic_llm(root, model={"step_ms": 1.0}, max_num_seqs=8, num_blocks=512)
+        servers.append(ServerProcess(root, host=host).start())
+    try:
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
+            server.close_log()
+
+
+def gateway_for(root: Path, replicas: list[ServerProcess], **pool: object) -> ServerProcess:
+    write_router(root, replicas, **pool)
+    return ServerProcess(root).start()
+
+
+def pool_stats(gateway: ServerProcess) -> list[dict]:
+    doc = json.loads(request(gateway.url, "GET", "/v2/models/chat/stats").body)
+    return doc["model_stats"][0]["pools"][0]["replicas"]
+
+
+def test_the_openai_client_streams_through_the_gateway(
+        tmp_path: Path, replicas: list[ServerProcess]) -> None:
+    gateway = gateway_for(tmp_path, replicas, policy="round_robin")
+    try:
+        with openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused",
+                           max_retries=0) as client:
+            assert "chat" in [m.id for m in client.models.list().data]
+            prompt = "the gateway passes this on"
+            whole = client.completions.create(model="chat", prompt=prompt, max_tokens=12,
+                                              temperature=0)
+            tokenizer = build_tokenizer()
+            expected = tokenizer.decode(continuation(tokenizer.encode(prompt), 12))
+            assert whole.choices[0].text == expected
+            pieces = [c.choices[0].text for c in client.completions.create(
+                model="chat", prompt=prompt, max_tokens=12, temperature=0, stream=True)
+                if c.choices]
+            assert "".join(pieces) == expected
+            chat = client.chat.completions.create(
+                model="chat", messages=[{"role": "user", "content": "hello"}], max_tokens=5,
+                temperature=0)
+            assert chat.choices[0].finish_reason == "length"
+        assert {r["answered"] for r in pool_stats(gateway)} != {0}
+        assert all(r["answered"] >= 1 for r in pool_stats(gateway))
+    finally:
+        gateway.stop()
+        gateway.close_log()
+
+
+def test_prompts_that_share_a_prefix_stay_on_one_replica(
+        tmp_path: Path, replicas: list[ServerProcess]) -> None:
+    gateway = gateway_for(tmp_path, replicas, policy="prefix")
+    systems = [f"system prompt {i}: " + "you are a careful assistant. " * 12 for i in range(4)]
+    try:
+        for round_ in range(3):
+            for index, system in enumerate(systems):
+                response = post_json(gateway.url, "/v1/completions", {
+                    "model": "chat", "prompt": f"{system} question {round_} of {index}",
+                    "max_tokens": 2})
+                assert response.status == 200, response.body
+        stats = pool_stats(gateway)
+        sent = sum(r["prefix_blocks"] for r in stats)
+        matched = sum(r["prefix_blocks_matched"] for r in stats)
+        # the first of each prompt matches nothing; the next two rounds match the prefix
+        assert matched >= 0.6 * sent
+        assert all(r["answered"] >= 1 for r in stats)  # the prompts are spread too
+    finally:
+        gateway.stop()
+        gateway.close_log()
+
+
+def test_a_session_stays_on_its_replica(tmp_path: Path, replicas: list[ServerProcess]) -> None:
+    gateway = gateway_for(tmp_path, replicas, policy="session", session="user")
+    try:
+        for user in ("ann", "bob", "cy", "di"):
+            before = [r["answered"] for r in pool_stats(gateway)]
+            for _ in range(3):
+                assert post_json(gateway.url, "/v1/completions", {
+                    "model": "chat", "prompt": "hi", "max_tokens": 1,
+                    "user": user}).status == 200
+            after = [r["answered"] for r in pool_stats(gateway)]
+            assert sorted(a - b for a, b in zip(after, before, strict=True)) == [0, 3]
+    finally:
+        gateway.stop()
+        gateway.close_log()
+
+
+def test_a_replica_killed_mid_stream_ends_the_stream_with_an_error_event(
+        tmp_path: Path) -> None:
+    root = tmp_path / "replica"
+    write_synthetic_llm(root, model={"step_ms": 40.0}, max_num_seqs=4, num_blocks=256)
+    replica = ServerProcess(root, host=HOSTS[0]).start()
+    gateway = gateway_for(tmp_path / "gw", [replica])
+    try:
+        import http.client
+
+        connection = http.client.HTTPConnection("127.0.0.1", gateway.http_port, timeout=30)
+        connection.request("POST", "/v1/completions", json.dumps({
+            "model": "chat", "prompt": "a long answer", "max_tokens": 200,
+            "stream": True, "ignore_eos": True}), {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        assert response.status == 200
+        first = response.readline()
+        assert first.startswith(b"data: ")
+        assert replica.process is not None
+        replica.process.send_signal(signal.SIGKILL)
+        replica.process.wait(10)
+        rest = response.read().decode()
+        events = [line[6:] for line in rest.splitlines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        error = json.loads(events[-2])
+        assert "error" in error and "broke off" in error["error"]["message"]
+        connection.close()
+    finally:
+        gateway.stop()
+        gateway.close_log()
+        replica.stop()
+        replica.close_log()
