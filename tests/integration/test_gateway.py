@@ -18,7 +18,7 @@ import tritonclient.http as triton_http
 
 from tradeoff.server.process import ServerProcess
 
-from .helpers import background_load, infer_json, post_json, request, wait_for
+from .helpers import background_load, infer_json, metric_samples, post_json, request, wait_for
 from .model_repo import CONSTANT_CONFIG, _write, add_constant_model
 
 pytestmark = [pytest.mark.integration]
@@ -121,6 +121,14 @@ def test_statistics_show_each_replica(gateway: ServerProcess) -> None:
     assert pool["policy"] == "round_robin" and pool["protocol"] == "v2"
     assert {r["replica"].split(":")[0] for r in pool["replicas"]} == set(HOSTS)
     assert all(r["ready"] and r["answered"] >= 2 for r in pool["replicas"])
+    samples = metric_samples(gateway)
+    for host in HOSTS:
+        labels = next(k[1] for k in samples if k[0] == "tradeoff_gateway_replica_requests_total"
+                      and dict(k[1])["replica"].startswith(host))
+        assert dict(labels)["pool"] == "addc_pool"
+        assert samples[("tradeoff_gateway_replica_requests_total", labels)] >= 2
+        assert samples[("tradeoff_gateway_replica_ready", labels)] == 1
+        assert samples[("tradeoff_gateway_replica_latency_seconds_count", labels)] >= 2
 
 
 def test_a_replica_killed_under_load_fails_no_request_and_comes_back(

@@ -226,7 +226,8 @@ class PoolConfig:
     health: HealthCheck = HealthCheck()
     timeout_s: float = 60.0      # one request at one replica, its whole answer
     connections: int = 64        # per replica, kept alive; more requests wait
-    retry_budget: float = 0.2    # retries in flight: at most this share of requests (min 3)
+    retry_budget: float = 0.5    # retries in flight: at most this share of requests (min 3);
+    # half, so the requests in flight at one lost replica of two or more can all go again
     forward_headers: tuple[str, ...] = ()  # client headers passed on (none by default)
     balance: float = 1.5         # prefix: a replica over this x the mean load is passed over
     api_key_env: str | None = None  # the gateway's own key for the replicas, from this
@@ -409,7 +410,7 @@ def _pool(name: str, doc: Any, source: str, where: str) -> PoolConfig:
         name, protocol, model, policy, replicas, session, health,
         _number(doc, "timeout_s", 60.0, source, at, low=0.01, high=3600),
         _number(doc, "connections", 64, source, at, low=1, high=4096, integer=True),
-        _number(doc, "retry_budget", 0.2, source, at, low=0, high=1),
+        _number(doc, "retry_budget", 0.5, source, at, low=0, high=1),
         lowered,
         _number(doc, "balance", 1.5, source, at, low=1, high=100),
         key_env)

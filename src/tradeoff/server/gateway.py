@@ -10,7 +10,8 @@ v2 tensor requests over HTTP, and OpenAI completions (whole or streamed).
 Each request goes to the replica the pool's policy picks. Until anything of its answer
 has been passed on, a request that a replica fails (a refused or broken connection, a
 timeout, a 502/503/504, a 429, or a 500 when ``idempotent``) is sent to another
-replica, within the pool's retry budget. A streamed answer is committed at its first
+replica, within the pool's retry budget (a refused connection, which sent nothing, is
+retried outside it). A streamed answer is committed at its first
 bytes: a replica that breaks after that ends the stream with an error event (the
 caller's), never a silent cut. The client's headers are not passed on, except those the
 pool lists in ``forward_headers``.
@@ -245,6 +246,10 @@ async def open_generation(pool: ReplicaPool, body: dict[str, Any], path: str,
     return RemoteStream.whole(pool, exchange.replica, exchange.response)
 
 
+class _NotSent(Unavailable):
+    """The replica refused the connection: the request never left the gateway."""
+
+
 @dataclass
 class _Exchange:
     replica: Replica
@@ -263,7 +268,8 @@ async def _exchange(pool: ReplicaPool, build: Callable[[Replica], bytes], *,
         replica = pool.choose(tried, prefix, session)
         if replica is None:
             raise error or Unavailable(pool.unavailable_reason())
-        retry = bool(tried)
+        # a request that never reached a replica costs the others nothing: retried freely
+        retry = bool(tried) and not isinstance(error, _NotSent)
         if retry and not pool.may_retry():
             assert error is not None
             raise error
@@ -326,6 +332,8 @@ async def _send(pool: ReplicaPool, replica: Replica, raw: bytes, stream: bool,
         replica.release(connection, kept=False)
         why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         pool.request_failed(replica, why)
+        if isinstance(exc, ConnectionRefusedError):
+            return _NotSent(f"{name} refused the connection: {why}")
         return Unavailable(f"{name} could not answer: {why}")
     replica.release(connection, kept=True)
     status = response.status

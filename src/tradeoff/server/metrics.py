@@ -7,12 +7,18 @@ turns it into metric families when ``/metrics`` is scraped. Names follow Triton'
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    SummaryMetricFamily,
+)
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
@@ -357,6 +363,45 @@ class RouterCollector(Collector):
             if shares["token_agreement"] is not None:
                 tokens.add_metric([routed.name], shares["token_agreement"])
         yield from (requests, fallbacks, failures, shadow, difference, agreement, tokens)
+        yield from _replica_families(routers)
+
+
+def _replica_families(routers: list[RoutedModel]) -> Iterator:
+    """Each pool's replicas: what they were sent, how it went, their state now."""
+    pools = [(routed.name, pool) for routed in routers for pool in routed.pools.values()]
+    if not pools:
+        return
+    labels = ["router", "pool", "replica"]
+    counted = {key: CounterMetricFamily(f"tradeoff_gateway_replica_{key}", text, labels=labels)
+               for key, text in (
+                   ("requests", "Requests sent to a replica (retries included)"),
+                   ("errors", "Requests a replica failed: refused connection, timeout, 5xx, "
+                              "broken answer"),
+                   ("refused", "Requests a replica answered 429 or 503 (sent elsewhere)"),
+                   ("retries", "Requests a replica got after another failed them"),
+                   ("ejections", "Times a replica was taken out of its pool"))}
+    prefix = CounterMetricFamily("tradeoff_gateway_replica_prefix_blocks",
+                                 "Prompt blocks sent to a replica (kind=sent) and those it "
+                                 "was known to hold (kind=matched)", labels=[*labels, "kind"])
+    latency = SummaryMetricFamily("tradeoff_gateway_replica_latency_seconds",
+                                  "Time to a replica's whole answer", labels=labels)
+    in_flight = GaugeMetricFamily("tradeoff_gateway_replica_in_flight",
+                                  "Requests at a replica now", labels=labels)
+    ready = GaugeMetricFamily("tradeoff_gateway_replica_ready",
+                              "1 when a replica takes requests (ready, not ejected or "
+                              "draining)", labels=labels)
+    for router, pool in pools:
+        for replica in pool.replicas:
+            names = [router, pool.config.name, replica.name]
+            stats = replica.stats
+            for key, family in counted.items():
+                family.add_metric(names, getattr(stats, key))
+            prefix.add_metric([*names, "sent"], stats.prefix_blocks)
+            prefix.add_metric([*names, "matched"], stats.prefix_blocks_matched)
+            latency.add_metric(names, stats.answered, stats.latency_s)
+            in_flight.add_metric(names, replica.in_flight)
+            ready.add_metric(names, 1 if replica.available(time.monotonic()) else 0)
+    yield from (*counted.values(), prefix, latency, in_flight, ready)
 
 
 def make_registry(manager: ModelManager, dataplane: DataPlane | None = None
@@ -383,7 +428,7 @@ SUMMED_GAUGES = frozenset({
     "tradeoff_inference_in_flight", "tradeoff_server_in_flight", "tradeoff_cache_bytes",
     "tradeoff_cache_entries", "tradeoff_executor_shared_memory_used_bytes",
     "tradeoff_executor_shared_memory_size_bytes", "process_resident_memory_bytes",
-    "process_virtual_memory_bytes", "process_open_fds"})
+    "process_virtual_memory_bytes", "process_open_fds", "tradeoff_gateway_replica_in_flight"})
 EARLIEST_GAUGES = frozenset({"process_start_time_seconds"})
 
 

@@ -76,13 +76,18 @@ class Replica:
         self._timeout_s = timeout_s
         self._idle: list[Connection] = []
         self._slots = asyncio.Semaphore(connections)
+        self._connections = connections
+        self.waiting = 0  # requests waiting for a connection: at most `connections`
 
     @property
     def name(self) -> str:
         return self.config.name
 
     def available(self, now: float) -> bool:
-        return self.ready and not self.draining and now >= self.ejected_until
+        """Whether it takes a request now: ready, not ejected or draining, and fewer
+        requests waiting for its connections than it has connections."""
+        return self.ready and not self.draining and now >= self.ejected_until and \
+            self.waiting < self._connections
 
     def path(self, path: str) -> str:
         return self.config.prefix + path
@@ -100,7 +105,11 @@ class Replica:
     async def acquire(self) -> Connection:
         """A kept connection (a new one when none is idle); at most ``connections`` are
         out at once, and a caller past that waits. Give it back with :meth:`release`."""
-        await self._slots.acquire()
+        self.waiting += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self.waiting -= 1
         if self._idle:
             return self._idle.pop()
         return Connection(self.config.host, self.config.port, timeout=self._timeout_s,
