@@ -223,7 +223,7 @@ class RemoteStream:
         if self._connection is not None:  # None: given back already (a whole answer)
             self.replica.release(self._connection, kept=ok is True and self._task.done())
         if ok:
-            self.replica.finished(True, time.perf_counter() - self._started)
+            self.replica.finished(True, time.perf_counter() - self._started, timed=False)
 
 
 async def open_generation(pool: ReplicaPool, body: dict[str, Any], path: str,
@@ -319,6 +319,7 @@ async def _send(pool: ReplicaPool, replica: Replica, raw: bytes, stream: bool,
             if getter.done():
                 first = getter.result()
                 if statuses[0] == 200:  # committed: passed on from here
+                    replica.observe(time.perf_counter() - started)
                     return _Exchange(replica, stream=RemoteStream(
                         pool, replica, connection, task, queue, first, started))
             else:

@@ -26,6 +26,7 @@ import hashlib
 import logging
 import os
 import random
+import statistics
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -40,6 +41,8 @@ __all__ = ["MIN_RETRIES", "Replica", "ReplicaPool", "ReplicaStats"]
 log = logging.getLogger("tradeoff.server")
 
 MIN_RETRIES = 3  # retries in flight a pool always allows, whatever its budget
+LATENCY_WEIGHT = 0.2  # of each answer in a replica's recent answer time
+LATENCY_MEMORY_S = 5.0  # a replica unheard from for this long is tried again
 HEALTH_PATHS = {"v2": "/v2/health/ready", "openai": "/models"}
 
 
@@ -71,6 +74,8 @@ class Replica:
         self.checked = False     # a check has run
         self.ejected_until = 0.0
         self.failures = 0        # in a row
+        self._latency: float | None = None
+        self._latency_at = 0.0
         self.draining = config.drain
         self.stats = ReplicaStats()
         self._timeout_s = timeout_s
@@ -129,12 +134,29 @@ class Replica:
             connection.close()
         self._idle.clear()
 
-    def finished(self, ok: bool, seconds: float = 0.0) -> None:
-        """A request's outcome here: a success ends a run of failures."""
+    def latency(self, now: float) -> float | None:
+        """Its recent answer time (an average that weighs the last answers most), or None
+        when it has not answered for LATENCY_MEMORY_S: then it is tried again as if
+        average."""
+        if self._latency is None or now - self._latency_at > LATENCY_MEMORY_S:
+            return None
+        return self._latency
+
+    def observe(self, seconds: float) -> None:
+        """An answer's time (a stream's: to its first bytes)."""
+        self._latency = seconds if self._latency is None else \
+            (1 - LATENCY_WEIGHT) * self._latency + LATENCY_WEIGHT * seconds
+        self._latency_at = time.monotonic()
+
+    def finished(self, ok: bool, seconds: float = 0.0, timed: bool = True) -> None:
+        """A request's outcome here: a success ends a run of failures. ``timed``: its
+        time is its answer time (not a stream's, timed at its first bytes)."""
         if ok:
             self.failures = 0
             self.stats.answered += 1
             self.stats.latency_s += seconds
+            if timed:
+                self.observe(seconds)
         else:
             self.failures += 1
             self.stats.errors += 1
@@ -197,8 +219,7 @@ class ReplicaPool:
         if policy == "round_robin":
             chosen = self._round_robin(open_)
         elif policy == "power_of_two" and len(open_) > 2:
-            a, b = self._random.sample(open_, 2)
-            chosen = a if a.in_flight <= b.in_flight else b
+            chosen = self._least_outstanding(self._random.sample(open_, 2))
         elif policy == "session" and session is not None:
             chosen = max(open_, key=lambda r: _rendezvous(session, r.config.url))
         elif policy == "prefix" and prefix:
@@ -218,9 +239,18 @@ class ReplicaPool:
         return open_[0]
 
     def _least_outstanding(self, open_: list[Replica]) -> Replica:
-        """The fewest requests in flight; ties go round, so an idle pool is spread."""
-        least = min(r.in_flight for r in open_)
-        return self._round_robin([r for r in open_ if r.in_flight == least])
+        """The least (requests in flight + 1) x recent answer time, as Linkerd's peak
+        EWMA balancer weighs them: a slow replica takes a request only when the fast ones
+        hold several. A replica with no recent answers counts the others' average time;
+        exact ties go round."""
+        now = time.monotonic()
+        times = [r.latency(now) for r in open_]
+        known = [t for t in times if t is not None]
+        average = statistics.fmean(known) if known else 1.0
+        costs = [(r.in_flight + 1) * (t if t is not None else average)
+                 for r, t in zip(open_, times, strict=True)]
+        least = min(costs)
+        return self._round_robin([r for r, c in zip(open_, costs, strict=True) if c == least])
 
     def _by_prefix(self, open_: list[Replica], prefix: list[int]) -> Replica:
         """The longest known prefix among the replicas not over ``balance`` x the mean
