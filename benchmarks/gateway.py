@@ -52,9 +52,11 @@ SYSTEM_TOKENS = 512
 BLOCK = 16
 OUTPUT_TOKENS = 32
 SLOTS = 8
-# per replica: the running sequences' blocks, and four system prompts' worth of cache
-RUNNING_BLOCKS = SLOTS * ((SYSTEM_TOKENS + 64 + OUTPUT_TOKENS) // BLOCK + 1)
-REPLICA_BLOCKS = RUNNING_BLOCKS + 4 * SYSTEM_TOKENS // BLOCK + 16
+# per replica: four system prompts' worth of cache, and room for two sequences running
+# (the load keeps one or two at each): a quarter of the prompts' working set, so a
+# replica sent every prompt evicts what it cached
+SEQUENCE_BLOCKS = (SYSTEM_TOKENS + 64 + OUTPUT_TOKENS) // BLOCK + 1
+REPLICA_BLOCKS = 4 * SYSTEM_TOKENS // BLOCK + 2 * SEQUENCE_BLOCKS
 
 
 def get_json(url: str) -> Any:

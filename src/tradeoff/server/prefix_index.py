@@ -25,6 +25,7 @@ class PrefixIndex:
         self.block_bytes = block_bytes
         self.capacity = capacity
         self._owners: OrderedDict[int, set[int]] = OrderedDict()
+        self._held: dict[int, int] = {}  # replica -> blocks it holds here
 
     def blocks(self, text: bytes) -> list[int]:
         """The chained hash of each whole block of ``text``: a block's hash says the
@@ -56,15 +57,26 @@ class PrefixIndex:
     def record(self, blocks: list[int], replica: int) -> None:
         """``replica`` was sent these blocks."""
         owners = self._owners
+        counts = self._held
         for block in blocks:
             held = owners.get(block)
             if held is None:
                 owners[block] = {replica}
-            else:
+            elif replica not in held:
                 held.add(replica)
+            else:
                 owners.move_to_end(block)
+                continue
+            counts[replica] = counts.get(replica, 0) + 1
+            owners.move_to_end(block)
         while len(owners) > self.capacity:
-            owners.popitem(last=False)
+            _, gone = owners.popitem(last=False)
+            for owner in gone:
+                counts[owner] -= 1
+
+    def held(self, replica: int) -> int:
+        """How many blocks ``replica`` is known to hold."""
+        return self._held.get(replica, 0)
 
     def forget(self, replica: int) -> None:
         """``replica`` lost what it held (it restarted, or left the pool)."""
@@ -73,3 +85,4 @@ class PrefixIndex:
             held.discard(replica)
             if not held:
                 del self._owners[block]
+        self._held.pop(replica, None)

@@ -254,14 +254,22 @@ class ReplicaPool:
 
     def _by_prefix(self, open_: list[Replica], prefix: list[int]) -> Replica:
         """The longest known prefix among the replicas not over ``balance`` x the mean
-        load (counted with the request itself); ties to the least loaded."""
+        load (plus one request, so an idle pool does not count one request as a
+        crowd); ties to the least loaded. A prompt no replica was sent goes to the
+        least loaded, and among those to the one known to hold the fewest blocks, so new
+        prompts are spread over the caches."""
         assert self.prefixes is not None
         mean = sum(r.in_flight for r in open_) / len(open_)
-        bound = self.config.balance * (mean + 1)
-        fair = [r for r in open_ if r.in_flight + 1 <= bound] or open_
+        bound = self.config.balance * mean + 1
+        fair = [r for r in open_ if r.in_flight <= bound] or open_
         matched = self.prefixes.matches(prefix)
         best = max(matched.get(r.index, 0) for r in fair)
         candidates = [r for r in fair if matched.get(r.index, 0) == best]
+        if best == 0:
+            least = min(r.in_flight for r in candidates)
+            idle = [r for r in candidates if r.in_flight == least]
+            fewest = min(self.prefixes.held(r.index) for r in idle)
+            candidates = [r for r in idle if self.prefixes.held(r.index) == fewest]
         chosen = self._least_outstanding(candidates)
         chosen.stats.prefix_blocks_matched += best
         chosen.stats.prefix_blocks += len(prefix)
