@@ -134,3 +134,59 @@ def test_targets_must_agree_on_names_datatypes_and_shapes() -> None:
         with pytest.raises(ConfigError) as caught:
             common_signature("r", {"a": signature((-1, 256)), "b": other})
         assert message in str(caught.value) and "router 'r'" in str(caught.value)
+
+
+POOLS = {"pools": {"remote": {"protocol": "v2", "model": "mlp", "policy": "round_robin",
+                              "replicas": ["http://127.0.0.2:8000",
+                                           {"url": "https://10.0.0.3:9000/prefix/",
+                                            "drain": True}],
+                              "forward_headers": ["Authorization"],
+                              "health": {"interval_s": 0.5, "eject_after": 2}}},
+         "routes": [{"when": {"class": "batch"}, "to": "remote"}, {"to": "mlp"}],
+         "fallback": ["remote"]}
+
+
+def test_a_pool_is_a_target_beside_the_local_models() -> None:
+    config = RouterConfig.from_mapping(POOLS, "front/router.yaml", name="front")
+    pool = config.pools["remote"]
+    assert config.models() == ["remote", "mlp"] and config.local_models() == ["mlp"]
+    assert (pool.protocol, pool.model, pool.policy) == ("v2", "mlp", "round_robin")
+    first, second = pool.replicas
+    assert (first.host, first.port, first.prefix, first.drain) == ("127.0.0.2", 8000, "", False)
+    assert (second.scheme, second.port, second.prefix, second.drain) == \
+        ("https", 9000, "/prefix", True)
+    assert pool.forward_headers == ("authorization",)
+    assert (pool.health.interval_s, pool.health.eject_after) == (0.5, 2)
+    assert pool.retry_budget == 0.5 and pool.api_key_env is None
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"protocol": "grpc"}, "pools.remote.protocol: must be one of v2, openai"),
+    ({"polcy": "x"}, "pools.remote.polcy: unknown field; did you mean 'policy'?"),
+    ({"replicas": []}, "pools.remote.replicas: must list the replicas' URLs"),
+    ({"replicas": ["ftp://a:1"]}, "give http://HOST:PORT"),
+    ({"replicas": ["http://user:pw@a:1"]}, "no credentials, query or fragment"),
+    ({"replicas": ["http://a:1", "http://a:1/"]}, "lists a replica twice"),
+    ({"policy": "prefix"}, "use it with protocol openai"),
+    ({"policy": "session"}, "policy session needs the header"),
+    ({"forward_headers": ["Host"]}, "'host' belongs to one connection"),
+    ({"retry_budget": 2}, "pools.remote.retry_budget: must be a number from 0 to 1"),
+    ({"api_key_env": "not a name"}, "must name an environment variable"),
+    ({"health": {"interval_s": 0}}, "pools.remote.health.interval_s: must be a number"),
+])
+def test_a_pool_mistake_is_one_line_naming_the_field(change: dict, message: str) -> None:
+    pool = {**POOLS["pools"]["remote"], **change}  # type: ignore[dict-item]
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")
+                       .replace("?", r"\?")):
+        RouterConfig.from_mapping({**POOLS, "pools": {"remote": pool}}, "r.yaml", name="front")
+
+
+def test_a_pool_has_no_versions_and_hides_nothing() -> None:
+    with pytest.raises(ConfigError, match="pool 'remote' has no versions here"):
+        RouterConfig.from_mapping({**POOLS, "routes": [{"to": {"model": "remote",
+                                                                "version": 2}}]}, "r.yaml")
+    with pytest.raises(ConfigError, match="hides local targets only"):
+        RouterConfig.from_mapping({**POOLS, "hide_targets": True}, "r.yaml")
+    with pytest.raises(ConfigError, match="a pool cannot have its router's name"):
+        RouterConfig.from_mapping({**POOLS, "pools": {"front": POOLS["pools"]["remote"]},
+                                   "routes": [{"to": "mlp"}]}, "r.yaml", name="front")

@@ -22,11 +22,15 @@ from tradeoff import dtypes
 from tradeoff.errors import InvalidInput
 from tradeoff.protocol.v2 import (
     RequestedOutput,
+    TensorInput,
     TensorOutput,
+    V2Request,
     bf16_to_float32,
     decode_bytes_elements,
     decode_request,
+    decode_response,
     encode_bytes_elements,
+    encode_request,
     encode_response,
 )
 
@@ -712,3 +716,55 @@ def test_the_onnx_codes_written_out_are_onnxs_own() -> None:
                            ("BF16", "BFLOAT16"), ("BYTES", "STRING")):
         code = getattr(TensorProto, name)
         assert to_onnx(datatype) == code and from_onnx(code) == datatype
+
+
+def test_a_request_sent_on_reads_back_the_same_with_every_output_binary() -> None:
+    """What a gateway sends a replica: every input binary, the outputs asked binary, the
+    parameters kept but the client's own binary_data_output."""
+    request = V2Request("r1", [
+        TensorInput("a", "FP32", (2, 3), np.arange(6, dtype=np.float32).reshape(2, 3)),
+        TensorInput("s", "BYTES", (2,), np.array([b"x", b"\x00yz"], dtype=object)),
+        TensorInput("h", "BF16", (1,), np.array([0x3F80], dtype=np.uint16))],
+        [RequestedOutput("o", binary=False)], {"class": "c", "binary_data_output": False})
+    body, length = encode_request(request)
+    header = json.loads(body[:length])
+    assert header["outputs"] == [{"name": "o", "parameters": {"binary_data": True}}]
+    assert header["parameters"] == {"class": "c"}
+    back = decode_request(body, length)
+    assert back.id == "r1" and [t.shape for t in back.inputs] == [(2, 3), (2,), (1,)]
+    assert np.array_equal(back.inputs[0].array, request.inputs[0].array)
+    assert list(back.inputs[1].array) == [b"x", b"\x00yz"]
+    assert back.inputs[2].array.tolist() == [0x3F80]
+    whole = V2Request(None, request.inputs[:1], None, {})
+    body, length = encode_request(whole)
+    assert json.loads(body[:length])["parameters"] == {"binary_data_output": True}
+
+
+def test_an_answer_read_back_binary_or_json() -> None:
+    outputs = [TensorOutput("b", np.arange(4, dtype=np.int64).reshape(2, 2), "INT64", True),
+               TensorOutput("j", np.array([0.5, 1.5], dtype=np.float32), "FP32", False),
+               TensorOutput("s", np.array([b"hi"], dtype=object), "BYTES", True)]
+    body, length = encode_response("m", "3", "r", outputs, {"routed_to": "x"})
+    answer = decode_response(body, length)
+    assert answer.model_version == "3" and answer.parameters == {"routed_to": "x"}
+    assert [o.name for o in answer.outputs] == ["b", "j", "s"]
+    assert answer.outputs[0].array.tolist() == [[0, 1], [2, 3]]
+    assert answer.outputs[1].array.tolist() == [0.5, 1.5]
+    assert answer.outputs[2].array.tolist() == [b"hi"]
+
+
+@pytest.mark.parametrize(("body", "length", "message"), [
+    (b"not json", None, "the answer is not valid JSON"),
+    (b'{"model_name": "m"}', None, "no 'outputs' list"),
+    (b'{"outputs": [{"name": "o", "datatype": "FP99", "shape": [1]}]}', None,
+     "unknown datatype"),
+    (b'{"outputs": [{"name": "o", "datatype": "FP32", "shape": [2], '
+     b'"parameters": {"binary_data_size": 8}}]}1234', 101, "does not fit the answer"),
+    (b'{"outputs": [{"name": "o", "datatype": "FP32", "shape": [1]}]}', None,
+     "neither 'data' nor binary_data_size"),
+    (b"{}", 10, "Inference-Header-Content-Length is 10"),
+])
+def test_an_unreadable_answer_says_what_is_wrong(body: bytes, length: int | None,
+                                                 message: str) -> None:
+    with pytest.raises(InvalidInput, match=message):
+        decode_response(body, length)

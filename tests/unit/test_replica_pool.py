@@ -1,0 +1,140 @@
+"""Choosing a replica: the policies, ejection and readmission rules, the retry budget,
+and the prefix index they read (no network: the replicas' states are set here)."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import pytest
+
+from tradeoff.errors import ModelLoadError
+from tradeoff.repository.router import RouterConfig
+from tradeoff.server.prefix_index import PrefixIndex
+from tradeoff.server.replica_pool import MIN_RETRIES, ReplicaPool
+
+
+def pool(policy: str = "round_robin", count: int = 4, protocol: str = "v2",
+         **extra: object) -> ReplicaPool:
+    doc = {"pools": {"p": {"protocol": protocol, "policy": policy,
+                           "replicas": [f"http://127.0.0.{i + 2}:8000" for i in range(count)],
+                           **extra}}, "routes": [{"to": "p"}]}
+    made = ReplicaPool(RouterConfig.from_mapping(doc, "r.yaml", "r").pools["p"], "r")
+    for replica in made.replicas:
+        replica.ready = replica.checked = True
+    return made
+
+
+def chosen(made: ReplicaPool, count: int, **kwargs: object) -> list[int]:
+    picks = []
+    for _ in range(count):
+        replica = made.choose(set(), **kwargs)  # type: ignore[arg-type]
+        assert replica is not None
+        picks.append(replica.index)
+    return picks
+
+
+def test_round_robin_takes_each_in_turn_and_skips_the_unavailable() -> None:
+    made = pool()
+    assert chosen(made, 8) == [0, 1, 2, 3, 0, 1, 2, 3]
+    made.replicas[1].draining = True
+    made.replicas[2].eject(time.monotonic(), 60, "test")
+    assert chosen(made, 4) == [0, 3, 0, 3]
+    assert made.choose({0, 3}) is None
+    assert "127.0.0.3:8000 draining" in made.unavailable_reason()
+    assert "127.0.0.4:8000 ejected" in made.unavailable_reason()
+
+
+def test_least_outstanding_weighs_requests_in_flight_by_answer_time() -> None:
+    made = pool("least_outstanding")
+    for replica in made.replicas:
+        replica.observe(0.002)
+    made.replicas[3].observe(0.5)  # slow now: its average moves most of the way
+    made.replicas[3].observe(0.5)
+    made.replicas[3].observe(0.5)
+    made.replicas[0].in_flight = 1
+    picks = Counter(chosen(made, 30))
+    assert picks[3] == 0 and picks[0] == 0 and picks[1] == picks[2] == 15
+    for replica in made.replicas[:3]:
+        replica.in_flight = 1000  # the fast ones crowded: the slow one takes the next
+    assert chosen(made, 1) == [3]
+
+
+def test_a_session_stays_on_its_replica_and_moves_only_when_it_goes() -> None:
+    made = pool("session", protocol="openai", session="user")
+    homes = {user: chosen(made, 1, session=user)[0] for user in map(str, range(40))}
+    assert all(chosen(made, 3, session=u) == [h] * 3 for u, h in homes.items())
+    assert len(set(homes.values())) == 4
+    made.replicas[homes["7"]].draining = True
+    moved = {u for u, h in homes.items() if chosen(made, 1, session=u)[0] != h}
+    assert moved == {u for u, h in homes.items() if h == homes["7"]}
+
+
+def test_prefix_sends_a_prompt_back_where_its_prefix_went_unless_that_one_is_crowded() -> None:
+    made = pool("prefix", protocol="openai")
+    assert made.prefixes is not None
+    prompts = [made.prefixes.blocks(f"system {i} ".encode() * 40) for i in range(4)]
+    homes = [chosen(made, 1, prefix=p)[0] for p in prompts]
+    assert sorted(homes) == [0, 1, 2, 3]  # new prompts spread over the caches
+    assert [chosen(made, 1, prefix=p)[0] for p in prompts] == homes
+    made.replicas[homes[0]].in_flight = 10  # crowded: another takes it, and holds it next
+    other = chosen(made, 1, prefix=prompts[0])[0]
+    assert other != homes[0]
+    stats = made.replicas[homes[0]].stats
+    assert (stats.prefix_blocks_matched, stats.prefix_blocks) == \
+        (len(prompts[0]), 2 * len(prompts[0]))  # matched the second time
+
+
+def test_failures_in_a_row_eject_and_a_success_resets_the_count() -> None:
+    made = pool(health={"eject_after": 2, "eject_s": 30})
+    replica = made.replicas[0]
+    made.request_failed(replica, "refused")
+    replica.finished(True, 0.001)
+    made.request_failed(replica, "refused")
+    assert replica.available(time.monotonic())
+    made.request_failed(replica, "refused")
+    assert not replica.available(time.monotonic()) and replica.stats.ejections == 1
+
+
+def test_the_retry_budget_is_a_share_of_the_requests_in_flight() -> None:
+    made = pool(retry_budget=0.25)
+    made.retries_in_flight = MIN_RETRIES
+    assert not made.may_retry()
+    made.replicas[0].in_flight = 40
+    assert made.may_retry()
+    made.retries_in_flight = 10
+    assert not made.may_retry()
+
+
+def test_a_replica_with_every_connection_busy_and_as_many_waiting_is_passed_over() -> None:
+    made = pool(connections=2)
+    made.replicas[0].waiting = 2
+    assert 0 not in chosen(made, 6)
+
+
+def test_the_pools_own_key_must_be_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("REPLICA_KEY", raising=False)
+    with pytest.raises(ModelLoadError, match=r"api_key_env names \$REPLICA_KEY"):
+        pool(api_key_env="REPLICA_KEY")
+    monkeypatch.setenv("REPLICA_KEY", "k")
+    raw = pool(api_key_env="REPLICA_KEY").replicas[0].request("GET", "/v2/health/ready")
+    assert b"Authorization: Bearer k\r\n" in raw
+    forwarded = pool(api_key_env="REPLICA_KEY").replicas[0].request(
+        "GET", "/x", headers={"authorization": "Bearer client"})
+    assert b"Bearer k" not in forwarded and b"Bearer client" in forwarded
+
+
+def test_the_prefix_index_counts_whole_blocks_and_forgets() -> None:
+    index = PrefixIndex(block_bytes=4, capacity=6)
+    a = index.blocks(b"abcdefghij")  # two whole blocks
+    b = index.blocks(b"abcdXXXX")
+    assert len(a) == 2 and a[0] == b[0] and a[1] != b[1]
+    index.record(a, 0)
+    index.record(b, 1)
+    assert index.matches(a) == {0: 2, 1: 1}
+    assert index.held(0) == 2 and index.held(1) == 2
+    index.forget(0)
+    assert index.matches(a) == {1: 1} and index.held(0) == 0
+    for replica in range(2, 6):
+        index.record(index.blocks(bytes([replica]) * 8), replica)
+    assert len(index._owners) <= 6 and index.matches(b) == {}
