@@ -94,16 +94,15 @@ class OpenAIApi:
                           params: dict[str, str]) -> None:
         body, request = await self._body(scope, receive, CompletionRequest)
         answered, priority = await self._through_pools(
-            request, body, "/completions", request.text.encode(), receive, send, scope)
+            request, body, "/completions", request.prompt_bytes, receive, send, scope)
         if not answered:
             await self._generate(request, request.text, False, receive, send, scope, priority)
 
     async def chat_completions(self, scope: Scope, receive: Receive, send: Send,
                                params: dict[str, str]) -> None:
         body, request = await self._body(scope, receive, ChatRequest)
-        prompt = b"\0".join(f"{m['role']}\0{m['content']}".encode() for m in request.messages)
         answered, priority = await self._through_pools(
-            request, body, "/chat/completions", prompt, receive, send, scope)
+            request, body, "/chat/completions", request.prompt_bytes, receive, send, scope)
         if not answered:
             await self._generate(request, request.messages, True, receive, send, scope,
                                  priority)

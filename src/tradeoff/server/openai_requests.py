@@ -144,12 +144,22 @@ class CompletionRequest(GenerationRequest, kw_only=True):
         """The prompt as one string."""
         return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
 
+    @property
+    def prompt_bytes(self) -> bytes:
+        """What a gateway matches prefixes on: the prompt's UTF-8."""
+        return self.text.encode()
+
 
 class ChatRequest(GenerationRequest, kw_only=True):
     """POST /v1/chat/completions: a conversation for the assistant to answer."""
 
     messages: Annotated[list[Message], Meta(
         min_length=1, description="the conversation, oldest turn first")]
+
+    @property
+    def prompt_bytes(self) -> bytes:
+        """What a gateway matches prefixes on: each turn's role and content, in order."""
+        return b"\0".join(f"{m['role']}\0{m['content']}".encode() for m in self.messages)
 
 
 Body = TypeVar("Body", CompletionRequest, ChatRequest)
