@@ -40,7 +40,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from harness import command_line, server_and_client_cores, write_results
+from harness import command_line, cpu_seconds, server_and_client_cores, write_results
 
 from tradeoff.models import build_repository
 from tradeoff.models.generative import write_synthetic_llm
@@ -313,19 +313,32 @@ def run_cost(args: argparse.Namespace, scratch: Path, server_cpu: int, client_cp
                             ("via_llm" if llm else f"via_{model}")
                         extra = ("--protocol", "openai", "--ignore-eos", "--output-tokens",
                                  "128", "--input-tokens", "32") if llm else ()
+                        process = (replica if via == "direct" else gateway).process
+                        assert process is not None
+                        cpu_before, wall_before = cpu_seconds(process.pid), time.monotonic()
                         doc = bench(f"{url}/v1" if llm else url, name, client_cpu, args,
                                     "--concurrency", str(concurrency), *extra)
+                        busy = (cpu_seconds(process.pid) - cpu_before) / \
+                            (time.monotonic() - wall_before)
                         summary = doc["summary"]
                         value = summary["output_tokens_per_s"] if llm else \
                             summary["throughput_rps"]
                         key = f"{model} c{concurrency}"
+                        requests_per_s = summary["throughput_rps"]
+                        # the CPU of the server measured (the gateway's, or the replica's
+                        # when direct) per request, over the whole bench run
                         row = {"round": round_ + 1, "case": key, "via": via, "rate": value,
                                "p50_ms": summary["latency_ms"]["p50"],
-                               "errors": summary["errors"]}
+                               "errors": summary["errors"],
+                               "server_cpu_percent": busy * 100,
+                               "cpu_us_per_request": busy / requests_per_s * 1e6
+                               if requests_per_s else None}
                         rows.setdefault(f"{key} {via}", []).append(row)
                         print(f"cost round {round_ + 1} {key:20} {via:8}: {value:,.0f} "
                               f"{'tok' if llm else 'req'}/s, p50 {row['p50_ms']:.2f} ms, "
-                              f"errors {row['errors']}", flush=True)
+                              f"{'gateway' if via == 'gateway' else 'replica'} CPU "
+                              f"{row['server_cpu_percent']:.0f}%, errors {row['errors']}",
+                              flush=True)
     return {"rows": rows, "medians": {k: medians(r) for k, r in rows.items()}}
 
 
