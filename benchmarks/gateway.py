@@ -9,7 +9,8 @@ Scenarios (--scenario, several comma-separated):
   replica with four times the cache and slots taking all of it (the reference), rounds
   interleaved. Per target: the replicas' prefix-cache hit ratio (their own counters),
   TTFT p50/p99, and how far the busiest replica's in-flight count was above the mean
-  (the gateway's statistics, sampled every 50 ms).
+  (the gateway's statistics, sampled every 50 ms). Each target runs on replicas (and a
+  gateway) started for it: empty caches, an empty prefix index.
 * `skew`: the same with one system prompt taking half the requests: does prefix routing
   keep the busiest replica within 1.5x of the mean?
 * `slow`: 4 replicas of a synthetic tensor model (2 ms a request), one of them 5x slower.
@@ -181,50 +182,50 @@ def counters(replicas: list[ServerProcess]) -> list[tuple[float, float]]:
 
 def run_prefix(args: argparse.Namespace, scratch: Path, server_cpu: int, client_cpu: int,
                skew: bool) -> dict[str, Any]:
+    """Each target on replicas started for it, with empty caches (and a gateway with an
+    empty prefix index): one target's traffic never leaves another's in the caches."""
     prompts = prompts_file(scratch / f"prompts_{skew}.jsonl", 4000, skew)
-    replicas = [llm_replica(scratch / f"llm_{skew}_{h}", h, server_cpu, REPLICA_BLOCKS, SLOTS)
-                for h in HOSTS]
-    reference = llm_replica(scratch / f"llm_{skew}_one", "127.0.0.6", server_cpu,
-                            4 * REPLICA_BLOCKS, 4 * SLOTS)
-    gateway_root = scratch / f"gateway_{skew}"
-    for policy in ("prefix", "round_robin"):
-        gateway_repo(gateway_root, policy, {
-            "protocol": "openai", "model": LLM, "policy": policy,
-            "replicas": [f"http://{h}:{r.http_port}/v1" for h, r in zip(HOSTS, replicas,
-                                                                         strict=True)]})
-    gateway = ServerProcess(gateway_root, cpus=str(server_cpu))
     rows: dict[str, list[dict[str, Any]]] = {}
     load = ("--protocol", "openai", "--prompts", str(prompts), "--rate", f"{args.rate:g}",
             "--arrival", "poisson", "--ignore-eos")
-    with servers(*replicas, reference):
-        with servers(gateway):
-            for round_ in range(args.rounds):
-                for target in ("prefix", "round_robin", "one replica"):
-                    pool = [reference] if target == "one replica" else replicas
+    for round_ in range(args.rounds):
+        for target in ("prefix", "round_robin", "one replica"):
+            run = scratch / f"{'skew' if skew else 'prefix'}_{round_}_{target.replace(' ', '_')}"
+            if target == "one replica":
+                pool = [llm_replica(run / "one", HOSTS[0], server_cpu, 4 * REPLICA_BLOCKS,
+                                    4 * SLOTS)]
+            else:
+                pool = [llm_replica(run / h, h, server_cpu, REPLICA_BLOCKS, SLOTS)
+                        for h in HOSTS]
+            with servers(*pool):
+                gateway = None
+                if target != "one replica":
+                    gateway_repo(run / "gateway", target, {
+                        "protocol": "openai", "model": LLM, "policy": target,
+                        "replicas": [f"{r.url}/v1" for r in pool]})
+                    gateway = ServerProcess(run / "gateway", cpus=str(server_cpu))
+                with servers(*([gateway] if gateway else [])):
                     before = counters(pool)
-                    url = f"{reference.url}/v1" if target == "one replica" else \
-                        f"{gateway.url}/v1"
-                    model = LLM if target == "one replica" else target
-                    sampler = InFlightSampler(gateway, target) \
-                        if target != "one replica" else None
+                    url = f"{(gateway or pool[0]).url}/v1"
+                    sampler = InFlightSampler(gateway, target) if gateway else None
                     with sampler or contextlib.nullcontext():
-                        doc = bench(url, model, client_cpu, args, *load)
-                    summary = doc["summary"]
-                    row = {"round": round_ + 1, "target": target,
-                           "hit_ratio": hit_ratio(pool, before),
-                           "ttft_p50_ms": summary["ttft_ms"]["p50"],
-                           "ttft_p99_ms": summary["ttft_ms"]["p99"],
-                           "throughput": summary["throughput_rps"],
-                           "errors": summary["errors"],
-                           **(sampler.imbalance() if sampler else {})}
-                    rows.setdefault(target, []).append(row)
-                    print(f"{'skew' if skew else 'prefix'} round {round_ + 1} {target:12}: "
-                          f"hit {row['hit_ratio']:.3f}, TTFT p50 {row['ttft_p50_ms']:.1f} ms "
-                          f"p99 {row['ttft_p99_ms']:.1f} ms, {row['throughput']:.1f} req/s, "
-                          f"errors {row['errors']}" + (
-                              f", busiest/mean {row['busiest_over_mean']:.2f}"
-                              f" (p95 sample {row['p95_sample_ratio']:.2f})"
-                              if row.get("busiest_over_mean") else ""), flush=True)
+                        doc = bench(url, target if gateway else LLM, client_cpu, args,
+                                    *load)
+                    ratio = hit_ratio(pool, before)
+            summary = doc["summary"]
+            row = {"round": round_ + 1, "target": target, "hit_ratio": ratio,
+                   "ttft_p50_ms": summary["ttft_ms"]["p50"],
+                   "ttft_p99_ms": summary["ttft_ms"]["p99"],
+                   "throughput": summary["throughput_rps"], "errors": summary["errors"],
+                   **(sampler.imbalance() if sampler else {})}
+            rows.setdefault(target, []).append(row)
+            print(f"{'skew' if skew else 'prefix'} round {round_ + 1} {target:12}: "
+                  f"hit {row['hit_ratio']:.3f}, TTFT p50 {row['ttft_p50_ms']:.1f} ms "
+                  f"p99 {row['ttft_p99_ms']:.1f} ms, {row['throughput']:.1f} req/s, "
+                  f"errors {row['errors']}" + (
+                      f", busiest/mean {row['busiest_over_mean']:.2f}"
+                      f" (p95 sample {row['p95_sample_ratio']:.2f})"
+                      if row.get("busiest_over_mean") else ""), flush=True)
     return {"rows": rows, "medians": {t: medians(r) for t, r in rows.items()}}
 
 

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -229,3 +232,18 @@ def test_client_credentials_stay_at_the_gateway_unless_the_pool_forwards_them(
     finally:
         replica.stop()
         replica.close_log()
+
+
+def test_top_shows_each_replica(gateway: ServerProcess) -> None:
+    with background_load(lambda: infer_json(gateway.url, "front", [
+            {"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": ROW}]).status,
+            threads=2) as statuses:
+        shown = subprocess.run(
+            [sys.executable, "-m", "tradeoff", "top", gateway.metrics_url, "--interval",
+             "0.5", "--iterations", "2"], capture_output=True, text=True, timeout=60,
+            env={**os.environ, "COLUMNS": "200"}, check=True).stdout
+    assert set(statuses) == {200}
+    assert "gateway replicas" in shown
+    for host in HOSTS:
+        line = next(row for row in shown.splitlines() if host in row)
+        assert "addc_pool" in line and " up " in f"{line} "

@@ -77,7 +77,9 @@ def test_prefix_sends_a_prompt_back_where_its_prefix_went_unless_that_one_is_cro
     homes = [chosen(made, 1, prefix=p)[0] for p in prompts]
     assert sorted(homes) == [0, 1, 2, 3]  # new prompts spread over the caches
     assert [chosen(made, 1, prefix=p)[0] for p in prompts] == homes
-    made.replicas[homes[0]].in_flight = 10  # crowded: another takes it, and holds it next
+    crowded = made.replicas[homes[0]]
+    crowded.in_flight = 10  # for the last few seconds: another takes it, and holds it next
+    crowded.average_load(time.monotonic() + 5)
     other = chosen(made, 1, prefix=prompts[0])[0]
     assert other != homes[0]
     stats = made.replicas[homes[0]].stats

@@ -39,13 +39,16 @@ __all__ = [
     "GenerationRow",
     "Labels",
     "ModelRow",
+    "ReplicaRow",
     "ScrapeError",
     "Snapshot",
     "live_rows",
     "metrics_url",
     "parse",
+    "prometheus_replica_rows",
     "prometheus_rows",
     "quantile",
+    "replica_rows",
     "scrape",
 ]
 
@@ -185,6 +188,48 @@ class GenerationRow:
     kv_usage: float
     ttft_p50_ms: float | None
     ttft_p99_ms: float | None
+
+
+@dataclass(frozen=True)
+class ReplicaRow:
+    """One replica of a gateway's pool over one interval."""
+
+    router: str
+    pool: str
+    replica: str
+    requests_per_s: float
+    errors_per_s: float
+    in_flight: float
+    ready: bool
+    latency_ms: float | None        # mean answer time over the interval
+    prefix_matched: float | None    # share of the prompt blocks it was known to hold
+
+
+_REPLICA = "tradeoff_gateway_replica_"
+
+
+def replica_rows(before: Snapshot, after: Snapshot) -> list[ReplicaRow]:
+    """Each gateway replica's rates and state between two readings."""
+    seconds = after.at - before.at
+    rows = []
+    for labels in sorted(after.label_sets(f"{_REPLICA}ready"),
+                         key=lambda d: (d["router"], d["pool"], d["replica"])):
+        def delta(name: str, labels: dict[str, str] = labels) -> float:
+            return max((after.value(name, labels) or 0.0) - (before.value(name, labels) or 0.0),
+                       0.0)
+
+        answered = delta(f"{_REPLICA}latency_seconds_count")
+        sent = delta(f"{_REPLICA}prefix_blocks_total", {**labels, "kind": "sent"})
+        rows.append(ReplicaRow(
+            labels["router"], labels["pool"], labels["replica"],
+            _rate(f"{_REPLICA}requests_total", labels, before, after, seconds),
+            _rate(f"{_REPLICA}errors_total", labels, before, after, seconds),
+            after.value(f"{_REPLICA}in_flight", labels) or 0.0,
+            (after.value(f"{_REPLICA}ready", labels) or 0.0) > 0,
+            delta(f"{_REPLICA}latency_seconds_sum") / answered * 1e3 if answered else None,
+            delta(f"{_REPLICA}prefix_blocks_total", {**labels, "kind": "matched"}) / sent
+            if sent else None))
+    return rows
 
 
 def _rate(name: str, labels: dict[str, str], before: Snapshot, after: Snapshot,
@@ -328,3 +373,30 @@ def prometheus_rows(base: str, window: str = "1m", timeout_s: float = SCRAPE_TIM
                                  kv.get(key, 0.0), ms(t50.get(key)), ms(t99.get(key)))
                    for key in sorted(running)]
     return models, generations
+
+
+def prometheus_replica_rows(base: str, window: str = "1m",
+                            timeout_s: float = SCRAPE_TIMEOUT_S) -> list[ReplicaRow]:
+    """The rows of :func:`replica_rows` from Prometheus over ``window``, summed over the
+    gateways it scrapes (each front end of one gateway, or several gateways)."""
+    deadline = time.monotonic() + timeout_s
+    keys = "router, pool, replica"
+
+    def per_replica(expr: str) -> dict[tuple[str, ...], float]:
+        return {(m.get("router", ""), m.get("pool", ""), m.get("replica", "")): v
+                for m, v in _query(base, expr, deadline, timeout_s)}
+
+    def rate(name: str, extra: str = "") -> dict[tuple[str, ...], float]:
+        return per_replica(f"sum by ({keys}) (rate({_REPLICA}{name}{extra}[{window}]))")
+
+    ready = per_replica(f"max by ({keys}) ({_REPLICA}ready)")
+    in_flight = per_replica(f"sum by ({keys}) ({_REPLICA}in_flight)")
+    requests, errors = rate("requests_total"), rate("errors_total")
+    seconds, answered = rate("latency_seconds_sum"), rate("latency_seconds_count")
+    sent = rate("prefix_blocks_total", '{kind="sent"}')
+    matched = rate("prefix_blocks_total", '{kind="matched"}')
+    return [ReplicaRow(*key, requests.get(key, 0.0), errors.get(key, 0.0),
+                       in_flight.get(key, 0.0), ready.get(key, 0.0) > 0,
+                       seconds[key] / answered[key] * 1e3 if answered.get(key) else None,
+                       matched.get(key, 0.0) / sent[key] if sent.get(key) else None)
+            for key in sorted(ready)]

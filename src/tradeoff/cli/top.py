@@ -38,7 +38,9 @@ def top(url: str | None, prometheus_url: str | None, window: str, interval: floa
     """Watch a running server live: per model, requests per second, p50 and p99 (from the
     latency histograms), queue depth, requests in flight, executions per second and the
     mean batch, failures per second; for generative models, tokens per second, requests
-    running and waiting, KV cache use and TTFT. Refreshed every --interval.
+    running and waiting, KV cache use and TTFT; for a gateway, each replica's requests
+    and errors per second, in flight, state, mean answer time and prefix hits. Refreshed
+    every --interval.
 
     URL is the server's metrics address (http://HOST:8002/metrics; the /metrics path
     may be left out). With --prometheus-url, the figures come from PromQL over --window
@@ -63,7 +65,9 @@ def top(url: str | None, prometheus_url: str | None, window: str, interval: floa
         Snapshot,
         live_rows,
         metrics_url,
+        prometheus_replica_rows,
         prometheus_rows,
+        replica_rows,
         scrape,
     )
     from tradeoff.report.terminal import live_view
@@ -102,17 +106,20 @@ def top(url: str | None, prometheus_url: str | None, window: str, interval: floa
                         else:
                             models, generations = live_rows(before, after)
                             view = live_view(models, generations, address,
-                                             after.at - before.at)
+                                             after.at - before.at,
+                                             replicas=replica_rows(before, after))
                         before = after
                 else:
                     assert prometheus_url is not None
                     try:
                         models, generations = prometheus_rows(prometheus_url, window)
+                        replicas = prometheus_replica_rows(prometheus_url, window)
                     except ScrapeError as exc:
                         view = skipped(exc)
                     else:
                         view = live_view(models, generations,
-                                         f"{prometheus_url} (Prometheus)", window=window)
+                                         f"{prometheus_url} (Prometheus)", window=window,
+                                         replicas=replicas)
                 live.update(view, refresh=True)
                 shown += 1
                 if iterations is not None and shown >= iterations:

@@ -26,7 +26,7 @@ from tradeoff.results import (
 
 if TYPE_CHECKING:  # for hints only: soak prints tables while it measures, and importing
     # prometheus_client's parser then would cost a measured window its p99
-    from tradeoff.bench.scrape import GenerationRow, ModelRow
+    from tradeoff.bench.scrape import GenerationRow, ModelRow, ReplicaRow
 
 class FoldingTable(Table):
     """A rich table whose cells wrap, never cut: on 80 columns or into a file, a number
@@ -749,9 +749,10 @@ def print_plan(result: PlanResult, console: Console) -> None:
 
 
 def live_view(models: list[ModelRow], generations: list[GenerationRow], source: str,
-              seconds: float | None = None, window: str | None = None) -> Group:
+              seconds: float | None = None, window: str | None = None,
+              replicas: list[ReplicaRow] | None = None) -> Group:
     """``tradeoff top``'s screen: one row per model over the last interval (``seconds``)
-    or a PromQL ``window``."""
+    or a PromQL ``window``, and one per gateway replica."""
     span = f"last {seconds:.1f} s" if seconds is not None else f"rates over {_t(window)}"
     table = FoldingTable(title=f"{_t(source)}: {span}", box=box.SIMPLE_HEAD, pad_edge=False,
                   collapse_padding=True)
@@ -780,4 +781,19 @@ def live_view(models: list[ModelRow], generations: list[GenerationRow], source: 
                            f"{g.waiting:,.0f}", f"{g.kv_usage:.0%}", _ms(g.ttft_p50_ms),
                            _ms(g.ttft_p99_ms))
         parts.append(tokens)
+    if replicas:
+        pools = FoldingTable(title="gateway replicas", box=box.SIMPLE_HEAD, pad_edge=False,
+                             collapse_padding=True)
+        for column in ("router", "pool", "replica", "req/s", "err/s", "inflight", "state",
+                       "mean ms", "prefix hit"):
+            pools.add_column(column, justify="left" if column in ("router", "pool",
+                                                                  "replica", "state")
+                             else "right", no_wrap=True, min_width=len(column))
+        for r in replicas:
+            pools.add_row(_t(r.router), _t(r.pool), _t(r.replica), f"{r.requests_per_s:,.1f}",
+                          f"[red]{r.errors_per_s:,.1f}[/red]" if r.errors_per_s else "0",
+                          f"{r.in_flight:,.0f}", "up" if r.ready else "[red]out[/red]",
+                          _ms(r.latency_ms),
+                          "-" if r.prefix_matched is None else f"{r.prefix_matched:.0%}")
+        parts.append(pools)
     return Group(*parts)

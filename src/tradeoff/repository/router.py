@@ -17,7 +17,7 @@ that sends each request to one of its targets.
     hide_targets: false                      # true: its targets answer only through it
     pools:                                   # targets on other servers (a gateway)
       remote_mlp:                            # a name routes use like a model's
-        protocol: v2                         # v2 (HTTP) or openai
+        protocol: v2                         # v2 (HTTP), v2-grpc or openai
         model: mlp                           # its name on the replicas (default: the pool's)
         policy: least_outstanding            # round_robin, least_outstanding,
                                              # power_of_two, prefix, session
@@ -75,7 +75,7 @@ POOL_FIELDS = ("protocol", "model", "policy", "replicas", "session", "health", "
                "connections", "retry_budget", "forward_headers", "balance", "api_key_env")
 REPLICA_FIELDS = ("url", "drain")
 HEALTH_FIELDS = ("path", "interval_s", "timeout_s", "eject_after", "eject_s")
-PROTOCOLS = ("v2", "openai")
+PROTOCOLS = ("v2", "v2-grpc", "openai")
 POLICIES = ("round_robin", "least_outstanding", "power_of_two", "prefix", "session")
 MAX_REPLICAS = 256
 ROUTE_FIELDS = ("when", "to", "sticky", "priority")
@@ -378,7 +378,7 @@ def _pool(name: str, doc: Any, source: str, where: str) -> PoolConfig:
         raise ConfigError(source, f"{at}replicas", "must list the replicas' URLs")
     if len(raw_replicas) > MAX_REPLICAS:
         raise ConfigError(source, f"{at}replicas", f"at most {MAX_REPLICAS} replicas")
-    replicas = tuple(_replica(r, source, f"{at}replicas[{i}]")
+    replicas = tuple(_replica(r, source, f"{at}replicas[{i}]", protocol)
                      for i, r in enumerate(raw_replicas))
     names = [r.name + r.prefix for r in replicas]
     if len(set(names)) != len(names):
@@ -416,7 +416,7 @@ def _pool(name: str, doc: Any, source: str, where: str) -> PoolConfig:
         key_env)
 
 
-def _replica(raw: Any, source: str, where: str) -> ReplicaConfig:
+def _replica(raw: Any, source: str, where: str, protocol: str) -> ReplicaConfig:
     drain = False
     if isinstance(raw, dict):
         _known(raw, REPLICA_FIELDS, source, f"{where}.")
@@ -431,8 +431,12 @@ def _replica(raw: Any, source: str, where: str) -> ReplicaConfig:
         port = parts.port
     except ValueError as exc:
         raise ConfigError(source, where, f"{shown(raw)} is not a URL: {exc}") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(source, where, f"{shown(raw)}: give http://HOST:PORT (or https)")
+    schemes = ("grpc",) if protocol == "v2-grpc" else ("http", "https")
+    if parts.scheme not in schemes or not parts.hostname:
+        example = "grpc://HOST:PORT" if protocol == "v2-grpc" else "http://HOST:PORT (or https)"
+        raise ConfigError(source, where, f"{shown(raw)}: give {example}")
+    if protocol == "v2-grpc" and (port is None or parts.path.strip("/")):
+        raise ConfigError(source, where, f"{shown(raw)}: give grpc://HOST:PORT, no path")
     if parts.username or parts.password or parts.query or parts.fragment:
         raise ConfigError(source, where, f"{shown(raw)}: no credentials, query or "
                           "fragment in a replica's URL (forward_headers passes a key on)")

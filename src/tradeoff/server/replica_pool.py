@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import math
 import os
 import random
 import statistics
@@ -34,6 +35,7 @@ from typing import Any
 from tradeoff.errors import ModelLoadError
 from tradeoff.protocol.http_client import Connection, build_request
 from tradeoff.repository.router import PoolConfig, ReplicaConfig
+from tradeoff.server.grpc_replica import GrpcLink
 from tradeoff.server.prefix_index import PrefixIndex
 
 __all__ = ["MIN_RETRIES", "Replica", "ReplicaPool", "ReplicaStats"]
@@ -43,6 +45,9 @@ log = logging.getLogger("tradeoff.server")
 MIN_RETRIES = 3  # retries in flight a pool always allows, whatever its budget
 LATENCY_WEIGHT = 0.2  # of each answer in a replica's recent answer time
 LATENCY_MEMORY_S = 5.0  # a replica unheard from for this long is tried again
+LOAD_MEMORY_S = 1.0  # the time constant of a replica's average requests in flight
+BALANCE_SLACK = 0.05  # requests in flight a replica may be over balance x the mean (an
+# idle pool: every average near 0)
 HEALTH_PATHS = {"v2": "/v2/health/ready", "openai": "/models"}
 
 
@@ -65,9 +70,10 @@ class Replica:
     """One server of a pool, its state and its kept connections."""
 
     def __init__(self, config: ReplicaConfig, index: int, connections: int,
-                 timeout_s: float, api_key: str | None = None) -> None:
+                 timeout_s: float, api_key: str | None = None, grpc: bool = False) -> None:
         self.config = config
         self._key = None if api_key is None else f"Bearer {api_key}"
+        self.grpc = GrpcLink(config, api_key) if grpc else None  # v2-grpc pools
         self.index = index
         self.in_flight = 0
         self.ready = False       # the last check passed (and no ejection since)
@@ -76,6 +82,8 @@ class Replica:
         self.failures = 0        # in a row
         self._latency: float | None = None
         self._latency_at = 0.0
+        self._load = 0.0
+        self._load_at = time.monotonic()
         self.draining = config.drain
         self.stats = ReplicaStats()
         self._timeout_s = timeout_s
@@ -107,14 +115,22 @@ class Replica:
         return build_request(method, f"{self.config.host}:{self.config.port}",
                              self.path(path), body, headers)
 
-    async def acquire(self) -> Connection:
-        """A kept connection (a new one when none is idle); at most ``connections`` are
-        out at once, and a caller past that waits. Give it back with :meth:`release`."""
+    async def take_slot(self) -> None:
+        """One of its ``connections`` request slots (waiting when all are taken); give
+        it back with :meth:`give_slot`."""
         self.waiting += 1
         try:
             await self._slots.acquire()
         finally:
             self.waiting -= 1
+
+    def give_slot(self) -> None:
+        self._slots.release()
+
+    async def acquire(self) -> Connection:
+        """A kept connection (a new one when none is idle); at most ``connections`` are
+        out at once, and a caller past that waits. Give it back with :meth:`release`."""
+        await self.take_slot()
         if self._idle:
             return self._idle.pop()
         return Connection(self.config.host, self.config.port, timeout=self._timeout_s,
@@ -127,7 +143,7 @@ class Replica:
             self._idle.append(connection)
         else:
             connection.close()
-        self._slots.release()
+        self.give_slot()
 
     def close(self) -> None:
         for connection in self._idle:
@@ -141,6 +157,14 @@ class Replica:
         if self._latency is None or now - self._latency_at > LATENCY_MEMORY_S:
             return None
         return self._latency
+
+    def average_load(self, now: float) -> float:
+        """Its requests in flight averaged over about the last LOAD_MEMORY_S (the count
+        taken as held since the last reading)."""
+        weight = 1 - math.exp(-max(now - self._load_at, 0.0) / LOAD_MEMORY_S)
+        self._load += (self.in_flight - self._load) * weight
+        self._load_at = max(now, self._load_at)
+        return self._load
 
     def observe(self, seconds: float) -> None:
         """An answer's time (a stream's: to its first bytes)."""
@@ -190,7 +214,8 @@ class ReplicaPool:
             if not key:
                 raise ModelLoadError(f"pool {config.name!r}: api_key_env names "
                                      f"${config.api_key_env}, which is not set")
-        self.replicas = [Replica(r, i, config.connections, config.timeout_s, key)
+        self.replicas = [Replica(r, i, config.connections, config.timeout_s, key,
+                                 grpc=config.protocol == "v2-grpc")
                          for i, r in enumerate(config.replicas)]
         self.prefixes = PrefixIndex() if config.policy == "prefix" else None
         self.retries_in_flight = 0
@@ -253,15 +278,19 @@ class ReplicaPool:
         return self._round_robin([r for r, c in zip(open_, costs, strict=True) if c == least])
 
     def _by_prefix(self, open_: list[Replica], prefix: list[int]) -> Replica:
-        """The longest known prefix among the replicas not over ``balance`` x the mean
-        load (plus one request, so an idle pool does not count one request as a
-        crowd); ties to the least loaded. A prompt no replica was sent goes to the
-        least loaded, and among those to the one known to hold the fewest blocks, so new
-        prompts are spread over the caches."""
+        """The longest known prefix among the replicas whose load (requests in flight,
+        averaged over the last second or so) is not over ``balance`` x the mean load (and
+        a twentieth of a request, for a pool near idle); ties to the least loaded. The
+        average, not the count now, so a burst does not send a prompt away from its
+        cache, and a prompt that takes more than a replica's share spreads. A prompt no
+        replica was sent goes to the least loaded, and among those to the one known to
+        hold the fewest blocks, so new prompts are spread over the caches."""
         assert self.prefixes is not None
-        mean = sum(r.in_flight for r in open_) / len(open_)
-        bound = self.config.balance * mean + 1
-        fair = [r for r in open_ if r.in_flight <= bound] or open_
+        now = time.monotonic()
+        loads = {r.index: r.average_load(now) for r in self.replicas}
+        mean = sum(loads[r.index] for r in open_) / len(open_)
+        bound = self.config.balance * mean + BALANCE_SLACK
+        fair = [r for r in open_ if loads[r.index] <= bound] or open_
         matched = self.prefixes.matches(prefix)
         best = max(matched.get(r.index, 0) for r in fair)
         candidates = [r for r in fair if matched.get(r.index, 0) == best]
@@ -314,8 +343,12 @@ class ReplicaPool:
     async def _check_all(self) -> None:
         await asyncio.gather(*(self._check(r) for r in self.replicas))
 
-    async def _check(self, replica: Replica) -> None:
+    async def _probe(self, replica: Replica) -> tuple[bool, str]:
+        """One readiness check: its path answers 200 (HTTP), or the model is ready
+        (gRPC's ModelReady); and why not."""
         health = self.config.health
+        if replica.grpc is not None:
+            return await replica.grpc.ready(self.config.model, health.timeout_s)
         path = health.path or HEALTH_PATHS[self.config.protocol]
         connection = self._check_connections.get(replica.index)
         if connection is None:
@@ -325,10 +358,13 @@ class ReplicaPool:
         try:
             response = await connection.request(replica.request("GET", path),
                                                 timeout=health.timeout_s)
-            ok = response.status == 200
-            why = f"its readiness check answered {response.status}"
         except (OSError, TimeoutError, ConnectionError) as exc:
-            ok, why = False, f"its readiness check failed: {exc or type(exc).__name__}"
+            return False, f"its readiness check failed: {exc or type(exc).__name__}"
+        return response.status == 200, f"its readiness check answered {response.status}"
+
+    async def _check(self, replica: Replica) -> None:
+        health = self.config.health
+        ok, why = await self._probe(replica)
         now = time.monotonic()
         first = not replica.checked
         replica.checked = True
@@ -370,6 +406,8 @@ class ReplicaPool:
             await asyncio.sleep(0.01)
         for replica in self.replicas:
             replica.close()
+            if replica.grpc is not None:
+                await replica.grpc.close()
         for connection in self._check_connections.values():
             connection.close()
 

@@ -1,0 +1,147 @@
+"""A pool replica spoken to over KServe v2 gRPC (Triton's GRPCInferenceService): one kept
+channel per replica, requests as ModelInferRequest with raw tensor contents, and the
+replica's status codes read as the gateway's outcomes.
+
+    link = GrpcLink(replica.config, api_key)            # the channel opens on first use
+    response = await link.infer(request, model, timeout_s, metadata)   # or raises
+    ready = await link.ready(model, timeout_s)
+    signature, max_batch_size = await link.signature(model, timeout_s)
+    await link.close()
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+import numpy as np
+
+from tradeoff.protocol import grpc_service_pb2 as pb
+from tradeoff.protocol.v2 import (
+    TensorOutput,
+    V2Request,
+    decode_binary_tensor,
+    encode_bytes_elements,
+)
+from tradeoff.repository.router import ReplicaConfig, Signature
+
+__all__ = ["NOT_RUN_CODES", "GrpcLink", "infer_request", "response_outputs"]
+
+_SERVICE = "/inference.GRPCInferenceService/"
+# codes that say the replica never ran the request: safe to send to another
+NOT_RUN_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
+
+
+class GrpcLink:
+    """A replica's gRPC channel and the calls the gateway makes on it."""
+
+    def __init__(self, config: ReplicaConfig, api_key: str | None = None,
+                 max_message_bytes: int = 64 << 20) -> None:
+        self.config = config
+        self.metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
+        self._max = max_message_bytes
+        self._channel: grpc.aio.Channel | None = None
+        self._calls: dict[str, Any] = {}
+
+    def _call(self, method: str, reply: Any) -> Any:
+        call = self._calls.get(method)
+        if call is None:
+            if self._channel is None:
+                self._channel = grpc.aio.insecure_channel(
+                    f"{self.config.host}:{self.config.port}",
+                    options=[("grpc.max_receive_message_length", self._max),
+                             ("grpc.max_send_message_length", self._max)])
+            call = self._calls[method] = self._channel.unary_unary(
+                _SERVICE + method, request_serializer=lambda m: m.SerializeToString(),
+                response_deserializer=reply.FromString)
+        return call
+
+    def _metadata(self, extra: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+        """The pool's key unless the client's forwarded one replaces it."""
+        if any(name == "authorization" for name, _ in extra):
+            return extra
+        return self.metadata + extra
+
+    async def infer(self, request: pb.ModelInferRequest, timeout_s: float,
+                    metadata: tuple[tuple[str, str], ...] = ()) -> pb.ModelInferResponse:
+        """ModelInfer; raises grpc.aio.AioRpcError as the replica answered."""
+        response: pb.ModelInferResponse = await self._call(
+            "ModelInfer", pb.ModelInferResponse)(request, timeout=timeout_s,
+                                                 metadata=self._metadata(metadata))
+        return response
+
+    async def ready(self, model: str, timeout_s: float) -> tuple[bool, str]:
+        """Whether the replica serves ``model`` now, and if not, why."""
+        try:
+            answer = await self._call("ModelReady", pb.ModelReadyResponse)(
+                pb.ModelReadyRequest(name=model), timeout=timeout_s, metadata=self.metadata)
+        except grpc.aio.AioRpcError as exc:
+            return False, f"ModelReady failed: {exc.code().name}: {exc.details()}"
+        return bool(answer.ready), "" if answer.ready else "ModelReady answered not ready"
+
+    async def signature(self, model: str, timeout_s: float) -> tuple[Signature, int]:
+        """The model's inputs and outputs (ModelMetadata) and max_batch_size
+        (ModelConfig; 0 where the replica has no config to give)."""
+        metadata = await self._call("ModelMetadata", pb.ModelMetadataResponse)(
+            pb.ModelMetadataRequest(name=model), timeout=timeout_s, metadata=self.metadata)
+        signature = Signature(
+            tuple((t.name, t.datatype, tuple(t.shape)) for t in metadata.inputs),
+            tuple((t.name, t.datatype, tuple(t.shape)) for t in metadata.outputs))
+        try:
+            config = await self._call("ModelConfig", pb.ModelConfigResponse)(
+                pb.ModelConfigRequest(name=model), timeout=timeout_s, metadata=self.metadata)
+            batch = int(config.config.max_batch_size)
+        except grpc.aio.AioRpcError:
+            batch = 0
+        return signature, batch
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+            self._calls.clear()
+
+
+def _set_parameter(target: Any, value: Any) -> None:
+    if isinstance(value, bool):
+        target.bool_param = value
+    elif isinstance(value, int):
+        target.int64_param = value
+    elif isinstance(value, float):
+        target.double_param = value
+    else:
+        target.string_param = str(value)
+
+
+def infer_request(request: V2Request, model: str) -> pb.ModelInferRequest:
+    """A v2 request as a ModelInferRequest for ``model``: every input in raw contents."""
+    message = pb.ModelInferRequest(model_name=model, id=request.id or "")
+    for tensor in request.inputs:
+        message.inputs.add(name=tensor.name, datatype=tensor.datatype,
+                           shape=list(tensor.shape))
+        message.raw_input_contents.append(
+            encode_bytes_elements(tensor.array) if tensor.datatype == "BYTES"
+            else np.ascontiguousarray(tensor.array).tobytes())
+    for output in request.outputs or ():
+        message.outputs.add(name=output.name)
+    for name, value in request.parameters.items():
+        if name != "binary_data_output" and value is not None:
+            _set_parameter(message.parameters[name], value)
+    return message
+
+
+def response_outputs(response: pb.ModelInferResponse, request: V2Request) -> list[TensorOutput]:
+    """A ModelInferResponse's outputs, each marked binary or JSON as the client asked."""
+    raw = response.raw_output_contents
+    if len(raw) != len(response.outputs):
+        raise ValueError(f"{len(raw)} raw output contents for {len(response.outputs)} "
+                         "outputs")
+    wanted = {o.name: o.binary for o in request.outputs} if request.outputs else {}
+    outputs = []
+    for tensor, contents in zip(response.outputs, raw, strict=True):
+        array = decode_binary_tensor(memoryview(contents), tensor.datatype,
+                                     tuple(tensor.shape), f"output {tensor.name!r}")
+        binary = wanted.get(tensor.name)
+        outputs.append(TensorOutput(tensor.name, array, tensor.datatype,
+                                    request.binary_output if binary is None else binary))
+    return outputs
