@@ -382,11 +382,11 @@ def prometheus_replica_rows(base: str, window: str = "1m",
     deadline = time.monotonic() + timeout_s
     keys = "router, pool, replica"
 
-    def per_replica(expr: str) -> dict[tuple[str, ...], float]:
+    def per_replica(expr: str) -> dict[tuple[str, str, str], float]:
         return {(m.get("router", ""), m.get("pool", ""), m.get("replica", "")): v
                 for m, v in _query(base, expr, deadline, timeout_s)}
 
-    def rate(name: str, extra: str = "") -> dict[tuple[str, ...], float]:
+    def rate(name: str, extra: str = "") -> dict[tuple[str, str, str], float]:
         return per_replica(f"sum by ({keys}) (rate({_REPLICA}{name}{extra}[{window}]))")
 
     ready = per_replica(f"max by ({keys}) ({_REPLICA}ready)")
