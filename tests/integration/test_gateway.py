@@ -37,7 +37,7 @@ def replica_repo(root: Path, constant: float) -> Path:
     return root
 
 
-def write_router(root: Path, replicas: list[str], **pool: object) -> None:
+def write_router(root: Path, replicas: list[object], **pool: object) -> None:
     (root / "front").mkdir(exist_ok=True)
     doc = {"pools": {"addc_pool": {"protocol": "v2", "model": "addc",
                                    "replicas": replicas,
@@ -247,3 +247,37 @@ def test_top_shows_each_replica(gateway: ServerProcess) -> None:
     for host in HOSTS:
         line = next(row for row in shown.splitlines() if host in row)
         assert "addc_pool" in line and " up " in f"{line} "
+
+
+def test_a_pool_of_grpc_replicas(tmp_path: Path, replicas: list[ServerProcess]) -> None:
+    """The replicas spoken to over v2 gRPC; the gateway answered over HTTP and over gRPC
+    (the official client), the replicas' signature read over gRPC."""
+    import tritonclient.grpc as triton_grpc
+
+    write_router(tmp_path, [f"grpc://{r.grpc_url}" for r in replicas], protocol="v2-grpc",
+                 policy="round_robin")
+    gateway = ServerProcess(tmp_path).start()
+    try:
+        assert {added(gateway.url) for _ in range(4)} == {1.0, 2.0}
+        client = triton_grpc.InferenceServerClient(gateway.grpc_url)
+        data = np.arange(8, dtype=np.float32).reshape(2, 4)
+        tensor = triton_grpc.InferInput("INPUT0", [2, 4], "FP32")
+        tensor.set_data_from_numpy(data)
+        seen = set()
+        for _ in range(4):
+            result = client.infer("front", [tensor])
+            seen.add(float((result.as_numpy("OUTPUT0") - data)[0, 0]))
+        assert seen == {1.0, 2.0}
+        metadata = json.loads(request(gateway.url, "GET", "/v2/models/front").body)
+        assert metadata["inputs"] == [{"name": "INPUT0", "datatype": "FP32",
+                                       "shape": [-1, 4]}]
+        bad = infer_json(gateway.url, "front", [{"name": "INPUT0", "datatype": "FP32",
+                                                 "shape": [1, 3], "data": [1, 2, 3]}])
+        assert bad.status == 400
+        stats = json.loads(request(gateway.url, "GET", "/v2/models/front/stats").body)
+        (pool,) = stats["model_stats"][0]["pools"]
+        assert pool["protocol"] == "v2-grpc"
+        assert all(r["answered"] >= 4 for r in pool["replicas"])
+    finally:
+        gateway.stop()
+        gateway.close_log()

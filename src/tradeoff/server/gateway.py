@@ -1,5 +1,5 @@
 """Requests sent on to a pool's replicas on other servers, and their answers read back:
-v2 tensor requests over HTTP, and OpenAI completions (whole or streamed).
+v2 tensor requests over HTTP or gRPC, and OpenAI completions (whole or streamed).
 
     outputs = await infer_v2(pool, request, headers)       # RemoteAnswer
     stream = await open_generation(pool, body, "/chat/completions", headers, stream=True,
@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import grpc
 import orjson
 
 from tradeoff.errors import (
@@ -36,11 +37,13 @@ from tradeoff.errors import (
     RequestError,
     Unavailable,
 )
+from tradeoff.protocol import grpc_service_pb2 as pb
 from tradeoff.protocol.http_client import Connection, Response
 from tradeoff.protocol.v2 import TensorOutput, V2Request, decode_response, encode_request
 from tradeoff.repository.router import Signature
 from tradeoff.scheduling.request import Timings
 from tradeoff.server.asgi import off_loop_if_large
+from tradeoff.server.grpc_replica import infer_request, response_outputs
 from tradeoff.server.replica_pool import Replica, ReplicaPool
 
 __all__ = ["RemoteAnswer", "RemoteStream", "infer_v2", "open_generation", "outgoing_headers",
@@ -77,14 +80,17 @@ def outgoing_headers(pool: ReplicaPool, client: dict[bytes, bytes], content_type
 
 async def infer_v2(pool: ReplicaPool, request: V2Request, client_headers: dict[bytes, bytes],
                    idempotent: bool = False) -> RemoteAnswer:
-    """Send a tensor request to a replica of ``pool`` (v2 over HTTP, binary tensors) and
-    read its answer."""
+    """Send a tensor request to a replica of ``pool`` (v2 over HTTP with binary tensors,
+    or over gRPC with raw contents) and read its answer."""
+    if pool.config.protocol == "v2-grpc":
+        return await _infer_grpc(pool, request, client_headers, idempotent)
     body, json_length = encode_request(request)
     headers = outgoing_headers(pool, client_headers, "application/octet-stream")
     headers["Inference-Header-Content-Length"] = str(json_length)
     path = f"/v2/models/{pool.config.model}/infer"
-    exchange = await _exchange(pool, lambda r: r.request("POST", path, body, headers),
-                               idempotent=idempotent)
+    exchange = await _exchange(pool, lambda r: _send(pool, r, r.request("POST", path, body,
+                                                                       headers),
+                                                     False, idempotent))
     response = exchange.response
     assert response is not None
     length = response.headers.get(b"inference-header-content-length")
@@ -115,6 +121,13 @@ async def pool_signature(pool: ReplicaPool) -> tuple[Signature, int]:
         if not replica.ready:
             problems.append(f"{replica.name}: not ready")
             continue
+        if replica.grpc is not None:
+            try:
+                return await replica.grpc.signature(model, pool.config.timeout_s)
+            except grpc.aio.AioRpcError as exc:
+                problems.append(f"{replica.name}: ModelMetadata failed: "
+                                f"{exc.code().name}: {exc.details()}")
+                continue
         connection = await replica.acquire()
         kept = False
         try:
@@ -237,9 +250,10 @@ async def open_generation(pool: ReplicaPool, body: dict[str, Any], path: str,
     payload = orjson.dumps(sent)
     headers = outgoing_headers(pool, client_headers, "application/json")
     blocks = pool.prefixes.blocks(prompt) if pool.prefixes is not None else None
-    exchange = await _exchange(pool, lambda r: r.request("POST", path, payload, headers),
-                               idempotent=idempotent, stream=stream, prefix=blocks,
-                               session=session)
+    exchange = await _exchange(pool, lambda r: _send(pool, r, r.request("POST", path,
+                                                                       payload, headers),
+                                                     stream, idempotent),
+                               prefix=blocks, session=session)
     if exchange.stream is not None:
         return exchange.stream
     assert exchange.response is not None  # a whole answer, counted and given back already
@@ -255,11 +269,13 @@ class _Exchange:
     replica: Replica
     response: Response | None = None      # a whole answer
     stream: RemoteStream | None = None    # an answer being passed on
+    grpc: pb.ModelInferResponse | None = None  # a gRPC replica's answer
 
 
-async def _exchange(pool: ReplicaPool, build: Callable[[Replica], bytes], *,
-                    idempotent: bool, stream: bool = False, prefix: list[int] | None = None,
-                    session: str | None = None) -> _Exchange:
+async def _exchange(pool: ReplicaPool,
+                    send: Callable[[Replica], Awaitable[_Exchange | RequestError]], *,
+                    prefix: list[int] | None = None, session: str | None = None
+                    ) -> _Exchange:
     """One request through the pool: a replica by the policy, then others while it fails
     before any answer was passed on and the retry budget allows."""
     tried: set[int] = set()
@@ -281,7 +297,7 @@ async def _exchange(pool: ReplicaPool, build: Callable[[Replica], bytes], *,
             replica.stats.retries += 1
         committed = False
         try:
-            result = await _send(pool, replica, build(replica), stream, idempotent)
+            result = await send(replica)
             if isinstance(result, RequestError):
                 error = result
                 continue
@@ -369,6 +385,67 @@ async def _send(pool: ReplicaPool, replica: Replica, raw: bytes, stream: bool,
     if 400 <= status < 500:
         raise InvalidInput(f"{name}: {message}")
     raise BadGateway(f"{name} failed the request ({status}): {message}")
+
+
+async def _infer_grpc(pool: ReplicaPool, request: V2Request,
+                      client_headers: dict[bytes, bytes], idempotent: bool) -> RemoteAnswer:
+    message = infer_request(request, pool.config.model)
+    metadata = tuple((k.lower(), v) for k, v in
+                     outgoing_headers(pool, client_headers, "").items()
+                     if k.lower() != "content-type")
+    exchange = await _exchange(pool, lambda r: _send_grpc(pool, r, message, metadata,
+                                                          idempotent))
+    assert exchange.grpc is not None
+    try:
+        outputs = await off_loop_if_large(exchange.grpc.ByteSize(), response_outputs,
+                                          exchange.grpc, request)
+    except (InvalidInput, ValueError) as exc:
+        pool.request_failed(exchange.replica, "an unreadable answer")
+        raise BadGateway(f"replica {exchange.replica.name} of pool {pool.config.name!r} "
+                         f"answered what cannot be read: {exc}") from None
+    timings = Timings()
+    timings.route = f"{pool.config.name}@{exchange.replica.name}"
+    return RemoteAnswer(exchange.replica.name, exchange.grpc.model_version, timings, outputs)
+
+
+async def _send_grpc(pool: ReplicaPool, replica: Replica, message: pb.ModelInferRequest,
+                     metadata: tuple[tuple[str, str], ...],
+                     idempotent: bool) -> _Exchange | RequestError:
+    """One try at one gRPC replica, its status codes read as :func:`_send` reads HTTP's."""
+    assert replica.grpc is not None
+    name = f"replica {replica.name} of pool {pool.config.name!r}"
+    started = time.perf_counter()
+    await replica.take_slot()
+    try:
+        response = await replica.grpc.infer(message, pool.config.timeout_s, metadata)
+    except grpc.aio.AioRpcError as exc:
+        code, details = exc.code(), exc.details() or ""
+        if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+            replica.stats.refused += 1
+            return Unavailable(f"{name} is busy ({code.name}): {details}")
+        if code == grpc.StatusCode.UNAVAILABLE:  # a stopping server, or no connection
+            pool.request_failed(replica, f"{code.name}: {details}")
+            return _NotSent(f"{name} could not take the request ({code.name}): {details}")
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED or (
+                idempotent and code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)):
+            pool.request_failed(replica, code.name)
+            return BadGateway(f"{name} failed the request ({code.name}): {details}")
+        if code == grpc.StatusCode.NOT_FOUND:
+            pool.request_failed(replica, "it does not serve the model")
+            return NotFound(f"{name} does not serve model {pool.config.model!r}: {details}")
+        replica.finished(False)
+        if code == grpc.StatusCode.INVALID_ARGUMENT:
+            raise InvalidInput(f"{name}: {details}") from None
+        if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+            raise BadGateway(f"{name} refused the gateway ({code.name}): {details} (the "
+                             "pool's own key comes from its api_key_env; the client's "
+                             "credentials are passed on only when its forward_headers "
+                             "lists their header)") from None
+        raise BadGateway(f"{name} failed the request ({code.name}): {details}") from None
+    finally:
+        replica.give_slot()
+    replica.finished(True, time.perf_counter() - started)
+    return _Exchange(replica, grpc=response)
 
 
 def _error_message(body: bytes) -> str:

@@ -25,11 +25,9 @@ from tradeoff.protocol.v2 import (
 )
 from tradeoff.repository.router import ReplicaConfig, Signature
 
-__all__ = ["NOT_RUN_CODES", "GrpcLink", "infer_request", "response_outputs"]
+__all__ = ["GrpcLink", "infer_request", "response_outputs"]
 
 _SERVICE = "/inference.GRPCInferenceService/"
-# codes that say the replica never ran the request: safe to send to another
-NOT_RUN_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
 
 
 class GrpcLink:
