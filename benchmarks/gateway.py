@@ -18,7 +18,7 @@ Scenarios (--scenario, several comma-separated):
 * `cost`: `mlp` (and `tiny`) direct and through a gateway with one replica, at the same
   concurrency; the synthetic LLM direct and through the gateway, streamed.
 * `pytriton`: `mlp` on Triton (PyTriton, its own venv, installed as benchmarks/peers.py
-  does) behind the gateway, against it directly.
+  does) behind the gateway, against it directly: a replica that is not ours.
 
     .venv/bin/python benchmarks/gateway.py --scenario prefix,skew,slow,cost --rounds 3
     .venv/bin/python benchmarks/gateway.py --scenario cost --duration 5 --rounds 1
@@ -343,6 +343,46 @@ def run_cost(args: argparse.Namespace, scratch: Path, server_cpu: int, client_cp
     return {"rows": rows, "medians": {k: medians(r) for k, r in rows.items()}}
 
 
+# ---------------------------------------------------------------- a replica not ours
+
+def run_pytriton(args: argparse.Namespace, scratch: Path, server_cpu: int, client_cpu: int
+                 ) -> dict[str, Any]:
+    """`mlp` on Triton through PyTriton (its own venv, as benchmarks/peers.py installs
+    it), directly and behind a gateway whose v2 pool is that one replica."""
+    from peers import PEERS, default_cache, install, start_pytriton, write_repositories
+    from rich.console import Console
+
+    cache = default_cache()
+    packages = install(PEERS["pytriton"], cache, Console())
+    _, _, files = write_repositories(scratch / "pytriton_models")
+    peer = start_pytriton(cache, {"mlp": files["mlp"]}, server_cpu, scratch)
+    rows: dict[str, list[dict[str, Any]]] = {}
+    try:
+        root = scratch / "gateway_pytriton"
+        gateway_repo(root, "via_pytriton", {"protocol": "v2", "model": "mlp",
+                                            "replicas": [peer.url]})
+        with servers(ServerProcess(root, cpus=str(client_cpu))) as (gateway,):
+            for round_ in range(args.rounds):
+                for concurrency in args.concurrency:
+                    for via, url, name in (("direct", peer.url, "mlp"),
+                                           ("gateway", gateway.url, "via_pytriton")):
+                        doc = bench(url, name, client_cpu, args, "--concurrency",
+                                    str(concurrency))
+                        summary = doc["summary"]
+                        row = {"round": round_ + 1, "via": via, "concurrency": concurrency,
+                               "rate": summary["throughput_rps"],
+                               "p50_ms": summary["latency_ms"]["p50"],
+                               "errors": summary["errors"]}
+                        rows.setdefault(f"mlp c{concurrency} {via}", []).append(row)
+                        print(f"pytriton round {round_ + 1} mlp c{concurrency} {via:8}: "
+                              f"{row['rate']:,.0f} req/s, p50 {row['p50_ms']:.2f} ms, "
+                              f"errors {row['errors']}", flush=True)
+    finally:
+        peer.stop()
+    return {"packages": packages, "rows": rows,
+            "medians": {k: medians(r) for k, r in rows.items()}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scenario", default="prefix,skew,slow,cost")
@@ -372,6 +412,8 @@ def main() -> None:
                 doc[scenario] = run_slow(args, scratch, server_cpu, client_cpu)
             elif scenario == "cost":
                 doc[scenario] = run_cost(args, scratch, server_cpu, client_cpu)
+            elif scenario == "pytriton":
+                doc[scenario] = run_pytriton(args, scratch, server_cpu, client_cpu)
             else:
                 parser.error(f"unknown scenario {scenario!r}")
             print(f"{scenario}: {time.monotonic() - started:.0f} s", flush=True)

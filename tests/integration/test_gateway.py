@@ -281,3 +281,21 @@ def test_a_pool_of_grpc_replicas(tmp_path: Path, replicas: list[ServerProcess]) 
     finally:
         gateway.stop()
         gateway.close_log()
+
+
+def test_compare_measures_the_gateway_against_a_replica(
+        gateway: ServerProcess, replicas: list[ServerProcess], tmp_path: Path) -> None:
+    out = tmp_path / "compare.json"
+    subprocess.run(
+        [sys.executable, "-m", "tradeoff", "compare",
+         "--endpoint", f"replica={replicas[0].url},model=addc",
+         "--endpoint", f"gateway={gateway.url},model=front",
+         "--concurrency", "2", "--duration", "0.5s", "--rounds", "1", "--warmup", "0s",
+         "--json", str(out)], capture_output=True, text=True, timeout=120, check=True)
+    doc = json.loads(out.read_text())
+    assert doc["baseline"] == "replica"
+    entries = {e["name"]: e for e in doc["endpoints"]}
+    assert set(entries) == {"replica", "gateway"}
+    for entry in entries.values():
+        assert entry["result"]["summary"]["throughput_rps"] > 0
+        assert entry["result"]["summary"]["errors"] == 0

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +22,7 @@ from tradeoff.backends.synthetic_generative import build_tokenizer, continuation
 from tradeoff.models.generative import write_synthetic_llm
 from tradeoff.server.process import ServerProcess
 
-from .helpers import post_json, request
+from .helpers import post_json, request, wait_for
 
 pytestmark = [pytest.mark.integration]
 
@@ -159,3 +161,45 @@ def test_a_replica_killed_mid_stream_ends_the_stream_with_an_error_event(
         gateway.close_log()
         replica.stop()
         replica.close_log()
+
+
+def test_a_stream_server_that_is_not_ours(tmp_path: Path) -> None:
+    """An OpenAI-compatible stream server of another make (benchmarks/
+    llm_load_generator.py's stub: its own HTTP framing, one token a step) behind the
+    gateway: the openai client gets every token and the end."""
+    from tradeoff.server.process import free_port
+
+    port = free_port()
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "llm_load_generator.py"
+    stub = subprocess.Popen([sys.executable, str(script), "--stub-port", str(port),
+                             "--step-ms", "1", "--max-num-seqs", "8"])
+    try:
+        wait_for(lambda: _answers(f"http://127.0.0.1:{port}/v1/models"), "the stub up")
+        root = tmp_path / "gw"
+        (root / "chat").mkdir(parents=True)
+        (root / "chat" / "router.yaml").write_text(json.dumps({
+            "pools": {"stub": {"protocol": "openai", "model": MODEL, "policy": "round_robin",
+                               "replicas": [f"http://127.0.0.1:{port}/v1"]}},
+            "routes": [{"to": "stub"}]}))
+        gateway = ServerProcess(root).start()
+        try:
+            with openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused",
+                               max_retries=0) as client:
+                chunks = list(client.completions.create(
+                    model="chat", prompt="hello", max_tokens=20, stream=True))
+            texts = [c.choices[0].text for c in chunks if c.choices]
+            assert "".join(texts) == "x" * 20
+            assert chunks[-1].choices[0].finish_reason == "length"
+        finally:
+            gateway.stop()
+            gateway.close_log()
+    finally:
+        stub.terminate()
+        stub.wait(10)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return request(url.rsplit("/v1", 1)[0], "GET", "/v1/models").status == 200
+    except OSError:
+        return False
