@@ -5,12 +5,15 @@ killed mid-stream ends the stream with an error event."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import openai
 import pytest
@@ -203,3 +206,67 @@ def _answers(url: str) -> bool:
         return request(url.rsplit("/v1", 1)[0], "GET", "/v1/models").status == 200
     except OSError:
         return False
+
+
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    """An OpenAI-compatible replica that keeps what it was sent."""
+
+    seen: ClassVar[list[tuple[dict[str, str], dict]]] = []
+
+    def do_GET(self) -> None:
+        self._answer({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.seen.append(({k.lower(): v for k, v in self.headers.items()}, body))
+        self._answer({"id": "x", "object": "text_completion", "model": body["model"],
+                      "choices": [{"index": 0, "text": "ok", "finish_reason": "stop"}],
+                      "usage": {"prompt_tokens": 1, "completion_tokens": 1,
+                                "total_tokens": 2}})
+
+    def _answer(self, doc: dict) -> None:
+        data = json.dumps(doc).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_what_the_gateway_sends_on(tmp_path: Path) -> None:
+    """The replica sees the pool's model name and the gateway's own key, never the
+    client's; a client's priority held to what its key may claim, a route's set."""
+    server = http.server.ThreadingHTTPServer((HOSTS[0], 0), _Recorder)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _Recorder.seen.clear()
+    try:
+        root = tmp_path / "gw"
+        (root / "chat").mkdir(parents=True)
+        (root / "chat" / "router.yaml").write_text(json.dumps({
+            "pools": {"remote": {"protocol": "openai", "model": "their-model",
+                                 "api_key_env": "REMOTE_KEY", "replicas": [
+                                     f"http://{HOSTS[0]}:{server.server_port}/v1"]}},
+            "routes": [{"when": {"class": "urgent"}, "to": "remote", "priority": -5},
+                       {"to": "remote"}]}))
+        gateway = ServerProcess(root, env={"REMOTE_KEY": "gateway-key"},
+                                extra_args=("--api-key", "client-key")).start()
+        try:
+            headers = {"Authorization": "Bearer client-key"}
+            for body in ({"prompt": "a", "priority": -100}, {"prompt": "b", "class": "urgent"}):
+                response = post_json(gateway.url, "/v1/completions",
+                                     {"model": "chat", "max_tokens": 1, **body}, headers)
+                assert response.status == 200, response.body
+                assert json.loads(response.body)["choices"][0]["text"] == "ok"
+        finally:
+            gateway.stop()
+            gateway.close_log()
+        (first_headers, first), (_, second) = _Recorder.seen
+        assert first["model"] == second["model"] == "their-model"
+        assert first_headers["authorization"] == "Bearer gateway-key"
+        assert first["priority"] == 0  # an ordinary key claims no more than the default
+        assert second["priority"] == -5
+    finally:
+        server.shutdown()
