@@ -270,3 +270,4 @@ def test_what_the_gateway_sends_on(tmp_path: Path) -> None:
         assert second["priority"] == -5
     finally:
         server.shutdown()
+        server.server_close()
