@@ -128,7 +128,7 @@ class OpenAIApi:
             return False, None
         parameters = _route_parameters(request, scope)
         headers = dict(scope["headers"])
-        doc = orjson.loads(body)
+        doc = await off_loop_if_large(len(body), orjson.loads, body)
 
         decision = router.decide(parameters)
 
