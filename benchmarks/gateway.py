@@ -37,7 +37,6 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +44,7 @@ from harness import command_line, cpu_seconds, server_and_client_cores, write_re
 
 from tradeoff.models import build_repository
 from tradeoff.models.generative import write_synthetic_llm
-from tradeoff.server.process import ServerProcess
+from tradeoff.server.process import ServerProcess, started
 
 HOSTS = [f"127.0.0.{i}" for i in range(2, 6)]
 LLM = "synthetic-llm"
@@ -83,19 +82,6 @@ def bench(url: str, model: str, cpu: int, args: argparse.Namespace, *extra: str
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(command)}:\n{done.stderr[-2000:]}")
         return json.loads(Path(out.name).read_text())
-
-
-@contextlib.contextmanager
-def servers(*processes: ServerProcess) -> Iterator[list[ServerProcess]]:
-    started: list[ServerProcess] = []
-    try:
-        for process in processes:
-            started.append(process.start())
-        yield started
-    finally:
-        for process in started:
-            process.stop()
-            process.close_log()
 
 
 def gateway_repo(root: Path, name: str, pool: dict[str, Any]) -> None:
@@ -197,14 +183,14 @@ def run_prefix(args: argparse.Namespace, scratch: Path, server_cpu: int, client_
             else:
                 pool = [llm_replica(run / h, h, server_cpu, REPLICA_BLOCKS, SLOTS)
                         for h in HOSTS]
-            with servers(*pool):
+            with started(pool):
                 gateway = None
                 if target != "one replica":
                     gateway_repo(run / "gateway", target, {
                         "protocol": "openai", "model": LLM, "policy": target,
                         "replicas": [f"{r.url}/v1" for r in pool]})
                     gateway = ServerProcess(run / "gateway", cpus=str(server_cpu))
-                with servers(*([gateway] if gateway else [])):
+                with started([gateway] if gateway else []):
                     before = counters(pool)
                     url = f"{(gateway or pool[0]).url}/v1"
                     sampler = InFlightSampler(gateway, target) if gateway else None
@@ -264,11 +250,11 @@ def run_slow(args: argparse.Namespace, scratch: Path, server_cpu: int, client_cp
                 for i, h in enumerate(HOSTS)]
     root = scratch / "gateway_slow"
     rows: dict[str, list[dict[str, Any]]] = {}
-    with servers(*replicas):
+    with started(replicas):
         for policy in ("least_outstanding", "round_robin"):
             gateway_repo(root, policy, {"protocol": "v2", "model": "work", "policy": policy,
                                         "replicas": [r.url for r in replicas]})
-        with servers(ServerProcess(root, cpus=str(server_cpu))) as (gateway,):
+        with started([ServerProcess(root, cpus=str(server_cpu))]) as (gateway,):
             for round_ in range(args.rounds):
                 for policy in ("least_outstanding", "round_robin"):
                     doc = bench(gateway.url, policy, client_cpu, args, "--rate",
@@ -295,14 +281,14 @@ def run_cost(args: argparse.Namespace, scratch: Path, server_cpu: int, client_cp
     write_synthetic_llm(models_root, model={"step_ms": 3.0}, max_num_seqs=64)
     replica = ServerProcess(models_root, host=HOSTS[0], cpus=str(server_cpu))
     rows: dict[str, list[dict[str, Any]]] = {}
-    with servers(replica):
+    with started([replica]):
         root = scratch / "gateway_cost"
         for model in ("tiny", "mlp"):
             gateway_repo(root, f"via_{model}", {"protocol": "v2", "model": model,
                                                 "replicas": [replica.url]})
         gateway_repo(root, "via_llm", {"protocol": "openai", "model": LLM,
                                        "replicas": [f"{replica.url}/v1"]})
-        with servers(ServerProcess(root, cpus=str(client_cpu))) as (gateway,):
+        with started([ServerProcess(root, cpus=str(client_cpu))]) as (gateway,):
             cases = [(m, c) for m in ("tiny", "mlp") for c in args.concurrency] + \
                 [(LLM, 64)]
             for round_ in range(args.rounds):
@@ -361,7 +347,7 @@ def run_pytriton(args: argparse.Namespace, scratch: Path, server_cpu: int, clien
         root = scratch / "gateway_pytriton"
         gateway_repo(root, "via_pytriton", {"protocol": "v2", "model": "mlp",
                                             "replicas": [peer.url]})
-        with servers(ServerProcess(root, cpus=str(client_cpu))) as (gateway,):
+        with started([ServerProcess(root, cpus=str(client_cpu))]) as (gateway,):
             for round_ in range(args.rounds):
                 for concurrency in args.concurrency:
                     for via, url, name in (("direct", peer.url, "mlp"),

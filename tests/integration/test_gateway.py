@@ -19,9 +19,16 @@ import numpy as np
 import pytest
 import tritonclient.http as triton_http
 
-from tradeoff.server.process import ServerProcess
+from tradeoff.server.process import ServerProcess, started
 
-from .helpers import background_load, infer_json, metric_samples, post_json, request, wait_for
+from .helpers import (
+    background_load,
+    infer_json,
+    metric_samples,
+    post_json,
+    request,
+    wait_for,
+)
 from .model_repo import CONSTANT_CONFIG, _write, add_constant_model
 
 pytestmark = [pytest.mark.integration]
@@ -57,16 +64,10 @@ def added(url: str, model: str = "front") -> float:
 
 @pytest.fixture(scope="module")
 def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ServerProcess]]:
-    servers = [ServerProcess(replica_repo(tmp_path_factory.mktemp(f"replica{i}"), i + 1.0),
-                             host=host) for i, host in enumerate(HOSTS)]
-    for server in servers:
-        server.start()
-    try:
+    with started([ServerProcess(replica_repo(tmp_path_factory.mktemp(f"replica{i}"),
+                                             i + 1.0), host=host)
+                  for i, host in enumerate(HOSTS)]) as servers:
         yield servers
-    finally:
-        for server in servers:
-            server.stop()
-            server.close_log()
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ pytest.importorskip("tokenizers")
 
 from tradeoff.backends.synthetic_generative import build_tokenizer, continuation
 from tradeoff.models.generative import write_synthetic_llm
-from tradeoff.server.process import ServerProcess
+from tradeoff.server.process import ServerProcess, started
 
 from .helpers import post_json, request, wait_for
 
@@ -44,17 +44,12 @@ def write_router(root: Path, replicas: list[ServerProcess], **pool: object) -> N
 
 @pytest.fixture(scope="module")
 def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ServerProcess]]:
-    servers = []
-    for host in HOSTS:
-        root = tmp_path_factory.mktemp(f"llm_{host}")
+    roots = [tmp_path_factory.mktemp(f"llm_{host}") for host in HOSTS]
+    for root in roots:
         write_synthetic_llm(root, model={"step_ms": 1.0}, max_num_seqs=8, num_blocks=512)
-        servers.append(ServerProcess(root, host=host).start())
-    try:
+    with started([ServerProcess(root, host=host)
+                  for root, host in zip(roots, HOSTS, strict=True)]) as servers:
         yield servers
-    finally:
-        for server in servers:
-            server.stop()
-            server.close_log()
 
 
 def gateway_for(root: Path, replicas: list[ServerProcess], **pool: object) -> ServerProcess:

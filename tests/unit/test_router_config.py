@@ -161,7 +161,8 @@ def test_a_pool_is_a_target_beside_the_local_models() -> None:
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"protocol": "grpc"}, "pools.remote.protocol: must be one of v2, openai"),
+    ({"protocol": "http2"}, "pools.remote.protocol: must be one of v2, v2-grpc, openai"),
+    ({"protocol": "v2-grpc"}, "give grpc://HOST:PORT"),
     ({"polcy": "x"}, "pools.remote.polcy: unknown field; did you mean 'policy'?"),
     ({"replicas": []}, "pools.remote.replicas: must list the replicas' URLs"),
     ({"replicas": ["ftp://a:1"]}, "give http://HOST:PORT"),

@@ -19,6 +19,7 @@ from grpc import aio
 from tradeoff.bench.adapters import Connection, V2Adapter
 from tradeoff.errors import BenchSetupError
 from tradeoff.protocol import grpc_service_pb2 as pb
+from tradeoff.protocol.grpc_parameters import set_parameter
 from tradeoff.protocol.http_client import DEFAULT_MAX_RESPONSE_BYTES, Response, ResponseTooLarge
 from tradeoff.protocol.v2 import encode_bytes_elements
 
@@ -121,15 +122,7 @@ class GrpcV2Adapter(V2Adapter):
                  parameters: dict[str, Any] | None = None) -> bytes:
         request = pb.ModelInferRequest(model_name=self.model, model_version=self.version)
         for key, value in (parameters or {}).items():
-            slot = request.parameters[key]
-            if isinstance(value, bool):
-                slot.bool_param = value
-            elif isinstance(value, int):
-                slot.int64_param = value
-            elif isinstance(value, float):
-                slot.double_param = value
-            else:
-                slot.string_param = str(value)
+            set_parameter(request.parameters[key], value)
         for name, (datatype, array) in inputs.items():
             request.inputs.add(name=name, datatype=datatype, shape=list(array.shape))
             request.raw_input_contents.append(

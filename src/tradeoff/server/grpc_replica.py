@@ -17,6 +17,7 @@ import grpc
 import numpy as np
 
 from tradeoff.protocol import grpc_service_pb2 as pb
+from tradeoff.protocol.grpc_parameters import set_parameter
 from tradeoff.protocol.v2 import (
     TensorOutput,
     V2Request,
@@ -100,17 +101,6 @@ class GrpcLink:
             self._calls.clear()
 
 
-def _set_parameter(target: Any, value: Any) -> None:
-    if isinstance(value, bool):
-        target.bool_param = value
-    elif isinstance(value, int):
-        target.int64_param = value
-    elif isinstance(value, float):
-        target.double_param = value
-    else:
-        target.string_param = str(value)
-
-
 def infer_request(request: V2Request, model: str) -> pb.ModelInferRequest:
     """A v2 request as a ModelInferRequest for ``model``: every input in raw contents."""
     message = pb.ModelInferRequest(model_name=model, id=request.id or "")
@@ -124,7 +114,7 @@ def infer_request(request: V2Request, model: str) -> pb.ModelInferRequest:
         message.outputs.add(name=output.name)
     for name, value in request.parameters.items():
         if name != "binary_data_output" and value is not None:
-            _set_parameter(message.parameters[name], value)
+            set_parameter(message.parameters[name], value)
     return message
 
 

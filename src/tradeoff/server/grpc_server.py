@@ -23,6 +23,7 @@ from tradeoff import dtypes
 from tradeoff.errors import InvalidInput, NotFound, RequestError
 from tradeoff.protocol import grpc_service_pb2 as pb
 from tradeoff.protocol import model_config_pb2
+from tradeoff.protocol.grpc_parameters import parameter_value
 from tradeoff.protocol.limits import DEFAULT_LIMITS, RequestLimits
 from tradeoff.protocol.v2 import (
     RequestedOutput,
@@ -62,11 +63,6 @@ _CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_cont
              "UINT16": "uint_contents", "UINT32": "uint_contents",
              "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents",
              "BYTES": "bytes_contents"}
-
-
-def _parameter(value: pb.InferParameter | pb.ModelRepositoryParameter) -> Any:
-    kind = value.WhichOneof("parameter_choice")
-    return getattr(value, kind) if kind else None
 
 
 def _typed_contents(tensor: Any, where: str) -> np.ndarray:
@@ -119,7 +115,7 @@ def decode_infer_request(request: pb.ModelInferRequest,
     if not inputs:
         raise InvalidInput("the request has no inputs")
     outputs = [RequestedOutput(o.name) for o in request.outputs] or None
-    parameters = {k: _parameter(v) for k, v in request.parameters.items()}
+    parameters = {k: parameter_value(v) for k, v in request.parameters.items()}
     return V2Request(request.id or None, inputs, outputs, parameters)
 
 
@@ -178,7 +174,7 @@ class GrpcService:
 
     async def repository_model_load(self, request: pb.RepositoryModelLoadRequest,
                                     context: Any) -> Any:
-        parameters = {k: _parameter(v) for k, v in request.parameters.items()}
+        parameters = {k: parameter_value(v) for k, v in request.parameters.items()}
         await self.dataplane.load_model(request.model_name, parameters)
         return pb.RepositoryModelLoadResponse()
 

@@ -2,6 +2,8 @@
 
     with ServerProcess(Path("models")) as server:
         print(server.url)            # http://127.0.0.1:<port>
+    with started([ServerProcess(a), ServerProcess(b)]) as (first, second):
+        ...                          # both up; both stopped at the end
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
 
@@ -34,11 +37,27 @@ __all__ = [
     "free_port",
     "free_ports",
     "source_tree",
+    "started",
 ]
 
 
 # set for a server this module starts: it stops once that process is gone (server/runner.py)
 PARENT_PID_ENV = "TRADEOFF_PARENT_PID"
+
+
+@contextlib.contextmanager
+def started(servers: list[ServerProcess]) -> Iterator[list[ServerProcess]]:
+    """Start each server in turn; stop them all (and close their logs) at the end, also
+    when one of them fails to start."""
+    up: list[ServerProcess] = []
+    try:
+        for server in servers:
+            up.append(server.start())
+        yield up
+    finally:
+        for server in up:
+            server.stop()
+            server.close_log()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
