@@ -301,3 +301,24 @@ def test_compare_measures_the_gateway_against_a_replica(
     for entry in entries.values():
         assert entry["result"]["summary"]["throughput_rps"] > 0
         assert entry["result"]["summary"]["errors"] == 0
+
+
+def test_a_gateway_of_two_front_ends(tmp_path: Path, replicas: list[ServerProcess]) -> None:
+    """`serve --workers 2`: each front end keeps its own pool (checks, counts); the
+    statistics and /metrics add them up."""
+    write_router(tmp_path, [r.url for r in replicas], policy="round_robin")
+    gateway = ServerProcess(tmp_path, extra_args=("--workers", "2")).start()
+    try:
+        sent = 40
+        assert {added(gateway.url) for _ in range(sent)} == {1.0, 2.0}
+        stats = json.loads(request(gateway.url, "GET", "/v2/models/front/stats").body)
+        (pool,) = stats["model_stats"][0]["pools"]
+        assert sum(r["answered"] for r in pool["replicas"]) == sent
+        assert all(r["ready"] for r in pool["replicas"])
+        samples = metric_samples(gateway)
+        total = sum(v for (name, _), v in samples.items()
+                    if name == "tradeoff_gateway_replica_requests_total")
+        assert total == sent
+    finally:
+        gateway.stop()
+        gateway.close_log()

@@ -344,7 +344,9 @@ class LlamaDecoder:
         return names
 
     def synchronize(self) -> None:
-        """Nothing to wait for here: reading the tokens back waits for the stream."""
+        """Wait for the device's work (on a CPU, done when a step returns)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def new_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
         """Keys and values for ``num_blocks`` blocks; ModelLoadError, before anything is

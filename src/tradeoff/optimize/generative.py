@@ -101,12 +101,14 @@ def _decode_speed(decoder: Any, max_batch: int, seconds: float
     def run(batch: int, budget: float) -> list[float]:
         slots = [torch.arange(i * length, (i + 1) * length) for i in range(batch)]
         decoder.step([SequenceStep(prompt, 0, s) for s in slots], cache)
+        decoder.synchronize()
         times: list[float] = []
         deadline = time.perf_counter() + budget
         while len(times) < 3 or (time.perf_counter() < deadline and len(times) < steps_most):
             position = PROMPT_TOKENS + len(times)
             start = time.perf_counter()
             decoder.step([SequenceStep(torch.tensor([7]), position, s) for s in slots], cache)
+            decoder.synchronize()  # the step's device work, not only its launch
             times.append(time.perf_counter() - start)
         return times
 
@@ -141,6 +143,7 @@ def _prefill_speed(decoder: Any, seconds: float) -> dict[int, float]:
         while len(times) < 3 or (time.perf_counter() < deadline and len(times) < 50):
             start = time.perf_counter()
             decoder.step([SequenceStep(prompt, 0, slots)], cache)
+            decoder.synchronize()
             times.append(time.perf_counter() - start)
         out[size] = 1e3 * float(np.median(times))
     return out
