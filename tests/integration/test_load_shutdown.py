@@ -31,7 +31,13 @@ from .helpers import (
     request,
     wait_for,
 )
-from .model_repo import QUEUE_LIMIT, build_shutdown_repository
+from .model_repo import (
+    CONSTANT_CONFIG,
+    QUEUE_LIMIT,
+    _write,
+    add_constant_model,
+    build_shutdown_repository,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.both_modes]
 
@@ -161,6 +167,23 @@ def test_a_server_that_cannot_start_says_why_and_leaves_no_log_behind(tmp_path: 
             process.start(timeout=60)
     assert process.log.closed and not Path(process.log.name).exists()
     assert len(set(free_ports(16))) == 16
+
+
+def test_a_port_it_picked_that_another_process_took_is_picked_again(tmp_path: Path) -> None:
+    _write(tmp_path, "addc", {1: add_constant_model(1.0)},
+           CONSTANT_CONFIG.format(name="addc", extra=""))
+    process = ServerProcess(tmp_path)
+    picked = process.http_port
+    with socket.socket() as taken:  # what another test's server might do meanwhile
+        taken.bind(("127.0.0.1", picked))
+        taken.listen()
+        process.start(timeout=60)
+        try:
+            assert process.http_port != picked
+            assert request(process.url, "GET", "/v2/health/live").status == 200
+        finally:
+            assert process.stop() == 0
+            process.close_log()
 
 
 def test_a_baseline_source_tree_must_hold_the_package(tmp_path: Path) -> None:

@@ -111,6 +111,7 @@ class ServerProcess:
         self.scheme = "https" if tls else "http"
         self.host = host
         self.http_port, self.metrics_port, self.grpc_port = free_ports(3, host)
+        self._picked = (self.http_port, self.metrics_port, self.grpc_port)
         self.extra_args = extra_args
         self.cpus = cpus
         self.process: subprocess.Popen[bytes] | None = None
@@ -140,7 +141,26 @@ class ServerProcess:
 
     def start(self, timeout: float = 120.0) -> ServerProcess:
         """Start and wait until ready; on failure the child is stopped, its log closed,
-        and RuntimeError carries the log's end."""
+        and RuntimeError carries the log's end. Ports this object picked that another
+        process took between the pick and the child's bind (a free port is free only
+        until someone uses it) are picked again, twice at most."""
+        for _ in range(2):
+            try:
+                return self._start(timeout)
+            except ServerStartError as exc:
+                taken = "Address already in use" in str(exc)
+                if not taken or self._ports() != self._picked:
+                    raise
+                self.log = tempfile.NamedTemporaryFile(prefix="tradeoff-serve-", suffix=".log",
+                                                       delete=False)
+                self.http_port, self.metrics_port, self.grpc_port = free_ports(3, self.host)
+                self._picked = self._ports()
+        return self._start(timeout)
+
+    def _ports(self) -> tuple[int, int, int]:
+        return self.http_port, self.metrics_port, self.grpc_port
+
+    def _start(self, timeout: float) -> ServerProcess:
         env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
         env[PARENT_PID_ENV] = str(os.getpid())
         self.process = subprocess.Popen(self.command(), stdout=self.log, stderr=subprocess.STDOUT,
