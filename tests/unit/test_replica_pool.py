@@ -19,7 +19,7 @@ def pool(policy: str = "round_robin", count: int = 4, protocol: str = "v2",
     doc = {"pools": {"p": {"protocol": protocol, "policy": policy,
                            "replicas": [f"http://127.0.0.{i + 2}:8000" for i in range(count)],
                            **extra}}, "routes": [{"to": "p"}]}
-    made = ReplicaPool(RouterConfig.from_mapping(doc, "r.yaml", "r").pools["p"], "r")
+    made = ReplicaPool(RouterConfig.from_mapping(doc, "r.yaml", "r").pools["p"])
     for replica in made.replicas:
         replica.ready = replica.checked = True
     return made

@@ -44,6 +44,7 @@ __all__ = [
     "encode_request",
     "encode_response",
     "parse_json_object",
+    "tensor_bytes",
 ]
 
 _LITTLE_ENDIAN = sys.byteorder == "little"
@@ -81,6 +82,14 @@ class V2Request:
     @property
     def binary_output(self) -> bool:
         return bool(self.parameters.get("binary_data_output", False))
+
+    def binary_for(self, output: str) -> bool:
+        """Whether ``output`` goes back as binary data: as its own entry says, else as
+        ``binary_data_output`` does."""
+        for requested in self.outputs or ():
+            if requested.name == output and requested.binary is not None:
+                return requested.binary
+        return self.binary_output
 
 
 @dataclass(slots=True)
@@ -507,8 +516,8 @@ def _json_data(array: np.ndarray, datatype: str) -> Any:
     return flat
 
 
-def _blob(array: np.ndarray, datatype: str) -> bytes | memoryview:
-    """A tensor's bytes in the binary extension's layout."""
+def tensor_bytes(array: np.ndarray, datatype: str) -> bytes | memoryview:
+    """A tensor's bytes in the binary extension's layout (gRPC's raw contents too)."""
     if datatype == "BYTES":
         return encode_bytes_elements(array)
     array = np.ascontiguousarray(array)
@@ -528,7 +537,7 @@ def encode_response(model_name: str, model_version: str, request_id: str | None,
         entry: dict[str, Any] = {"name": out.name, "datatype": out.datatype,
                                  "shape": list(out.array.shape)}
         if out.binary:
-            blob = _blob(out.array, out.datatype)
+            blob = tensor_bytes(out.array, out.datatype)
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:
@@ -554,7 +563,7 @@ def encode_request(request: V2Request, parameters: dict[str, Any] | None = None
     entries = []
     blobs: list[bytes | memoryview] = []
     for tensor in request.inputs:
-        blob = _blob(tensor.array, tensor.datatype)
+        blob = tensor_bytes(tensor.array, tensor.datatype)
         entries.append({"name": tensor.name, "datatype": tensor.datatype,
                         "shape": list(tensor.shape),
                         "parameters": {"binary_data_size": len(blob)}})

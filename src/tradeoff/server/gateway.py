@@ -44,7 +44,7 @@ from tradeoff.repository.router import Signature
 from tradeoff.scheduling.request import Timings
 from tradeoff.server.asgi import off_loop_if_large
 from tradeoff.server.grpc_replica import infer_request, response_outputs
-from tradeoff.server.replica_pool import Replica, ReplicaPool
+from tradeoff.server.replica_pool import Replica, ReplicaPool, failure_text
 
 __all__ = ["RemoteAnswer", "RemoteStream", "infer_v2", "open_generation", "outgoing_headers",
            "pool_signature"]
@@ -52,6 +52,8 @@ __all__ = ["RemoteAnswer", "RemoteStream", "infer_v2", "open_generation", "outgo
 # a replica's status that says it never ran the request: always safe to send elsewhere
 _NOT_RUN = {429, 503}
 _GATEWAY_FAILURES = {502, 504}
+_KEYS_HINT = (" (the pool's own key comes from its api_key_env; the client's credentials "
+              "are passed on only when its forward_headers lists their header)")
 
 
 @dataclass
@@ -91,25 +93,40 @@ async def infer_v2(pool: ReplicaPool, request: V2Request, client_headers: dict[b
     exchange = await _exchange(pool, lambda r: _send(pool, r, r.request("POST", path, body,
                                                                        headers),
                                                      False, idempotent))
-    response = exchange.response
-    assert response is not None
-    length = response.headers.get(b"inference-header-content-length")
+    assert exchange.response is not None
+    return await _answer(pool, exchange.replica, len(exchange.response.body), _http_outputs,
+                         exchange.response, request)
+
+
+async def _answer(pool: ReplicaPool, replica: Replica, size: int,
+                  read: Callable[[Any, V2Request], tuple[str, list[TensorOutput]]],
+                  response: Any, request: V2Request) -> RemoteAnswer:
+    """A replica's answer read (``read``: its version and outputs; off the loop when
+    ``size`` is large); BadGateway, counted as the replica's failure, when it cannot be."""
     try:
-        answer = await off_loop_if_large(
-            len(response.body), decode_response, response.body,
-            int(length) if length is not None and length.isdigit() else None)
-    except InvalidInput as exc:
-        pool.request_failed(exchange.replica, "an unreadable answer")
-        raise BadGateway(f"replica {exchange.replica.name} of pool {pool.config.name!r} "
+        version, outputs = await off_loop_if_large(size, read, response, request)
+    except (InvalidInput, ValueError) as exc:
+        pool.request_failed(replica, "an unreadable answer")
+        raise BadGateway(f"replica {replica.name} of pool {pool.config.name!r} "
                          f"answered what cannot be read: {exc}") from None
-    wanted = {o.name: o.binary for o in request.outputs} if request.outputs else None
-    default = request.binary_output
-    for output in answer.outputs:
-        chosen = wanted.get(output.name) if wanted is not None else None
-        output.binary = default if chosen is None else chosen
     timings = Timings()
-    timings.route = f"{pool.config.name}@{exchange.replica.name}"
-    return RemoteAnswer(exchange.replica.name, answer.model_version, timings, answer.outputs)
+    timings.route = f"{pool.config.name}@{replica.name}"
+    return RemoteAnswer(replica.name, version, timings, outputs)
+
+
+def _http_outputs(response: Response, request: V2Request) -> tuple[str, list[TensorOutput]]:
+    """A v2 HTTP answer's version and outputs, each binary or JSON as the client asked."""
+    length = response.headers.get(b"inference-header-content-length")
+    answer = decode_response(response.body,
+                             int(length) if length is not None and length.isdigit() else None)
+    for output in answer.outputs:
+        output.binary = request.binary_for(output.name)
+    return answer.model_version, answer.outputs
+
+
+def _grpc_outputs(response: pb.ModelInferResponse, request: V2Request
+                  ) -> tuple[str, list[TensorOutput]]:
+    return response.model_version, response_outputs(response, request)
 
 
 async def pool_signature(pool: ReplicaPool) -> tuple[Signature, int]:
@@ -138,7 +155,7 @@ async def pool_signature(pool: ReplicaPool) -> tuple[Signature, int]:
                 timeout=pool.config.timeout_s)
             kept = True
         except (OSError, TimeoutError, ConnectionError) as exc:
-            problems.append(f"{replica.name}: {exc or type(exc).__name__}")
+            problems.append(f"{replica.name}: {failure_text(exc)}")
             continue
         finally:
             replica.release(connection, kept)
@@ -217,9 +234,9 @@ class RemoteStream:
         error = task.exception()
         if error is not None:
             self._end(False)
-            self.pool.request_failed(self.replica, f"its answer broke off: {error}")
+            self.pool.request_failed(self.replica, f"its answer broke off: {failure_text(error)}")
             raise BadGateway(f"replica {self.replica.name} of pool {self.pool.config.name!r}"
-                             f" broke off its answer: {error or type(error).__name__}")
+                             f" broke off its answer: {failure_text(error)}")
         self._end(True)
 
     def close(self) -> None:
@@ -347,7 +364,7 @@ async def _send(pool: ReplicaPool, replica: Replica, raw: bytes, stream: bool,
         raise
     except (OSError, TimeoutError, ConnectionError) as exc:
         replica.release(connection, kept=False)
-        why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        why = failure_text(exc)
         pool.request_failed(replica, why)
         if isinstance(exc, ConnectionRefusedError):
             return _NotSent(f"{name} refused the connection: {why}")
@@ -377,9 +394,7 @@ async def _send(pool: ReplicaPool, replica: Replica, raw: bytes, stream: bool,
         return NotFound(f"{name} does not serve model {pool.config.model!r}: {message}")
     replica.finished(False)
     if status in (401, 403):
-        raise BadGateway(f"{name} refused the gateway ({status}): {message} (the pool's "
-                         "own key comes from its api_key_env; the client's credentials are "
-                         "passed on only when its forward_headers lists their header)")
+        raise BadGateway(f"{name} refused the gateway ({status}): {message}{_KEYS_HINT}")
     if status == 413:
         raise PayloadTooLarge(f"{name}: {message}")
     if 400 <= status < 500:
@@ -396,16 +411,8 @@ async def _infer_grpc(pool: ReplicaPool, request: V2Request,
     exchange = await _exchange(pool, lambda r: _send_grpc(pool, r, message, metadata,
                                                           idempotent))
     assert exchange.grpc is not None
-    try:
-        outputs = await off_loop_if_large(exchange.grpc.ByteSize(), response_outputs,
-                                          exchange.grpc, request)
-    except (InvalidInput, ValueError) as exc:
-        pool.request_failed(exchange.replica, "an unreadable answer")
-        raise BadGateway(f"replica {exchange.replica.name} of pool {pool.config.name!r} "
-                         f"answered what cannot be read: {exc}") from None
-    timings = Timings()
-    timings.route = f"{pool.config.name}@{exchange.replica.name}"
-    return RemoteAnswer(exchange.replica.name, exchange.grpc.model_version, timings, outputs)
+    return await _answer(pool, exchange.replica, exchange.grpc.ByteSize(), _grpc_outputs,
+                         exchange.grpc, request)
 
 
 async def _send_grpc(pool: ReplicaPool, replica: Replica, message: pb.ModelInferRequest,
@@ -437,10 +444,8 @@ async def _send_grpc(pool: ReplicaPool, replica: Replica, message: pb.ModelInfer
         if code == grpc.StatusCode.INVALID_ARGUMENT:
             raise InvalidInput(f"{name}: {details}") from None
         if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
-            raise BadGateway(f"{name} refused the gateway ({code.name}): {details} (the "
-                             "pool's own key comes from its api_key_env; the client's "
-                             "credentials are passed on only when its forward_headers "
-                             "lists their header)") from None
+            raise BadGateway(f"{name} refused the gateway ({code.name}): "
+                             f"{details}{_KEYS_HINT}") from None
         raise BadGateway(f"{name} failed the request ({code.name}): {details}") from None
     finally:
         replica.give_slot()

@@ -14,16 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 import grpc
-import numpy as np
 
 from tradeoff.protocol import grpc_service_pb2 as pb
 from tradeoff.protocol.grpc_parameters import set_parameter
-from tradeoff.protocol.v2 import (
-    TensorOutput,
-    V2Request,
-    decode_binary_tensor,
-    encode_bytes_elements,
-)
+from tradeoff.protocol.v2 import TensorOutput, V2Request, decode_binary_tensor, tensor_bytes
 from tradeoff.repository.router import ReplicaConfig, Signature
 
 __all__ = ["GrpcLink", "infer_request", "response_outputs"]
@@ -107,9 +101,7 @@ def infer_request(request: V2Request, model: str) -> pb.ModelInferRequest:
     for tensor in request.inputs:
         message.inputs.add(name=tensor.name, datatype=tensor.datatype,
                            shape=list(tensor.shape))
-        message.raw_input_contents.append(
-            encode_bytes_elements(tensor.array) if tensor.datatype == "BYTES"
-            else np.ascontiguousarray(tensor.array).tobytes())
+        message.raw_input_contents.append(bytes(tensor_bytes(tensor.array, tensor.datatype)))
     for output in request.outputs or ():
         message.outputs.add(name=output.name)
     for name, value in request.parameters.items():
@@ -124,12 +116,7 @@ def response_outputs(response: pb.ModelInferResponse, request: V2Request) -> lis
     if len(raw) != len(response.outputs):
         raise ValueError(f"{len(raw)} raw output contents for {len(response.outputs)} "
                          "outputs")
-    wanted = {o.name: o.binary for o in request.outputs} if request.outputs else {}
-    outputs = []
-    for tensor, contents in zip(response.outputs, raw, strict=True):
-        array = decode_binary_tensor(memoryview(contents), tensor.datatype,
-                                     tuple(tensor.shape), f"output {tensor.name!r}")
-        binary = wanted.get(tensor.name)
-        outputs.append(TensorOutput(tensor.name, array, tensor.datatype,
-                                    request.binary_output if binary is None else binary))
-    return outputs
+    return [TensorOutput(tensor.name, decode_binary_tensor(
+                memoryview(contents), tensor.datatype, tuple(tensor.shape),
+                f"output {tensor.name!r}"), tensor.datatype, request.binary_for(tensor.name))
+            for tensor, contents in zip(response.outputs, raw, strict=True)]

@@ -30,7 +30,7 @@ from tradeoff.protocol.v2 import (
     TensorInput,
     V2Request,
     decode_binary_tensor,
-    encode_bytes_elements,
+    tensor_bytes,
 )
 from tradeoff.server.access import Access
 from tradeoff.server.dataplane import DataPlane
@@ -206,9 +206,7 @@ class GrpcService:
         for out in outputs:
             response.outputs.add(name=out.name, datatype=out.datatype,
                                  shape=list(out.array.shape))
-            response.raw_output_contents.append(
-                encode_bytes_elements(out.array) if out.datatype == "BYTES"
-                else np.ascontiguousarray(out.array).tobytes())
+            response.raw_output_contents.append(bytes(tensor_bytes(out.array, out.datatype)))
         return response, timings.server_timing()
 
     async def model_stream_infer(self, requests: Any, context: Any) -> Any:

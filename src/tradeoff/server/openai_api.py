@@ -131,6 +131,7 @@ class OpenAIApi:
         doc = await off_loop_if_large(len(body), orjson.loads, body)
 
         decision = router.decide(parameters)
+        route_priority = router.config.routes[decision.route].priority  # checked at load
 
         async def attempt(target: Target) -> RemoteStream | None:
             pool = router.pools.get(target.model)
@@ -146,7 +147,6 @@ class OpenAIApi:
             # a route's priority replaces the client's; a client's own is held to what its
             # key allows here, as a local engine would hold it (the replica trusts the
             # gateway's key, not the client's claim)
-            route_priority = router.config.routes[decision.route].priority
             sent = doc
             if route_priority is not None:
                 sent = {**doc, "priority": route_priority}
@@ -161,8 +161,7 @@ class OpenAIApi:
                                            decision=decision)
         if stream is None:
             request.model = target.model
-            priority = router.config.routes[decision.route].priority  # checked at load
-            return False, None if priority is None else GenerationPriority(priority)
+            return False, None if route_priority is None else GenerationPriority(route_priority)
         await _relay(stream, bool(request.stream), f"{target.model}@{stream.replica.name}",
                      receive, send)
         return True, None

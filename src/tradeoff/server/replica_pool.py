@@ -2,7 +2,7 @@
 is healthy, and the connections kept to each. What goes over those connections is
 :mod:`tradeoff.server.gateway`'s.
 
-    pool = ReplicaPool(config, router="front")       # config: a router.yaml pool
+    pool = ReplicaPool(config)                        # config: a router.yaml pool
     await pool.start()                                # first checks, then every interval
     replica = pool.choose(tried=set(), prefix=blocks, session=None)
     connection = await replica.acquire()              # at most `connections` at once
@@ -38,7 +38,7 @@ from tradeoff.repository.router import PoolConfig, ReplicaConfig
 from tradeoff.server.grpc_replica import GrpcLink
 from tradeoff.server.prefix_index import PrefixIndex
 
-__all__ = ["MIN_RETRIES", "Replica", "ReplicaPool", "ReplicaStats"]
+__all__ = ["MIN_RETRIES", "Replica", "ReplicaPool", "ReplicaStats", "failure_text"]
 
 log = logging.getLogger("tradeoff.server")
 
@@ -205,9 +205,8 @@ class ReplicaPool:
     """The replicas of one ``router.yaml`` pool, the policy that picks one, and their
     health checks."""
 
-    def __init__(self, config: PoolConfig, router: str) -> None:
+    def __init__(self, config: PoolConfig) -> None:
         self.config = config
-        self.router = router
         key = None
         if config.api_key_env is not None:
             key = os.environ.get(config.api_key_env)
@@ -223,7 +222,6 @@ class ReplicaPool:
         self._random = random.Random()
         self._checker: asyncio.Task[None] | None = None
         self._check_connections: dict[int, Connection] = {}
-        self._stopping = False
 
     @property
     def in_flight(self) -> int:
@@ -336,7 +334,7 @@ class ReplicaPool:
 
     async def _check_forever(self) -> None:
         interval = self.config.health.interval_s
-        while not self._stopping:
+        while True:  # until stop cancels it
             await asyncio.sleep(interval)
             await self._check_all()
 
@@ -359,7 +357,7 @@ class ReplicaPool:
             response = await connection.request(replica.request("GET", path),
                                                 timeout=health.timeout_s)
         except (OSError, TimeoutError, ConnectionError) as exc:
-            return False, f"its readiness check failed: {exc or type(exc).__name__}"
+            return False, f"its readiness check failed: {failure_text(exc)}"
         return response.status == 200, f"its readiness check answered {response.status}"
 
     async def _check(self, replica: Replica) -> None:
@@ -389,13 +387,9 @@ class ReplicaPool:
 
     # ------------------------------------------------------------ lifecycle
 
-    def begin_drain(self, timeout_s: float) -> None:
-        """Nothing queues here: requests in flight finish at their replicas."""
-
     async def stop(self, timeout_s: float | None = None) -> None:
         """Stop checking; wait (up to ``timeout_s``) for requests in flight, then close
         the connections."""
-        self._stopping = True
         if self._checker is not None:
             self._checker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -416,6 +410,11 @@ class ReplicaPool:
         return {"pool": self.config.name, "protocol": self.config.protocol,
                 "model": self.config.model, "policy": self.config.policy,
                 "replicas": [r.snapshot() for r in self.replicas]}
+
+
+def failure_text(exc: BaseException) -> str:
+    """An exception as one line, its type too: ``TimeoutError`` says nothing else."""
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 def _rendezvous(key: str, url: str) -> int:

@@ -215,8 +215,7 @@ class RoutedModel:
         self.signature = signature  # None for a router of generative models
         self.generative = generative
         self.max_batch_size = max_batch_size  # the least max_batch_size of the targets
-        self.pools = {pool_name: ReplicaPool(pool, name)
-                      for pool_name, pool in config.pools.items()}
+        self.pools = {pool_name: ReplicaPool(pool) for pool_name, pool in config.pools.items()}
         self.stats = RouterStats(name, config, pools=list(self.pools.values()))
         self.shadows_in_flight = 0
         self._random = random.Random()
