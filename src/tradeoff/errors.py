@@ -68,6 +68,7 @@ __all__ = [
     "Unauthorized",
     "Unavailable",
     "capped",
+    "failure_text",
     "local_resource",
     "shown",
 ]
@@ -83,6 +84,11 @@ def capped(text: str, limit: int = MESSAGE_LIMIT) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
+def failure_text(exc: BaseException) -> str:
+    """An exception as one line, its type too: ``TimeoutError`` says nothing else."""
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 def shown(value: object) -> str:

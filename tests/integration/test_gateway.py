@@ -322,3 +322,63 @@ def test_a_gateway_of_two_front_ends(tmp_path: Path, replicas: list[ServerProces
     finally:
         gateway.stop()
         gateway.close_log()
+
+
+SLOW_CONFIG = """name: "work"
+backend: "synthetic"
+max_batch_size: 0
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+"""
+
+
+def slow_replica(root: Path, host: str, cost_ms: float) -> ServerProcess:
+    """A replica of ``work``, a synthetic model taking ``cost_ms`` a request, one at a
+    time: a few clients make it a queue."""
+    directory = root / "work"
+    (directory / "1").mkdir(parents=True)
+    (directory / "1" / "model.json").write_text(json.dumps({
+        "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [4]}],
+        "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [4],
+                     "copy_of": "INPUT0"}],
+        "cost": {"fixed_ms": cost_ms, "per_row_ms": 0.0}}))
+    (directory / "config.pbtxt").write_text(SLOW_CONFIG)
+    return ServerProcess(root, host=host)
+
+
+def test_least_outstanding_counts_the_queue_each_replica_reports(tmp_path: Path) -> None:
+    """Clients that do not pass through the gateway fill one replica's queue; the gateway
+    reads it from the replica's /metrics and sends nothing there, its own first request
+    included (with no answer times yet, both replicas cost alike but for that queue)."""
+    work = [{"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": ROW}]
+    with started([slow_replica(tmp_path / f"r{i}", host, 20.0)
+                  for i, host in enumerate(HOSTS)]) as (busy, idle):
+        write_router(tmp_path, [{"url": r.url, "metrics": r.metrics_url}
+                                for r in (busy, idle)], model="work",
+                     policy="least_outstanding", queue={"server": "tradeoff",
+                                                        "interval_s": 0.1})
+        with background_load(lambda: infer_json(busy.url, "work", work).status,
+                             threads=6) as statuses, \
+                started([ServerProcess(tmp_path)]) as (gateway,):
+
+            def reported() -> dict[str, float | None]:
+                stats = json.loads(request(gateway.url, "GET",
+                                           "/v2/models/front/stats").body)
+                (pool,) = stats["model_stats"][0]["pools"]
+                return {r["replica"]: r["reported_queue"] for r in pool["replicas"]}
+
+            wait_for(lambda: (reported().get(busy.url.removeprefix("http://")) or 0) >= 3,
+                     "the busy replica's queue, as the gateway read it", timeout=20)
+            assert reported()[idle.url.removeprefix("http://")] == 0
+            for _ in range(8):
+                response = infer_json(gateway.url, "front", work)
+                assert response.status == 200, response.body
+                routed = json.loads(response.body)["parameters"]["routed_to"]
+                assert routed == f"addc_pool@{idle.url.removeprefix('http://')}"
+            samples = metric_samples(gateway)
+            queued = {dict(labels)["replica"]: value for (name, labels), value
+                      in samples.items()
+                      if name == "tradeoff_gateway_replica_reported_queue"}
+            assert set(queued) == {busy.url.removeprefix("http://"),
+                                   idle.url.removeprefix("http://")}
+        assert set(statuses) == {200}

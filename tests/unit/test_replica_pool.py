@@ -11,6 +11,7 @@ import pytest
 from tradeoff.errors import ModelLoadError
 from tradeoff.repository.router import RouterConfig
 from tradeoff.server.prefix_index import PrefixIndex
+from tradeoff.server.queue_report import gauge_sum
 from tradeoff.server.replica_pool import MIN_RETRIES, ReplicaPool
 
 
@@ -85,6 +86,59 @@ def test_prefix_sends_a_prompt_back_where_its_prefix_went_unless_that_one_is_cro
     stats = made.replicas[homes[0]].stats
     assert (stats.prefix_blocks_matched, stats.prefix_blocks) == \
         (len(prompts[0]), 2 * len(prompts[0]))  # matched the second time
+
+
+def test_the_queue_a_replica_reports_counts_as_its_load_while_recent(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    made = pool("least_outstanding", count=2, queue="tradeoff")
+    assert made.queues is not None
+    busy, idle = made.replicas
+    busy.report_queue(5)
+    idle.report_queue(0)
+    assert chosen(made, 4) == [1, 1, 1, 1]
+    idle.in_flight = 5  # its own 5 against the other's 5 waiting and none of ours
+    assert Counter(chosen(made, 4)) == Counter({0: 2, 1: 2})
+    idle.in_flight = 0
+    busy.report_queue(None)  # a failed reading counts nothing
+    assert Counter(chosen(made, 4)) == Counter({0: 2, 1: 2})
+    busy.report_queue(5)
+    later = time.monotonic() + 1.5  # older than three readings (at least 1 s): stale
+    monkeypatch.setattr(time, "monotonic", lambda: later)
+    assert busy.queued(later) == 0 and Counter(chosen(made, 4)) == Counter({0: 2, 1: 2})
+
+
+def test_prefix_balances_on_the_queue_a_replica_reports() -> None:
+    made = pool("prefix", count=2, protocol="openai", queue="tradeoff")
+    assert made.prefixes is not None
+    prompt = made.prefixes.blocks(b"system prompt " * 40)
+    home = chosen(made, 1, prefix=prompt)[0]
+    made.replicas[home].report_queue(8)  # others filled its queue: the prompt moves
+    assert chosen(made, 1, prefix=prompt) == [1 - home]
+
+
+@pytest.mark.parametrize(("text", "metric", "labels", "expected"), [
+    (b'# HELP tradeoff_inference_queue_depth Requests waiting\n'
+     b'# TYPE tradeoff_inference_queue_depth gauge\n'
+     b'tradeoff_inference_queue_depth{model="mlp",version="1"} 3.0\n'
+     b'tradeoff_inference_queue_depth{model="mlp_small",version="1"} 9.0\n'
+     b'tradeoff_inference_queue_depth_total{model="mlp"} 100\n',
+     "tradeoff_inference_queue_depth", [("model", "mlp")], 3.0),
+    (b'nv_inference_pending_request_count{model="bert",version="1"} 2\n'
+     b'nv_inference_pending_request_count{model="bert",version="2"} 4\n',
+     "nv_inference_pending_request_count", [("model", "bert")], 6.0),
+    (b'vllm:num_requests_waiting{engine="0",model_name="meta/llama"} 7.0 1700000000\r\n',
+     "vllm:num_requests_waiting", [("model_name", "meta/llama")], 7.0),
+    (b'waiting{name="a \\"quoted\\" one"} 1\nwaiting 2\n', "waiting",
+     [("name", 'a "quoted" one')], 1.0),
+    (b'waiting 2\n', "waiting", [], 2.0),
+    (b'waiting{model="x"} NaN\n', "waiting", [("model", "x")], None),
+    (b'waiting{model="x"} 1\n', "waiting", [("model", "y")], None),
+    (b'not prometheus at all', "waiting", [], None),
+])
+def test_a_gauge_is_read_from_prometheus_text(text: bytes, metric: str,
+                                              labels: list[tuple[str, str]],
+                                              expected: float | None) -> None:
+    assert gauge_sum(text, metric, labels) == expected
 
 
 def test_failures_in_a_row_eject_and_a_success_resets_the_count() -> None:

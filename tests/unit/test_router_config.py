@@ -10,6 +10,7 @@ import pytest
 from tradeoff.errors import ConfigError
 from tradeoff.repository.router import (
     Condition,
+    QueueReport,
     RouterConfig,
     Signature,
     Target,
@@ -174,12 +175,46 @@ def test_a_pool_is_a_target_beside_the_local_models() -> None:
     ({"retry_budget": 2}, "pools.remote.retry_budget: must be a number from 0 to 1"),
     ({"api_key_env": "not a name"}, "must name an environment variable"),
     ({"health": {"interval_s": 0}}, "pools.remote.health.interval_s: must be a number"),
+    ({"queue": "trition"}, "pools.remote.queue.server: must be one of tradeoff, "
+                           "tradeoff-generation, triton, vllm; did you mean 'triton'?"),
+    ({"queue": {}}, "name the replicas' server or the metric to read"),
+    ({"queue": {"metric": "a b"}}, "pools.remote.queue.metric: must be a Prometheus metric"),
+    ({"queue": {"server": "vllm", "labels": ["model"]}}, "queue.labels: must map label"),
+    ({"queue": {"metric": "q", "path": "metrics"}}, "queue.path: must be a path"),
+    ({"queue": ["triton"]}, "pools.remote.queue: must name the replicas' server"),
+    ({"protocol": "v2-grpc", "replicas": ["grpc://a:1"], "queue": {"metric": "q"}},
+     "queue.port: a gRPC replica's metrics are on another port"),
+    ({"replicas": [{"url": "http://a:1", "metrics": "a:2/metrics"}]},
+     "metrics: 'a:2/metrics': give http://HOST:PORT"),
 ])
 def test_a_pool_mistake_is_one_line_naming_the_field(change: dict, message: str) -> None:
     pool = {**POOLS["pools"]["remote"], **change}  # type: ignore[dict-item]
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")
                        .replace("?", r"\?")):
         RouterConfig.from_mapping({**POOLS, "pools": {"remote": pool}}, "r.yaml", name="front")
+
+
+def test_a_pool_reads_its_replicas_queues_from_their_metrics() -> None:
+    def queue(value: object, **pool: object) -> QueueReport | None:
+        doc = {**POOLS["pools"]["remote"], "queue": value, **pool}  # type: ignore[dict-item]
+        config = RouterConfig.from_mapping({**POOLS, "pools": {"remote": doc}}, "r.yaml")
+        return config.pools["remote"].queue
+
+    assert queue("triton") == QueueReport("nv_inference_pending_request_count",
+                                          (("model", "mlp"),), 8002)
+    assert queue("tradeoff") == QueueReport("tradeoff_inference_queue_depth",
+                                            (("model", "mlp"),), 8002)
+    assert queue("tradeoff", protocol="openai").metric == "tradeoff_generation_requests_waiting"
+    assert queue({"server": "vllm", "port": 9100, "interval_s": 1}) == QueueReport(
+        "vllm:num_requests_waiting", (("model_name", "mlp"),), 9100, "/metrics", 1.0)
+    assert queue({"metric": "waiting", "labels": {"deployment": "a"}}) == QueueReport(
+        "waiting", (("deployment", "a"),))
+    assert queue(None) is None
+    replicas = [{"url": "grpc://127.0.0.2:8001", "metrics": "http://127.0.0.2:8002/metrics"}]
+    grpc = RouterConfig.from_mapping({**POOLS, "pools": {"remote": {
+        "protocol": "v2-grpc", "model": "mlp", "replicas": replicas,
+        "queue": {"metric": "waiting"}}}}, "r.yaml").pools["remote"]
+    assert grpc.replicas[0].metrics == "http://127.0.0.2:8002/metrics"
 
 
 def test_a_pool_has_no_versions_and_hides_nothing() -> None:

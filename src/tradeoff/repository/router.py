@@ -22,6 +22,9 @@ that sends each request to one of its targets.
         policy: least_outstanding            # round_robin, least_outstanding,
                                              # power_of_two, prefix, session
         replicas: [http://127.0.0.2:8000, {url: http://127.0.0.3:8000, drain: true}]
+        queue: tradeoff                      # read each replica's own queue from its
+                                             # /metrics: tradeoff, triton, vllm, or
+                                             # {metric, labels, port, path, interval_s}
 
 This module reads and checks the file and decides where a request goes; serving it is
 the server's. Errors name the file and the field, with "did you mean" for a misspelling.
@@ -36,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from tradeoff.errors import ConfigError, shown
 from tradeoff.repository.safe_yaml import read_yaml
@@ -51,6 +54,8 @@ __all__ = [
     "POOL_FIELDS",
     "PRIORITY_LIMIT",
     "PROTOCOLS",
+    "QUEUE_FIELDS",
+    "QUEUE_SERVERS",
     "REPLICA_FIELDS",
     "ROUTE_FIELDS",
     "TARGET_FIELDS",
@@ -59,6 +64,7 @@ __all__ = [
     "Decision",
     "HealthCheck",
     "PoolConfig",
+    "QueueReport",
     "ReplicaConfig",
     "Route",
     "RouterConfig",
@@ -72,10 +78,19 @@ __all__ = [
 
 TOP_FIELDS = ("routes", "fallback", "shadow", "idempotent", "hide_targets", "pools")
 POOL_FIELDS = ("protocol", "model", "policy", "replicas", "session", "health", "timeout_s",
-               "connections", "retry_budget", "forward_headers", "balance", "api_key_env")
-REPLICA_FIELDS = ("url", "drain")
+               "connections", "retry_budget", "forward_headers", "balance", "api_key_env", "queue")
+REPLICA_FIELDS = ("url", "drain", "metrics")
 HEALTH_FIELDS = ("path", "interval_s", "timeout_s", "eject_after", "eject_s")
 PROTOCOLS = ("v2", "v2-grpc", "openai")
+QUEUE_FIELDS = ("server", "metric", "labels", "port", "path", "interval_s")
+# The gauge each kind of server reports its waiting requests in, the label naming the
+# model, and the port of its /metrics (None: the replica's own)
+QUEUE_SERVERS: dict[str, tuple[str, str, int | None]] = {
+    "tradeoff": ("tradeoff_inference_queue_depth", "model", 8002),
+    "tradeoff-generation": ("tradeoff_generation_requests_waiting", "model", 8002),
+    "triton": ("nv_inference_pending_request_count", "model", 8002),
+    "vllm": ("vllm:num_requests_waiting", "model_name", None),
+}
 POLICIES = ("round_robin", "least_outstanding", "power_of_two", "prefix", "session")
 MAX_REPLICAS = 256
 ROUTE_FIELDS = ("when", "to", "sticky", "priority")
@@ -185,7 +200,8 @@ class Decision:
 @dataclass(frozen=True)
 class ReplicaConfig:
     """One server of a pool: its base URL (scheme, host, port, and a path prefix if
-    any), and whether it is draining (no new requests)."""
+    any), whether it is draining (no new requests), and where its Prometheus metrics
+    are when they are not where the pool's ``queue`` says."""
 
     url: str
     scheme: str
@@ -193,6 +209,7 @@ class ReplicaConfig:
     port: int
     prefix: str = ""
     drain: bool = False
+    metrics: str | None = None  # http(s)://HOST:PORT/PATH
 
     @property
     def name(self) -> str:
@@ -214,6 +231,20 @@ class HealthCheck:
 
 
 @dataclass(frozen=True)
+class QueueReport:
+    """Where each replica of a pool reports the requests waiting in its own queue: the
+    gauge ``metric`` (its samples with ``labels`` summed) in the Prometheus text at
+    ``path`` on the replica's host and ``port`` (None: the replica's port), read every
+    ``interval_s``."""
+
+    metric: str
+    labels: tuple[tuple[str, str], ...]
+    port: int | None = None
+    path: str = "/metrics"
+    interval_s: float = 0.25
+
+
+@dataclass(frozen=True)
 class PoolConfig:
     """Replicas of one model on other servers, and how requests are spread over them."""
 
@@ -232,6 +263,7 @@ class PoolConfig:
     balance: float = 1.5         # prefix: a replica over this x the mean load is passed over
     api_key_env: str | None = None  # the gateway's own key for the replicas, from this
     # environment variable (Authorization: Bearer), never written in the file
+    queue: QueueReport | None = None  # the replicas' own queues, read from their metrics
 
 
 @dataclass(frozen=True)
@@ -413,36 +445,96 @@ def _pool(name: str, doc: Any, source: str, where: str) -> PoolConfig:
         _number(doc, "retry_budget", 0.5, source, at, low=0, high=1),
         lowered,
         _number(doc, "balance", 1.5, source, at, low=1, high=100),
-        key_env)
+        key_env,
+        _queue(doc.get("queue"), source, f"{at}queue", protocol, model, replicas))
 
 
 def _replica(raw: Any, source: str, where: str, protocol: str) -> ReplicaConfig:
-    drain = False
+    drain, metrics = False, None
     if isinstance(raw, dict):
         _known(raw, REPLICA_FIELDS, source, f"{where}.")
         drain = raw.get("drain", False)
         if not isinstance(drain, bool):
             raise ConfigError(source, f"{where}.drain", "must be true or false")
+        if "metrics" in raw:
+            metrics = raw["metrics"]
+            _url(metrics, source, f"{where}.metrics", ("http", "https"))
         raw = raw.get("url")
     if not isinstance(raw, str) or not raw:
-        raise ConfigError(source, where, "must be a URL, or {url, drain}")
-    try:
-        parts = urlsplit(raw)
-        port = parts.port
-    except ValueError as exc:
-        raise ConfigError(source, where, f"{shown(raw)} is not a URL: {exc}") from None
+        raise ConfigError(source, where, "must be a URL, or {url, drain, metrics}")
     schemes = ("grpc",) if protocol == "v2-grpc" else ("http", "https")
-    if parts.scheme not in schemes or not parts.hostname:
-        example = "grpc://HOST:PORT" if protocol == "v2-grpc" else "http://HOST:PORT (or https)"
-        raise ConfigError(source, where, f"{shown(raw)}: give {example}")
+    parts = _url(raw, source, where, schemes)
+    port = parts.port
     if protocol == "v2-grpc" and (port is None or parts.path.strip("/")):
         raise ConfigError(source, where, f"{shown(raw)}: give grpc://HOST:PORT, no path")
+    port = port or (443 if parts.scheme == "https" else 80)
+    assert parts.hostname is not None
+    return ReplicaConfig(raw, parts.scheme, parts.hostname, port,
+                         parts.path.rstrip("/"), drain, metrics)
+
+
+def _url(raw: Any, source: str, where: str, schemes: Sequence[str]) -> SplitResult:
+    """A replica's URL, checked: one of ``schemes``, a host, no credentials, query or
+    fragment."""
+    if not isinstance(raw, str) or not raw:
+        raise ConfigError(source, where, "must be a URL")
+    try:
+        parts = urlsplit(raw)
+        parts.port  # noqa: B018 (a bad port raises here)
+    except ValueError as exc:
+        raise ConfigError(source, where, f"{shown(raw)} is not a URL: {exc}") from None
+    if parts.scheme not in schemes or not parts.hostname:
+        example = "grpc://HOST:PORT" if "grpc" in schemes else "http://HOST:PORT (or https)"
+        raise ConfigError(source, where, f"{shown(raw)}: give {example}")
     if parts.username or parts.password or parts.query or parts.fragment:
         raise ConfigError(source, where, f"{shown(raw)}: no credentials, query or "
                           "fragment in a replica's URL (forward_headers passes a key on)")
-    port = port or (443 if parts.scheme == "https" else 80)
-    return ReplicaConfig(raw, parts.scheme, parts.hostname, port,
-                         parts.path.rstrip("/"), drain)
+    return parts
+
+
+def _queue(raw: Any, source: str, where: str, protocol: str, model: str,
+           replicas: Sequence[ReplicaConfig]) -> QueueReport | None:
+    """A pool's ``queue``: a server's name (its gauge, label and port), or a mapping
+    that names the server or the metric and may set the rest."""
+    if raw is None:
+        return None
+    if isinstance(raw, str):
+        raw = {"server": raw}
+    if not isinstance(raw, dict):
+        raise ConfigError(source, where, f"must name the replicas' server "
+                          f"({', '.join(QUEUE_SERVERS)}) or map {', '.join(QUEUE_FIELDS)}")
+    _known(raw, QUEUE_FIELDS, source, f"{where}.")
+    server = raw.get("server")
+    if server is None and "metric" not in raw:
+        raise ConfigError(source, where, "name the replicas' server or the metric to read")
+    metric, label, port = None, "model", None
+    if server is not None:
+        server = _choice(raw, "server", "", tuple(QUEUE_SERVERS), source, f"{where}.")
+        if server == "tradeoff" and protocol == "openai":
+            server = "tradeoff-generation"  # a generative model's waiting requests
+        metric, label, port = QUEUE_SERVERS[server]
+    metric = raw.get("metric", metric)
+    if not isinstance(metric, str) or re.fullmatch(r"[A-Za-z_:][A-Za-z0-9_:]{0,199}",
+                                                  metric) is None:
+        raise ConfigError(source, f"{where}.metric", "must be a Prometheus metric name")
+    labels = raw.get("labels", {label: model})
+    if not isinstance(labels, dict) or not all(
+            isinstance(k, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,99}", k) and
+            isinstance(v, str) and len(v) <= 256 for k, v in labels.items()):
+        raise ConfigError(source, f"{where}.labels", "must map label names to values")
+    if "port" in raw:
+        port = _number(raw, "port", 0, source, f"{where}.", low=1, high=65535, integer=True)
+    elif protocol == "v2-grpc" and port is None and \
+            any(r.metrics is None for r in replicas):
+        raise ConfigError(source, f"{where}.port", "a gRPC replica's metrics are on "
+                          "another port: give the port of its HTTP /metrics")
+    path = raw.get("path", "/metrics")
+    if not isinstance(path, str) or not path.startswith("/") or \
+            any(c in path for c in " \r\n#"):
+        raise ConfigError(source, f"{where}.path", "must be a path such as /metrics")
+    return QueueReport(metric, tuple(sorted(labels.items())), port, path,
+                       _number(raw, "interval_s", 0.25, source, f"{where}.", low=0.05,
+                               high=3600))
 
 
 def _health(raw: Any, source: str, where: str) -> HealthCheck:

@@ -36,6 +36,7 @@ from tradeoff.errors import (
     PayloadTooLarge,
     RequestError,
     Unavailable,
+    failure_text,
 )
 from tradeoff.protocol import grpc_service_pb2 as pb
 from tradeoff.protocol.http_client import Connection, Response
@@ -44,7 +45,7 @@ from tradeoff.repository.router import Signature
 from tradeoff.scheduling.request import Timings
 from tradeoff.server.asgi import off_loop_if_large
 from tradeoff.server.grpc_replica import infer_request, response_outputs
-from tradeoff.server.replica_pool import Replica, ReplicaPool, failure_text
+from tradeoff.server.replica_pool import Replica, ReplicaPool
 
 __all__ = ["RemoteAnswer", "RemoteStream", "infer_v2", "open_generation", "outgoing_headers",
            "pool_signature"]

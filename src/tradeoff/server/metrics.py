@@ -390,6 +390,9 @@ def _replica_families(routers: list[RoutedModel]) -> Iterator:
     ready = GaugeMetricFamily("tradeoff_gateway_replica_ready",
                               "1 when a replica takes requests (ready, not ejected or "
                               "draining)", labels=labels)
+    queued = GaugeMetricFamily("tradeoff_gateway_replica_reported_queue",
+                               "Requests waiting in a replica's own queue, by its last "
+                               "report (pools with queue)", labels=labels)
     for router, pool in pools:
         for replica in pool.replicas:
             names = [router, pool.config.name, replica.name]
@@ -401,7 +404,9 @@ def _replica_families(routers: list[RoutedModel]) -> Iterator:
             latency.add_metric(names, stats.answered, stats.latency_s)
             in_flight.add_metric(names, replica.in_flight)
             ready.add_metric(names, 1 if replica.available(time.monotonic()) else 0)
-    yield from (*counted.values(), prefix, latency, in_flight, ready)
+            if replica.reported_queue is not None:
+                queued.add_metric(names, replica.reported_queue)
+    yield from (*counted.values(), prefix, latency, in_flight, ready, queued)
 
 
 def make_registry(manager: ModelManager, dataplane: DataPlane | None = None

@@ -16,6 +16,10 @@ ready). A replica that fails ``eject_after`` requests in a row (a refused connec
 timeout, a 5xx) is ejected at once and stays out for at least ``eject_s``, until a check
 passes. A draining replica takes no new requests. Retries are bounded by a budget: at
 most ``retry_budget`` of the requests in flight (and at least 3) may be retries.
+
+Load: a replica's load is the requests this gateway has in flight there, plus, for a
+pool with ``queue``, the requests its last report says wait in its own queue (what other
+clients and gateways sent it; :mod:`tradeoff.server.queue_report`).
 """
 
 from __future__ import annotations
@@ -32,13 +36,14 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from tradeoff.errors import ModelLoadError
+from tradeoff.errors import ModelLoadError, failure_text
 from tradeoff.protocol.http_client import Connection, build_request
 from tradeoff.repository.router import PoolConfig, ReplicaConfig
 from tradeoff.server.grpc_replica import GrpcLink
 from tradeoff.server.prefix_index import PrefixIndex
+from tradeoff.server.queue_report import QueueReader
 
-__all__ = ["MIN_RETRIES", "Replica", "ReplicaPool", "ReplicaStats", "failure_text"]
+__all__ = ["MIN_RETRIES", "Replica", "ReplicaPool", "ReplicaStats"]
 
 log = logging.getLogger("tradeoff.server")
 
@@ -85,6 +90,9 @@ class Replica:
         self._load = 0.0
         self._load_at = time.monotonic()
         self.draining = config.drain
+        self.reported_queue: float | None = None  # its own count of waiting requests
+        self._reported_at = 0.0
+        self._report_life_s = 1.0  # a report older than this counts for nothing
         self.stats = ReplicaStats()
         self._timeout_s = timeout_s
         self._idle: list[Connection] = []
@@ -166,6 +174,18 @@ class Replica:
         self._load_at = max(now, self._load_at)
         return self._load
 
+    def report_queue(self, waiting: float | None) -> None:
+        """Its own count of waiting requests, just read (None: the reading failed)."""
+        self.reported_queue = waiting
+        self._reported_at = time.monotonic()
+
+    def queued(self, now: float) -> float:
+        """The requests waiting in its queue by its last report, if that is recent; 0
+        without one."""
+        if self.reported_queue is None or now - self._reported_at > self._report_life_s:
+            return 0.0
+        return self.reported_queue
+
     def observe(self, seconds: float) -> None:
         """An answer's time (a stream's: to its first bytes)."""
         self._latency = seconds if self._latency is None else \
@@ -198,7 +218,8 @@ class Replica:
         """Its state and counts, for the statistics extension and /metrics."""
         return {"replica": self.name, "url": self.config.url, "ready": self.ready,
                 "draining": self.draining, "ejected": not self.ready and self.checked,
-                "in_flight": self.in_flight, **asdict(self.stats)}
+                "in_flight": self.in_flight, "reported_queue": self.reported_queue,
+                **asdict(self.stats)}
 
 
 class ReplicaPool:
@@ -217,6 +238,11 @@ class ReplicaPool:
                                  grpc=config.protocol == "v2-grpc")
                          for i, r in enumerate(config.replicas)]
         self.prefixes = PrefixIndex() if config.policy == "prefix" else None
+        self.queues = None
+        if config.queue is not None:
+            for replica in self.replicas:  # three readings may fail before it is stale
+                replica._report_life_s = max(1.0, 3 * config.queue.interval_s)
+            self.queues = QueueReader(config.queue, self.replicas, config.health.timeout_s)
         self.retries_in_flight = 0
         self._next = 0
         self._random = random.Random()
@@ -262,30 +288,31 @@ class ReplicaPool:
         return open_[0]
 
     def _least_outstanding(self, open_: list[Replica]) -> Replica:
-        """The least (requests in flight + 1) x recent answer time, as Linkerd's peak
-        EWMA balancer weighs them: a slow replica takes a request only when the fast ones
-        hold several. A replica with no recent answers counts the others' average time;
-        exact ties go round."""
+        """The least (requests in flight + requests its last report says wait there + 1)
+        x recent answer time, as Linkerd's peak EWMA balancer weighs them: a slow replica
+        takes a request only when the fast ones hold several. A replica with no recent
+        answers counts the others' average time; exact ties go round."""
         now = time.monotonic()
         times = [r.latency(now) for r in open_]
         known = [t for t in times if t is not None]
         average = statistics.fmean(known) if known else 1.0
-        costs = [(r.in_flight + 1) * (t if t is not None else average)
+        costs = [(r.in_flight + r.queued(now) + 1) * (t if t is not None else average)
                  for r, t in zip(open_, times, strict=True)]
         least = min(costs)
         return self._round_robin([r for r, c in zip(open_, costs, strict=True) if c == least])
 
     def _by_prefix(self, open_: list[Replica], prefix: list[int]) -> Replica:
         """The longest known prefix among the replicas whose load (requests in flight,
-        averaged over the last second or so) is not over ``balance`` x the mean load (and
-        a twentieth of a request, for a pool near idle); ties to the least loaded. The
+        averaged over the last second or so, and the queue each reports) is not over
+        ``balance`` x the mean load (and a twentieth of a request, for a pool near
+        idle); ties to the least loaded. The
         average, not the count now, so a burst does not send a prompt away from its
         cache, and a prompt that takes more than a replica's share spreads. A prompt no
         replica was sent goes to the least loaded, and among those to the one known to
         hold the fewest blocks, so new prompts are spread over the caches."""
         assert self.prefixes is not None
         now = time.monotonic()
-        loads = {r.index: r.average_load(now) for r in self.replicas}
+        loads = {r.index: r.average_load(now) + r.queued(now) for r in self.replicas}
         mean = sum(loads[r.index] for r in open_) / len(open_)
         bound = self.config.balance * mean + BALANCE_SLACK
         fair = [r for r in open_ if loads[r.index] <= bound] or open_
@@ -293,8 +320,9 @@ class ReplicaPool:
         best = max(matched.get(r.index, 0) for r in fair)
         candidates = [r for r in fair if matched.get(r.index, 0) == best]
         if best == 0:
-            least = min(r.in_flight for r in candidates)
-            idle = [r for r in candidates if r.in_flight == least]
+            now_load = {r.index: r.in_flight + r.queued(now) for r in candidates}
+            least = min(now_load.values())
+            idle = [r for r in candidates if now_load[r.index] == least]
             fewest = min(self.prefixes.held(r.index) for r in idle)
             candidates = [r for r in idle if self.prefixes.held(r.index) == fewest]
         chosen = self._least_outstanding(candidates)
@@ -331,6 +359,8 @@ class ReplicaPool:
         """Check every replica once, then keep checking every interval."""
         await self._check_all()
         self._checker = asyncio.ensure_future(self._check_forever())
+        if self.queues is not None:
+            self.queues.start()
 
     async def _check_forever(self) -> None:
         interval = self.config.health.interval_s
@@ -394,6 +424,8 @@ class ReplicaPool:
             self._checker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._checker
+        if self.queues is not None:
+            await self.queues.stop()
         deadline = time.monotonic() + (timeout_s if timeout_s is not None else 60.0)
         # the counts move on every request: polled here, at unload, not signalled there
         while self.in_flight and time.monotonic() < deadline:  # noqa: ASYNC110
@@ -410,11 +442,6 @@ class ReplicaPool:
         return {"pool": self.config.name, "protocol": self.config.protocol,
                 "model": self.config.model, "policy": self.config.policy,
                 "replicas": [r.snapshot() for r in self.replicas]}
-
-
-def failure_text(exc: BaseException) -> str:
-    """An exception as one line, its type too: ``TimeoutError`` says nothing else."""
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 def _rendezvous(key: str, url: str) -> int:

@@ -196,7 +196,10 @@ def _merge_pools(pools: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 kept["replicas"].append(dict(replica))
                 continue
             for key, value in replica.items():
-                if isinstance(value, bool):
+                if key == "reported_queue":  # every front end reads the same replica
+                    mine[key] = value if mine[key] is None else \
+                        mine[key] if value is None else max(mine[key], value)
+                elif isinstance(value, bool):
                     mine[key] = mine[key] or value if key == "ready" else mine[key] and value
                 elif isinstance(value, (int, float)):
                     mine[key] += value
