@@ -16,7 +16,11 @@ Scenarios (--scenario, several comma-separated):
 * `slow`: 4 replicas of a synthetic tensor model (2 ms a request), one of them 5x slower.
   Gateways with `least_outstanding` and `round_robin`; p50 and p99 each.
 * `cost`: `mlp` (and `tiny`) direct and through a gateway with one replica, at the same
-  concurrency; the synthetic LLM direct and through the gateway, streamed.
+  concurrency; the synthetic LLM direct and through the gateway, streamed. The gateway
+  shares the load's core.
+* `cost-own-core`: the same with the gateway on a core of its own (core 0) and the
+  replica beside the load (core 1) in both runs: the hop's cost when the gateway has a
+  core, which a machine of two cannot give it besides the replica's and the load's.
 * `pytriton`: `mlp` on Triton (PyTriton, its own venv, installed as benchmarks/peers.py
   does) behind the gateway, against it directly: a replica that is not ours.
 
@@ -272,23 +276,28 @@ def run_slow(args: argparse.Namespace, scratch: Path, server_cpu: int, client_cp
 
 # ---------------------------------------------------------------- the gateway's cost
 
-def run_cost(args: argparse.Namespace, scratch: Path, server_cpu: int, client_cpu: int
-             ) -> dict[str, Any]:
-    """Each model direct and through a gateway of one replica, same concurrency; the
-    gateway on the client's core (this machine has two), the replica on the other."""
+def run_cost(args: argparse.Namespace, scratch: Path, server_cpu: int, client_cpu: int,
+             own_core: bool = False) -> dict[str, Any]:
+    """Each model direct and through a gateway of one replica, same concurrency. This
+    machine has two cores: the gateway on the client's core and the replica on the other,
+    or (``own_core``) the gateway on a core of its own and the replica beside the client,
+    where it is the same in both runs."""
     models_root = scratch / "models"
-    build_repository(models_root, ("tiny", "mlp"))
-    write_synthetic_llm(models_root, model={"step_ms": 3.0}, max_num_seqs=64)
-    replica = ServerProcess(models_root, host=HOSTS[0], cpus=str(server_cpu))
+    if not models_root.exists():
+        build_repository(models_root, ("tiny", "mlp"))
+        write_synthetic_llm(models_root, model={"step_ms": 3.0}, max_num_seqs=64)
+    gateway_cpu = server_cpu if own_core else client_cpu
+    replica = ServerProcess(models_root, host=HOSTS[0],
+                            cpus=str(client_cpu if own_core else server_cpu))
     rows: dict[str, list[dict[str, Any]]] = {}
     with started([replica]):
-        root = scratch / "gateway_cost"
+        root = scratch / ("gateway_cost_own" if own_core else "gateway_cost")
         for model in ("tiny", "mlp"):
             gateway_repo(root, f"via_{model}", {"protocol": "v2", "model": model,
                                                 "replicas": [replica.url]})
         gateway_repo(root, "via_llm", {"protocol": "openai", "model": LLM,
                                        "replicas": [f"{replica.url}/v1"]})
-        with started([ServerProcess(root, cpus=str(client_cpu))]) as (gateway,):
+        with started([ServerProcess(root, cpus=str(gateway_cpu))]) as (gateway,):
             cases = [(m, c) for m in ("tiny", "mlp") for c in args.concurrency] + \
                 [(LLM, 64)]
             for round_ in range(args.rounds):
@@ -396,8 +405,9 @@ def main() -> None:
                                            skew=scenario == "skew")
             elif scenario == "slow":
                 doc[scenario] = run_slow(args, scratch, server_cpu, client_cpu)
-            elif scenario == "cost":
-                doc[scenario] = run_cost(args, scratch, server_cpu, client_cpu)
+            elif scenario in ("cost", "cost-own-core"):
+                doc[scenario] = run_cost(args, scratch, server_cpu, client_cpu,
+                                         own_core=scenario == "cost-own-core")
             elif scenario == "pytriton":
                 doc[scenario] = run_pytriton(args, scratch, server_cpu, client_cpu)
             else:

@@ -200,12 +200,15 @@ class RemoteStream:
         self._ended = False
 
     @classmethod
-    def whole(cls, pool: ReplicaPool, replica: Replica, response: Response) -> RemoteStream:
-        """A whole answer (already counted, its connection given back) as one chunk."""
+    def whole(cls, pool: ReplicaPool, replica: Replica, response: Response,
+              started: float | None = None) -> RemoteStream:
+        """A whole answer as one chunk, its connection given back: counted already, or
+        (``started``: when it was sent) counted once it is passed on."""
         done: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
         done.set_result(response)
-        stream = cls(pool, replica, None, done, asyncio.Queue(), response.body, 0.0)
-        stream._ended = True
+        stream = cls(pool, replica, None, done, asyncio.Queue(), response.body,
+                     0.0 if started is None else started)
+        stream._ended = started is None
         return stream
 
     async def chunks(self) -> AsyncIterator[bytes]:
@@ -328,13 +331,11 @@ async def _exchange(pool: ReplicaPool,
                 replica.in_flight -= 1
 
 
-async def _send(pool: ReplicaPool, replica: Replica, raw: bytes, stream: bool,
-                idempotent: bool) -> _Exchange | RequestError:
-    """One try at one replica: the exchange, or the error to answer with if no other
-    replica does better (raised when the request itself is at fault)."""
-    started = time.perf_counter()
-    connection = await replica.acquire()
-    name = f"replica {replica.name} of pool {pool.config.name!r}"
+async def _open_stream(pool: ReplicaPool, replica: Replica, connection: Connection,
+                       raw: bytes, started: float) -> _Exchange | Response:
+    """Send a request whose answer is passed on as it comes: the exchange once its first
+    bytes are a 200's, else the whole response (an error, or an answer that was whole
+    before its first bytes were looked at)."""
     queue: asyncio.Queue[bytes] = asyncio.Queue()
     statuses: list[int] = []
 
@@ -342,25 +343,48 @@ async def _send(pool: ReplicaPool, replica: Replica, raw: bytes, stream: bool,
         statuses.append(status)
         queue.put_nowait(chunk)
 
-    task = asyncio.ensure_future(connection.request(raw, on_body=sink if stream else None,
+    task = asyncio.ensure_future(connection.request(raw, on_body=sink,
                                                     timeout=pool.config.timeout_s))
-    first = b""
     try:
-        if stream:
-            getter = asyncio.ensure_future(queue.get())
-            waited: set[asyncio.Future[Any]] = {getter, task}
-            await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
-            if getter.done():
-                first = getter.result()
-                if statuses[0] == 200:  # committed: passed on from here
-                    replica.observe(time.perf_counter() - started)
-                    return _Exchange(replica, stream=RemoteStream(
-                        pool, replica, connection, task, queue, first, started))
-            else:
-                getter.cancel()
+        getter = asyncio.ensure_future(queue.get())
+        waited: set[asyncio.Future[Any]] = {getter, task}
+        await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
+        if getter.done():
+            first = getter.result()
+            if statuses[0] == 200:  # committed: passed on from here
+                replica.observe(time.perf_counter() - started)
+                return _Exchange(replica, stream=RemoteStream(
+                    pool, replica, connection, task, queue, first, started))
+        else:
+            getter.cancel()
+            first = b""
         response = await task
     except asyncio.CancelledError:
         task.cancel()
+        raise
+    chunks = [first]
+    while not queue.empty():
+        chunks.append(queue.get_nowait())
+    response.body = b"".join(chunks)
+    return response
+
+
+async def _send(pool: ReplicaPool, replica: Replica, raw: bytes, stream: bool,
+                idempotent: bool) -> _Exchange | RequestError:
+    """One try at one replica: the exchange, or the error to answer with if no other
+    replica does better (raised when the request itself is at fault)."""
+    started = time.perf_counter()
+    connection = await replica.acquire()
+    name = f"replica {replica.name} of pool {pool.config.name!r}"
+    try:
+        if stream:
+            opened = await _open_stream(pool, replica, connection, raw, started)
+            if isinstance(opened, _Exchange):
+                return opened
+            response = opened
+        else:
+            response = await connection.request(raw, timeout=pool.config.timeout_s)
+    except asyncio.CancelledError:
         replica.release(connection, kept=False)
         raise
     except (OSError, TimeoutError, ConnectionError) as exc:
@@ -371,15 +395,10 @@ async def _send(pool: ReplicaPool, replica: Replica, raw: bytes, stream: bool,
             return _NotSent(f"{name} refused the connection: {why}")
         return Unavailable(f"{name} could not answer: {why}")
     replica.release(connection, kept=True)
+    if stream and response.status == 200:  # whole before its first bytes were looked at
+        return _Exchange(replica, stream=RemoteStream.whole(pool, replica, response,
+                                                            started))
     status = response.status
-    if stream:  # an answer whole before the first of its bytes was looked at
-        chunks = [first]
-        while not queue.empty():
-            chunks.append(queue.get_nowait())
-        response.body = b"".join(chunks)
-        if status == 200:
-            return _Exchange(replica, stream=RemoteStream(
-                pool, replica, None, task, queue, response.body, started))
     if status == 200:
         replica.finished(True, time.perf_counter() - started)
         return _Exchange(replica, response=response)

@@ -31,7 +31,6 @@ import logging
 import math
 import os
 import random
-import statistics
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -265,6 +264,8 @@ class ReplicaPool:
         if not open_:
             return None
         policy = self.config.policy
+        if len(open_) == 1 and policy != "prefix":  # (prefix counts what it holds)
+            return open_[0]
         if policy == "round_robin":
             chosen = self._round_robin(open_)
         elif policy == "power_of_two" and len(open_) > 2:
@@ -295,8 +296,8 @@ class ReplicaPool:
         now = time.monotonic()
         times = [r.latency(now) for r in open_]
         known = [t for t in times if t is not None]
-        average = statistics.fmean(known) if known else 1.0
-        costs = [(r.in_flight + r.queued(now) + 1) * (t if t is not None else average)
+        average = sum(known) / len(known) if known else 1.0
+        costs = [(r.in_flight + r.queued(now) + 1) * (average if t is None else t)
                  for r, t in zip(open_, times, strict=True)]
         least = min(costs)
         return self._round_robin([r for r, c in zip(open_, costs, strict=True) if c == least])
