@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tradeoff.server.process import ServerProcess
+from tests.integration.model_repo import CONSTANT_CONFIG, _write, add_constant_model
+from tradeoff.server.process import ServerProcess, started
 
 pytestmark = pytest.mark.integration
 
@@ -65,3 +66,27 @@ def test_throughput_agrees_with_tradeoff_bench(perf_analyzer: Path,
                    check=True, capture_output=True, timeout=120)
     ours = json.loads(result.read_text())["summary"]["throughput_rps"]
     assert abs(ours - theirs) / theirs <= 0.10, (ours, theirs)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_perf_analyzer_measures_a_gateway(perf_analyzer: Path, tmp_path: Path,
+                                          protocol: str) -> None:
+    """A router over a pool of replicas, measured as a model: perf_analyzer finds the
+    version that served by its statistics (a router counts each request through its
+    queue) and reads the answers passed on as the replica sent them."""
+    replica_root = tmp_path / "replica"
+    _write(replica_root, "addc", {1: add_constant_model(1.0)},
+           CONSTANT_CONFIG.format(name="addc", extra=""))
+    with started([ServerProcess(replica_root, host="127.0.0.2")]) as (replica,):
+        (tmp_path / "front").mkdir()
+        (tmp_path / "front" / "router.yaml").write_text(json.dumps({
+            "pools": {"addc_pool": {"protocol": "v2", "model": "addc",
+                                    "replicas": [replica.url]}},
+            "routes": [{"to": "addc_pool"}]}))
+        with started([ServerProcess(tmp_path)]) as (gateway,):
+            url = gateway.grpc_url if protocol == "grpc" else \
+                gateway.url.removeprefix("http://")
+            out = run_perf_analyzer(perf_analyzer, "-m", "front", "-u", url, "-i", protocol,
+                                    "--concurrency-range", "2", stability_percent=1000)
+    assert re.search(r"Concurrency: 2, throughput: [\d.]+ infer/sec", out), out
+    assert "Successful request count" in out

@@ -90,6 +90,25 @@ def test_round_robin_spreads_requests_over_the_replicas(gateway: ServerProcess) 
     assert all(a != b for a, b in itertools.pairwise(answers))
 
 
+def test_an_answer_is_passed_on_in_the_form_the_client_asked_under_the_routers_name(
+        gateway: ServerProcess) -> None:
+    """A request that came as a v2 body goes on as it came, and the replica's answer
+    comes back as it sent it (JSON here, binary for the official client below) but for
+    the name; a class from the header is put in the request, which is then encoded
+    anew: both answer alike."""
+    row = [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": ROW}]
+    passed = json.loads(infer_json(gateway.url, "front", row, id="a1").body)
+    classed = request(gateway.url, "POST", "/v2/models/front/infer",
+                      json.dumps({"inputs": row, "id": "a2"}).encode(),
+                      {"X-Tradeoff-Class": "batch", "Content-Type": "application/json"})
+    assert classed.status == 200, classed.body
+    for answer, id_ in ((passed, "a1"), (json.loads(classed.body), "a2")):
+        assert answer["model_name"] == "front" and answer["id"] == id_
+        assert answer["parameters"]["routed_to"].startswith("addc_pool@127.0.0.")
+        (output,) = answer["outputs"]
+        assert output["name"] == "OUTPUT0" and len(output["data"]) == 4
+
+
 def test_the_router_takes_the_replicas_signature(gateway: ServerProcess) -> None:
     metadata = json.loads(request(gateway.url, "GET", "/v2/models/front").body)
     assert metadata["inputs"] == [{"name": "INPUT0", "datatype": "FP32", "shape": [-1, 4]}]

@@ -30,8 +30,10 @@ from tradeoff.protocol.v2 import (
     decode_request,
     decode_response,
     encode_bytes_elements,
+    encode_relayed,
     encode_request,
     encode_response,
+    read_relayed,
 )
 
 NUMERIC = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
@@ -768,3 +770,41 @@ def test_an_unreadable_answer_says_what_is_wrong(body: bytes, length: int | None
                                                  message: str) -> None:
     with pytest.raises(InvalidInput, match=message):
         decode_response(body, length)
+
+
+def test_an_answer_relayed_keeps_its_tensors_and_takes_this_servers_name() -> None:
+    """A gateway passes a replica's answer on: the tensors' bytes as they came, the JSON
+    header read and written again with the router's name and where it was routed."""
+    outputs = [TensorOutput("b", np.arange(4, dtype=np.int64).reshape(2, 2), "INT64", True),
+               TensorOutput("j", np.array([0.5, 1.5], dtype=np.float32), "FP32", False)]
+    body, length = encode_response("mlp", "3", "r", outputs, {"replica_own": 1})
+    relayed = read_relayed(body, length)
+    assert bytes(relayed.tail) == body[length:]
+    payload, new_length = encode_relayed(relayed, "front", {"routed_to": "pool@h:1"})
+    answer = decode_response(payload, new_length)
+    header = json.loads(payload[:new_length])
+    assert header["model_name"] == "front" and header["id"] == "r"
+    assert answer.model_version == "3"
+    assert answer.parameters == {"replica_own": 1, "routed_to": "pool@h:1"}
+    assert answer.outputs[0].array.tolist() == [[0, 1], [2, 3]]
+    assert answer.outputs[1].array.tolist() == [0.5, 1.5]
+    json_only, none = encode_response("mlp", "1", None, outputs[1:])
+    payload, length = encode_relayed(read_relayed(json_only, none), "front")
+    assert length is None and json.loads(payload)["model_name"] == "front"
+    assert json.loads(payload)["outputs"][0]["data"] == [0.5, 1.5]
+
+
+@pytest.mark.parametrize(("body", "length", "message"), [
+    (b"[1]", None, "the answer must be a JSON object"),
+    (b'{"outputs": {}}', None, "no 'outputs' list"),
+    (b'{"outputs": [{"name": "o", "parameters": {"binary_data_size": 8}}]}1234', 67,
+     r"binary_data_size values \[8\] do not add up to its 4 bytes"),
+    (b'{"outputs": [{"name": "o", "parameters": {"binary_data_size": -1}}]}', 68,
+     "do not add up"),
+    (b'{"outputs": []}extra', 15, r"values \[\] do not add up to its 5 bytes"),
+    (b"{}", 10, "Inference-Header-Content-Length is 10"),
+])
+def test_a_relayed_answer_that_does_not_add_up_is_refused(body: bytes, length: int | None,
+                                                          message: str) -> None:
+    with pytest.raises(InvalidInput, match=message):
+        read_relayed(body, length)

@@ -30,6 +30,7 @@ from tradeoff.protocol.limits import DEFAULT_LIMITS, RequestLimits
 
 __all__ = [
     "CACHED_HEADER_BYTES",
+    "RelayedAnswer",
     "RequestedOutput",
     "TensorInput",
     "TensorOutput",
@@ -41,9 +42,11 @@ __all__ = [
     "decode_request",
     "decode_response",
     "encode_bytes_elements",
+    "encode_relayed",
     "encode_request",
     "encode_response",
     "parse_json_object",
+    "read_relayed",
     "tensor_bytes",
 ]
 
@@ -78,6 +81,9 @@ class V2Request:
     header: Any = None
     # who asked: the API key's digest, set by the transport after its check (b"": keys off)
     tenant: bytes = b""
+    # the body it was decoded from and its JSON header's length (the binary extension's,
+    # None: all JSON), when it may be passed on as it is (a gateway's v2 pools)
+    wire: tuple[bytes, int | None] | None = None
 
     @property
     def binary_output(self) -> bool:
@@ -90,6 +96,16 @@ class V2Request:
             if requested.name == output and requested.binary is not None:
                 return requested.binary
         return self.binary_output
+
+
+@dataclass(slots=True)
+class RelayedAnswer:
+    """An infer answer passed on as it came, but for its JSON header: ``header`` (the
+    JSON object, read) and ``tail`` (the binary outputs after it, if any)."""
+
+    header: dict[str, Any]
+    tail: memoryview
+    binary: bool  # sent with the binary extension (an Inference-Header-Content-Length)
 
 
 @dataclass(slots=True)
@@ -553,6 +569,42 @@ def encode_response(model_name: str, model_version: str, request_id: str | None,
     if not blobs:
         return header, None
     return b"".join([header, *blobs]), len(header)
+
+
+def read_relayed(body: bytes, header_length: int | None) -> RelayedAnswer:
+    """An infer answer to pass on (``header_length``: its Inference-Header-Content-Length):
+    its JSON header read and its binary outputs checked to fill the rest exactly;
+    InvalidInput saying what is wrong. The tensors are not decoded."""
+    if header_length is not None and not 0 <= header_length <= len(body):
+        raise InvalidInput(f"Inference-Header-Content-Length is {header_length} but the "
+                           f"answer has {len(body)} bytes")
+    end = len(body) if header_length is None else header_length
+    view = memoryview(body)
+    doc = parse_json_object(view[:end], "the answer")
+    outputs = doc.get("outputs")
+    if not isinstance(outputs, list) or not all(isinstance(o, dict) for o in outputs):
+        raise InvalidInput("the answer has no 'outputs' list")
+    sizes = [(o.get("parameters") or {}).get("binary_data_size", 0) for o in outputs]
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in sizes) \
+            or sum(sizes) != len(body) - end:
+        raise InvalidInput(f"the answer's binary_data_size values {sizes} do not add up "
+                           f"to its {len(body) - end} bytes of binary data")
+    return RelayedAnswer(doc, view[end:], header_length is not None)
+
+
+def encode_relayed(answer: RelayedAnswer, model_name: str,
+                   parameters: dict[str, Any] | None = None) -> tuple[bytes, int | None]:
+    """A relayed answer's body as this server's (its ``model_name``, and ``parameters``
+    added to its own), and its JSON header's length when it is binary."""
+    doc = answer.header
+    doc["model_name"] = model_name
+    if parameters:
+        own = doc.get("parameters")
+        doc["parameters"] = {**own, **parameters} if isinstance(own, dict) else parameters
+    header = orjson.dumps(doc)
+    if not answer.binary:
+        return header, None
+    return b"".join((header, answer.tail)), len(header)
 
 
 def encode_request(request: V2Request, parameters: dict[str, Any] | None = None

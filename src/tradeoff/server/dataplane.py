@@ -17,7 +17,7 @@ from typing import Any, Literal, Protocol, cast
 
 from tradeoff.errors import InvalidInput, NotFound, Overloaded, Unavailable
 from tradeoff.protocol.limits import DEFAULT_LIMITS, RequestLimits
-from tradeoff.protocol.v2 import TensorOutput, V2Request
+from tradeoff.protocol.v2 import RelayedAnswer, TensorOutput, V2Request
 from tradeoff.repository.router import Target
 from tradeoff.scheduling.executor import Outputs
 from tradeoff.scheduling.priority import DEFAULT_GENERATION_PRIORITY, GenerationPriority
@@ -44,6 +44,7 @@ from tradeoff.version import __version__
 __all__ = [
     "EXTENSIONS",
     "Admission",
+    "Answer",
     "Answered",
     "Answerer",
     "DataPlane",
@@ -61,7 +62,9 @@ TensorTarget = ModelVersion | RoutedModel  # what answers a tensor request
 # outputs the client asked for; or the error
 # what answered a tensor request: a model version here, or a pool's replica elsewhere
 Answerer = ModelVersion | RemoteAnswer
-Answered = Callable[[tuple[Answerer, Timings, list[TensorOutput]] | BaseException], None]
+# the outputs the client asked for, or a replica's answer passed on as it came
+Answer = tuple[Answerer, Timings, list[TensorOutput] | RelayedAnswer]
+Answered = Callable[[Answer | BaseException], None]
 
 
 # How the data plane answers a tensor request (DataPlane.dispatch_of): "direct", the
@@ -298,15 +301,13 @@ class DataPlane:
         served.executor.submit_call(internal, done)
         return internal
 
-    async def infer(self, name: str, version: str | None,
-                    request: V2Request) -> tuple[Answerer, Timings, list[TensorOutput]]:
+    async def infer(self, name: str, version: str | None, request: V2Request) -> Answer:
         """Run one request through the model's scheduler (a router's: its target's)."""
         return await self.infer_target(self.tensor_target(name, version), request)
 
     async def infer_target(self, target: TensorTarget, request: V2Request,
                            dispatch: Dispatch | None = None,
-                           headers: dict[bytes, bytes] | None = None
-                           ) -> tuple[Answerer, Timings, list[TensorOutput]]:
+                           headers: dict[bytes, bytes] | None = None) -> Answer:
         """:meth:`infer` for the target :meth:`tensor_target` returned, ``dispatch`` its
         :meth:`dispatch_of` when the caller knows it already; ``headers``: the client's
         (a pool passes on those its ``forward_headers`` names)."""
@@ -318,16 +319,20 @@ class DataPlane:
         return await self._infer_served(cast(ModelVersion, target), request, dispatch)
 
     async def _route(self, routed: RoutedModel, request: V2Request,
-                     headers: dict[bytes, bytes]
-                     ) -> tuple[Answerer, Timings, list[TensorOutput]]:
+                     headers: dict[bytes, bytes]) -> Answer:
         """Send a request through a router of tensor models (RoutedModel.send: its
         choice, then its fallbacks); a target that is a pool is sent to one of its
-        replicas. A shadow copy, if the router takes one, is compared with the answer in
-        the background (``routed`` takes tensors: tensor_target made sure)."""
-        async def attempt(target: Target) -> tuple[Answerer, Timings, list[TensorOutput]]:
+        replicas, and a request that came as a v2 HTTP body goes on as it came (its
+        answer too) unless a shadow copy needs the tensors. A shadow copy, if the router
+        takes one, is compared with the answer in the background (``routed`` takes
+        tensors: tensor_target made sure)."""
+        relay = routed.config.shadow is None
+
+        async def attempt(target: Target) -> Answer:
             pool = routed.pools.get(target.model)
             if pool is not None:
-                answer = await infer_v2(pool, request, headers, routed.config.idempotent)
+                answer = await infer_v2(pool, request, headers, routed.config.idempotent,
+                                        relay)
                 return answer, answer.timings, answer.outputs
             served, timings, outputs = await self._infer_model(
                 target.model, _version(target.version), request)
@@ -345,6 +350,7 @@ class DataPlane:
 
         async def copy(shadow: Target) -> None:
             _, _, answer = await attempt(shadow)
+            assert isinstance(outputs, list) and isinstance(answer, list)  # not relayed
             routed.stats.shadow.compare(outputs, answer)
 
         self._in_background(routed.shadow(busy, copy))

@@ -40,7 +40,14 @@ from tradeoff.errors import (
 )
 from tradeoff.protocol import grpc_service_pb2 as pb
 from tradeoff.protocol.http_client import Connection, Response
-from tradeoff.protocol.v2 import TensorOutput, V2Request, decode_response, encode_request
+from tradeoff.protocol.v2 import (
+    RelayedAnswer,
+    TensorOutput,
+    V2Request,
+    decode_response,
+    encode_request,
+    read_relayed,
+)
 from tradeoff.repository.router import Signature
 from tradeoff.scheduling.request import Timings
 from tradeoff.server.asgi import off_loop_if_large
@@ -65,7 +72,7 @@ class RemoteAnswer:
     replica: str
     version: str
     timings: Timings
-    outputs: list[TensorOutput]
+    outputs: list[TensorOutput] | RelayedAnswer  # relayed: as the replica sent them
 
 
 def outgoing_headers(pool: ReplicaPool, client: dict[bytes, bytes], content_type: str
@@ -82,25 +89,34 @@ def outgoing_headers(pool: ReplicaPool, client: dict[bytes, bytes], content_type
 
 
 async def infer_v2(pool: ReplicaPool, request: V2Request, client_headers: dict[bytes, bytes],
-                   idempotent: bool = False) -> RemoteAnswer:
-    """Send a tensor request to a replica of ``pool`` (v2 over HTTP with binary tensors,
-    or over gRPC with raw contents) and read its answer."""
+                   idempotent: bool = False, relay: bool = False) -> RemoteAnswer:
+    """Send a tensor request to a replica of ``pool`` (v2 over HTTP, or over gRPC with raw
+    contents) and read its answer. ``relay``: a request that came as a v2 HTTP body
+    (``request.wire``) goes on as it came, and its answer comes back as the replica sent
+    it (a RelayedAnswer: the tensors neither decoded nor encoded again); otherwise the
+    request goes with binary tensors and the answer's are decoded."""
     if pool.config.protocol == "v2-grpc":
         return await _infer_grpc(pool, request, client_headers, idempotent)
-    body, json_length = encode_request(request)
-    headers = outgoing_headers(pool, client_headers, "application/octet-stream")
-    headers["Inference-Header-Content-Length"] = str(json_length)
+    wire = request.wire if relay else None
+    json_length: int | None
+    body, json_length = encode_request(request) if wire is None else wire
+    headers = outgoing_headers(pool, client_headers, "application/json" if json_length is
+                               None else "application/octet-stream")
+    if json_length is not None:
+        headers["Inference-Header-Content-Length"] = str(json_length)
     path = f"/v2/models/{pool.config.model}/infer"
     exchange = await _exchange(pool, lambda r: _send(pool, r, r.request("POST", path, body,
                                                                        headers),
                                                      False, idempotent))
     assert exchange.response is not None
-    return await _answer(pool, exchange.replica, len(exchange.response.body), _http_outputs,
-                         exchange.response, request)
+    return await _answer(pool, exchange.replica, len(exchange.response.body),
+                         _http_outputs if wire is None else _relayed, exchange.response,
+                         request)
 
 
 async def _answer(pool: ReplicaPool, replica: Replica, size: int,
-                  read: Callable[[Any, V2Request], tuple[str, list[TensorOutput]]],
+                  read: Callable[[Any, V2Request],
+                                 tuple[str, list[TensorOutput] | RelayedAnswer]],
                   response: Any, request: V2Request) -> RemoteAnswer:
     """A replica's answer read (``read``: its version and outputs; off the loop when
     ``size`` is large); BadGateway, counted as the replica's failure, when it cannot be."""
@@ -123,6 +139,14 @@ def _http_outputs(response: Response, request: V2Request) -> tuple[str, list[Ten
     for output in answer.outputs:
         output.binary = request.binary_for(output.name)
     return answer.model_version, answer.outputs
+
+
+def _relayed(response: Response, request: V2Request) -> tuple[str, RelayedAnswer]:
+    """A v2 HTTP answer to pass on as it came (asked for as the client asked)."""
+    length = response.headers.get(b"inference-header-content-length")
+    answer = read_relayed(response.body,
+                          int(length) if length is not None and length.isdigit() else None)
+    return str(answer.header.get("model_version", "")), answer
 
 
 def _grpc_outputs(response: pb.ModelInferResponse, request: V2Request

@@ -199,6 +199,7 @@ class GrpcService:
             v2 = decode_infer_request(request, self.dataplane.limits)
             v2.tenant = tenant
             served, timings, outputs = await self.dataplane.infer_target(target, v2)
+            assert isinstance(outputs, list)  # relayed only as it came: over HTTP
         response = pb.ModelInferResponse(model_name=request.model_name,
                                          model_version=str(served.version), id=request.id)
         if timings.route:

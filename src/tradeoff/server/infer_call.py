@@ -27,7 +27,14 @@ from typing import Any
 import orjson
 
 from tradeoff.errors import InvalidInput, RequestError, Unauthorized, Unavailable
-from tradeoff.protocol.v2 import TensorOutput, V2Request, decode_request, encode_response
+from tradeoff.protocol.v2 import (
+    RelayedAnswer,
+    TensorOutput,
+    V2Request,
+    decode_request,
+    encode_relayed,
+    encode_response,
+)
 from tradeoff.scheduling.request import InferenceRequest, Timings
 from tradeoff.server.asgi import JSON_HEADERS, Headers, Scope
 from tradeoff.server.dataplane import Admission, Answerer, DataPlane, TensorTarget
@@ -78,11 +85,13 @@ class InferCall:
     def decode(self, body: bytes) -> V2Request:
         """The request in ``body``, with its class and tenant (CPU work: the ASGI route
         runs a large body's in a worker thread)."""
-        request = decode_request(body, header_length(self.headers, len(body)),
-                                 self.dataplane.limits)
+        length = header_length(self.headers, len(body))
+        request = decode_request(body, length, self.dataplane.limits)
         request_class = self.headers.get(b"x-tradeoff-class")
         if request_class is not None and "class" not in request.parameters:
             request.parameters["class"] = request_class.decode("latin-1")
+        else:  # its parameters are its body's: a gateway may pass the body on as it is
+            request.wire = (body, length)
         request.tenant = self.tenant
         return request
 
@@ -126,8 +135,8 @@ class InferCall:
         if not task.cancelled():
             self._end(task.exception() or task.result())
 
-    def _end(self, result: tuple[Answerer, Timings, list[TensorOutput]] | BaseException
-             ) -> None:
+    def _end(self, result: tuple[Answerer, Timings, list[TensorOutput] | RelayedAnswer]
+             | BaseException) -> None:
         respond = self._respond
         if respond is None:
             return  # cancelled: nobody to answer
@@ -181,12 +190,16 @@ def header_length(headers: dict[bytes, bytes], body_size: int) -> int | None:
 
 
 def infer_answer(name: str, served: Answerer, request_id: str | None, timings: Timings,
-                 outputs: list[TensorOutput], headers: dict[bytes, bytes]
+                 outputs: list[TensorOutput] | RelayedAnswer, headers: dict[bytes, bytes]
                  ) -> tuple[bytes, Headers]:
-    """An infer response's body and headers (compressed when the client accepts it)."""
-    payload, json_length = encode_response(
-        name, str(served.version), request_id, outputs,
-        {"routed_to": timings.route} if timings.route else None)
+    """An infer response's body and headers (compressed when the client accepts it); a
+    replica's answer passed on (RelayedAnswer) keeps its tensors as they came."""
+    parameters = {"routed_to": timings.route} if timings.route else None
+    if isinstance(outputs, RelayedAnswer):
+        payload, json_length = encode_relayed(outputs, name, parameters)
+    else:
+        payload, json_length = encode_response(name, str(served.version), request_id,
+                                               outputs, parameters)
     reply = [(b"content-type", b"application/json" if json_length is None
               else b"application/octet-stream"),
              (b"server-timing", timings.server_timing().encode())]

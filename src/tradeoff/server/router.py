@@ -144,6 +144,9 @@ class RouterStats:
                 for r, route in enumerate(self.config.routes) for a in range(len(route.arms))]
 
     def to_dict(self) -> dict[str, Any]:
+        """The statistics extension's entry. A router holds no queue: each answered
+        request passed its (empty) queue once, as through an ensemble's, so tools that
+        find the version serving by its queue count (perf_analyzer) find it."""
         zero = {"count": 0, "ns": 0}
         return {
             "name": self.name, "version": "1", "last_inference": self.last_inference_ms,
@@ -151,7 +154,8 @@ class RouterStats:
             "inference_stats": {
                 "success": {"count": self.success[0], "ns": self.success[1]},
                 "fail": {"count": self.fail[0], "ns": self.fail[1]},
-                **{part: zero for part in ("queue", "compute_input", "compute_infer",
+                "queue": {"count": self.success[0], "ns": 0},
+                **{part: zero for part in ("compute_input", "compute_infer",
                                            "compute_output", "cache_hit", "cache_miss")}},
             "batch_stats": [],
             "routes": self.routes(), "fallbacks": dict(self.fallbacks),
@@ -340,6 +344,7 @@ class RoutedModel:
                     for n, d, s in items]
 
         return {"name": self.name, "platform": "router", "backend": "router",
+                "version_policy": {"latest": {"num_versions": 1}},
                 "max_batch_size": self.max_batch_size,
                 "input": tensors(signature.inputs) if signature else [],
                 "output": tensors(signature.outputs) if signature else [],
