@@ -37,6 +37,7 @@ import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
@@ -211,7 +212,7 @@ class ReplicaConfig:
     drain: bool = False
     metrics: str | None = None  # http(s)://HOST:PORT/PATH
 
-    @property
+    @cached_property
     def name(self) -> str:
         """``host:port``: what counters and answers call it."""
         return f"{self.host}:{self.port}"
