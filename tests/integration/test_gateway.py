@@ -219,6 +219,11 @@ def test_draining_and_adding_replicas_by_reloading_the_router(
             assert post_json(gateway.url, "/v2/repository/models/front/load", {}).status == 200
             assert {added(gateway.url) for _ in range(20)} == {2.0}
         assert statuses and set(statuses) == {200}
+        stats = json.loads(request(gateway.url, "GET", "/v2/models/front/stats").body)
+        (pool,) = stats["model_stats"][0]["pools"]
+        first = next(r for r in pool["replicas"] if r["url"] == replicas[0].url)
+        # its count went on over both reloads: the 4 requests before the first at least
+        assert first["answered"] >= 4 + 10
     finally:
         gateway.stop()
         gateway.close_log()

@@ -194,3 +194,34 @@ def test_the_prefix_index_counts_whole_blocks_and_forgets() -> None:
     for replica in range(2, 6):
         index.record(index.blocks(bytes([replica]) * 8), replica)
     assert len(index._owners) <= 6 and index.matches(b) == {}
+
+
+def test_a_reloaded_pool_keeps_what_it_learnt_of_the_replicas_it_still_has() -> None:
+    old = pool("prefix", count=3, protocol="openai")
+    assert old.prefixes is not None
+    gone_prompt = old.prefixes.blocks(b"a prompt sent to the replica removed " * 4)
+    assert chosen(old, 1, prefix=gone_prompt) == [0]
+    old.replicas[0].draining = True
+    prompt = old.prefixes.blocks(b"a system prompt " * 20)
+    assert chosen(old, 1, prefix=prompt) == [1]
+    home = old.replicas[1]
+    home.observe(0.25)
+    home.eject(time.monotonic(), 60, "test")
+    # reloaded: the first replica gone, one added at the end
+    urls = [r.config.url for r in old.replicas[1:]] + ["http://127.0.0.9:8000"]
+    doc = {"pools": {"p": {"protocol": "openai", "policy": "prefix", "replicas": urls}},
+           "routes": [{"to": "p"}]}
+    new = ReplicaPool(RouterConfig.from_mapping(doc, "r.yaml", "r").pools["p"])
+    new.adopt(old)
+    kept = new.replicas[0]
+    assert kept.config.url == home.config.url
+    assert kept.stats is home.stats and kept.stats.prefix_blocks == len(prompt)
+    assert kept.latency(time.monotonic()) == 0.25
+    assert kept.ejected_until == home.ejected_until
+    assert new.prefixes is not None
+    assert new.prefixes.matches(prompt) == {0: len(prompt)}
+    assert new.prefixes.matches(gone_prompt) == {}
+    assert new.replicas[2].stats.requests == 0
+    other = pool("round_robin", count=3, protocol="v2")  # another model's pool: nothing
+    other.adopt(old)
+    assert all(r.stats.prefix_blocks == 0 for r in other.replicas)

@@ -208,6 +208,18 @@ class Connection:
             self.close()
         return response
 
+    def pause_reading(self) -> None:
+        """Stop reading the answer (the server's writes then wait on the full window)
+        until :meth:`resume_reading`."""
+        transport = self._protocol.transport if self._protocol is not None else None
+        if transport is not None and not transport.is_closing():
+            transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        transport = self._protocol.transport if self._protocol is not None else None
+        if transport is not None and not transport.is_closing():
+            transport.resume_reading()
+
     def close(self) -> None:
         if self._protocol is not None and self._protocol.transport is not None:
             self._protocol.transport.close()

@@ -54,11 +54,14 @@ from tradeoff.server.asgi import off_loop_if_large
 from tradeoff.server.grpc_replica import infer_request, response_outputs
 from tradeoff.server.replica_pool import Replica, ReplicaPool
 
-__all__ = ["RemoteAnswer", "RemoteStream", "infer_v2", "open_generation", "outgoing_headers",
-           "pool_signature"]
+__all__ = ["STREAM_BUFFER_BYTES", "Pieces", "RemoteAnswer", "RemoteStream", "infer_v2",
+           "open_generation", "outgoing_headers", "pool_signature"]
 
 # a replica's status that says it never ran the request: always safe to send elsewhere
 _NOT_RUN = {429, 503}
+# a streamed answer's bytes held for a client reading slowly before the replica's
+# connection is no longer read
+STREAM_BUFFER_BYTES = 1 << 20
 _GATEWAY_FAILURES = {502, 504}
 _KEYS_HINT = (" (the pool's own key comes from its api_key_env; the client's credentials "
               "are passed on only when its forward_headers lists their header)")
@@ -208,20 +211,60 @@ async def pool_signature(pool: ReplicaPool) -> tuple[Signature, int]:
                          f"inputs and outputs ({'; '.join(problems)})")
 
 
+class Pieces:
+    """A streamed answer's pieces as they arrive from the replica, until the client takes
+    them. Past ``limit`` bytes waiting (a client that reads slowly), the replica's
+    connection is no longer read, so its window fills and the replica's own flow control
+    holds its writes, until the client has taken half of them."""
+
+    def __init__(self, connection: Connection | None, limit: int = STREAM_BUFFER_BYTES
+                 ) -> None:
+        self.queue: asyncio.Queue[bytes] = asyncio.Queue()
+        self.statuses: list[int] = []
+        self.waiting = 0  # bytes
+        self.paused = False
+        self.was_paused = False
+        self._connection = connection
+        self._limit = limit
+
+    def put(self, status: int, piece: bytes) -> None:
+        """What arrived (the connection's ``on_body``)."""
+        self.statuses.append(status)
+        self.queue.put_nowait(piece)
+        self.waiting += len(piece)
+        if not self.paused and self.waiting > self._limit and self._connection is not None:
+            self.paused = self.was_paused = True
+            self._connection.pause_reading()
+
+    def taken(self, piece: bytes) -> bytes:
+        """``piece`` was taken to pass on."""
+        self.waiting -= len(piece)
+        if self.paused and self.waiting <= self._limit // 2:
+            self.paused = False
+            assert self._connection is not None
+            self._connection.resume_reading()
+        return piece
+
+
 class RemoteStream:
     """A replica's answer being passed on: its bytes as they come (:meth:`chunks`)."""
 
     def __init__(self, pool: ReplicaPool, replica: Replica, connection: Connection | None,
-                 task: asyncio.Future[Response], queue: asyncio.Queue[bytes],
-                 first: bytes, started: float) -> None:
+                 task: asyncio.Future[Response], pieces: Pieces, first: bytes,
+                 started: float) -> None:
         self.pool = pool
         self.replica = replica
         self._connection = connection
         self._task = task
-        self._queue = queue
+        self._pieces = pieces
         self._first = first
         self._started = started
         self._ended = False
+
+    @property
+    def buffered(self) -> int:
+        """Bytes of the answer arrived and not yet passed on."""
+        return self._pieces.waiting
 
     @classmethod
     def whole(cls, pool: ReplicaPool, replica: Replica, response: Response,
@@ -230,7 +273,7 @@ class RemoteStream:
         (``started``: when it was sent) counted once it is passed on."""
         done: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
         done.set_result(response)
-        stream = cls(pool, replica, None, done, asyncio.Queue(), response.body,
+        stream = cls(pool, replica, None, done, Pieces(None), response.body,
                      0.0 if started is None else started)
         stream._ended = started is None
         return stream
@@ -239,7 +282,8 @@ class RemoteStream:
         """The answer's bytes; BadGateway when the replica breaks off before its end."""
         if self._first:
             yield self._first
-        queue, task = self._queue, self._task
+        pieces, task = self._pieces, self._task
+        queue = pieces.queue
         if self._connection is None:  # a whole answer: it was all in the first bytes
             self._end(True)
             return
@@ -253,13 +297,20 @@ class RemoteStream:
                 if not getter.done():
                     getter.cancel()
                     continue
-                yield getter.result()
+                yield pieces.taken(getter.result())
             else:
-                yield queue.get_nowait()
+                yield pieces.taken(queue.get_nowait())
         if task.cancelled():  # closed: the client left
             self._end(None)
             return
         error = task.exception()
+        if isinstance(error, TimeoutError) and pieces.was_paused:
+            # the answer's time ran out while the client was slow to read it: the
+            # replica's fault no more than the client's, so not counted against it
+            self._end(None)
+            raise BadGateway(f"the answer from replica {self.replica.name} took longer "
+                             f"than the pool's timeout_s ({self.pool.config.timeout_s:g} s),"
+                             " held back by a client reading it slowly")
         if error is not None:
             self._end(False)
             self.pool.request_failed(self.replica, f"its answer broke off: {failure_text(error)}")
@@ -360,25 +411,20 @@ async def _open_stream(pool: ReplicaPool, replica: Replica, connection: Connecti
     """Send a request whose answer is passed on as it comes: the exchange once its first
     bytes are a 200's, else the whole response (an error, or an answer that was whole
     before its first bytes were looked at)."""
-    queue: asyncio.Queue[bytes] = asyncio.Queue()
-    statuses: list[int] = []
-
-    def sink(status: int, chunk: bytes) -> None:
-        statuses.append(status)
-        queue.put_nowait(chunk)
-
-    task = asyncio.ensure_future(connection.request(raw, on_body=sink,
+    pieces = Pieces(connection)
+    queue = pieces.queue
+    task = asyncio.ensure_future(connection.request(raw, on_body=pieces.put,
                                                     timeout=pool.config.timeout_s))
     try:
         getter = asyncio.ensure_future(queue.get())
         waited: set[asyncio.Future[Any]] = {getter, task}
         await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
         if getter.done():
-            first = getter.result()
-            if statuses[0] == 200:  # committed: passed on from here
+            first = pieces.taken(getter.result())
+            if pieces.statuses[0] == 200:  # committed: passed on from here
                 replica.observe(time.perf_counter() - started)
                 return _Exchange(replica, stream=RemoteStream(
-                    pool, replica, connection, task, queue, first, started))
+                    pool, replica, connection, task, pieces, first, started))
         else:
             getter.cancel()
             first = b""
@@ -388,7 +434,7 @@ async def _open_stream(pool: ReplicaPool, replica: Replica, connection: Connecti
         raise
     chunks = [first]
     while not queue.empty():
-        chunks.append(queue.get_nowait())
+        chunks.append(pieces.taken(queue.get_nowait()))
     response.body = b"".join(chunks)
     return response
 

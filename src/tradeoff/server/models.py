@@ -42,6 +42,7 @@ from tradeoff.server.executor_process import (
     SharedExecutors,
     device_of,
 )
+from tradeoff.server.router import RoutedModel
 
 __all__ = ["NO_CACHE_WARNING", "ModelManager"]
 
@@ -218,6 +219,10 @@ class ModelManager(ModelCatalog):
             raise InvalidInput(f"model {name!r} is a router: its rules come from "
                                f"{ROUTER_FILE}, not a 'config' load parameter")
         routed = build_router(self.repository, name, self.loaded)
+        entry = self.models.get(name)
+        previous = entry.versions.get(1) if entry is not None else None
+        if isinstance(previous, RoutedModel):  # a reload: what its pools learnt stays
+            routed.adopt(previous)
         try:
             await routed.start()
             await adopt_pool_signatures(routed)

@@ -78,6 +78,18 @@ class PrefixIndex:
         """How many blocks ``replica`` is known to hold."""
         return self._held.get(replica, 0)
 
+    def renumbered(self, numbers: dict[int, int]) -> PrefixIndex:
+        """A copy whose replicas are renumbered by ``numbers`` (old -> new), those not
+        in it left out: the same pool after a reload added or removed replicas."""
+        index = PrefixIndex(self.block_bytes, self.capacity)
+        for block, held in self._owners.items():
+            kept = {numbers[r] for r in held if r in numbers}
+            if kept:
+                index._owners[block] = kept
+                for replica in kept:
+                    index._held[replica] = index._held.get(replica, 0) + 1
+        return index
+
     def forget(self, replica: int) -> None:
         """``replica`` lost what it held (it restarted, or left the pool)."""
         for block in [b for b, held in self._owners.items() if replica in held]:

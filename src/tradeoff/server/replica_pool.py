@@ -354,6 +354,30 @@ class ReplicaPool:
             states.append(f"{replica.name} {state}")
         return f"pool {self.config.name!r}: no replica can take the request ({', '.join(states)})"
 
+    def adopt(self, old: ReplicaPool) -> None:
+        """Take over what ``old`` (this pool before a reload) learnt of the replicas it
+        shares with this one (the same URL): their counts, answer times, loads, reported
+        queues, ejections, and the prefixes they were sent. Requests in flight stay
+        with ``old``."""
+        if (old.config.protocol, old.config.model) != (self.config.protocol,
+                                                         self.config.model):
+            return
+        by_url = {r.config.url: r for r in old.replicas}
+        numbers = {}
+        for replica in self.replicas:
+            before = by_url.get(replica.config.url)
+            if before is None:
+                continue
+            numbers[before.index] = replica.index
+            replica.stats = before.stats
+            replica._latency, replica._latency_at = before._latency, before._latency_at
+            replica._load, replica._load_at = before._load, before._load_at
+            replica.reported_queue, replica._reported_at = \
+                before.reported_queue, before._reported_at
+            replica.ejected_until, replica.failures = before.ejected_until, before.failures
+        if self.prefixes is not None and old.prefixes is not None:
+            self.prefixes = old.prefixes.renumbered(numbers)
+
     # ------------------------------------------------------------ health
 
     async def start(self) -> None:

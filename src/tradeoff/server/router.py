@@ -350,6 +350,14 @@ class RoutedModel:
                 "output": tensors(signature.outputs) if signature else [],
                 "parameters": {"targets": {"string_value": ", ".join(self.config.models())}}}
 
+    def adopt(self, previous: RoutedModel) -> None:
+        """Take over what ``previous`` (this router before a reload) learnt of the
+        replicas of the pools both have (ReplicaPool.adopt)."""
+        for name, pool in self.pools.items():
+            old = previous.pools.get(name)
+            if old is not None:
+                pool.adopt(old)
+
     async def start(self) -> None:
         """Check each pool's replicas once, then keep checking them."""
         for pool in self.pools.values():
