@@ -21,6 +21,9 @@ Scenarios (--scenario, several comma-separated):
 * `cost-own-core`: the same with the gateway on a core of its own (core 0) and the
   replica beside the load (core 1) in both runs: the hop's cost when the gateway has a
   core, which a machine of two cannot give it besides the replica's and the load's.
+* `floor`: `mlp` direct, through benchmarks/bare_relay.py (a relay that does nothing but
+  pass bytes on: the least a Python hop costs) and through the gateway, the hops on a
+  core of their own; with the replica's mean batch.
 * `pytriton`: `mlp` on Triton (PyTriton, its own venv, installed as benchmarks/peers.py
   does) behind the gateway, against it directly: a replica that is not ours.
 
@@ -48,7 +51,7 @@ from harness import command_line, cpu_seconds, server_and_client_cores, write_re
 
 from tradeoff.models import build_repository
 from tradeoff.models.generative import write_synthetic_llm
-from tradeoff.server.process import ServerProcess, started
+from tradeoff.server.process import ServerProcess, free_ports, started
 
 HOSTS = [f"127.0.0.{i}" for i in range(2, 6)]
 LLM = "synthetic-llm"
@@ -338,6 +341,64 @@ def run_cost(args: argparse.Namespace, scratch: Path, server_cpu: int, client_cp
     return {"rows": rows, "medians": {k: medians(r) for k, r in rows.items()}}
 
 
+# ---------------------------------------------------------------- the floor of a hop
+
+def run_floor(args: argparse.Namespace, scratch: Path, server_cpu: int, client_cpu: int
+              ) -> dict[str, Any]:
+    """`mlp` direct, through benchmarks/bare_relay.py (a hop that does nothing else) and
+    through the gateway, at each concurrency: the hops on a core of their own, the
+    replica beside the load. Also the replica's mean batch over each run."""
+    models_root = scratch / "models_floor"
+    build_repository(models_root, ("mlp",))
+    replica = ServerProcess(models_root, host=HOSTS[0], cpus=str(client_cpu))
+    rows: dict[str, list[dict[str, Any]]] = {}
+    with started([replica]):
+        (port,) = free_ports(1)
+        relay = subprocess.Popen(
+            ["taskset", "-c", str(server_cpu), sys.executable,
+             str(Path(__file__).with_name("bare_relay.py")), replica.host,
+             str(replica.http_port), str(port)], stdout=subprocess.PIPE, text=True)
+        try:
+            assert relay.stdout is not None and relay.stdout.readline().strip() == "READY"
+            root = scratch / "gateway_floor"
+            gateway_repo(root, "via_mlp", {"protocol": "v2", "model": "mlp",
+                                           "replicas": [replica.url]})
+            with started([ServerProcess(root, cpus=str(server_cpu))]) as (gateway,):
+                hops = {"direct": (replica.url, "mlp", replica.process),
+                        "bare relay": (f"http://127.0.0.1:{port}", "mlp", relay),
+                        "gateway": (gateway.url, "via_mlp", gateway.process)}
+                for round_ in range(args.rounds):
+                    for concurrency in args.concurrency:
+                        for via, (url, model, process) in hops.items():
+                            assert process is not None
+                            served = metric(replica, "tradeoff_inference_count")
+                            runs = metric(replica, "tradeoff_inference_exec_count")
+                            cpu_before, wall_before = cpu_seconds(process.pid), \
+                                time.monotonic()
+                            doc = bench(url, model, client_cpu, args,
+                                        "--concurrency", str(concurrency))
+                            busy = (cpu_seconds(process.pid) - cpu_before) / \
+                                (time.monotonic() - wall_before)
+                            batch = (metric(replica, "tradeoff_inference_count") - served) / \
+                                max(1.0, metric(replica, "tradeoff_inference_exec_count") - runs)
+                            summary = doc["summary"]
+                            row = {"round": round_ + 1, "rate": summary["throughput_rps"],
+                                   "p50_ms": summary["latency_ms"]["p50"],
+                                   "errors": summary["errors"], "replica_batch": batch,
+                                   "cpu_percent": busy * 100}
+                            rows.setdefault(f"mlp c{concurrency} {via}", []).append(row)
+                            print(f"floor round {round_ + 1} mlp c{concurrency:<3} {via:10}: "
+                                  f"{row['rate']:,.0f} req/s, p50 {row['p50_ms']:.2f} ms, "
+                                  f"replica batch {batch:.1f}, "
+                                  f"{'replica' if via == 'direct' else via} CPU "
+                                  f"{row['cpu_percent']:.0f}%, errors {row['errors']}",
+                                  flush=True)
+        finally:
+            relay.terminate()
+            relay.wait(10)
+    return {"rows": rows, "medians": {k: medians(r) for k, r in rows.items()}}
+
+
 # ---------------------------------------------------------------- a replica not ours
 
 def run_pytriton(args: argparse.Namespace, scratch: Path, server_cpu: int, client_cpu: int
@@ -408,6 +469,8 @@ def main() -> None:
             elif scenario in ("cost", "cost-own-core"):
                 doc[scenario] = run_cost(args, scratch, server_cpu, client_cpu,
                                          own_core=scenario == "cost-own-core")
+            elif scenario == "floor":
+                doc[scenario] = run_floor(args, scratch, server_cpu, client_cpu)
             elif scenario == "pytriton":
                 doc[scenario] = run_pytriton(args, scratch, server_cpu, client_cpu)
             else:
