@@ -405,4 +405,12 @@ def test_least_outstanding_counts_the_queue_each_replica_reports(tmp_path: Path)
                       if name == "tradeoff_gateway_replica_reported_queue"}
             assert set(queued) == {busy.url.removeprefix("http://"),
                                    idle.url.removeprefix("http://")}
+            shown = subprocess.run(
+                [sys.executable, "-m", "tradeoff", "top", gateway.metrics_url, "--interval",
+                 "0.3", "--iterations", "2"], capture_output=True, text=True, timeout=60,
+                env={**os.environ, "COLUMNS": "200"}, check=True).stdout
+            header = next(line for line in shown.splitlines() if "queued" in line).split()
+            row = next(line for line in shown.splitlines()
+                       if busy.url.removeprefix("http://") in line).split()
+            assert float(row[header.index("queued")]) >= 1
         assert set(statuses) == {200}

@@ -203,6 +203,7 @@ class ReplicaRow:
     ready: bool
     latency_ms: float | None        # mean answer time over the interval
     prefix_matched: float | None    # share of the prompt blocks it was known to hold
+    queued: float | None = None     # waiting in its own queue, by its last report
 
 
 _REPLICA = "tradeoff_gateway_replica_"
@@ -228,7 +229,8 @@ def replica_rows(before: Snapshot, after: Snapshot) -> list[ReplicaRow]:
             (after.value(f"{_REPLICA}ready", labels) or 0.0) > 0,
             delta(f"{_REPLICA}latency_seconds_sum") / answered * 1e3 if answered else None,
             delta(f"{_REPLICA}prefix_blocks_total", {**labels, "kind": "matched"}) / sent
-            if sent else None))
+            if sent else None,
+            after.value(f"{_REPLICA}reported_queue", labels)))
     return rows
 
 
@@ -395,8 +397,10 @@ def prometheus_replica_rows(base: str, window: str = "1m",
     seconds, answered = rate("latency_seconds_sum"), rate("latency_seconds_count")
     sent = rate("prefix_blocks_total", '{kind="sent"}')
     matched = rate("prefix_blocks_total", '{kind="matched"}')
+    queued = per_replica(f"max by ({keys}) ({_REPLICA}reported_queue)")
     return [ReplicaRow(*key, requests.get(key, 0.0), errors.get(key, 0.0),
                        in_flight.get(key, 0.0), ready.get(key, 0.0) > 0,
                        seconds[key] / answered[key] * 1e3 if answered.get(key) else None,
-                       matched.get(key, 0.0) / sent[key] if sent.get(key) else None)
+                       matched.get(key, 0.0) / sent[key] if sent.get(key) else None,
+                       queued.get(key))
             for key in sorted(ready)]

@@ -784,15 +784,17 @@ def live_view(models: list[ModelRow], generations: list[GenerationRow], source: 
     if replicas:
         pools = FoldingTable(title="gateway replicas", box=box.SIMPLE_HEAD, pad_edge=False,
                              collapse_padding=True)
-        for column in ("router", "pool", "replica", "req/s", "err/s", "inflight", "state",
-                       "mean ms", "prefix hit"):
+        for column in ("router", "pool", "replica", "req/s", "err/s", "inflight", "queued",
+                       "state", "mean ms", "prefix hit"):
             pools.add_column(column, justify="left" if column in ("router", "pool",
                                                                   "replica", "state")
                              else "right", no_wrap=True, min_width=len(column))
         for r in replicas:
             pools.add_row(_t(r.router), _t(r.pool), _t(r.replica), f"{r.requests_per_s:,.1f}",
                           f"[red]{r.errors_per_s:,.1f}[/red]" if r.errors_per_s else "0",
-                          f"{r.in_flight:,.0f}", "up" if r.ready else "[red]out[/red]",
+                          f"{r.in_flight:,.0f}",
+                          "-" if r.queued is None else f"{r.queued:,.0f}",
+                          "up" if r.ready else "[red]out[/red]",
                           _ms(r.latency_ms),
                           "-" if r.prefix_matched is None else f"{r.prefix_matched:.0%}")
         parts.append(pools)

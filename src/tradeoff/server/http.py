@@ -22,6 +22,7 @@ from tradeoff.protocol.v2 import parse_json_object
 from tradeoff.server import metrics, openapi
 from tradeoff.server.access import TENANT, Access
 from tradeoff.server.asgi import (
+    JSON_HEADERS,
     OFF_LOOP_BYTES,
     DisconnectWatch,
     Headers,
@@ -382,12 +383,12 @@ class HttpApp:
         if not isinstance(parameters, dict):
             raise InvalidInput("'parameters' must be a JSON object")
         await self.dataplane.load_model(params["model"], parameters)
-        await send_body(send, 200, b"{}")
+        await send_body(send, 200, b"", JSON_HEADERS)  # as Triton answers: no body
 
     async def unload(self, scope: Scope, receive: Receive, send: Send, params: Params) -> None:
         await self._read_body(scope, receive)
         await self.dataplane.unload_model(params["model"])
-        await send_body(send, 200, b"{}")
+        await send_body(send, 200, b"", JSON_HEADERS)
 
     async def infer(self, scope: Scope, receive: Receive, send: Send, params: Params) -> None:
         """The infer route through ASGI: any body (streamed, compressed, large); the
