@@ -134,11 +134,15 @@ async def _answer(pool: ReplicaPool, replica: Replica, size: int,
     return RemoteAnswer(replica.name, version, timings, outputs)
 
 
+def _json_length(response: Response) -> int | None:
+    """A v2 HTTP answer's Inference-Header-Content-Length (None: all of it is JSON)."""
+    length = response.headers.get(b"inference-header-content-length")
+    return int(length) if length is not None and length.isdigit() else None
+
+
 def _http_outputs(response: Response, request: V2Request) -> tuple[str, list[TensorOutput]]:
     """A v2 HTTP answer's version and outputs, each binary or JSON as the client asked."""
-    length = response.headers.get(b"inference-header-content-length")
-    answer = decode_response(response.body,
-                             int(length) if length is not None and length.isdigit() else None)
+    answer = decode_response(response.body, _json_length(response))
     for output in answer.outputs:
         output.binary = request.binary_for(output.name)
     return answer.model_version, answer.outputs
@@ -146,9 +150,7 @@ def _http_outputs(response: Response, request: V2Request) -> tuple[str, list[Ten
 
 def _relayed(response: Response, request: V2Request) -> tuple[str, RelayedAnswer]:
     """A v2 HTTP answer to pass on as it came (asked for as the client asked)."""
-    length = response.headers.get(b"inference-header-content-length")
-    answer = read_relayed(response.body,
-                          int(length) if length is not None and length.isdigit() else None)
+    answer = read_relayed(response.body, _json_length(response))
     return str(answer.header.get("model_version", "")), answer
 
 
@@ -215,7 +217,9 @@ class Pieces:
     """A streamed answer's pieces as they arrive from the replica, until the client takes
     them. Past ``limit`` bytes waiting (a client that reads slowly), the replica's
     connection is no longer read, so its window fills and the replica's own flow control
-    holds its writes, until the client has taken half of them."""
+    holds its writes, until the client has taken half of them. Only a 200's pieces are
+    held back so: any other answer is read whole (within the connection's bound) to be
+    answered with."""
 
     def __init__(self, connection: Connection | None, limit: int = STREAM_BUFFER_BYTES
                  ) -> None:
@@ -232,7 +236,8 @@ class Pieces:
         self.statuses.append(status)
         self.queue.put_nowait(piece)
         self.waiting += len(piece)
-        if not self.paused and self.waiting > self._limit and self._connection is not None:
+        if not self.paused and self.waiting > self._limit and status == 200 and \
+                self._connection is not None:
             self.paused = self.was_paused = True
             self._connection.pause_reading()
 
