@@ -765,6 +765,8 @@ def test_an_answer_read_back_binary_or_json() -> None:
     (b'{"outputs": [{"name": "o", "datatype": "FP32", "shape": [1]}]}', None,
      "neither 'data' nor binary_data_size"),
     (b"{}", 10, "Inference-Header-Content-Length is 10"),
+    (b'{"outputs": [{"name": "o", "datatype": "FP32", "shape": [1], "parameters": "x"}]}',
+     None, r"outputs\[0\]: 'parameters' must be a JSON object"),
 ])
 def test_an_unreadable_answer_says_what_is_wrong(body: bytes, length: int | None,
                                                  message: str) -> None:
@@ -803,6 +805,8 @@ def test_an_answer_relayed_keeps_its_tensors_and_takes_this_servers_name() -> No
      "do not add up"),
     (b'{"outputs": []}extra', 15, r"values \[\] do not add up to its 5 bytes"),
     (b"{}", 10, "Inference-Header-Content-Length is 10"),
+    (b'{"outputs": [{"name": "o", "parameters": [1]}]}', None,
+     r"outputs\[0\]: 'parameters' must be a JSON object"),
 ])
 def test_a_relayed_answer_that_does_not_add_up_is_refused(body: bytes, length: int | None,
                                                           message: str) -> None:

@@ -575,6 +575,22 @@ def read_relayed(body: bytes, header_length: int | None) -> RelayedAnswer:
     """An infer answer to pass on (``header_length``: its Inference-Header-Content-Length):
     its JSON header read and its binary outputs checked to fill the rest exactly;
     InvalidInput saying what is wrong. The tensors are not decoded."""
+    view, end, doc, outputs = _answer_json(body, header_length)
+    if not all(isinstance(o, dict) for o in outputs):
+        raise InvalidInput("the answer has no 'outputs' list")
+    sizes = [_output_parameters(o, f"outputs[{i}]").get("binary_data_size", 0)
+             for i, o in enumerate(outputs)]
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in sizes) \
+            or sum(sizes) != len(body) - end:
+        raise InvalidInput(f"the answer's binary_data_size values {sizes} do not add up "
+                           f"to its {len(body) - end} bytes of binary data")
+    return RelayedAnswer(doc, view[end:], header_length is not None)
+
+
+def _answer_json(body: bytes, header_length: int | None
+                 ) -> tuple[memoryview, int, dict[str, Any], list[Any]]:
+    """An infer answer's JSON read: the body's view, where its JSON ends, the JSON object
+    and its ``outputs`` list; InvalidInput saying what is wrong."""
     if header_length is not None and not 0 <= header_length <= len(body):
         raise InvalidInput(f"Inference-Header-Content-Length is {header_length} but the "
                            f"answer has {len(body)} bytes")
@@ -582,14 +598,19 @@ def read_relayed(body: bytes, header_length: int | None) -> RelayedAnswer:
     view = memoryview(body)
     doc = parse_json_object(view[:end], "the answer")
     outputs = doc.get("outputs")
-    if not isinstance(outputs, list) or not all(isinstance(o, dict) for o in outputs):
+    if not isinstance(outputs, list):
         raise InvalidInput("the answer has no 'outputs' list")
-    sizes = [(o.get("parameters") or {}).get("binary_data_size", 0) for o in outputs]
-    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in sizes) \
-            or sum(sizes) != len(body) - end:
-        raise InvalidInput(f"the answer's binary_data_size values {sizes} do not add up "
-                           f"to its {len(body) - end} bytes of binary data")
-    return RelayedAnswer(doc, view[end:], header_length is not None)
+    return view, end, doc, outputs
+
+
+def _output_parameters(entry: dict[str, Any], where: str) -> dict[str, Any]:
+    """An answer's output entry's parameters ({} when it has none)."""
+    parameters = entry.get("parameters")
+    if not parameters:
+        return {}
+    if not isinstance(parameters, dict):
+        raise InvalidInput(f"{where}: 'parameters' must be a JSON object")
+    return parameters
 
 
 def encode_relayed(answer: RelayedAnswer, model_name: str,
@@ -650,15 +671,7 @@ def decode_response(body: bytes, header_length: int | None = None,
                     limits: RequestLimits = DEFAULT_LIMITS) -> V2Response:
     """Read an infer response (``header_length``: its Inference-Header-Content-Length);
     InvalidInput saying what is wrong with it."""
-    view = memoryview(body)
-    if header_length is not None and not 0 <= header_length <= len(body):
-        raise InvalidInput(f"Inference-Header-Content-Length is {header_length} but the "
-                           f"answer has {len(body)} bytes")
-    end = len(body) if header_length is None else header_length
-    doc = parse_json_object(view[:end], "the answer")
-    raw_outputs = doc.get("outputs")
-    if not isinstance(raw_outputs, list):
-        raise InvalidInput("the answer has no 'outputs' list")
+    view, end, doc, raw_outputs = _answer_json(body, header_length)
     outputs = []
     offset = end
     for index, raw in enumerate(raw_outputs):
@@ -673,7 +686,7 @@ def decode_response(body: bytes, header_length: int | None = None,
         if _element_count(shape) > limits.max_elements:
             raise InvalidInput(f"{where}: shape {list(shape)} is over the limit of "
                                f"{limits.max_elements} elements")
-        size = (raw.get("parameters") or {}).get("binary_data_size")
+        size = _output_parameters(raw, where).get("binary_data_size")
         if size is not None:
             if isinstance(size, bool) or not isinstance(size, int) or \
                     not 0 <= size <= len(body) - offset:
