@@ -21,6 +21,7 @@ import tritonclient.http as triton_http
 
 from tradeoff.server.process import ServerProcess, started
 
+from ..synthetic_model import write_synthetic_model
 from .helpers import (
     background_load,
     infer_json,
@@ -348,25 +349,10 @@ def test_a_gateway_of_two_front_ends(tmp_path: Path, replicas: list[ServerProces
         gateway.close_log()
 
 
-SLOW_CONFIG = """name: "work"
-backend: "synthetic"
-max_batch_size: 0
-input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
-"""
-
-
 def slow_replica(root: Path, host: str, cost_ms: float) -> ServerProcess:
     """A replica of ``work``, a synthetic model taking ``cost_ms`` a request, one at a
     time: a few clients make it a queue."""
-    directory = root / "work"
-    (directory / "1").mkdir(parents=True)
-    (directory / "1" / "model.json").write_text(json.dumps({
-        "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [4]}],
-        "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [4],
-                     "copy_of": "INPUT0"}],
-        "cost": {"fixed_ms": cost_ms, "per_row_ms": 0.0}}))
-    (directory / "config.pbtxt").write_text(SLOW_CONFIG)
+    write_synthetic_model(root, "work", fixed_ms=cost_ms, per_row_ms=0.0, max_batch_size=0)
     return ServerProcess(root, host=host)
 
 
@@ -374,7 +360,7 @@ def test_least_outstanding_counts_the_queue_each_replica_reports(tmp_path: Path)
     """Clients that do not pass through the gateway fill one replica's queue; the gateway
     reads it from the replica's /metrics and sends nothing there, its own first request
     included (with no answer times yet, both replicas cost alike but for that queue)."""
-    work = [{"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": ROW}]
+    work = [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": ROW}]
     with started([slow_replica(tmp_path / f"r{i}", host, 20.0)
                   for i, host in enumerate(HOSTS)]) as (busy, idle):
         write_router(tmp_path, [{"url": r.url, "metrics": r.metrics_url}

@@ -529,13 +529,21 @@ def _queue(raw: Any, source: str, where: str, protocol: str, model: str,
             any(r.metrics is None for r in replicas):
         raise ConfigError(source, f"{where}.port", "a gRPC replica's metrics are on "
                           "another port: give the port of its HTTP /metrics")
-    path = raw.get("path", "/metrics")
-    if not isinstance(path, str) or not path.startswith("/") or \
-            any(c in path for c in " \r\n#"):
-        raise ConfigError(source, f"{where}.path", "must be a path such as /metrics")
+    path = _path(raw.get("path", "/metrics"), source, f"{where}.path", "/metrics",
+                 query=True)
     return QueueReport(metric, tuple(sorted(labels.items())), port, path,
                        _number(raw, "interval_s", 0.25, source, f"{where}.", low=0.05,
                                high=3600))
+
+
+def _path(value: Any, source: str, where: str, example: str, query: bool = False) -> str:
+    """A path on a replica's server: from the root, no spaces, line breaks or fragment,
+    and no query unless ``query``."""
+    refused = " \r\n#" if query else " \r\n?#"
+    if not isinstance(value, str) or not value.startswith("/") or \
+            any(c in value for c in refused):
+        raise ConfigError(source, where, f"must be a path such as {example}")
+    return value
 
 
 def _health(raw: Any, source: str, where: str) -> HealthCheck:
@@ -546,11 +554,8 @@ def _health(raw: Any, source: str, where: str) -> HealthCheck:
                           f"{', '.join(HEALTH_FIELDS)}")
     _known(raw, HEALTH_FIELDS, source, where)
     path = raw.get("path")
-    if path is not None and (not isinstance(path, str) or not path.startswith("/") or
-                             any(c in path for c in " \r\n?#")):
-        raise ConfigError(source, f"{where}path", "must be a path such as /v2/health/ready")
     return HealthCheck(
-        path,
+        None if path is None else _path(path, source, f"{where}path", "/v2/health/ready"),
         _number(raw, "interval_s", 1.0, source, where, low=0.05, high=3600),
         _number(raw, "timeout_s", 1.0, source, where, low=0.01, high=600),
         _number(raw, "eject_after", 3, source, where, low=1, high=1000, integer=True),

@@ -38,6 +38,7 @@ from tradeoff.protocol.v2 import (
 from tradeoff.scheduling.request import InferenceRequest, Timings
 from tradeoff.server.asgi import JSON_HEADERS, Headers, Scope
 from tradeoff.server.dataplane import Admission, Answerer, DataPlane, TensorTarget
+from tradeoff.server.router import RoutedModel
 
 __all__ = [
     "InferCall",
@@ -90,8 +91,8 @@ class InferCall:
         request_class = self.headers.get(b"x-tradeoff-class")
         if request_class is not None and "class" not in request.parameters:
             request.parameters["class"] = request_class.decode("latin-1")
-        else:  # its parameters are its body's: a gateway may pass the body on as it is
-            request.wire = (body, length)
+        elif isinstance(self.target, RoutedModel):  # its parameters are its body's: a
+            request.wire = (body, length)  # router's pools may pass the body on as it is
         request.tenant = self.tenant
         return request
 

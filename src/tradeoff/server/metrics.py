@@ -393,6 +393,7 @@ def _replica_families(routers: list[RoutedModel]) -> Iterator:
     queued = GaugeMetricFamily("tradeoff_gateway_replica_reported_queue",
                                "Requests waiting in a replica's own queue, by its last "
                                "report (pools with queue)", labels=labels)
+    now = time.monotonic()
     for router, pool in pools:
         for replica in pool.replicas:
             names = [router, pool.config.name, replica.name]
@@ -403,7 +404,7 @@ def _replica_families(routers: list[RoutedModel]) -> Iterator:
             prefix.add_metric([*names, "matched"], stats.prefix_blocks_matched)
             latency.add_metric(names, stats.answered, stats.latency_s)
             in_flight.add_metric(names, replica.in_flight)
-            ready.add_metric(names, 1 if replica.available(time.monotonic()) else 0)
+            ready.add_metric(names, 1 if replica.available(now) else 0)
             if replica.reported_queue is not None:
                 queued.add_metric(names, replica.reported_queue)
     yield from (*counted.values(), prefix, latency, in_flight, ready, queued)

@@ -83,6 +83,7 @@ class QueueReader:
         self.report = report
         self.replicas = replicas
         self.timeout_s = timeout_s
+        self._where = {r.index: self._metrics_of(r) for r in replicas}
         self._connections: dict[int, Connection] = {}
         self._silent: set[int] = set()  # replicas whose last reading failed (said once)
         self._task: asyncio.Task[None] | None = None
@@ -108,7 +109,7 @@ class QueueReader:
             await self.read_all()
             await asyncio.sleep(self.report.interval_s)
 
-    def _where(self, replica: Reporting) -> tuple[str, int, str, bool]:
+    def _metrics_of(self, replica: Reporting) -> tuple[str, int, str, bool]:
         """Host, port, path and TLS of ``replica``'s metrics: its own ``metrics`` URL,
         else the pool's port and path on the replica's host."""
         if replica.config.metrics is not None:
@@ -121,7 +122,7 @@ class QueueReader:
                 self.report.path, replica.config.scheme == "https")
 
     async def _read(self, replica: Reporting) -> None:
-        host, port, path, tls = self._where(replica)
+        host, port, path, tls = self._where[replica.index]
         connection = self._connections.get(replica.index)
         if connection is None:
             connection = self._connections[replica.index] = Connection(

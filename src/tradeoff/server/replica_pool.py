@@ -74,7 +74,8 @@ class Replica:
     """One server of a pool, its state and its kept connections."""
 
     def __init__(self, config: ReplicaConfig, index: int, connections: int,
-                 timeout_s: float, api_key: str | None = None, grpc: bool = False) -> None:
+                 timeout_s: float, api_key: str | None = None, grpc: bool = False,
+                 report_life_s: float = 1.0) -> None:
         self.config = config
         self._key = None if api_key is None else f"Bearer {api_key}"
         self.grpc = GrpcLink(config, api_key) if grpc else None  # v2-grpc pools
@@ -91,7 +92,7 @@ class Replica:
         self.draining = config.drain
         self.reported_queue: float | None = None  # its own count of waiting requests
         self._reported_at = 0.0
-        self._report_life_s = 1.0  # a report older than this counts for nothing
+        self._report_life_s = report_life_s  # a report older counts for nothing
         self.stats = ReplicaStats()
         self._timeout_s = timeout_s
         self._idle: list[Connection] = []
@@ -185,6 +186,15 @@ class Replica:
             return 0.0
         return self.reported_queue
 
+    def take_over(self, before: Replica) -> None:
+        """Take what ``before`` (the same server in this pool before a reload) learnt:
+        its counts, answer time, load, reported queue and ejection."""
+        self.stats = before.stats
+        self._latency, self._latency_at = before._latency, before._latency_at
+        self._load, self._load_at = before._load, before._load_at
+        self.reported_queue, self._reported_at = before.reported_queue, before._reported_at
+        self.ejected_until, self.failures = before.ejected_until, before.failures
+
     def observe(self, seconds: float) -> None:
         """An answer's time (a stream's: to its first bytes)."""
         self._latency = seconds if self._latency is None else \
@@ -233,15 +243,15 @@ class ReplicaPool:
             if not key:
                 raise ModelLoadError(f"pool {config.name!r}: api_key_env names "
                                      f"${config.api_key_env}, which is not set")
+        # three readings of a replica's queue may fail before the last is stale
+        report_life_s = max(1.0, 3 * config.queue.interval_s) if config.queue else 1.0
         self.replicas = [Replica(r, i, config.connections, config.timeout_s, key,
-                                 grpc=config.protocol == "v2-grpc")
+                                 grpc=config.protocol == "v2-grpc",
+                                 report_life_s=report_life_s)
                          for i, r in enumerate(config.replicas)]
         self.prefixes = PrefixIndex() if config.policy == "prefix" else None
-        self.queues = None
-        if config.queue is not None:
-            for replica in self.replicas:  # three readings may fail before it is stale
-                replica._report_life_s = max(1.0, 3 * config.queue.interval_s)
-            self.queues = QueueReader(config.queue, self.replicas, config.health.timeout_s)
+        self.queues = None if config.queue is None else \
+            QueueReader(config.queue, self.replicas, config.health.timeout_s)
         self.retries_in_flight = 0
         self._next = 0
         self._random = random.Random()
@@ -306,9 +316,9 @@ class ReplicaPool:
         """The longest known prefix among the replicas whose load (requests in flight,
         averaged over the last second or so, and the queue each reports) is not over
         ``balance`` x the mean load (and a twentieth of a request, for a pool near
-        idle); ties to the least loaded. The
-        average, not the count now, so a burst does not send a prompt away from its
-        cache, and a prompt that takes more than a replica's share spreads. A prompt no
+        idle); ties to the least loaded. The average, not the count now, so a burst does
+        not send a prompt away from its cache, and a prompt that takes more than a
+        replica's share spreads. A prompt no
         replica was sent goes to the least loaded, and among those to the one known to
         hold the fewest blocks, so new prompts are spread over the caches."""
         assert self.prefixes is not None
@@ -369,12 +379,7 @@ class ReplicaPool:
             if before is None:
                 continue
             numbers[before.index] = replica.index
-            replica.stats = before.stats
-            replica._latency, replica._latency_at = before._latency, before._latency_at
-            replica._load, replica._load_at = before._load, before._load_at
-            replica.reported_queue, replica._reported_at = \
-                before.reported_queue, before._reported_at
-            replica.ejected_until, replica.failures = before.ejected_until, before.failures
+            replica.take_over(before)
         if self.prefixes is not None and old.prefixes is not None:
             self.prefixes = old.prefixes.renumbered(numbers)
 

@@ -359,9 +359,9 @@ class RoutedModel:
                 pool.adopt(old)
 
     async def start(self) -> None:
-        """Check each pool's replicas once, then keep checking them."""
-        for pool in self.pools.values():
-            await pool.start()
+        """Check each pool's replicas once (the pools side by side), then keep checking
+        them."""
+        await asyncio.gather(*(pool.start() for pool in self.pools.values()))
 
     def begin_drain(self, timeout_s: float) -> None:
         """Nothing queues here: the targets drain their own requests."""
