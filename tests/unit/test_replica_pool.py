@@ -132,6 +132,9 @@ def test_prefix_balances_on_the_queue_a_replica_reports() -> None:
      [("name", 'a "quoted" one')], 1.0),
     (b'waiting 2\n', "waiting", [], 2.0),
     (b'waiting{model="x"} NaN\n', "waiting", [("model", "x")], None),
+    (b'waiting{model="x"} -1e9\nwaiting{model="x",v="2"} +Inf\n', "waiting",
+     [("model", "x")], None),
+    (b'waiting{v="1"} 2\nwaiting{v="2"} -3\n', "waiting", [], 2.0),
     (b'waiting{model="x"} 1\n', "waiting", [("model", "y")], None),
     (b'not prometheus at all', "waiting", [], None),
 ])

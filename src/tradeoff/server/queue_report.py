@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import re
 from collections.abc import Sequence
 from typing import Protocol
@@ -38,7 +39,9 @@ _LABEL = re.compile(rb'([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\\n]|\\.)*)"')
 
 def gauge_sum(text: bytes, metric: str, labels: Sequence[tuple[str, str]]) -> float | None:
     """The sum of the samples of ``metric`` in Prometheus text whose labels include
-    ``labels`` (Triton reports one per version), or None when there is none."""
+    ``labels`` (Triton reports one per version), or None when there is none. A sample
+    that is no count of requests (NaN, infinite, negative) is left out, so a replica
+    cannot draw every request to itself by reporting one."""
     line = re.compile(rb"^" + re.escape(metric.encode()) +
                       rb"(\{[^\n]*\})?[ \t]+([^ \t\r\n]+)", re.MULTILINE)
     wanted = {(k.encode(), v) for k, v in labels}
@@ -52,7 +55,7 @@ def gauge_sum(text: bytes, metric: str, labels: Sequence[tuple[str, str]]) -> fl
             value = float(match.group(2))
         except ValueError:
             continue
-        if value == value:  # NaN reports nothing
+        if math.isfinite(value) and value >= 0:  # NaN, infinities, negatives: no count
             total = (total or 0.0) + value
     return total
 
