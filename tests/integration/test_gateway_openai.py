@@ -25,7 +25,7 @@ from tradeoff.backends.synthetic_generative import build_tokenizer, continuation
 from tradeoff.models.generative import write_synthetic_llm
 from tradeoff.server.process import ServerProcess, started
 
-from .helpers import post_json, request, wait_for
+from .helpers import metric_samples, post_json, request, wait_for
 
 pytestmark = [pytest.mark.integration]
 
@@ -266,3 +266,77 @@ def test_what_the_gateway_sends_on(tmp_path: Path) -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_shadow_copies_compare_answers_across_servers(
+        tmp_path: Path, replicas: list[ServerProcess]) -> None:
+    """Shadows over OpenAI pools, compared as text: a pool shadowing a pool of the same
+    model agrees wholly; a model here that ends its answers early matches the pool's
+    up to its end; a model here shadowed by a pool agrees.
+    Streamed and whole answers, completions and chat, are compared; sampled ones not."""
+    prompt = "the gateway passes this on"
+    tokenizer = build_tokenizer()
+    prompt_tokens = len(tokenizer.encode(prompt))
+    write_synthetic_llm(tmp_path, model={"step_ms": 1.0})
+    write_synthetic_llm(tmp_path, "short-llm",
+                        model={"step_ms": 1.0, "eos_at_position": prompt_tokens + 5})
+    urls = [f"{r.url}/v1" for r in replicas]
+    pool = {"protocol": "openai", "model": MODEL, "replicas": urls,
+            "health": {"interval_s": 0.2}}
+    routers = {
+        "mirror": {"pools": {"llm": pool, "llm_copy": pool}, "routes": [{"to": "llm"}],
+                   "shadow": {"to": "llm_copy", "fraction": 1.0}},
+        "short": {"pools": {"llm": pool}, "routes": [{"to": "llm"}],
+                  "shadow": {"to": "short-llm", "fraction": 1.0}},
+        "here_first": {"pools": {"llm": pool}, "routes": [{"to": MODEL}],
+                       "shadow": {"to": "llm", "fraction": 1.0}},
+    }
+    for name, doc in routers.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "router.yaml").write_text(json.dumps(doc))
+    gateway = ServerProcess(tmp_path).start()
+
+    def shadow(router: str) -> dict:
+        stats = json.loads(request(gateway.url, "GET", f"/v2/models/{router}/stats").body)
+        return stats["model_stats"][0]["shadow"]
+
+    first = {}
+    try:
+        with openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused",
+                           max_retries=0) as client:
+            for router in routers:
+                whole = client.completions.create(model=router, prompt=prompt,
+                                                  max_tokens=12, temperature=0)
+                assert whole.choices[0].text == tokenizer.decode(
+                    continuation(tokenizer.encode(prompt), 12))
+                wait_for(lambda r=router: shadow(r)["compared"] == 1, f"{router}'s copy")
+                first[router] = shadow(router)
+                streamed = client.completions.create(
+                    model=router, prompt=prompt, max_tokens=12, temperature=0, stream=True,
+                    stream_options={"include_usage": True})
+                assert "".join(c.choices[0].text for c in streamed if c.choices) == \
+                    whole.choices[0].text
+                wait_for(lambda r=router: shadow(r)["compared"] == 2, f"{router}'s copy")
+                chat = client.chat.completions.create(
+                    model=router, messages=[{"role": "user", "content": "hi"}],
+                    max_tokens=6, temperature=0, stream=router == "mirror")
+                assert chat is not None
+                wait_for(lambda r=router: shadow(r)["compared"] == 3, f"{router}'s copy")
+                client.completions.create(model=router, prompt=prompt, max_tokens=4,
+                                          temperature=1.0)  # sampled: no copy
+        mirror, short, here = shadow("mirror"), shadow("short"), shadow("here_first")
+        for stats in (mirror, here):
+            assert stats["sent"] == stats["compared"] == stats["texts_compared"] == 3
+            assert stats["text_identical"] == stats["text_prefix_agreement"] == 1.0
+            assert stats["failed"] == stats["dropped"] == 0
+        # the first answer: 5 of its 12 characters alike before the short model's end
+        assert (first["short"]["text_prefix_chars"], first["short"]["text_chars"]) == (5, 12)
+        assert first["short"]["texts_identical"] == 0
+        assert short["texts_compared"] == 3 and short["text_prefix_agreement"] < 1.0
+        samples = metric_samples(gateway)
+        agreement = "tradeoff_router_shadow_text_agreement"
+        assert samples[(agreement, frozenset({"router": "mirror"}.items()))] == 1.0
+        assert samples[(agreement, frozenset({"router": "short"}.items()))] < 1.0
+    finally:
+        gateway.stop()
+        gateway.close_log()

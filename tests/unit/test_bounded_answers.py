@@ -17,12 +17,12 @@ from tradeoff.analysis.diagnose import diagnose
 from tradeoff.bench.adapters import V2Adapter
 from tradeoff.bench.endpoint import make_adapter
 from tradeoff.bench.load import LOAD_DEFAULTS, LoadSpec
-from tradeoff.bench.openai_stream import MAX_EVENT_BYTES, StreamReader
 from tradeoff.bench.records import OUTCOME_NAMES, classify
 from tradeoff.bench.result import client_check
 from tradeoff.cli import main
 from tradeoff.cli import options as cli_options
 from tradeoff.protocol.http_client import Response, ResponseTooLarge
+from tradeoff.protocol.openai_answers import MAX_EVENT_BYTES, StreamReader
 from tradeoff.report.terminal import print_bench_result
 from tradeoff.results import BenchResult, load_as
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from tradeoff.bench.openai_stream import GenerationTiming, StreamReader, generation_body
+from tradeoff.bench.openai_stream import GenerationTiming, generation_body
+from tradeoff.protocol.openai_answers import StreamReader
 
 
 def event(doc: object) -> bytes:

@@ -14,9 +14,10 @@ import os
 from typing import Any
 
 from tradeoff.bench.adapters import Adapter
-from tradeoff.bench.openai_stream import StreamReader, generation_body, generation_request
+from tradeoff.bench.openai_stream import generation_body, generation_request
 from tradeoff.bench.prompts import PromptItem, fingerprint
 from tradeoff.errors import BenchSetupError
+from tradeoff.protocol.openai_answers import StreamReader
 
 __all__ = ["OpenAIAdapter"]
 

@@ -1,8 +1,9 @@
 """One streamed generation from an OpenAI-compatible API, timed piece by piece.
 
-The body of a ``stream: true`` answer is server-sent events; :class:`StreamReader` reads
-them as they arrive (``Connection.request(raw, on_body=reader)``) and stamps every event
-that carries generated text. From those stamps:
+The body of a ``stream: true`` answer is server-sent events;
+:class:`tradeoff.protocol.openai_answers.StreamReader` reads them as they arrive
+(``Connection.request(raw, on_body=reader)``) and stamps every event that carries
+generated text. From those stamps:
 
 * TTFT: request sent -> first event with text;
 * ITL: the gaps between consecutive events with text;
@@ -16,25 +17,20 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from tradeoff.protocol.http_client import Connection, build_request
+from tradeoff.protocol.openai_answers import StreamReader
 
 __all__ = [
-    "MAX_ERROR_BODY",
-    "MAX_EVENT_BYTES",
     "GenerationTiming",
-    "StreamReader",
     "generation_body",
     "generation_request",
     "stream_once",
 ]
-
-MAX_EVENT_BYTES = 1 << 20  # one server-sent event; a longer one fails the answer
-MAX_ERROR_BODY = 1 << 16  # of an error answer, the part kept to say why
 
 
 def generation_body(model: str, *, prompt: str | None = None,
@@ -62,120 +58,6 @@ def generation_request(host: str, base_path: str, body: bytes, chat: bool,
     path = base_path.rstrip("/") + ("/chat/completions" if chat else "/completions")
     return build_request("POST", host, path, body,
                          {"Content-Type": "application/json", **(headers or {})})
-
-
-@dataclass
-class StreamReader:
-    """Reads one answer's server-sent events (a sink for ``Connection.request``);
-    without ``keep_text`` the text is only stamped, not kept."""
-
-    chat: bool
-    keep_text: bool = True
-    status: int = 0
-    text_ns: list[int] = field(default_factory=list)  # arrival of each event with text
-    pieces: list[str] = field(default_factory=list)
-    finish_reason: str | None = None
-    usage: dict[str, Any] | None = None
-    error: str | None = None
-    done: bool = False  # saw ``data: [DONE]``
-    received: int = 0  # body bytes
-    _pending: bytearray = field(default_factory=bytearray)  # an event not yet ended
-    _error_body: bytes = b""
-    _overlong: bool = False
-
-    def __call__(self, status: int, data: bytes) -> None:
-        now = time.perf_counter_ns()
-        self.status = status
-        self.received += len(data)
-        if status != 200:
-            if len(self._error_body) < MAX_ERROR_BODY:
-                self._error_body += data[:MAX_ERROR_BODY]
-            return
-        if self._overlong:
-            return
-        # at 20,000 tokens/s this runs 20,000 times a second: no copy of the whole buffer
-        # per event, no line splitting for the usual event (one ``data:`` line)
-        pending = self._pending
-        if pending:
-            # an event that came in pieces (a drip): look for its end in the new bytes only
-            seen = len(pending)
-            pending += data
-            if pending.find(b"\n\n", seen - 1) < 0 and \
-                    pending.find(b"\n\r\n", max(seen - 2, 0)) < 0:
-                if len(pending) > MAX_EVENT_BYTES:
-                    self._overlong = True
-                    self.error = f"an event longer than {MAX_EVENT_BYTES:,} bytes"
-                    pending.clear()
-                return
-            data = bytes(pending)
-            pending.clear()
-        if b"\r" in data:
-            data = data.replace(b"\r\n", b"\n")
-        start = 0
-        while (end := data.find(b"\n\n", start)) >= 0:
-            self._event(data[start:end], now)
-            start = end + 2
-        if start < len(data):
-            pending += memoryview(data)[start:]
-            if len(pending) > MAX_EVENT_BYTES:
-                self._overlong = True
-                self.error = f"an event longer than {MAX_EVENT_BYTES:,} bytes"
-                pending.clear()
-
-    def _event(self, event: bytes, now: int) -> None:
-        if event.startswith(b"data:") and b"\n" not in event:
-            data = event[5:].lstrip(b" ")
-        else:
-            data = b"\n".join(line[5:].lstrip(b" ") for line in event.split(b"\n")
-                              if line.startswith(b"data:"))
-        if not data:
-            return  # a comment or keep-alive
-        if data == b"[DONE]":
-            self.done = True
-            return
-        try:
-            doc = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            self.error = f"malformed event: {data[:80]!r}"
-            return
-        if not isinstance(doc, dict):
-            self.error = f"malformed event: {data[:80]!r}"
-            return
-        if doc.get("error"):
-            problem = doc["error"]
-            self.error = str(problem.get("message", problem) if isinstance(problem, dict)
-                             else problem)
-            return
-        if doc.get("usage"):
-            self.usage = doc["usage"]
-        for choice in doc.get("choices") or []:
-            piece = (choice.get("delta") or {}).get("content") if self.chat \
-                else choice.get("text")
-            if piece:
-                self.text_ns.append(now)
-                if self.keep_text:
-                    self.pieces.append(piece)
-            if choice.get("finish_reason"):
-                self.finish_reason = choice["finish_reason"]
-
-    def failure(self) -> str | None:
-        """Why this answer failed, or None: an HTTP error, an error event, or a stream
-        that ended without ``[DONE]``."""
-        if self.status == 0:  # no body came: the connection's error says why
-            return self.error or "no response"
-        if self.status != 200:
-            try:
-                doc = orjson.loads(self._error_body)
-                message = doc["error"]["message"] if isinstance(doc.get("error"), dict) \
-                    else doc.get("error", doc)
-            except (orjson.JSONDecodeError, AttributeError, TypeError, KeyError):
-                message = self._error_body[:200].decode("utf-8", "replace")
-            return f"HTTP {self.status}: {message}"
-        if self.error:
-            return self.error
-        if not self.done:
-            return "the stream ended before data: [DONE]"
-        return None
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,6 @@ import numpy as np
 
 from tradeoff.bench.adapters import Adapter, Connection
 from tradeoff.bench.load import LoadSpec, arrival_offsets_ns
-from tradeoff.bench.openai_stream import StreamReader
 from tradeoff.bench.records import (
     HTTP_ERROR,
     OK,
@@ -42,6 +41,7 @@ from tradeoff.bench.records import (
 from tradeoff.errors import InvalidValue, RunStopped
 from tradeoff.heap import settled_heap
 from tradeoff.protocol.http_client import ResponseTooLarge
+from tradeoff.protocol.openai_answers import StreamReader
 
 __all__ = [
     "CONNECTION_WAIT",

@@ -185,10 +185,6 @@ def build_router(repository: ModelRepository, name: str,
         served[target.label] = version
     kinds = {isinstance(v, EngineClient) for v in served.values()}
     kinds |= {pool.protocol == "openai" for pool in config.pools.values()}
-    if kinds == {True} and config.pools and config.shadow is not None:
-        raise ModelLoadError(f"router {name!r}: shadow copies of generations are compared "
-                             "token by token in this server's engines; a router with pools "
-                             "of OpenAI replicas takes no shadow")
     if kinds == {True}:
         routed = RoutedModel(name, config, None, generative=True)
     elif kinds == {False}:

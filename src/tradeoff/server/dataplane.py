@@ -27,7 +27,7 @@ from tradeoff.server.asgi import OFF_LOOP_BYTES
 from tradeoff.server.cache import ResponseCache
 from tradeoff.server.catalog import ModelVersion
 from tradeoff.server.front_end import InflightCounts
-from tradeoff.server.gateway import RemoteAnswer, infer_v2
+from tradeoff.server.gateway import GenerationCopy, RemoteAnswer, infer_v2
 from tradeoff.server.generation import Generation
 from tradeoff.server.generations import Generations, Prompt
 from tradeoff.server.models import ModelManager
@@ -407,13 +407,14 @@ class DataPlane:
     async def generate(self, name: str, prompt: Prompt, params: Any,
                        priority: GenerationPriority = DEFAULT_GENERATION_PRIORITY,
                        cache: bool = False, route_parameters: dict[str, Any] | None = None,
-                       tenant: bytes = b"") -> Generation:
+                       tenant: bytes = b"", *, via: RoutedModel | None = None,
+                       copy: GenerationCopy | None = None) -> Generation:
         """Start a generation (:meth:`Generations.start`), unless the server is shutting
         down."""
         if self.shutting_down:
             raise Unavailable("the server is shutting down and takes no new requests")
         return await self.generations.start(name, prompt, params, priority, cache,
-                                            route_parameters, tenant)
+                                            route_parameters, tenant, via=via, copy=copy)
 
 
 def _version(version: int | None) -> str | None:

@@ -40,6 +40,7 @@ from tradeoff.errors import (
 )
 from tradeoff.protocol import grpc_service_pb2 as pb
 from tradeoff.protocol.http_client import Connection, Response
+from tradeoff.protocol.openai_answers import whole_answer
 from tradeoff.protocol.v2 import (
     RelayedAnswer,
     TensorOutput,
@@ -54,8 +55,8 @@ from tradeoff.server.asgi import off_loop_if_large
 from tradeoff.server.grpc_replica import infer_request, response_outputs
 from tradeoff.server.replica_pool import Replica, ReplicaPool
 
-__all__ = ["STREAM_BUFFER_BYTES", "Pieces", "RemoteAnswer", "RemoteStream", "infer_v2",
-           "open_generation", "outgoing_headers", "pool_signature"]
+__all__ = ["STREAM_BUFFER_BYTES", "GenerationCopy", "Pieces", "RemoteAnswer", "RemoteStream",
+           "infer_v2", "open_generation", "outgoing_headers", "pool_signature"]
 
 # a replica's status that says it never ran the request: always safe to send elsewhere
 _NOT_RUN = {429, 503}
@@ -359,6 +360,34 @@ async def open_generation(pool: ReplicaPool, body: dict[str, Any], path: str,
         return exchange.stream
     assert exchange.response is not None  # a whole answer, counted and given back already
     return RemoteStream.whole(pool, exchange.replica, exchange.response)
+
+
+@dataclass(frozen=True)
+class GenerationCopy:
+    """An OpenAI request as a shadow copy sends it again, to a pool: its body (as the
+    primary target was sent it), ``path``, the client's headers, and the ``prompt`` the
+    pool matches prefixes on."""
+
+    body: dict[str, Any]
+    path: str
+    client_headers: dict[bytes, bytes]
+    prompt: bytes
+
+    async def text(self, pool: ReplicaPool) -> str:
+        """The text of the whole answer a replica of ``pool`` gives (asked unstreamed);
+        BadGateway when the answer is not one."""
+        body = {k: v for k, v in self.body.items() if k not in ("stream", "stream_options")}
+        stream = await open_generation(pool, body, self.path, self.client_headers,
+                                       stream=False, prompt=self.prompt, session=None)
+        try:
+            answer = b"".join([chunk async for chunk in stream.chunks()])
+        finally:
+            stream.close()
+        try:
+            text, _ = whole_answer(answer, chat=self.path.endswith("/chat/completions"))
+        except ValueError as exc:
+            raise BadGateway(f"replica {stream.replica.name}: {exc}") from None
+        return text
 
 
 class _NotSent(Unavailable):

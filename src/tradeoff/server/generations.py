@@ -13,14 +13,18 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from tradeoff.errors import InferenceFailed, InvalidInput, RequestError
 from tradeoff.generate.engine_client import EngineClient, Handle
 from tradeoff.generate.events import Done, Token
+from tradeoff.generate.text_stream import full_text
 from tradeoff.repository.router import Target
 from tradeoff.scheduling.priority import DEFAULT_GENERATION_PRIORITY, GenerationPriority
 from tradeoff.server.cache import ResponseCache
+from tradeoff.server.gateway import GenerationCopy
 from tradeoff.server.generation import Generation
 from tradeoff.server.models import ModelManager
 from tradeoff.server.openai_requests import Message
@@ -69,38 +73,38 @@ class Generations:
     async def start(self, name: str, prompt: Prompt, params: Any,
                     priority: GenerationPriority = DEFAULT_GENERATION_PRIORITY,
                     cache: bool = False, route_parameters: dict[str, Any] | None = None,
-                    tenant: bytes = b"") -> Generation:
+                    tenant: bytes = b"", *, via: RoutedModel | None = None,
+                    copy: GenerationCopy | None = None) -> Generation:
         """Tokenize a prompt (or apply the chat template to messages), check it fits the
         model, and queue it; returns the :class:`Generation` whose outputs the transport
         formats. With ``cache`` (a whole, deterministic answer is wanted) and the
         model's ``response_cache``, a cached answer replays instead. A
         router of generative models sends it on by ``route_parameters`` (class, user).
-        ``tenant`` is the API key that asked (its cache entries are its own)."""
-        routed = self.manager.get(name)
+        ``tenant`` is the API key that asked (its cache entries are its own). ``via``:
+        the router that chose model ``name`` already (a router with pools: the OpenAI
+        API routes), with ``copy``, the request as its pools would be sent it (a shadow
+        copy to a pool)."""
+        routed = via or self.manager.get(name)
         shadow = None
         route = ""
-        if isinstance(routed, RoutedModel):  # an alias: the answer names its target
+        if via is not None:
+            route = name
+        elif isinstance(routed, RoutedModel):  # an alias: the answer names its target
             name, route_priority = await self.route(routed, route_parameters or {})
-            route, shadow = name, routed
+            route = name
             if route_priority is not None:
                 priority = route_priority
         else:
             check_direct(self.manager.hidden, name)
         model = self.manager.generative(name)
         for _ in range(3):  # a reload may replace the version while the prompt is tokenized
-            model.check_accepting()  # the cheap refusals before the tokenizer's work
-            _check_prompt_size(model, prompt, params.max_tokens)
-            tokens = await asyncio.to_thread(_tokenize, model.tokenizer, prompt)
+            tokens = await _prompt_tokens(model, prompt, params)
             current = self.manager.generative(name)
             if current is model:
                 break
             model = current
-        if not tokens:
-            raise InvalidInput("the prompt is empty")
-        limit = model.info.max_position
-        if len(tokens) + params.max_tokens > limit:
-            raise InvalidInput(f"prompt ({len(tokens)} tokens) + max_tokens "
-                               f"({params.max_tokens}) is over the model's {limit} positions")
+        if isinstance(routed, RoutedModel) and routed.config.shadow is not None:
+            shadow = _Shadowed(routed, model, copy)
         if not (cache and self.cache is not None and model.config.response_cache):
             handle = model.submit(tokens, params, priority)
             handle.shadow, handle.route = shadow, route
@@ -134,27 +138,93 @@ class Generations:
                 handle.params.deterministic:
             self._shadow(handle.shadow, handle, tokens)
 
-    def _shadow(self, routed: RoutedModel, handle: Handle,
-                           tokens: list[int]) -> None:
+    def _shadow(self, shadowed: _Shadowed, handle: Handle, tokens: list[int]) -> None:
         """A shadow copy of a whole generation, if the router takes one: the same prompt
-        on the shadow model in the background, and how many of the answer's tokens it
-        chose alike."""
-        def busy(shadow: Target) -> bool:
-            model = self.manager.generative(shadow.model)
-            model.check_accepting()
-            return model.waiting > 0
+        tokens on a shadow model here, and how many of the answer's tokens it chose
+        alike; or the same request to a shadow pool, and how its text compares with the
+        answer's."""
+        routed = shadowed.router
 
         async def copy(shadow: Target) -> None:
+            pool = routed.pools.get(shadow.model)
+            if pool is not None:
+                if shadowed.copy is None:
+                    raise InferenceFailed("no request to send a pool")
+                theirs = await shadowed.copy.text(pool)
+                ours, _ = await asyncio.to_thread(
+                    full_text, shadowed.model.tokenizer.decode, tokens, handle.params.stop)
+                routed.stats.shadow.compare_text(ours, theirs)
+                return
             model = self.manager.generative(shadow.model)
-            events = model.submit(handle.prompt, handle.params, handle.priority).events
-            shadow_tokens: list[int] = []
-            while isinstance(event := await events.get(), Token):
-                shadow_tokens.append(event.token)
-            if not isinstance(event, Done):
-                raise InferenceFailed(f"the shadow generation failed: {event}")
+            shadow_tokens = await _answer_tokens(model, handle.prompt, handle.params,
+                                                 handle.priority)
             routed.stats.shadow.compare_tokens(tokens, shadow_tokens)
 
-        self.in_background(routed.shadow(busy, copy))
+        self.in_background(routed.shadow(partial(self.shadow_busy, routed), copy))
+
+    def shadow_busy(self, routed: RoutedModel, target: Target) -> bool:
+        """Whether a shadow target of ``routed`` is too busy for a copy: a pool with no
+        replica idle, a model here with requests waiting (a RequestError: it serves
+        none)."""
+        pool = routed.pools.get(target.model)
+        if pool is not None:
+            return not pool.has_idle_replica()
+        model = self.manager.generative(target.model)
+        model.check_accepting()
+        return model.waiting > 0
+
+    async def answer_text(self, routed: RoutedModel, target: Target, prompt: Prompt,
+                          params: Any, priority: GenerationPriority,
+                          copy: GenerationCopy) -> str:
+        """The text a shadow target of ``routed`` answers this request with, whole: a
+        pool's replica (``copy``), or a model here."""
+        pool = routed.pools.get(target.model)
+        if pool is not None:
+            return await copy.text(pool)
+        model = self.manager.generative(target.model)
+        tokens = await _prompt_tokens(model, prompt, params)
+        answer = await _answer_tokens(model, tokens, params, priority)
+        text, _ = await asyncio.to_thread(full_text, model.tokenizer.decode, answer,
+                                          params.stop)
+        return text
+
+
+@dataclass(frozen=True)
+class _Shadowed:
+    """What a routed generation's shadow copy needs: its router, the model that
+    answered (its tokenizer gives the answer's text), and the request as a pool is sent
+    it (None: not an OpenAI request)."""
+
+    router: RoutedModel
+    model: EngineClient
+    copy: GenerationCopy | None
+
+
+async def _prompt_tokens(model: EngineClient, prompt: Prompt, params: Any) -> list[int]:
+    """The prompt's tokens for ``model``, checked to fit with ``params.max_tokens``: the
+    cheap refusals first, then the tokenizer's work off the loop."""
+    model.check_accepting()
+    _check_prompt_size(model, prompt, params.max_tokens)
+    tokens = await asyncio.to_thread(_tokenize, model.tokenizer, prompt)
+    if not tokens:
+        raise InvalidInput("the prompt is empty")
+    limit = model.info.max_position
+    if len(tokens) + params.max_tokens > limit:
+        raise InvalidInput(f"prompt ({len(tokens)} tokens) + max_tokens "
+                           f"({params.max_tokens}) is over the model's {limit} positions")
+    return tokens
+
+
+async def _answer_tokens(model: EngineClient, prompt: list[int], params: Any,
+                         priority: GenerationPriority) -> list[int]:
+    """A whole generation's tokens (a shadow copy's); InferenceFailed when it fails."""
+    events = model.submit(prompt, params, priority).events
+    tokens: list[int] = []
+    while isinstance(event := await events.get(), Token):
+        tokens.append(event.token)
+    if not isinstance(event, Done):
+        raise InferenceFailed(f"the shadow generation failed: {event}")
+    return tokens
 
 
 def _check_prompt_size(model: EngineClient, prompt: Prompt,

@@ -347,6 +347,10 @@ class RouterCollector(Collector):
         tokens = GaugeMetricFamily("tradeoff_router_shadow_token_agreement",
                                    "Share of a generation's tokens the shadow chose alike, "
                                    "position by position", labels=["router"])
+        text = GaugeMetricFamily("tradeoff_router_shadow_text_agreement",
+                                 "Share of a generation's characters the shadow matched "
+                                 "before its first difference (answers compared as text: "
+                                 "a pool's)", labels=["router"])
         for routed in routers:
             stats = routed.stats
             for row in stats.routes():
@@ -362,7 +366,9 @@ class RouterCollector(Collector):
                 agreement.add_metric([routed.name], shares["top1_agreement"])
             if shares["token_agreement"] is not None:
                 tokens.add_metric([routed.name], shares["token_agreement"])
-        yield from (requests, fallbacks, failures, shadow, difference, agreement, tokens)
+            if shares["text_prefix_agreement"] is not None:
+                text.add_metric([routed.name], shares["text_prefix_agreement"])
+        yield from (requests, fallbacks, failures, shadow, difference, agreement, tokens, text)
         yield from _replica_families(routers)
 
 

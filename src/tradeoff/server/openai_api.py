@@ -16,11 +16,14 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import orjson
 
 from tradeoff.errors import RequestError
+from tradeoff.protocol.openai_answers import AnswerReader
 from tradeoff.repository.router import Target
 from tradeoff.scheduling.priority import DEFAULT_GENERATION_PRIORITY, GenerationPriority
 from tradeoff.server.access import TENANT, Access
@@ -33,14 +36,14 @@ from tradeoff.server.asgi import (
     send_json,
 )
 from tradeoff.server.dataplane import DataPlane
-from tradeoff.server.gateway import RemoteStream, open_generation
+from tradeoff.server.gateway import GenerationCopy, RemoteStream, open_generation
 from tradeoff.server.generation import Finished, Generation, TextDelta, Usage
+from tradeoff.server.generations import Prompt
 from tradeoff.server.openai_requests import (
     Body,
     ChatRequest,
     CompletionRequest,
     GenerationRequest,
-    Message,
     decode,
 )
 from tradeoff.server.router import RoutedModel
@@ -93,19 +96,20 @@ class OpenAIApi:
     async def completions(self, scope: Scope, receive: Receive, send: Send,
                           params: dict[str, str]) -> None:
         body, request = await self._body(scope, receive, CompletionRequest)
-        answered, priority = await self._through_pools(
-            request, body, "/completions", request.prompt_bytes, receive, send, scope)
-        if not answered:
-            await self._generate(request, request.text, False, receive, send, scope, priority)
+        local = await self._through_pools(request, body, "/completions", request.text,
+                                          request.prompt_bytes, receive, send, scope)
+        if local is not None:
+            await self._generate(request, request.text, False, receive, send, scope, local)
 
     async def chat_completions(self, scope: Scope, receive: Receive, send: Send,
                                params: dict[str, str]) -> None:
         body, request = await self._body(scope, receive, ChatRequest)
-        answered, priority = await self._through_pools(
-            request, body, "/chat/completions", request.prompt_bytes, receive, send, scope)
-        if not answered:
+        local = await self._through_pools(request, body, "/chat/completions",
+                                          request.messages, request.prompt_bytes, receive,
+                                          send, scope)
+        if local is not None:
             await self._generate(request, request.messages, True, receive, send, scope,
-                                 priority)
+                                 local)
 
     async def _body(self, scope: Scope, receive: Receive, body_type: type[Body]
                     ) -> tuple[bytes, Body]:
@@ -114,24 +118,35 @@ class OpenAIApi:
         return body, request
 
     async def _through_pools(self, request: GenerationRequest, body: bytes, path: str,
-                             prompt: bytes, receive: Receive, send: Send,
-                             scope: Scope) -> tuple[bool, GenerationPriority | None]:
+                             prompt: Prompt, prompt_bytes: bytes, receive: Receive,
+                             send: Send, scope: Scope) -> _Local | None:
         """A request for a router with pools: sent to the target its rules choose, a
-        pool's replica (its answer passed on as it comes: answered) or a local model (its
-        name now in ``request.model``, and the route's priority if it sets one, for the
-        caller to generate it here). Not answered either when it is no such router."""
+        pool's replica (its answer passed on as it comes: None, answered) or a model of
+        this server (to generate here: the router that chose it and what it set). Any
+        other request is generated here as it names its model. ``prompt_bytes``: what a
+        pool matches prefixes on."""
         if self.dataplane.shutting_down:
-            return False, None  # refused where every request is
+            return _Local()  # refused where every request is
         routed = self.dataplane.manager.models.get(request.model)
         router = routed.latest if routed is not None else None
         if not isinstance(router, RoutedModel) or not router.pools or not router.generative:
-            return False, None
+            return _Local()
         parameters = _route_parameters(request, scope)
         headers = dict(scope["headers"])
         doc = await off_loop_if_large(len(body), orjson.loads, body)
 
         decision = router.decide(parameters)
         route_priority = router.config.routes[decision.route].priority  # checked at load
+        # a route's priority replaces the client's; a client's own is held to what its
+        # key allows here, as a local engine would hold it (the replica trusts the
+        # gateway's key, not the client's claim)
+        priority = DEFAULT_GENERATION_PRIORITY  # a shadow copy's here
+        if route_priority is not None:
+            priority = GenerationPriority(route_priority)
+            doc = {**doc, "priority": route_priority}
+        elif request.priority is not None:
+            priority = self.access.priority(scope.get(TENANT, b""), request.priority)
+            doc = {**doc, "priority": int(priority)}
 
         async def attempt(target: Target) -> RemoteStream | None:
             pool = router.pools.get(target.model)
@@ -144,31 +159,49 @@ class OpenAIApi:
             elif pool.config.session is not None:
                 value = headers.get(pool.config.session.lower().encode())
                 session = None if value is None else value.decode("latin-1")
-            # a route's priority replaces the client's; a client's own is held to what its
-            # key allows here, as a local engine would hold it (the replica trusts the
-            # gateway's key, not the client's claim)
-            sent = doc
-            if route_priority is not None:
-                sent = {**doc, "priority": route_priority}
-            elif request.priority is not None:
-                sent = {**doc, "priority": int(self.access.priority(
-                    scope.get(TENANT, b""), request.priority))}
-            return await open_generation(pool, sent, path, headers,
-                                         stream=bool(request.stream), prompt=prompt,
+            return await open_generation(pool, doc, path, headers,
+                                         stream=bool(request.stream), prompt=prompt_bytes,
                                          session=session, idempotent=router.config.idempotent)
 
         stream, target = await router.send(parameters, attempt, timed=False,
                                            decision=decision)
+        copy = GenerationCopy(doc, path, headers, prompt_bytes) \
+            if router.config.shadow is not None else None
         if stream is None:
             request.model = target.model
-            return False, None if route_priority is None else GenerationPriority(route_priority)
+            return _Local(router, None if route_priority is None else
+                          GenerationPriority(route_priority), copy)
+        kept = None
+        shadow = router.wants_shadow() if copy is not None else None
+        if shadow is not None and _deterministic(request):
+            kept = AnswerReader(path == "/chat/completions", bool(request.stream))
         await _relay(stream, bool(request.stream), f"{target.model}@{stream.replica.name}",
-                     receive, send)
-        return True, None
+                     receive, send, kept)
+        if shadow is not None and copy is not None and kept is not None:
+            ours = await off_loop_if_large(kept.received, kept.text)
+            if ours is not None:
+                self._shadow(router, shadow, ours, prompt, request, priority, copy)
+        return None
 
-    async def _generate(self, request: GenerationRequest, prompt: str | list[Message],
+    def _shadow(self, router: RoutedModel, shadow: Target, ours: str, prompt: Prompt,
+                request: GenerationRequest, priority: GenerationPriority,
+                copy: GenerationCopy) -> None:
+        """A shadow copy of an answer a pool gave: the same request to the shadow
+        target, its answer's text compared with ``ours`` in the background."""
+        generations = self.dataplane.generations
+        params = request.sampling_params()
+
+        async def compare(target: Target) -> None:
+            theirs = await generations.answer_text(router, target, prompt, params,
+                                                   priority, copy)
+            router.stats.shadow.compare_text(ours, theirs)
+
+        generations.in_background(router.copy_to(
+            shadow, partial(generations.shadow_busy, router), compare))
+
+    async def _generate(self, request: GenerationRequest, prompt: Prompt,
                         chat: bool, receive: Receive, send: Send, scope: Scope,
-                        route_priority: GenerationPriority | None = None) -> None:
+                        local: _Local) -> None:
         params = request.sampling_params()
         stream = bool(request.stream)
         # only whole answers that the same request always gets again are cached
@@ -178,11 +211,12 @@ class OpenAIApi:
         # router's route priority, the operator's, replaces it whatever it is)
         priority = self.access.priority(tenant,
                                         request.priority or DEFAULT_GENERATION_PRIORITY)
-        if route_priority is not None:  # a router's route chose it
-            priority = route_priority
+        if local.priority is not None:  # a router's route chose it
+            priority = local.priority
         generation = await self.dataplane.generate(
             request.model, prompt, params, priority=priority, cache=cacheable,
-            route_parameters=_route_parameters(request, scope), tenant=tenant)
+            route_parameters=_route_parameters(request, scope), tenant=tenant,
+            via=local.via, copy=local.copy)
         reply = _Reply(generation, chat)
         async with generation:
             with DisconnectWatch(receive, generation.abort):
@@ -194,10 +228,31 @@ class OpenAIApi:
                     await reply.whole(send)
 
 
+@dataclass(frozen=True)
+class _Local:
+    """A request generated by a model of this server: ``via`` the router with pools that
+    chose it (None: it names its model or a router of local models), with the
+    ``priority`` the route set and the request as a shadow pool gets it."""
+
+    via: RoutedModel | None = None
+    priority: GenerationPriority | None = None
+    copy: GenerationCopy | None = None
+
+
+def _deterministic(request: GenerationRequest) -> bool:
+    """Whether the same request always gets the same answer (a shadow copy compares
+    only those): greedy or seeded."""
+    try:
+        return request.sampling_params().deterministic
+    except RequestError:  # the replica has said what it makes of the request
+        return False
+
+
 async def _relay(stream: RemoteStream, streaming: bool, route: str, receive: Receive,
-                 send: Send) -> None:
-    """Pass a replica's answer on as it comes; a stream that breaks off ends with an
-    error event and ``[DONE]``, never a silent cut."""
+                 send: Send, kept: Callable[[bytes], None] | None = None) -> None:
+    """Pass a replica's answer on as it comes (each chunk to ``kept`` too, if given); a
+    stream that breaks off ends with an error event and ``[DONE]``, never a silent
+    cut."""
     headers = [(b"content-type", b"text/event-stream" if streaming else b"application/json"),
                (b"server-timing", f'route;desc="{route}"'.encode())]
     if streaming:
@@ -208,6 +263,8 @@ async def _relay(stream: RemoteStream, streaming: bool, route: str, receive: Rec
         with DisconnectWatch(receive, stream.close):
             async for chunk in stream.chunks():
                 ended_event = chunk.endswith(b"\n\n")
+                if kept is not None:
+                    kept(chunk)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
     except RequestError as exc:
         request_log.warning("%s", exc)

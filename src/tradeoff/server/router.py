@@ -59,12 +59,28 @@ class ShadowStats:
     top1_total: int = 0
     token_agree: int = 0   # generations: positions where the shadow chose the same token
     token_total: int = 0   # ... out of the primary answer's tokens
+    texts_compared: int = 0  # generations compared by their text (a pool's side is text)
+    texts_identical: int = 0
+    text_prefix_chars: int = 0  # the primary answer's characters before the shadow's differ
+    text_chars: int = 0         # ... out of the primary answer's characters
 
     def compare_tokens(self, primary: list[int], shadow: list[int]) -> None:
         """Record how many of the primary answer's tokens the shadow chose alike, position
         by position."""
         self.token_agree += sum(a == b for a, b in zip(primary, shadow, strict=False))
         self.token_total += len(primary)
+        self.compared += 1
+
+    def compare_text(self, primary: str, shadow: str) -> None:
+        """Record whether the shadow's answer text is the primary's, and how much of the
+        primary's it matched before the first difference (answers from other servers
+        come as text: their tokens are the replica's own)."""
+        same = next((i for i, (a, b) in enumerate(zip(primary, shadow, strict=False))
+                     if a != b), min(len(primary), len(shadow)))
+        self.texts_compared += 1
+        self.texts_identical += primary == shadow
+        self.text_prefix_chars += same
+        self.text_chars += len(primary)
         self.compared += 1
 
     def compare(self, primary: list[TensorOutput], shadow: list[TensorOutput]) -> None:
@@ -95,7 +111,11 @@ class ShadowStats:
                 "top1_agreement": self.top1_agree / self.top1_total
                 if self.top1_total else None,
                 "token_agreement": self.token_agree / self.token_total
-                if self.token_total else None}
+                if self.token_total else None,
+                "text_identical": self.texts_identical / self.texts_compared
+                if self.texts_compared else None,
+                "text_prefix_agreement": self.text_prefix_chars / self.text_chars
+                if self.text_chars else None}
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> ShadowStats:
@@ -287,14 +307,18 @@ class RoutedModel:
 
     def shadow(self, busy: Callable[[Target], bool],
                copy: Callable[[Target], Awaitable[None]]) -> asyncio.Task[None] | None:
-        """A shadow copy of the request just answered, when this one gets one: dropped
-        when ``busy(target)`` says the shadow target is (or raises a request error: it
-        does not serve), or ``SHADOW_IN_FLIGHT`` copies are out; else ``copy(target)``
-        runs in the background (returned), which compares the answers into
-        ``stats.shadow``. Its failure is counted, never the caller's."""
+        """A shadow copy of the request just answered, when this one gets one
+        (:meth:`wants_shadow`, then :meth:`copy_to`)."""
         target = self.wants_shadow()
-        if target is None:
-            return None
+        return None if target is None else self.copy_to(target, busy, copy)
+
+    def copy_to(self, target: Target, busy: Callable[[Target], bool],
+                copy: Callable[[Target], Awaitable[None]]) -> asyncio.Task[None] | None:
+        """A shadow copy to ``target`` (drawn by :meth:`wants_shadow`): dropped when
+        ``busy(target)`` says the target is (or raises a request error: it does not
+        serve), or ``SHADOW_IN_FLIGHT`` copies are out; else ``copy(target)`` runs in
+        the background (returned), which compares the answers into ``stats.shadow``.
+        Its failure is counted, never the caller's."""
         stats = self.stats.shadow
         try:
             dropped = self.shadows_in_flight >= SHADOW_IN_FLIGHT or busy(target)
