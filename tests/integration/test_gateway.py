@@ -98,7 +98,9 @@ def test_an_answer_is_passed_on_in_the_form_the_client_asked_under_the_routers_n
     the name; a class from the header is put in the request, which is then encoded
     anew: both answer alike."""
     row = [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": ROW}]
-    passed = json.loads(infer_json(gateway.url, "front", row, id="a1").body)
+    response = infer_json(gateway.url, "front", row, id="a1")
+    passed = json.loads(response.body)
+    check_passed_on_timing(response.header("server-timing"))
     classed = request(gateway.url, "POST", "/v2/models/front/infer",
                       json.dumps({"inputs": row, "id": "a2"}).encode(),
                       {"X-Tradeoff-Class": "batch", "Content-Type": "application/json"})
@@ -108,6 +110,15 @@ def test_an_answer_is_passed_on_in_the_form_the_client_asked_under_the_routers_n
         assert answer["parameters"]["routed_to"].startswith("addc_pool@127.0.0.")
         (output,) = answer["outputs"]
         assert output["name"] == "OUTPUT0" and len(output["data"]) == 4
+
+
+def check_passed_on_timing(header: str | None) -> None:
+    """The gateway's Server-Timing: the replica it chose, then the replica's own
+    entries (its queue and its batch), not zeros of the gateway's."""
+    assert header is not None and header.startswith('route;desc="addc_pool@127.0.0.')
+    entries = dict(part.strip().split(";", 1) for part in header.split(","))
+    assert entries["batch"] == 'desc="1"' and entries["queue"].startswith("dur=")
+    assert float(entries["compute_infer"].removeprefix("dur=")) > 0
 
 
 def test_the_router_takes_the_replicas_signature(gateway: ServerProcess) -> None:
@@ -286,6 +297,9 @@ def test_a_pool_of_grpc_replicas(tmp_path: Path, replicas: list[ServerProcess]) 
     gateway = ServerProcess(tmp_path).start()
     try:
         assert {added(gateway.url) for _ in range(4)} == {1.0, 2.0}
+        check_passed_on_timing(infer_json(gateway.url, "front", [
+            {"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": ROW}
+        ]).header("server-timing"))  # from the replica's trailing metadata
         client = triton_grpc.InferenceServerClient(gateway.grpc_url)
         data = np.arange(8, dtype=np.float32).reshape(2, 4)
         tensor = triton_grpc.InferInput("INPUT0", [2, 4], "FP32")

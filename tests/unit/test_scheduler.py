@@ -405,3 +405,14 @@ def test_server_timing_gives_each_request_its_own_queue_time_and_its_batch_s_com
     other.route, other.cache, other.cache_ns = "mlp/2", "miss", 50_000
     assert other.server_timing().startswith(
         'route;desc="mlp/2", cache;desc=miss;dur=0.050, queue;dur=1.000,')
+
+
+def test_a_replica_s_server_timing_is_passed_on_after_the_route() -> None:
+    from tradeoff.scheduling.request import Timings
+
+    relayed = Timings(route="pool@127.0.0.2:8000",
+                      upstream='queue;dur=0.100, batch;desc="3"')
+    assert relayed.server_timing() == \
+        'route;desc="pool@127.0.0.2:8000", queue;dur=0.100, batch;desc="3"'
+    relayed.upstream = ""  # the replica sent none (Triton): no zeros of the gateway's own
+    assert relayed.server_timing() == 'route;desc="pool@127.0.0.2:8000"'

@@ -27,9 +27,15 @@ class Timings:
     cache: str = ""  # the response cache's verdict: hit, miss, coalesced; "" when not asked
     cache_ns: int = 0  # its lookup (or, coalesced, the wait for the identical request)
     route: str = ""  # the router's target that answered ("mlp/2"); "" when not routed
+    # a replica's own Server-Timing entries, passed on in place of this server's ("":
+    # it sent none); None when this server answered
+    upstream: str | None = None
 
     def server_timing(self) -> str:
         """The value of a standard ``Server-Timing`` header (durations in ms)."""
+        if self.upstream is not None:
+            return ", ".join(part for part in (
+                f'route;desc="{self.route}"' if self.route else "", self.upstream) if part)
         text = _QUEUE_TIMING % (self.queue_ns / 1e6, _batch_timing(
             self.compute_input_ns, self.compute_infer_ns, self.compute_output_ns,
             self.batch_size))

@@ -55,8 +55,9 @@ from tradeoff.server.asgi import off_loop_if_large
 from tradeoff.server.grpc_replica import infer_request, response_outputs
 from tradeoff.server.replica_pool import Replica, ReplicaPool
 
-__all__ = ["STREAM_BUFFER_BYTES", "GenerationCopy", "Pieces", "RemoteAnswer", "RemoteStream",
-           "infer_v2", "open_generation", "outgoing_headers", "pool_signature"]
+__all__ = ["MAX_SERVER_TIMING", "STREAM_BUFFER_BYTES", "GenerationCopy", "Pieces",
+           "RemoteAnswer", "RemoteStream", "infer_v2", "open_generation", "outgoing_headers",
+           "pool_signature"]
 
 # a replica's status that says it never ran the request: always safe to send elsewhere
 _NOT_RUN = {429, 503}
@@ -64,6 +65,7 @@ _NOT_RUN = {429, 503}
 # connection is no longer read
 STREAM_BUFFER_BYTES = 1 << 20
 _GATEWAY_FAILURES = {502, 504}
+MAX_SERVER_TIMING = 1024  # a replica's Server-Timing passed on; a longer one is not
 _KEYS_HINT = (" (the pool's own key comes from its api_key_env; the client's credentials "
               "are passed on only when its forward_headers lists their header)")
 
@@ -115,15 +117,17 @@ async def infer_v2(pool: ReplicaPool, request: V2Request, client_headers: dict[b
     assert exchange.response is not None
     return await _answer(pool, exchange.replica, len(exchange.response.body),
                          _http_outputs if wire is None else _relayed, exchange.response,
-                         request)
+                         request, exchange.response.headers.get(b"server-timing"))
 
 
 async def _answer(pool: ReplicaPool, replica: Replica, size: int,
                   read: Callable[[Any, V2Request],
                                  tuple[str, list[TensorOutput] | RelayedAnswer]],
-                  response: Any, request: V2Request) -> RemoteAnswer:
+                  response: Any, request: V2Request,
+                  server_timing: bytes | str | None) -> RemoteAnswer:
     """A replica's answer read (``read``: its version and outputs; off the loop when
-    ``size`` is large); BadGateway, counted as the replica's failure, when it cannot be."""
+    ``size`` is large), its ``server_timing`` passed on; BadGateway, counted as the
+    replica's failure, when it cannot be read."""
     try:
         version, outputs = await off_loop_if_large(size, read, response, request)
     except (InvalidInput, ValueError) as exc:
@@ -132,7 +136,17 @@ async def _answer(pool: ReplicaPool, replica: Replica, size: int,
                          f"answered what cannot be read: {exc}") from None
     timings = Timings()
     timings.route = f"{pool.config.name}@{replica.name}"
+    timings.upstream = _server_timing(server_timing)
     return RemoteAnswer(replica.name, version, timings, outputs)
+
+
+def _server_timing(value: bytes | str | None) -> str:
+    """A replica's Server-Timing, to pass on: "" when it sent none, or one that is not
+    short printable text."""
+    if value is None or len(value) > MAX_SERVER_TIMING:
+        return ""
+    text = value.decode("latin-1") if isinstance(value, bytes) else value
+    return text if text.isascii() and text.isprintable() else ""
 
 
 def _json_length(response: Response) -> int | None:
@@ -400,6 +414,7 @@ class _Exchange:
     response: Response | None = None      # a whole answer
     stream: RemoteStream | None = None    # an answer being passed on
     grpc: pb.ModelInferResponse | None = None  # a gRPC replica's answer
+    server_timing: str | None = None  # ... and its Server-Timing (trailing metadata)
 
 
 async def _exchange(pool: ReplicaPool,
@@ -536,7 +551,7 @@ async def _infer_grpc(pool: ReplicaPool, request: V2Request,
                                                           idempotent))
     assert exchange.grpc is not None
     return await _answer(pool, exchange.replica, exchange.grpc.ByteSize(), _grpc_outputs,
-                         exchange.grpc, request)
+                         exchange.grpc, request, exchange.server_timing)
 
 
 async def _send_grpc(pool: ReplicaPool, replica: Replica, message: pb.ModelInferRequest,
@@ -548,7 +563,8 @@ async def _send_grpc(pool: ReplicaPool, replica: Replica, message: pb.ModelInfer
     started = time.perf_counter()
     await replica.take_slot()
     try:
-        response = await replica.grpc.infer(message, pool.config.timeout_s, metadata)
+        response, server_timing = await replica.grpc.infer(message, pool.config.timeout_s,
+                                                           metadata)
     except grpc.aio.AioRpcError as exc:
         code, details = exc.code(), exc.details() or ""
         if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
@@ -574,7 +590,7 @@ async def _send_grpc(pool: ReplicaPool, replica: Replica, message: pb.ModelInfer
     finally:
         replica.give_slot()
     replica.finished(True, time.perf_counter() - started)
-    return _Exchange(replica, grpc=response)
+    return _Exchange(replica, grpc=response, server_timing=server_timing)
 
 
 def _error_message(body: bytes) -> str:

@@ -56,12 +56,16 @@ class GrpcLink:
         return self.metadata + extra
 
     async def infer(self, request: pb.ModelInferRequest, timeout_s: float,
-                    metadata: tuple[tuple[str, str], ...] = ()) -> pb.ModelInferResponse:
-        """ModelInfer; raises grpc.aio.AioRpcError as the replica answered."""
-        response: pb.ModelInferResponse = await self._call(
-            "ModelInfer", pb.ModelInferResponse)(request, timeout=timeout_s,
-                                                 metadata=self._metadata(metadata))
-        return response
+                    metadata: tuple[tuple[str, str], ...] = ()
+                    ) -> tuple[pb.ModelInferResponse, str | None]:
+        """ModelInfer: the answer, and the Server-Timing of its trailing metadata (None:
+        none); raises grpc.aio.AioRpcError as the replica answered."""
+        call = self._call("ModelInfer", pb.ModelInferResponse)(
+            request, timeout=timeout_s, metadata=self._metadata(metadata))
+        response: pb.ModelInferResponse = await call
+        trailing = await call.trailing_metadata()
+        timing = dict(trailing or ()).get("server-timing")
+        return response, timing if isinstance(timing, str) else None
 
     async def ready(self, model: str, timeout_s: float) -> tuple[bool, str]:
         """Whether the replica serves ``model`` now, and if not, why."""
