@@ -163,7 +163,7 @@ class AnswerReader:
     def __init__(self, chat: bool, streamed: bool) -> None:
         self.chat = chat
         self._events = StreamReader(chat=chat) if streamed else None
-        self._body = bytearray()
+        self._chunks: list[bytes] = []  # a whole answer's (kept, not copied)
         self.received = 0
         self.over = False  # more than MAX_ANSWER_READ bytes: no text
 
@@ -173,12 +173,12 @@ class AnswerReader:
             return
         if self.received > MAX_ANSWER_READ:
             self.over = True
-            self._body.clear()
+            self._chunks.clear()
             self._events = None
         elif self._events is not None:
             self._events(200, chunk)
         else:
-            self._body += chunk
+            self._chunks.append(chunk)
 
     def text(self) -> str | None:
         """The answer's text when it ended normally (stop or length); None when it did
@@ -191,7 +191,7 @@ class AnswerReader:
                 return None
             return "".join(events.pieces)
         try:
-            text, reason = whole_answer(bytes(self._body), self.chat)
+            text, reason = whole_answer(b"".join(self._chunks), self.chat)
         except ValueError:
             return None
         return text if reason in _NORMAL_ENDS else None
