@@ -3,6 +3,7 @@ and the prefix index they read (no network: the replicas' states are set here)."
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import Counter
 
@@ -169,6 +170,22 @@ def test_a_replica_with_every_connection_busy_and_as_many_waiting_is_passed_over
     made = pool(connections=2)
     made.replicas[0].waiting = 2
     assert 0 not in chosen(made, 6)
+
+
+def test_a_connection_given_back_after_its_pool_stopped_is_closed() -> None:
+    """A request still out when its pool stops (a reload's old router, a late shadow
+    copy) does not leave its connection kept where nothing will close it."""
+    async def scenario() -> tuple[bool, bool]:
+        replica = pool(count=1).replicas[0]
+        early = await replica.acquire()
+        replica.release(early, kept=True)
+        reused = await replica.acquire() is early  # kept while the pool serves
+        late = await replica.acquire()
+        replica.close()  # the pool stops
+        replica.release(late, kept=True)
+        return reused, await replica.acquire() is late
+
+    assert asyncio.run(scenario()) == (True, False)
 
 
 def test_the_pools_own_key_must_be_set(monkeypatch: pytest.MonkeyPatch) -> None:

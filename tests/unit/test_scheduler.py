@@ -416,3 +416,15 @@ def test_a_replica_s_server_timing_is_passed_on_after_the_route() -> None:
         'route;desc="pool@127.0.0.2:8000", queue;dur=0.100, batch;desc="3"'
     relayed.upstream = ""  # the replica sent none (Triton): no zeros of the gateway's own
     assert relayed.server_timing() == 'route;desc="pool@127.0.0.2:8000"'
+
+
+def test_a_replica_s_server_timing_is_passed_on_only_when_short_printable_text() -> None:
+    from tradeoff.server.gateway import MAX_SERVER_TIMING, passed_on_timing
+
+    entries = b'queue;dur=0.120, compute_infer;dur=1.5, batch;desc="4"'
+    assert passed_on_timing(entries) == entries.decode()
+    assert passed_on_timing(entries.decode()) == entries.decode()  # gRPC metadata: str
+    assert passed_on_timing(None) == ""
+    assert passed_on_timing(b"x" * (MAX_SERVER_TIMING + 1)) == ""
+    for bad in (b"queue;dur=1\r\nset-cookie: a=b", b"queue;dur=1\x00", b"queue;dur=\xe9"):
+        assert passed_on_timing(bad) == ""

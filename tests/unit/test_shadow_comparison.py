@@ -13,7 +13,7 @@ from tradeoff.protocol.openai_answers import (
     StreamReader,
     whole_answer,
 )
-from tradeoff.server.router import ShadowStats, merge_router_stats
+from tradeoff.server.router import ShadowStats, common_prefix, merge_router_stats
 
 
 def test_texts_are_compared_up_to_their_first_difference() -> None:
@@ -100,3 +100,14 @@ def test_an_overlong_answer_gives_no_text_and_keeps_nothing() -> None:
     reader(orjson.dumps({"choices": [{"text": "late", "finish_reason": "stop"}]}))
     assert reader.over and reader.text() is None
     assert reader.received > MAX_ANSWER_READ
+
+
+def test_the_common_prefix_of_long_texts() -> None:
+    text = "ab" * 10_000
+    assert common_prefix(text, text) == len(text)
+    assert common_prefix(text, text[:5000]) == 5000
+    for at in (0, 1, 4095, 4096, 4097, 12_345, len(text) - 1):
+        changed = text[:at] + "x" + text[at + 1:]
+        assert common_prefix(text, changed) == at
+        assert common_prefix(changed, text, block=7) == at
+    assert common_prefix("", "abc") == common_prefix("abc", "") == 0

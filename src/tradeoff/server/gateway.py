@@ -57,7 +57,7 @@ from tradeoff.server.replica_pool import Replica, ReplicaPool
 
 __all__ = ["MAX_SERVER_TIMING", "STREAM_BUFFER_BYTES", "GenerationCopy", "Pieces",
            "RemoteAnswer", "RemoteStream", "infer_v2", "open_generation", "outgoing_headers",
-           "pool_signature"]
+           "passed_on_timing", "pool_signature"]
 
 # a replica's status that says it never ran the request: always safe to send elsewhere
 _NOT_RUN = {429, 503}
@@ -136,11 +136,11 @@ async def _answer(pool: ReplicaPool, replica: Replica, size: int,
                          f"answered what cannot be read: {exc}") from None
     timings = Timings()
     timings.route = f"{pool.config.name}@{replica.name}"
-    timings.upstream = _server_timing(server_timing)
+    timings.upstream = passed_on_timing(server_timing)
     return RemoteAnswer(replica.name, version, timings, outputs)
 
 
-def _server_timing(value: bytes | str | None) -> str:
+def passed_on_timing(value: bytes | str | None) -> str:
     """A replica's Server-Timing, to pass on: "" when it sent none, or one that is not
     short printable text."""
     if value is None or len(value) > MAX_SERVER_TIMING:
@@ -387,20 +387,28 @@ class GenerationCopy:
     client_headers: dict[bytes, bytes]
     prompt: bytes
 
-    async def text(self, pool: ReplicaPool) -> str:
-        """The text of the whole answer a replica of ``pool`` gives (asked unstreamed);
-        BadGateway when the answer is not one."""
+    async def text(self, pool: ReplicaPool, max_tokens: int | None = None) -> str:
+        """The text of the whole answer a replica of ``pool`` gives (asked unstreamed;
+        ``max_tokens`` set when the primary's was not the client's), if it ended
+        normally; BadGateway when the answer is not one, or ended otherwise."""
         body = {k: v for k, v in self.body.items() if k not in ("stream", "stream_options")}
+        if max_tokens is not None:
+            body.pop("max_completion_tokens", None)
+            body["max_tokens"] = max_tokens
         stream = await open_generation(pool, body, self.path, self.client_headers,
                                        stream=False, prompt=self.prompt, session=None)
         try:
             answer = b"".join([chunk async for chunk in stream.chunks()])
         finally:
             stream.close()
+        name = f"replica {stream.replica.name} of pool {pool.config.name!r}"
         try:
-            text, _ = whole_answer(answer, chat=self.path.endswith("/chat/completions"))
+            text, reason = await off_loop_if_large(
+                len(answer), whole_answer, answer, self.path.endswith("/chat/completions"))
         except ValueError as exc:
-            raise BadGateway(f"replica {stream.replica.name}: {exc}") from None
+            raise BadGateway(f"{name}: {exc}") from None
+        if reason not in ("stop", "length"):
+            raise BadGateway(f"{name}: the answer ended by {reason!r}, not stop or length")
         return text
 
 

@@ -150,7 +150,7 @@ class Generations:
             if pool is not None:
                 if shadowed.copy is None:
                     raise InferenceFailed("no request to send a pool")
-                theirs = await shadowed.copy.text(pool)
+                theirs = await shadowed.copy.text(pool, handle.params.max_tokens)
                 ours, _ = await asyncio.to_thread(
                     full_text, shadowed.model.tokenizer.decode, tokens, handle.params.stop)
                 routed.stats.shadow.compare_text(ours, theirs)
@@ -175,11 +175,13 @@ class Generations:
 
     async def answer_text(self, routed: RoutedModel, target: Target, prompt: Prompt,
                           params: Any, priority: GenerationPriority,
-                          copy: GenerationCopy) -> str:
+                          copy: GenerationCopy | None) -> str:
         """The text a shadow target of ``routed`` answers this request with, whole: a
-        pool's replica (``copy``), or a model here."""
+        pool's replica (``copy``, the request as pools are sent it), or a model here."""
         pool = routed.pools.get(target.model)
         if pool is not None:
+            if copy is None:
+                raise InferenceFailed("no request to send a pool")
             return await copy.text(pool)
         model = self.manager.generative(target.model)
         tokens = await _prompt_tokens(model, prompt, params)

@@ -3,7 +3,7 @@ channel per replica, requests as ModelInferRequest with raw tensor contents, and
 replica's status codes read as the gateway's outcomes.
 
     link = GrpcLink(replica.config, api_key)            # the channel opens on first use
-    response = await link.infer(request, model, timeout_s, metadata)   # or raises
+    response, server_timing = await link.infer(request, timeout_s, metadata)  # or raises
     ready = await link.ready(model, timeout_s)
     signature, max_batch_size = await link.signature(model, timeout_s)
     await link.close()

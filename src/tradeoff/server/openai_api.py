@@ -46,7 +46,7 @@ from tradeoff.server.openai_requests import (
     GenerationRequest,
     decode,
 )
-from tradeoff.server.router import RoutedModel
+from tradeoff.server.router import SHADOW_IN_FLIGHT, RoutedModel
 
 __all__ = ["OpenAIApi", "error_document", "send_error"]
 
@@ -140,12 +140,13 @@ class OpenAIApi:
         # a route's priority replaces the client's; a client's own is held to what its
         # key allows here, as a local engine would hold it (the replica trusts the
         # gateway's key, not the client's claim)
-        priority = DEFAULT_GENERATION_PRIORITY  # a shadow copy's here
+        # (a shadow copy here runs at the priority the request would have had here)
+        priority = self.access.priority(scope.get(TENANT, b""),
+                                        request.priority or DEFAULT_GENERATION_PRIORITY)
         if route_priority is not None:
             priority = GenerationPriority(route_priority)
             doc = {**doc, "priority": route_priority}
         elif request.priority is not None:
-            priority = self.access.priority(scope.get(TENANT, b""), request.priority)
             doc = {**doc, "priority": int(priority)}
 
         async def attempt(target: Target) -> RemoteStream | None:
@@ -165,19 +166,24 @@ class OpenAIApi:
 
         stream, target = await router.send(parameters, attempt, timed=False,
                                            decision=decision)
-        copy = GenerationCopy(doc, path, headers, prompt_bytes) \
-            if router.config.shadow is not None else None
+        shadow_config = router.config.shadow
+        copy = None  # only a shadow pool is sent the request again
+        if shadow_config is not None and shadow_config.target.model in router.pools:
+            copy = GenerationCopy(doc, path, headers, prompt_bytes)
         if stream is None:
             request.model = target.model
             return _Local(router, None if route_priority is None else
                           GenerationPriority(route_priority), copy)
-        kept = None
-        shadow = router.wants_shadow() if copy is not None else None
-        if shadow is not None and _deterministic(request):
-            kept = AnswerReader(path == "/chat/completions", bool(request.stream))
+        kept = shadow = None
+        # a copy is drawn now, so that only its answer is read as it is passed on
+        if shadow_config is not None and router.shadows_in_flight < SHADOW_IN_FLIGHT and \
+                _deterministic(request):
+            shadow = router.wants_shadow()
+            if shadow is not None:
+                kept = AnswerReader(path == "/chat/completions", bool(request.stream))
         await _relay(stream, bool(request.stream), f"{target.model}@{stream.replica.name}",
                      receive, send, kept)
-        if shadow is not None and copy is not None and kept is not None:
+        if shadow is not None and kept is not None:
             ours = await off_loop_if_large(kept.received, kept.text)
             if ours is not None:
                 self._shadow(router, shadow, ours, prompt, request, priority, copy)
@@ -185,7 +191,7 @@ class OpenAIApi:
 
     def _shadow(self, router: RoutedModel, shadow: Target, ours: str, prompt: Prompt,
                 request: GenerationRequest, priority: GenerationPriority,
-                copy: GenerationCopy) -> None:
+                copy: GenerationCopy | None) -> None:
         """A shadow copy of an answer a pool gave: the same request to the shadow
         target, its answer's text compared with ``ours`` in the background."""
         generations = self.dataplane.generations

@@ -96,6 +96,7 @@ class Replica:
         self.stats = ReplicaStats()
         self._timeout_s = timeout_s
         self._idle: list[Connection] = []
+        self._closed = False  # its pool stopped: a connection given back is closed
         self._slots = asyncio.Semaphore(connections)
         self._connections = connections
         self.waiting = 0  # requests waiting for a connection: at most `connections`
@@ -145,15 +146,17 @@ class Replica:
                           tls=self.config.scheme == "https")
 
     def release(self, connection: Connection, kept: bool) -> None:
-        """Give a connection back: kept for the next request, or closed (it failed, or
-        its answer was left unread)."""
-        if kept:
+        """Give a connection back: kept for the next request, or closed (it failed, its
+        answer was left unread, or the pool has stopped)."""
+        if kept and not self._closed:
             self._idle.append(connection)
         else:
             connection.close()
         self.give_slot()
 
     def close(self) -> None:
+        """Close its kept connections, and each one given back from now on."""
+        self._closed = True
         for connection in self._idle:
             connection.close()
         self._idle.clear()

@@ -37,11 +37,24 @@ from tradeoff.repository.router import Decision, RouterConfig, Signature, Target
 from tradeoff.server.replica_pool import ReplicaPool
 
 __all__ = ["SHADOW_IN_FLIGHT", "RoutedModel", "RouterStats", "ShadowStats", "T", "check_direct",
-           "merge_router_stats"]
+           "common_prefix", "merge_router_stats"]
 
 SHADOW_IN_FLIGHT = 8  # shadow copies a router holds at once; more are dropped
 
 T = TypeVar("T")
+
+
+def common_prefix(a: str, b: str, block: int = 4096) -> int:
+    """How many characters ``a`` and ``b`` share before their first difference: blocks
+    compared whole, then one block character by character."""
+    if a == b:
+        return len(a)
+    end = min(len(a), len(b))
+    start = 0
+    while start < end and a[start:start + block] == b[start:start + block]:
+        start += block
+    stop = min(start + block, end)
+    return next((i for i in range(start, stop) if a[i] != b[i]), stop)
 
 
 @dataclass
@@ -75,8 +88,7 @@ class ShadowStats:
         """Record whether the shadow's answer text is the primary's, and how much of the
         primary's it matched before the first difference (answers from other servers
         come as text: their tokens are the replica's own)."""
-        same = next((i for i, (a, b) in enumerate(zip(primary, shadow, strict=False))
-                     if a != b), min(len(primary), len(shadow)))
+        same = common_prefix(primary, shadow)
         self.texts_compared += 1
         self.texts_identical += primary == shadow
         self.text_prefix_chars += same
