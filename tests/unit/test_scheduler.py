@@ -428,3 +428,37 @@ def test_a_replica_s_server_timing_is_passed_on_only_when_short_printable_text()
     assert passed_on_timing(b"x" * (MAX_SERVER_TIMING + 1)) == ""
     for bad in (b"queue;dur=1\r\nset-cookie: a=b", b"queue;dur=1\x00", b"queue;dur=\xe9"):
         assert passed_on_timing(bad) == ""
+
+
+def test_stop_returns_only_once_every_answer_is_given() -> None:
+    """A stop that begins on the loop turn a batch finished, before that batch's answers
+    are handed on (they go on the next turn), still gives them before it returns: an
+    executor process tells its front end a model is unloaded right after, and an answer
+    sent after that was lost."""
+    async def scenario() -> tuple[list[object], list[int]]:
+        scheduler = await _start(config(), [Doubler()])
+        answers: list[object] = []
+        given_when_stopped: list[int] = []
+        stopped = asyncio.Event()
+        tasks: list[asyncio.Future[None]] = []
+        finish = scheduler._finish
+
+        async def stop() -> None:
+            await scheduler.stop()
+            given_when_stopped.append(len(answers))  # in the step stop returned in
+            stopped.set()
+
+        def finish_then_stop(*args: object) -> None:
+            tasks.append(asyncio.ensure_future(stop()))  # its first step runs first
+            finish(*args)
+
+        scheduler._finish = finish_then_stop  # type: ignore[method-assign]
+        scheduler.submit_call(request(3.0), answers.append)
+        await asyncio.wait_for(stopped.wait(), 5)
+        return answers, given_when_stopped
+
+    answers, given_when_stopped = asyncio.run(scenario())
+    assert given_when_stopped == [1]
+    (answer,) = answers
+    _, outputs = answer  # type: ignore[misc]
+    np.testing.assert_array_equal(outputs["y"], np.full((1, 2), 6.0, np.float32))

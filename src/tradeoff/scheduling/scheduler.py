@@ -202,6 +202,9 @@ class Scheduler:
         self._wake()
         assert self._idle is not None
         await self._idle.wait()
+        # answers still due on the next loop turn are given now: whoever stops the model
+        # may forget its callers' channel right after (an executor process's front end)
+        self._call_back()
         if self._timer:
             self._timer.cancel()
         self._executor.shutdown(wait=True)

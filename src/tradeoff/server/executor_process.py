@@ -372,6 +372,8 @@ class RemoteExecutor:
             await self._stopped
         self.state = "stopped"
         self.process.models.pop(self.number, None)
+        self._fail_pending(Unavailable(f"model {self.name!r} was unloaded before it "
+                                       "answered"), "REJECTED")
 
     async def infer(self, request: InferenceRequest) -> ExecutorAnswer:
         future: asyncio.Future[ExecutorAnswer] = self.process.loop.create_future()
@@ -482,16 +484,23 @@ class RemoteExecutor:
 
     def process_ended(self, cause: str) -> None:
         """The process died: every request in flight fails now (503)."""
-        error = Unavailable(f"model {self.name!r} is not ready: {cause}; it is being "
-                            "loaded again")
+        self._fail_pending(Unavailable(f"model {self.name!r} is not ready: {cause}; it is "
+                                       "being loaded again"), "BACKEND")
+        self.process_died = True
+        self._die(cause)
+
+    def _fail_pending(self, error: RequestError, reason: str) -> None:
+        """Answer every request still waiting with ``error``: none is left without an
+        answer when no more will come."""
         pending, self._pending = self._pending, {}
         self._ids.clear()
-        for request, on_done, _ in pending.values():
-            self.stats.record_failure(time.perf_counter_ns() - request.enqueue_ns, "BACKEND")
+        for request, on_done, starts in pending.values():
+            if self.process.alive:  # its inputs' blocks are this front end's to reuse
+                for start in starts:
+                    self.process.inputs.free(start)
+            self.stats.record_failure(time.perf_counter_ns() - request.enqueue_ns, reason)
             if not request.cancelled:
                 try:
                     on_done(error)
                 except Exception:
                     log.exception("model %s: a request's callback failed", self.name)
-        self.process_died = True
-        self._die(cause)
