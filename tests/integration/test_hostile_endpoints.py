@@ -463,6 +463,7 @@ def test_hostile_metadata_is_one_line(hostile: str, mode: str, said: str,
     assert said in one_line_error(run)
 
 
+@pytest.mark.timing  # the verdict reads the client's lag: a loaded machine adds to it
 def test_a_dripping_endpoint_is_not_diagnosed_client_bound(hostile: str,
                                                           tmp_path: Path) -> None:
     result, _, _ = bench(tmp_path, f"{hostile}/infer-drip", "--rate", "20", "--duration",
