@@ -166,7 +166,7 @@ def test_statistics_show_each_replica(gateway: ServerProcess) -> None:
         assert samples[("tradeoff_gateway_replica_latency_seconds_count", labels)] >= 2
 
 
-@pytest.mark.timing  # ejected within 1.5 s, back within 5 s: wall-clock bounds
+@pytest.mark.timing  # ejected within 1 s, back within 5 s: wall-clock bounds
 def test_a_replica_killed_under_load_fails_no_request_and_comes_back(
         tmp_path: Path) -> None:
     servers = [ServerProcess(replica_repo(tmp_path / f"r{i}", i + 1.0), host=host).start()
@@ -191,7 +191,7 @@ def test_a_replica_killed_under_load_fails_no_request_and_comes_back(
                 return not doc["model_stats"][0]["pools"][0]["replicas"][1]["ready"]
 
             wait_for(ejected, "the killed replica ejected", timeout=5)
-            assert time.monotonic() - killed_at < 1.5
+            assert time.monotonic() - killed_at < 1.0
             served_before = len(statuses)
             wait_for(lambda: len(statuses) > served_before + 50, "load after the kill")
             victim.close_log()
