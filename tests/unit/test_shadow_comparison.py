@@ -11,6 +11,7 @@ from tradeoff.protocol.openai_answers import (
     MAX_ANSWER_READ,
     AnswerReader,
     StreamReader,
+    finished_text,
     whole_answer,
 )
 from tradeoff.server.router import ShadowStats, common_prefix, merge_router_stats
@@ -51,6 +52,10 @@ def test_a_whole_answer_gives_its_text_and_reason() -> None:
             whole_answer(body, chat=True)
     with pytest.raises(ValueError):
         whole_answer(orjson.dumps({"choices": [{"text": 3}]}), chat=False)
+    assert finished_text(orjson.dumps(completion), chat=False) == "Paris."
+    aborted = {"choices": [{"index": 0, "text": "Pa", "finish_reason": "abort"}]}
+    with pytest.raises(ValueError, match="ended by 'abort', not stop or length"):
+        finished_text(orjson.dumps(aborted), chat=False)
 
 
 def test_a_streamed_answer_gives_the_same_text() -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 __all__ = ["MAX_ANSWER_READ", "MAX_ERROR_BODY", "MAX_EVENT_BYTES", "AnswerReader",
-           "StreamReader", "whole_answer"]
+           "StreamReader", "finished_text", "whole_answer"]
 
 MAX_EVENT_BYTES = 1 << 20  # one server-sent event; a longer one fails the answer
 MAX_ERROR_BODY = 1 << 16  # of an error answer, the part kept to say why
@@ -147,13 +147,21 @@ def whole_answer(body: bytes, chat: bool) -> tuple[str, str | None]:
         doc = orjson.loads(body)
         choice = doc["choices"][0]
         text = choice["message"]["content"] if chat else choice["text"]
-    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError) as exc:
-        raise ValueError(f"not an OpenAI {'chat ' if chat else ''}completion: "
-                         f"{body[:80]!r}") from exc
-    reason = choice.get("finish_reason")
-    if not isinstance(text, str) or not (reason is None or isinstance(reason, str)):
-        raise ValueError(f"not an OpenAI {'chat ' if chat else ''}completion: {body[:80]!r}")
-    return text, reason
+        reason = choice.get("finish_reason")
+        if isinstance(text, str) and (reason is None or isinstance(reason, str)):
+            return text, reason
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
+        pass
+    raise ValueError(f"not an OpenAI {'chat ' if chat else ''}completion: {body[:80]!r}")
+
+
+def finished_text(body: bytes, chat: bool) -> str:
+    """The text of a whole answer that ended normally (stop or length); ValueError,
+    saying why, when ``body`` is not an answer or ended otherwise."""
+    text, reason = whole_answer(body, chat)
+    if reason not in _NORMAL_ENDS:
+        raise ValueError(f"the answer ended by {reason!r}, not stop or length")
+    return text
 
 
 class AnswerReader:
@@ -191,7 +199,6 @@ class AnswerReader:
                 return None
             return "".join(events.pieces)
         try:
-            text, reason = whole_answer(b"".join(self._chunks), self.chat)
+            return finished_text(b"".join(self._chunks), self.chat)
         except ValueError:
             return None
-        return text if reason in _NORMAL_ENDS else None

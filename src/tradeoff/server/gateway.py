@@ -40,7 +40,7 @@ from tradeoff.errors import (
 )
 from tradeoff.protocol import grpc_service_pb2 as pb
 from tradeoff.protocol.http_client import Connection, Response
-from tradeoff.protocol.openai_answers import whole_answer
+from tradeoff.protocol.openai_answers import finished_text
 from tradeoff.protocol.v2 import (
     RelayedAnswer,
     TensorOutput,
@@ -401,15 +401,12 @@ class GenerationCopy:
             answer = b"".join([chunk async for chunk in stream.chunks()])
         finally:
             stream.close()
-        name = f"replica {stream.replica.name} of pool {pool.config.name!r}"
         try:
-            text, reason = await off_loop_if_large(
-                len(answer), whole_answer, answer, self.path.endswith("/chat/completions"))
+            return await off_loop_if_large(len(answer), finished_text, answer,
+                                           self.path.endswith("/chat/completions"))
         except ValueError as exc:
-            raise BadGateway(f"{name}: {exc}") from None
-        if reason not in ("stop", "length"):
-            raise BadGateway(f"{name}: the answer ended by {reason!r}, not stop or length")
-        return text
+            raise BadGateway(f"replica {stream.replica.name} of pool "
+                             f"{pool.config.name!r}: {exc}") from None
 
 
 class _NotSent(Unavailable):

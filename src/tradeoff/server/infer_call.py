@@ -37,7 +37,7 @@ from tradeoff.protocol.v2 import (
 )
 from tradeoff.scheduling.request import InferenceRequest, Timings
 from tradeoff.server.asgi import JSON_HEADERS, Headers, Scope
-from tradeoff.server.dataplane import Admission, Answerer, DataPlane, TensorTarget
+from tradeoff.server.dataplane import Admission, Answer, Answerer, DataPlane, TensorTarget
 from tradeoff.server.router import RoutedModel
 
 __all__ = [
@@ -136,8 +136,7 @@ class InferCall:
         if not task.cancelled():
             self._end(task.exception() or task.result())
 
-    def _end(self, result: tuple[Answerer, Timings, list[TensorOutput] | RelayedAnswer]
-             | BaseException) -> None:
+    def _end(self, result: Answer | BaseException) -> None:
         respond = self._respond
         if respond is None:
             return  # cancelled: nobody to answer

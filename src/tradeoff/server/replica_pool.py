@@ -321,9 +321,9 @@ class ReplicaPool:
         ``balance`` x the mean load (and a twentieth of a request, for a pool near
         idle); ties to the least loaded. The average, not the count now, so a burst does
         not send a prompt away from its cache, and a prompt that takes more than a
-        replica's share spreads. A prompt no
-        replica was sent goes to the least loaded, and among those to the one known to
-        hold the fewest blocks, so new prompts are spread over the caches."""
+        replica's share spreads. A prompt no replica was sent goes to the least loaded,
+        and among those to the one known to hold the fewest blocks, so new prompts are
+        spread over the caches."""
         assert self.prefixes is not None
         now = time.monotonic()
         loads = {r.index: r.average_load(now) + r.queued(now) for r in self.replicas}
