@@ -273,6 +273,7 @@ def kill_with_requests_waiting(server: ServerProcess, executor: int, count: int
     return [(status, at - killed) for status, at in answered]
 
 
+@pytest.mark.serial  # any server started beside it may remove the segments first
 def test_the_segments_of_a_killed_server_are_removed_at_the_next_start(
         repository: Path) -> None:
     """A server killed with everything it started (its executor, the resource tracker)
